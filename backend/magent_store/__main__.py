@@ -1,0 +1,5 @@
+"""Allow ``python -m magent_store`` as a synonym of the ``magent-store`` command."""
+
+from magent_store.cli import main
+
+raise SystemExit(main())
