@@ -1,0 +1,254 @@
+"""The ``magent-store`` command: the store's API for people and scripts.
+
+Every subcommand maps to one store operation; errors go to stderr with a
+non-zero exit status (1 for a refused operation, 2 for a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from magent_store import __version__, ledger
+from magent_store.ledger import LedgerError
+from magent_store.store import (
+    FSYNC_MODES,
+    LOG_MAX_EVENTS,
+    Scope,
+    Session,
+    SessionFiles,
+    Store,
+    StoreError,
+    fsync_mode,
+    load_session,
+    read_header,
+    scan_log,
+)
+
+EPILOG = """\
+A session is three files in its scope's directory under the session root
+(magent's default root is ~/.emacs.d/magent/sessions):
+  <id>.json      the header (listing reads only these)
+  <id>.jsonl     the log: one event per line, appended at every flush
+  <id>.snapshot  the materialized thread, rewritten at compaction
+Commands that take SESSION.json name a session by its header's path.
+"""
+
+
+class CliError(Exception):
+    """A refused operation: printed as one line on stderr, exit status 1."""
+
+
+def _events(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]]:
+    """(where, object) for each non-blank line of STREAM, split on \\n only."""
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{number}"
+        try:
+            yield where, orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise CliError(f"{where}: not valid JSON: {exc}") from None
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    files = SessionFiles.from_header_path(args.session)
+    if files.header.exists():
+        scope = Scope.from_header(read_header(files.header))
+        if args.project_root is not None and scope != Scope.project(args.project_root):
+            raise CliError(f"{files.header}: the session's scope is {scope.label()}, not that project")
+    elif args.project_root is not None:
+        scope = Scope.project(args.project_root)
+    else:
+        scope = Scope.global_()
+    name = "<stdin>" if args.events == "-" else args.events
+    stream: IO[bytes] = sys.stdin.buffer if args.events == "-" else open(args.events, "rb")  # noqa: SIM115
+    session = Session(
+        files, scope, fsync=args.fsync, log_max_events=args.log_max_events,
+    )  # fmt: skip
+    count = 0
+    try:
+        with stream:
+            for where, obj in _events(stream, name):
+                try:
+                    session.append_event(obj)
+                except LedgerError as exc:
+                    raise CliError(f"{where}: {exc}") from None
+                count += 1
+    except BaseException:
+        # Bad input changes nothing on disk: drop everything this run appended.
+        session.abandon(remove_lock=True)
+        raise
+    result = session.flush()
+    session.close()
+    print(
+        f"{files.header}: applied {count} events; last seq {result.last_seq}"
+        + (", compacted" if result.compacted else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    files = SessionFiles.from_header_path(args.session)
+    out = sys.stdout.buffer
+    option = orjson.OPT_INDENT_2 if args.pretty else 0
+    if args.header:
+        out.write(orjson.dumps(read_header(files.header), option=option) + b"\n")
+    elif args.log:
+        read_header(files.header)
+        for event in scan_log(files.log).events:
+            out.write(orjson.dumps(ledger.event_to_json(event), option=option) + b"\n")
+    else:
+        _, thread = load_session(files)
+        out.write(orjson.dumps(ledger.thread_to_json(thread), default=ledger.json_default, option=option))
+        out.write(b"\n")
+    return 0
+
+
+def _human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    if not args.root.is_dir():
+        raise CliError(f"{args.root}: no such directory")
+    sessions = Store(args.root).list(turns=args.turns)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps([s.to_json() for s in sessions]) + b"\n")
+        return 0
+    for s in sessions:
+        updated = dt.datetime.fromtimestamp(s.updated).strftime("%Y-%m-%d %H:%M") if s.updated else "-"
+        turns = "" if s.turns is None else f"  {s.turns} turns"
+        print(f"{s.id}\t{s.scope}\t{updated}\t{_human_size(s.bytes)}{turns}\t{s.title or ''}")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    files = SessionFiles.from_header_path(args.session)
+    scope = Scope.from_header(read_header(files.header))
+    with Session(files, scope, fsync=args.fsync) as session:
+        result = session.compact()
+    print(f"{files.header}: compacted at seq {result.last_seq} in {result.seconds * 1000:.1f} ms",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from magent_store import server
+
+    return server.serve(log_level=args.log_level)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="magent-store",
+        description="Persist magent sessions: a journal of events, a snapshot, a header.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=help, description=description, epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+
+    def durability(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--fsync", type=fsync_mode, default="always", metavar="|".join(FSYNC_MODES),
+            help="always: fsync every flush (default); interval: at most once a second; "
+            "never: leave it to the OS",
+        )  # fmt: skip
+
+    p = add(
+        "apply", "apply a stream of events to a session",
+        "Apply events (one JSON object per line, magent's event shape; any seq is ignored\n"
+        "and the store assigns the next one) to the session whose header is SESSION.json,\n"
+        "creating it if missing, then flush.  If any line is refused, nothing is written.\n\n"
+        "example:\n"
+        "  magent-store apply ~/.emacs.d/magent/sessions/global/s1.json events.jsonl",
+    )  # fmt: skip
+    p.add_argument("session", type=Path, metavar="SESSION.json")
+    p.add_argument("events", nargs="?", default="-", metavar="EVENTS.jsonl|-",
+                   help="the events to apply (default: standard input)")  # fmt: skip
+    p.add_argument("--project-root", metavar="DIR",
+                   help="create a project session for DIR (default: a global session)")  # fmt: skip
+    p.add_argument("--log-max-events", type=int, default=LOG_MAX_EVENTS, metavar="N",
+                   help=f"compact once N events follow the snapshot (default {LOG_MAX_EVENTS})")  # fmt: skip
+    durability(p)
+    p.set_defaults(func=cmd_apply)
+
+    p = add(
+        "show", "print a session's snapshot, header or log",
+        "Print the materialized thread (the snapshot with the log replayed) as magent's\n"
+        "JSON, or with --header the header, or with --log the logged events one per line.\n"
+        "Reads only: takes no lock and repairs nothing.",
+    )  # fmt: skip
+    p.add_argument("session", type=Path, metavar="SESSION.json")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--header", action="store_true", help="print the header")
+    which.add_argument("--log", action="store_true", help="print the log's events")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_show)
+
+    p = add(
+        "ls", "list the sessions under a root",
+        "One line per session: id, scope, last update, size on disk, title.\n"
+        "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--json", action="store_true", help="print one JSON array")
+    p.add_argument("--turns", action="store_true", help="count turns (reads every snapshot)")
+    p.set_defaults(func=cmd_ls)
+
+    p = add(
+        "compact", "write a snapshot now and cut the log to its tail",
+        "Force a compaction: the snapshot is replaced atomically, then the log by a\n"
+        "bounded tail of recent events.  Sessions compact by themselves every\n"
+        f"{LOG_MAX_EVENTS} events; this is for inspection and tests.",
+    )  # fmt: skip
+    p.add_argument("session", type=Path, metavar="SESSION.json")
+    durability(p)
+    p.set_defaults(func=cmd_compact)
+
+    p = add(
+        "serve", "run the EPC server (started by the Emacs shim)",
+        "Serve the store to Emacs over EPC on 127.0.0.1.  Started by elisp/magent-store.el,\n"
+        "which hands it a token in the environment; it prints its port on stdout, logs to\n"
+        "$XDG_STATE_HOME/magent-store/, and exits when Emacs disconnects.",
+    )  # fmt: skip
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command != "serve":
+        logging.basicConfig(level=logging.WARNING, format="magent-store: warning: %(message)s")
+    try:
+        result: int = args.func(args)
+        return result
+    except (CliError, StoreError, LedgerError) as exc:
+        print(f"magent-store: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 1
+    except OSError as exc:
+        print(f"magent-store: error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,960 @@
+"""The store: every byte of a session on disk (SPEC §2, schema 7).
+
+A session is three files in its scope's directory: ``<id>.json`` (the
+header), ``<id>.jsonl`` (the log, one event per line) and ``<id>.snapshot``
+(the materialized thread), plus ``<id>.lock`` while a writer holds it.
+
+Appending buffers an encoded log line in memory (O(chunk)).  `Session.flush`
+writes every pending line in one ``write``, syncs as the fsync policy says,
+rewrites the header only when its bytes changed, then compacts when due:
+the snapshot is replaced atomically first, then the log by a bounded tail.
+Replay skips every logged event the snapshot already holds, so a crash at
+any point leaves the state of the last completed flush or later.
+
+Nothing else in the package opens a session file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import orjson
+
+from magent_store import ledger
+from magent_store.ledger import Event, LedgerError, Thread
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION: Final = 7
+HEADER_KEYS: Final = (
+    "id", "schema-version", "kind", "action", "status", "title", "parent-session-id",
+    "metadata", "scope", "project-root", "summary-title", "agent-jobs", "approval-overrides",
+)  # fmt: skip
+FSYNC_MODES: Final = ("always", "interval", "never")
+LOG_MAX_EVENTS: Final = 2000
+# What a compaction keeps of the log for inspection (replay skips it).
+LOG_TAIL_EVENTS: Final = 200
+LOG_TAIL_BYTES: Final = 1 << 20
+TITLE_SOURCE_CHARS: Final = 4096
+TITLE_MAX_CHARS: Final = 100
+
+FsyncMode = Literal["always", "interval", "never"]
+
+
+class StoreError(Exception):
+    """A session that cannot be opened, read or written; the message says why."""
+
+
+class InvalidSessionId(StoreError, ValueError):
+    """A session id (or action name) that must not name a file."""
+
+
+class SessionLockedError(StoreError):
+    """The session is open for writing elsewhere."""
+
+
+class CorruptSessionError(StoreError):
+    """A session file holds something that is not what the store wrote."""
+
+
+class SessionNotFound(StoreError, FileNotFoundError):
+    """No header where one was expected."""
+
+
+class SimulatedCrash(BaseException):
+    """Raised by test crash hooks; a BaseException so no handler swallows it."""
+
+
+def check_session_id(session_id: object, what: str = "session id") -> str:
+    """SESSION-ID if it may name a file (SPEC §2), else raise `InvalidSessionId`."""
+    if not ledger.valid_session_id(session_id):
+        raise InvalidSessionId(
+            f"invalid {what} {session_id!r:.80}: it must match [A-Za-z0-9][A-Za-z0-9_.-]*, "
+            f"be at most {ledger.SESSION_ID_MAX} characters and not be . or .."
+        )
+    assert isinstance(session_id, str)
+    return session_id
+
+
+# ---------------------------------------------------------------------------
+# Scopes and paths
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Where a session lives: ``global/``, ``projects/<sha1>/`` or ``actions/<name>/``."""
+
+    kind: Literal["global", "project", "action"]
+    value: str | None = None
+
+    @classmethod
+    def global_(cls) -> Scope:
+        return cls("global")
+
+    @classmethod
+    def project(cls, root: str) -> Scope:
+        if not isinstance(root, str) or not root:
+            raise StoreError(f"project root must be a non-empty string, got {root!r:.80}")
+        return cls("project", root)
+
+    @classmethod
+    def action(cls, name: str) -> Scope:
+        return cls("action", check_session_id(name, "action name"))
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Scope:
+        """``"global"``, a project-root string, or ``{"action": NAME}``."""
+        if obj is None or obj == "global":
+            return cls.global_()
+        if isinstance(obj, str):
+            return cls.project(obj)
+        if isinstance(obj, dict) and set(obj) == {"action"}:
+            return cls.action(obj["action"])
+        raise StoreError(f'scope must be "global", a project root or {{"action": NAME}}, got {obj!r:.80}')
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Scope:
+        if header.get("action"):
+            return cls.action(header["action"])
+        if header.get("scope") == "project":
+            return cls.project(header.get("project-root"))  # type: ignore[arg-type]
+        return cls.global_()
+
+    def directory(self, root: Path) -> Path:
+        if self.kind == "global":
+            return root / "global"
+        assert self.value is not None
+        if self.kind == "project":
+            return root / "projects" / hashlib.sha1(self.value.encode()).hexdigest()
+        return root / "actions" / self.value
+
+    def to_json(self) -> Any:
+        """The thread's ``scope`` value in a snapshot."""
+        if self.kind == "global":
+            return "global"
+        if self.kind == "project":
+            return self.value
+        return {"action": self.value}
+
+    def header_fields(self) -> dict[str, Any]:
+        return {
+            "scope": "project" if self.kind == "project" else "global",
+            "project-root": self.value if self.kind == "project" else None,
+            "action": self.value if self.kind == "action" else None,
+        }
+
+    def label(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFiles:
+    """The paths of one session."""
+
+    directory: Path
+    id: str
+
+    @classmethod
+    def from_header_path(cls, path: Path) -> SessionFiles:
+        if path.suffix != ".json":
+            raise StoreError(f"{path}: a session is named by its header, <id>.json")
+        return cls(path.parent, check_session_id(path.stem))
+
+    @property
+    def header(self) -> Path:
+        return self.directory / f"{self.id}.json"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / f"{self.id}.jsonl"
+
+    @property
+    def snapshot(self) -> Path:
+        return self.directory / f"{self.id}.snapshot"
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / f"{self.id}.lock"
+
+
+# ---------------------------------------------------------------------------
+# Private files
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create PATH and its missing parents as 0700, whatever the umask."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+            os.chmod(d, 0o700)
+
+
+def _open_private(path: Path, flags: int) -> int:
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], None] | None = None) -> None:
+    """Replace PATH by DATA: temp file in the same directory, fsync, rename, fsync the directory."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        try:
+            _write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if crash:
+            crash(f"{path.suffix[1:]}-temp-written")
+        os.replace(tmp, path)
+    except Exception:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if crash:
+        crash(f"{path.suffix[1:]}-renamed")
+    if sync:
+        _fsync_dir(path.parent)
+
+
+def dumps(obj: Any) -> bytes:
+    """Encode OBJ as magent writes it (keys in insertion order, `Text` as strings)."""
+    try:
+        return orjson.dumps(obj, default=ledger.json_default)
+    except orjson.JSONEncodeError as exc:
+        raise LedgerError(f"cannot encode as JSON: {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# Headers
+
+
+def default_header(session_id: str, scope: Scope) -> dict[str, Any]:
+    header: dict[str, Any] = dict.fromkeys(HEADER_KEYS)
+    header.update(id=session_id, **{"schema-version": SCHEMA_VERSION})
+    header.update(scope.header_fields())
+    header["agent-jobs"] = []
+    header["approval-overrides"] = []
+    return header
+
+
+def normalize_header(obj: Any, session_id: str | None = None, scope: Scope | None = None) -> dict[str, Any]:
+    """Validate a header object and return it with exactly SPEC's keys, in order.
+
+    ``id`` and ``schema-version`` may be left out (they are filled in); when
+    SESSION-ID / SCOPE are given the header must agree with them.
+    """
+    if not isinstance(obj, dict):
+        raise LedgerError(f"header: expected a JSON object, got {type(obj).__name__}")
+    unknown = [k for k in obj if k not in HEADER_KEYS]
+    if unknown:
+        raise LedgerError(f"header: unknown key {unknown[0]!r}")
+    header: dict[str, Any] = {}
+    for key in HEADER_KEYS:
+        value = obj.get(key)
+        header[key] = None if ledger.is_absent(value) else value
+    if header["id"] is None:
+        header["id"] = session_id
+    check_session_id(header["id"])
+    if session_id is not None and header["id"] != session_id:
+        raise LedgerError(f"header.id: {header['id']!r} is not this session ({session_id!r})")
+    version = header["schema-version"]
+    if version is None:
+        header["schema-version"] = SCHEMA_VERSION
+    elif version != SCHEMA_VERSION:
+        raise LedgerError(f"header.schema-version: expected {SCHEMA_VERSION}, got {version!r:.80}")
+    if scope is not None:
+        for key, value in scope.header_fields().items():
+            if header[key] is None:
+                header[key] = value
+            elif header[key] != value:
+                raise LedgerError(
+                    f"header.{key}: {header[key]!r:.80} does not match the session's scope {scope.label()}"
+                )
+    if header["scope"] not in ("global", "project"):
+        raise LedgerError(f'header.scope: expected "global" or "project", got {header["scope"]!r:.80}')
+    if header["scope"] == "project" and not isinstance(header["project-root"], str):
+        raise LedgerError("header.project-root: required string for a project session")
+    if header["action"] is not None:
+        check_session_id(header["action"], "action name")
+    for key in ("kind", "status", "title", "parent-session-id", "summary-title"):
+        if header[key] is not None and not isinstance(header[key], str):
+            raise LedgerError(f"header.{key}: expected a string or null, got {header[key]!r:.80}")
+    jobs = obj.get("agent-jobs")
+    header["agent-jobs"] = [] if ledger.is_absent(jobs) else jobs
+    if not isinstance(header["agent-jobs"], list):
+        raise LedgerError("header.agent-jobs: expected an array")
+    overrides = obj.get("approval-overrides")
+    overrides = [] if ledger.is_absent(overrides) else overrides
+    if not isinstance(overrides, list):
+        raise LedgerError("header.approval-overrides: expected an array")
+    for i, entry in enumerate(overrides):
+        where = f"header.approval-overrides[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"tool", "decision"}:
+            raise LedgerError(f"{where}: expected {{\"tool\": str, \"decision\": \"allow\"|\"deny\"}}")
+        if not isinstance(entry["tool"], str) or entry["decision"] not in ("allow", "deny"):
+            raise LedgerError(f"{where}: tool must be a string and decision allow or deny")
+    header["approval-overrides"] = [{"tool": e["tool"], "decision": e["decision"]} for e in overrides]
+    return header
+
+
+def summary_title(thread: Thread) -> str | None:
+    """The title magent shows: the first user/assistant message, whitespace folded."""
+    text = ledger.first_message_text(thread, TITLE_SOURCE_CHARS)
+    if text is None:
+        return None
+    title = " ".join(text.split())
+    if len(title) > TITLE_MAX_CHARS:
+        title = title[: TITLE_MAX_CHARS - 1].rstrip() + "…"
+    return title
+
+
+# ---------------------------------------------------------------------------
+# Reading
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptSessionError(f"{path}: not valid JSON: {exc}") from None
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The header at PATH, validated; `SessionNotFound` when there is none."""
+    try:
+        obj = _read_json(path)
+    except FileNotFoundError:
+        raise SessionNotFound(f"{path}: no such session header") from None
+    try:
+        return normalize_header(obj, path.stem)
+    except (LedgerError, InvalidSessionId) as exc:
+        raise CorruptSessionError(f"{path}: {exc}") from None
+
+
+@dataclass(slots=True)
+class LogScan:
+    """What a log holds, as read back."""
+
+    events: list[Event]
+    lines: list[bytes]
+    good_size: int  # bytes up to the end of the last complete line
+    torn: bool  # a final line without its newline was dropped
+
+
+def scan_log(path: Path) -> LogScan:
+    """Read and validate every line of the log at PATH (missing → empty)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return LogScan([], [], 0, False)
+    lines = data.split(b"\n")
+    tail = lines.pop()  # after the final "\n" this is b""; else a torn append
+    torn = tail != b""
+    if torn:
+        log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
+    events: list[Event] = []
+    previous = 0
+    for number, line in enumerate(lines, 1):
+        try:
+            event = ledger.event_from_json(orjson.loads(line), need_seq=True)
+        except (orjson.JSONDecodeError, LedgerError) as exc:
+            raise CorruptSessionError(f"{path}:{number}: {exc}") from None
+        assert event.seq is not None
+        if event.seq <= previous:
+            raise CorruptSessionError(f"{path}:{number}: seq {event.seq} does not follow {previous}")
+        previous = event.seq
+        events.append(event)
+    return LogScan(events, lines, len(data) - len(tail), torn)
+
+
+def replay_session(files: SessionFiles, scope: Scope | None, scan: LogScan) -> tuple[Thread, int | None]:
+    """The thread of FILES: its snapshot (if any) with the log replayed.
+
+    Returns the thread and the snapshot's last-event-seq (None: no snapshot).
+    """
+    try:
+        snapshot_obj = _read_json(files.snapshot)
+    except FileNotFoundError:
+        snapshot_obj = None
+    if snapshot_obj is not None:
+        try:
+            thread = ledger.thread_from_json(snapshot_obj)
+        except LedgerError as exc:
+            raise CorruptSessionError(f"{files.snapshot}: {exc}") from None
+    else:
+        thread = ledger.new_thread(files.id, (scope or Scope.global_()).to_json())
+    base = thread.last_event_seq
+    expected = base + 1
+    for number, event in enumerate(scan.events, 1):
+        assert event.seq is not None
+        if event.seq <= base:
+            continue
+        if event.seq != expected:
+            what = "the snapshot" if snapshot_obj is not None else "an empty session (no snapshot)"
+            raise CorruptSessionError(
+                f"{files.log}:{number}: seq {event.seq} leaves a gap after {what} at seq {expected - 1}"
+            )
+        expected += 1
+        try:
+            ledger.apply(thread, event)
+        except LedgerError as exc:
+            raise CorruptSessionError(f"{files.log}:{number}: {exc}") from None
+    return thread, (base if snapshot_obj is not None else None)
+
+
+def load_session(files: SessionFiles) -> tuple[dict[str, Any], Thread]:
+    """Read a session without locking or repairing it (a torn tail is skipped)."""
+    header = read_header(files.header)
+    scope = Scope.from_header(header)
+    thread, _ = replay_session(files, scope, scan_log(files.log))
+    return header, thread
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+
+class SessionLock:
+    """The exclusive advisory lock (flock on ``<id>.lock``) of one writer."""
+
+    def __init__(self, files: SessionFiles) -> None:
+        self.path = files.lock
+        self._fd = -1
+        while True:
+            fd = _open_private(self.path, os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise SessionLockedError(
+                    f"session {files.id!r} in {files.directory} is open for writing "
+                    f"by another process (pid {holder}); close it there first"
+                ) from None
+            # The previous holder may have removed the file between our open and lock.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                self._fd = fd
+                return
+            os.close(fd)
+
+    def release(self, *, remove: bool = True) -> None:
+        """Unlock; REMOVE the lock file too (not after a simulated crash)."""
+        if self._fd < 0:
+            return
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """What one flush did.  Every event up to LAST-SEQ is in the log file;
+    DURABLE-SEQ is the last one the fsync policy's promise covers."""
+
+    last_seq: int
+    durable_seq: int
+    bytes_written: int
+    events_written: int
+    header_written: bool
+    compacted: bool
+    seconds: float
+
+
+class Session:
+    """One session open for writing: the lock, the ledger state, the pending log."""
+
+    def __init__(
+        self,
+        files: SessionFiles,
+        scope: Scope,
+        *,
+        fsync: FsyncMode = "always",
+        fsync_interval_ms: int = 1000,
+        log_max_events: int = LOG_MAX_EVENTS,
+        crash: Callable[[str], None] | None = None,
+    ) -> None:
+        if fsync not in FSYNC_MODES:
+            raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        if log_max_events < 1:
+            raise StoreError(f"log_max_events must be ≥ 1, got {log_max_events}")
+        self.files = files
+        self.scope = scope
+        self.fsync: FsyncMode = fsync
+        self.fsync_interval = fsync_interval_ms / 1000
+        self.log_max_events = log_max_events
+        self._crash = crash
+        self._pending: list[bytes] = []
+        self._pending_first_seq = 0
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self._log_fd = -1
+        self._closed = False
+        make_private_dirs(files.directory)
+        self._lock = SessionLock(files)
+        try:
+            self._load()
+        except BaseException:
+            self._lock.release(remove=False)
+            raise
+
+    # -- opening ----------------------------------------------------------
+
+    def _load(self) -> None:
+        files = self.files
+        try:
+            self.header = read_header(files.header)
+            self._header_on_disk: bytes | None = files.header.read_bytes()
+        except SessionNotFound:
+            if files.snapshot.exists():
+                raise CorruptSessionError(
+                    f"{files.header}: missing, but {files.snapshot.name} exists; "
+                    "run `magent-store fsck --repair` to rebuild the header"
+                ) from None
+            # A new session, or one whose first flush stopped before its header.
+            self.header = default_header(files.id, self.scope)
+            self._header_on_disk = None
+        else:
+            header_scope = Scope.from_header(self.header)
+            if header_scope != self.scope:
+                raise StoreError(
+                    f"{files.header}: session has scope {header_scope.label()}, not {self.scope.label()}"
+                )
+        scan = scan_log(files.log)
+        self.thread, snapshot_seq = replay_session(files, self.scope, scan)
+        self._snapshot_on_disk = snapshot_seq is not None
+        self._since_snapshot = sum(1 for e in scan.events if (e.seq or 0) > (snapshot_seq or 0))
+        for line in scan.lines:
+            self._remember(line + b"\n")
+        self._log_fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        if scan.torn:
+            os.ftruncate(self._log_fd, scan.good_size)
+            log.warning("%s: torn final line dropped and the log repaired", files.log)
+        self._durable_seq = self._written_seq = self.thread.last_event_seq
+        self._last_sync = time.monotonic()
+        self._unsynced = False
+
+    # -- state ------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self.files.id
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event appended (flushed or not)."""
+        return self.thread.last_event_seq
+
+    @property
+    def written_seq(self) -> int:
+        """The seq of the last event written to the log file."""
+        return self._written_seq
+
+    @property
+    def durable_seq(self) -> int:
+        return self._durable_seq
+
+    @property
+    def pending_events(self) -> int:
+        return len(self._pending)
+
+    def header_bytes(self) -> bytes:
+        return dumps(self._current_header())
+
+    def snapshot_bytes(self) -> bytes:
+        return dumps(ledger.thread_to_json(self.thread))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"session {self.files.id!r} is closed")
+
+    # -- appending --------------------------------------------------------
+
+    def append(self, event: Event) -> int:
+        """Journal EVENT (validated) under the next seq; return that seq."""
+        self._check_open()
+        event.seq = self.thread.last_event_seq + 1
+        line = dumps(ledger.event_to_json(event)) + b"\n"
+        ledger.apply(self.thread, event)
+        self._queue(line, event.seq)
+        return event.seq
+
+    def append_event(self, obj: Any) -> int:
+        """Validate OBJ (an event in magent's JSON shape; its seq is ignored) and journal it."""
+        if isinstance(obj, dict) and "seq" in obj:
+            obj = {k: (None if k == "seq" else v) for k, v in obj.items()}
+        return self.append(ledger.event_from_json(obj))
+
+    def append_content(self, item_id: str, chunk: str, output: bool, created_at: float) -> int:
+        """Journal an item-content-appended event: the hot path of a streaming reply."""
+        self._check_open()
+        if not isinstance(chunk, str) or not chunk:
+            raise LedgerError(f"chunk: expected a non-empty string, got {chunk!r:.80}")
+        if not isinstance(output, bool):
+            raise LedgerError(f"output: expected true or false, got {output!r:.80}")
+        if isinstance(created_at, bool) or not isinstance(created_at, int | float):
+            raise LedgerError(f"created-at: expected a number, got {created_at!r:.80}")
+        thread = self.thread
+        item = thread.item_index.get(item_id) if isinstance(item_id, str) else None
+        if item is None or thread.id is None:
+            raise LedgerError(f"item-id: no item {item_id!r:.80} in session {self.files.id!r}")
+        turn_id = item.turn_id or next(t.id for t in thread.turns if item in t.items)
+        seq = thread.last_event_seq + 1
+        event = Event(
+            seq, "item-content-appended", thread.id, turn_id, item_id,
+            {"chunk": chunk, "output": output}, created_at,
+        )  # fmt: skip
+        line = dumps(ledger.event_to_json(event)) + b"\n"
+        ledger.apply(thread, event)
+        self._queue(line, seq)
+        return seq
+
+    def _queue(self, line: bytes, seq: int) -> None:
+        if not self._pending:
+            self._pending_first_seq = seq
+        self._pending.append(line)
+        self._since_snapshot += 1
+
+    def _remember(self, line: bytes) -> None:
+        """Keep LINE in the bounded tail that compaction leaves in the log."""
+        self._tail.append(line)
+        self._tail_bytes += len(line)
+        while len(self._tail) > LOG_TAIL_EVENTS or (
+            self._tail_bytes > LOG_TAIL_BYTES and len(self._tail) > 1
+        ):
+            self._tail_bytes -= len(self._tail.popleft())
+
+    def put_header(self, header: Any) -> None:
+        """Replace the header (validated; written at the next flush if it changed)."""
+        self._check_open()
+        self.header = normalize_header(header, self.files.id, self.scope)
+
+    def _current_header(self) -> dict[str, Any]:
+        header = self.header
+        if header["summary-title"] is None:
+            title = summary_title(self.thread)
+            if title is not None:
+                header = {**header, "summary-title": title}
+        return header
+
+    # -- flushing ---------------------------------------------------------
+
+    def flush(self, *, compact: bool | None = None) -> FlushResult:
+        """Write pending events, then the header if it changed, then compact if due.
+
+        COMPACT forces (True) or prevents (False) compaction; None means "when due".
+        On a write error (a full disk, say) the log is cut back to its last
+        complete line and the events stay pending: nothing is lost, and the
+        next flush tries again.
+        """
+        self._check_open()
+        started = time.perf_counter()
+        events_written = len(self._pending)
+        bytes_written = self._write_pending()
+        header_written = self._write_header_if_changed()
+        due = not self._snapshot_on_disk or self._since_snapshot >= self.log_max_events
+        compacted = False
+        if compact or (compact is None and due):
+            self._compact()
+            compacted = True
+        return FlushResult(
+            last_seq=self._written_seq,
+            durable_seq=self._durable_seq,
+            bytes_written=bytes_written,
+            events_written=events_written,
+            header_written=header_written,
+            compacted=compacted,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _write_pending(self) -> int:
+        if not self._pending:
+            self._maybe_sync(force=False)
+            return 0
+        data = b"".join(self._pending)
+        size = os.fstat(self._log_fd).st_size
+        try:
+            _write_all(self._log_fd, data)
+            if self._crash:
+                self._crash("log-written")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._log_fd, size)
+            raise StoreError(
+                f"{self.files.log}: write failed ({exc.strerror}); {len(self._pending)} events "
+                "kept in memory for the next flush"
+            ) from None
+        last = self._pending_first_seq + len(self._pending) - 1
+        for line in self._pending:
+            self._remember(line)
+        self._pending = []
+        self._written_seq = last
+        self._unsynced = True
+        self._maybe_sync(force=self.fsync == "always")
+        return len(data)
+
+    def _maybe_sync(self, *, force: bool) -> None:
+        if not self._unsynced:
+            return
+        if self.fsync == "never":
+            self._durable_seq = self._written_seq
+            self._unsynced = False
+            return
+        now = time.monotonic()
+        if force or self.fsync == "always" or now - self._last_sync >= self.fsync_interval:
+            os.fsync(self._log_fd)
+            self._last_sync = now
+            self._durable_seq = self._written_seq
+            self._unsynced = False
+
+    def sync(self) -> None:
+        """Fsync the log now (for ``interval`` mode's timer and for close)."""
+        self._check_open()
+        if self.fsync != "never":
+            self._maybe_sync(force=True)
+
+    def _write_header_if_changed(self) -> bool:
+        data = self.header_bytes()
+        if data == self._header_on_disk:
+            return False
+        atomic_write(self.files.header, data, sync=self.fsync != "never", crash=self._crash)
+        self._header_on_disk = data
+        return True
+
+    def compact(self) -> FlushResult:
+        """Flush, then write a snapshot and cut the log to a bounded tail."""
+        return self.flush(compact=True)
+
+    def _compact(self) -> None:
+        sync = self.fsync != "never"
+        thread = self.thread
+        thread.snapshot_created_at = time.time()
+        atomic_write(self.files.snapshot, self.snapshot_bytes(), sync=sync, crash=self._crash)
+        self._snapshot_on_disk = True
+        if self._crash:
+            self._crash("before-log-replace")
+        atomic_write(self.files.log, b"".join(self._tail), sync=sync, crash=self._crash)
+        os.close(self._log_fd)
+        self._log_fd = _open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._since_snapshot = 0
+        # Every written event is now in a synced snapshot (or the policy promises nothing).
+        self._durable_seq = self._written_seq
+        self._unsynced = False
+
+    # -- closing ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything, sync, release the lock.  Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.flush(compact=False)
+            self.sync()
+        finally:
+            self._closed = True
+            if self._log_fd >= 0:
+                os.close(self._log_fd)
+                self._log_fd = -1
+            self._lock.release(remove=True)
+
+    def abandon(self, *, remove_lock: bool = False) -> None:
+        """Drop the session without writing anything more.
+
+        Pending events are discarded: this is what a crash leaves behind, and
+        how a refused batch leaves the disk as it was (REMOVE-LOCK then).
+        """
+        self._closed = True
+        self._pending = []
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
+        self._lock.release(remove=remove_lock)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------
+# A root of sessions
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One line of a listing: read from the header and the files' sizes."""
+
+    id: str
+    scope: str
+    title: str | None
+    status: str | None
+    header_path: Path
+    bytes: int
+    updated: float
+    turns: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "scope": self.scope,
+            "title": self.title,
+            "status": self.status,
+            "turns": self.turns,
+            "bytes": self.bytes,
+            "updated": self.updated,
+            "path": str(self.header_path),
+        }
+
+
+_HEADER_GLOBS: Final = ("global/*.json", "projects/*/*.json", "actions/*/*.json")
+_TEMP_RE: Final = re.compile(r"^\..*\.tmp-\d+$")
+
+
+class Store:
+    """A session root: opens, lists, loads and deletes the sessions under it."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        fsync: FsyncMode = "always",
+        fsync_interval_ms: int = 1000,
+        log_max_events: int = LOG_MAX_EVENTS,
+    ) -> None:
+        if fsync not in FSYNC_MODES:
+            raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        self.root = Path(root).expanduser()
+        self.fsync: FsyncMode = fsync
+        self.fsync_interval_ms = fsync_interval_ms
+        self.log_max_events = log_max_events
+
+    def files(self, session_id: str, scope: Scope) -> SessionFiles:
+        return SessionFiles(scope.directory(self.root), check_session_id(session_id))
+
+    def open(self, session_id: str, scope: Scope | None = None) -> Session:
+        """Open (creating if needed) a session for writing; it holds the session's lock."""
+        scope = scope or Scope.global_()
+        files = self.files(session_id, scope)
+        make_private_dirs(self.root)
+        return Session(
+            files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
+            log_max_events=self.log_max_events,
+        )  # fmt: skip
+
+    def load(self, session_id: str, scope: Scope | None = None) -> tuple[dict[str, Any], Thread]:
+        """Header and materialized thread of a session, read without locking."""
+        return load_session(self.files(session_id, scope or Scope.global_()))
+
+    def headers(self) -> Iterator[Path]:
+        for pattern in _HEADER_GLOBS:
+            yield from sorted(self.root.glob(pattern))
+
+    def list(self, *, turns: bool = False) -> list[SessionInfo]:
+        """Every session under the root, from headers only (TURNS also reads snapshots)."""
+        out: list[SessionInfo] = []
+        for path in self.headers():
+            try:
+                header = read_header(path)
+            except StoreError as exc:
+                log.warning("skipping %s: %s", path, exc)
+                continue
+            files = SessionFiles(path.parent, path.stem)
+            size, updated = 0, 0.0
+            for p in (files.header, files.log, files.snapshot):
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                size += st.st_size
+                updated = max(updated, st.st_mtime)
+            count = None
+            if turns:
+                try:
+                    count = len(load_session(files)[1].turns)
+                except StoreError as exc:
+                    log.warning("cannot count turns of %s: %s", path, exc)
+            out.append(
+                SessionInfo(
+                    id=header["id"], scope=Scope.from_header(header).label(),
+                    title=header["summary-title"] or header["title"], status=header["status"],
+                    header_path=path, bytes=size, updated=updated, turns=count,
+                )  # fmt: skip
+            )
+        return out
+
+    def delete(self, session_id: str, scope: Scope | None = None) -> None:
+        """Remove a session's files (refused while it is open for writing)."""
+        files = self.files(session_id, scope or Scope.global_())
+        if not files.header.exists() and not files.log.exists() and not files.snapshot.exists():
+            raise SessionNotFound(f"no session {session_id!r} in {files.directory}")
+        lock = SessionLock(files)
+        try:
+            for p in (files.header, files.log, files.snapshot):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+        finally:
+            lock.release(remove=True)
+
+
+def is_temp_file(name: str) -> bool:
+    """True for the temp files an interrupted atomic write leaves behind."""
+    return _TEMP_RE.match(name) is not None
+
+
+def fsync_mode(value: str) -> FsyncMode:
+    if value not in FSYNC_MODES:
+        raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
