@@ -1,0 +1,673 @@
+"""The EPC server: Emacs's one door to the store.
+
+This module owns the wire and nothing else: it decodes EPC messages,
+authorises the connection, dispatches to the store, and encodes replies.
+Everything on disk belongs to `store`; everything about a thread to `ledger`.
+
+Shape of a session with Emacs (the shim starts us):
+
+* We bind 127.0.0.1 on an ephemeral port and print only that port on stdout
+  (epc.el reads it).  Nothing else ever goes to stdout or stderr: logs go to
+  a rotated file in the state directory, and never contain session content.
+* Any local user can connect to a port, so every connection must first call
+  ``auth`` with the token the shim put in our environment
+  (``MAGENT_STORE_TOKEN``; or the first line of stdin).  Anything else gets an
+  error and the connection is closed.  Each connection has its own thread, so
+  a stranger holding a connection open cannot block Emacs's.
+* Calls of one connection run in order (one reader per connection); a global
+  lock serialises the store between connections.
+* The first authenticated connection is the owner (Emacs).  When it goes
+  away, we flush everything, release every lock and exit: the server never
+  outlives its Emacs.
+
+The per-tick call is ``flush``: a batch of entries (events and content chunks,
+in the order Emacs saw them) as one JSON text, applied then flushed, one
+message per flush interval.  Batches too large for a comfortable EPC frame
+arrive as a file in our private spool directory instead (``flush-file``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import logging.handlers
+import os
+import re
+import signal
+import socketserver
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from epc.handler import encode_message, unpack_message
+from epc.server import EPCServer
+from sexpdata import Symbol
+
+from magent_store.store import Scope, Session, Store, StoreError
+
+log = logging.getLogger("magent_store.server")
+
+TOKEN_ENV = "MAGENT_STORE_TOKEN"
+MIN_TOKEN_LENGTH = 16
+AUTH_TIMEOUT_S = 10.0
+OWNER_TIMEOUT_S = 60.0
+# An EPC frame length has 6 hex digits: nothing larger can be framed at all.
+MAX_FRAME = 0xFFFFFF
+FLUSH_SAMPLES = 2048
+
+JsonDict = dict[str, Any]
+
+
+class CallError(Exception):
+    """A call the server refuses; the message tells the caller what to fix."""
+
+
+# --------------------------------------------------------------------------
+# Where things live
+
+def state_dir() -> Path:
+    """Return the private state directory (created 0700)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = Path(base) / "magent-store"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _private_file_handler(path: Path) -> logging.Handler:
+    # Create the file 0600 before logging opens it, whatever the umask.
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    os.chmod(path, 0o600)
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=1_000_000, backupCount=3, encoding="utf-8"
+    )
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    )
+    return handler
+
+
+def setup_logging(directory: Path, level: str) -> Path:
+    """Send our logs to a rotated file; silence python-epc's stderr logger.
+
+    python-epc formats a repr of every whole message even when the level
+    would drop it, and logs exceptions (with content) to stderr: we route
+    around its logging entirely.
+    """
+    path = directory / "server.log"
+    root = logging.getLogger("magent_store")
+    root.handlers[:] = [_private_file_handler(path)]
+    root.setLevel(level.upper())
+    root.propagate = False
+    epc_logger = logging.getLogger("epc")
+    epc_logger.handlers[:] = []
+    epc_logger.setLevel(logging.CRITICAL + 1)
+    epc_logger.propagate = False
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").handlers[:] = root.handlers
+    return path
+
+
+def _redirect_stderr(directory: Path) -> None:
+    """Point fd 2 at a private file so a crash never writes to epc.el's pipe."""
+    path = directory / "stderr.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.chmod(path, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+# --------------------------------------------------------------------------
+# The service: what the calls do (no sockets here)
+
+@dataclass(slots=True)
+class OpenSession:
+    """A session this server holds open, with where it came from."""
+
+    session: Session
+    root: str
+    scope: Any
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters for `status`; never any content."""
+
+    started: float = field(default_factory=time.time)
+    flushes: int = 0
+    bytes_written: int = 0
+    compactions: int = 0
+    rejected: int = 0
+    flush_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=FLUSH_SAMPLES))
+    last_error: str | None = None
+
+
+def _percentile(samples: list[float], q: float) -> float | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _json(text: Any, what: str) -> Any:
+    if not isinstance(text, str):
+        raise CallError(f"{what} must be JSON text (a string), got {type(text).__name__}")
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as err:
+        raise CallError(f"{what} is not valid JSON: {err}") from None
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise CallError(f"{what} must be a non-empty string")
+    return value
+
+
+class Service:
+    """The methods Emacs calls, over the store; thread-safe by one lock."""
+
+    def __init__(self, spool: Path) -> None:
+        self.spool = spool
+        self.stats = Stats()
+        self._stores: dict[tuple[str, str, int, int], Store] = {}
+        self._open: dict[str, OpenSession] = {}
+        self._lock = threading.Lock()
+
+    # -- dispatch table ------------------------------------------------------
+
+    def methods(self) -> dict[str, Callable[..., Any]]:
+        """Return the wire name -> implementation table."""
+        return {
+            "open": self.open,
+            "append": self.append,
+            "append-events": self.append_events,
+            "append-content": self.append_content,
+            "put-header": self.put_header,
+            "flush": self.flush,
+            "flush-file": self.flush_file,
+            "load": self.load,
+            "close": self.close,
+            "list": self.list,
+            "status": self.status,
+        }
+
+    def call(self, name: str, args: list[Any]) -> Any:
+        """Run method NAME with ARGS under the store lock."""
+        method = self.methods().get(name)
+        if method is None:
+            raise CallError(f"unknown method {name!r}; known: {', '.join(sorted(self.methods()))}")
+        with self._lock:
+            try:
+                return method(*args)
+            except TypeError as err:
+                # Only a wrong arity reaches here: our methods check their types.
+                if "positional argument" in str(err):
+                    raise CallError(f"{name}: wrong number of arguments ({err})") from None
+                raise
+
+    # -- sessions --------------------------------------------------------------
+
+    def _store(self, root: str, options: JsonDict) -> Store:
+        fsync = options.get("fsync", "always")
+        if fsync not in ("always", "interval", "never"):
+            raise CallError(f"options.fsync must be always, interval or never, got {fsync!r}")
+        interval = options.get("fsync-interval-ms", 1000)
+        max_events = options.get("log-max-events", 2000)
+        for name, value in (("fsync-interval-ms", interval), ("log-max-events", max_events)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise CallError(f"options.{name} must be a positive integer, got {value!r}")
+        store_key = (root, str(fsync), int(interval), int(max_events))
+        store = self._stores.get(store_key)
+        if store is None:
+            store = Store(
+                Path(root).expanduser(),
+                fsync=fsync,
+                fsync_interval_ms=interval,
+                log_max_events=max_events,
+            )
+            self._stores[store_key] = store
+        return store
+
+    def _session(self, session_id: Any) -> Session:
+        entry = self._open.get(session_id) if isinstance(session_id, str) else None
+        if entry is None:
+            raise CallError(f"session {session_id!r} is not open here: call open first")
+        return entry.session
+
+    def open(self, root: Any, scope: Any, session_id: Any, options: Any = None) -> int:
+        """Open (create or load) a session; return its last seq.  Idempotent."""
+        root = _text(root, "root")
+        session_id = _text(session_id, "session id")
+        scope_json = _json(scope, "scope")
+        opts = _json(options, "options") if options else {}
+        if not isinstance(opts, dict):
+            raise CallError("options must be a JSON object")
+        existing = self._open.get(session_id)
+        if existing is not None:
+            if (existing.root, existing.scope) != (root, scope_json):
+                raise CallError(
+                    f"session {session_id!r} is already open here under another root or scope"
+                )
+            return existing.session.last_seq
+        try:
+            scope_obj = Scope.from_json(scope_json)
+        except (ValueError, TypeError, KeyError) as err:
+            raise CallError(f"invalid scope {scope_json!r}: {err}") from None
+        session = self._store(root, opts).open(session_id, scope_obj)
+        self._open[session_id] = OpenSession(session, root, scope_json)
+        log.info("opened session %s (last seq %d)", session_id, session.last_seq)
+        return session.last_seq
+
+    def _apply_batch(self, session: Session, entries: Any, *, allow: str) -> list[str]:
+        """Apply ENTRIES in order; return the rejected ones' errors.
+
+        An object is an event, an array ``[item-id, chunk, output, created-at]``
+        a content chunk.  A rejected entry changes nothing and does not stop
+        the others: losing one bad event beats losing the batch.
+        """
+        if not isinstance(entries, list):
+            raise CallError("a batch must be a JSON array")
+        rejected: list[str] = []
+        for index, entry in enumerate(entries):
+            try:
+                if isinstance(entry, dict) and allow in ("any", "events"):
+                    session.append_event(entry)
+                elif isinstance(entry, list) and allow in ("any", "content"):
+                    session.append_content(*_chunk_args(entry))
+                else:
+                    kinds = {"any": "an event object or a chunk array",
+                             "events": "an event object", "content": "a chunk array"}
+                    raise CallError(f"must be {kinds[allow]}")
+            except (CallError, ValueError, TypeError) as err:
+                # ValueError covers LedgerError; messages name fields, not content.
+                rejected.append(f"entry {index}: {err}")
+        if rejected:
+            self.stats.rejected += len(rejected)
+            log.warning("rejected %d of %d entries: %s", len(rejected), len(entries), rejected[0])
+        return rejected
+
+    def append(self, session_id: Any, batch: Any) -> list[Any]:
+        """Apply a mixed batch without flushing; return ``(last-seq rejected)``."""
+        session = self._session(session_id)
+        rejected = self._apply_batch(session, _json(batch, "batch"), allow="any")
+        return [session.last_seq, rejected]
+
+    def append_events(self, session_id: Any, events: Any) -> list[Any]:
+        """Apply a batch of events; return ``(last-seq rejected)``."""
+        session = self._session(session_id)
+        rejected = self._apply_batch(session, _json(events, "events"), allow="events")
+        return [session.last_seq, rejected]
+
+    def append_content(self, session_id: Any, chunks: Any) -> list[Any]:
+        """Apply a batch of ``[item-id, chunk, output, created-at]``; return as `append`."""
+        session = self._session(session_id)
+        rejected = self._apply_batch(session, _json(chunks, "chunks"), allow="content")
+        return [session.last_seq, rejected]
+
+    def put_header(self, session_id: Any, header: Any) -> bool:
+        """Replace the session's header (written at the next flush if changed)."""
+        session = self._session(session_id)
+        obj = _json(header, "header")
+        if not isinstance(obj, dict):
+            raise CallError("header must be a JSON object")
+        session.put_header(obj)
+        return True
+
+    def flush(self, session_id: Any, batch: Any = None) -> list[Any]:
+        """Apply BATCH (JSON text or nil), flush; return the durable state.
+
+        The reply is ``(durable-seq last-seq bytes-written milliseconds
+        rejected)``: cheap for Emacs to read on every tick.
+        """
+        session = self._session(session_id)
+        rejected: list[str] = []
+        if batch:
+            rejected = self._apply_batch(session, _json(batch, "batch"), allow="any")
+        result = session.flush()
+        self.stats.flushes += 1
+        self.stats.bytes_written += result.bytes_written
+        self.stats.compactions += int(result.compacted)
+        self.stats.flush_seconds.append(result.seconds)
+        return [
+            result.durable_seq,
+            result.last_seq,
+            result.bytes_written,
+            round(result.seconds * 1000.0, 3),
+            rejected,
+        ]
+
+    def flush_file(self, session_id: Any, path: Any) -> list[Any]:
+        """Like `flush`, the batch read from PATH in the spool; PATH is then removed."""
+        path_str = _text(path, "path")
+        file = Path(path_str)
+        if file.parent.resolve() != self.spool.resolve() or not file.name.startswith("batch-"):
+            raise CallError(f"batch files must be {self.spool}/batch-*, got {path_str!r}")
+        try:
+            st = file.lstat()
+            if not file.is_file() or file.is_symlink() or st.st_uid != os.getuid():
+                raise CallError(f"{path_str} is not a regular file of ours")
+            data = file.read_bytes()
+        except OSError as err:
+            raise CallError(f"cannot read batch file: {err.strerror}") from None
+        finally:
+            file.unlink(missing_ok=True)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CallError("batch file is not valid UTF-8") from None
+        return self.flush(session_id, text)
+
+    def load(self, root: Any, scope: Any, session_id: Any, options: Any = None) -> str:
+        """Open the session and write header + snapshot JSON to a private file.
+
+        Returns the file's path; the caller reads and deletes it.  Bulk stays
+        off the wire: escaping megabytes into a sexp costs both sides dearly.
+        """
+        self.open(root, scope, session_id, options)
+        session = self._session(session_id)
+        body = b'{"header":' + session.header_bytes() + b',"snapshot":'
+        body += session.snapshot_bytes() + b"}"
+        fd, name = tempfile.mkstemp(prefix="load-", suffix=".json", dir=self.spool)
+        try:
+            os.write(fd, body)
+        finally:
+            os.close(fd)
+        return name
+
+    def close(self, session_id: Any) -> bool:
+        """Flush and close a session, releasing its lock.  Idempotent."""
+        entry = self._open.pop(session_id, None) if isinstance(session_id, str) else None
+        if entry is not None:
+            entry.session.close()
+            log.info("closed session %s", session_id)
+        return True
+
+    def list(self, root: Any) -> str:
+        """Return the sessions under ROOT as JSON text (headers only)."""
+        store = self._store(_text(root, "root"), {})
+        return orjson.dumps([info.to_json() for info in store.list()]).decode()
+
+    def status(self) -> str:
+        """Return counters as JSON text: sessions, pending, bytes, latencies."""
+        samples = list(self.stats.flush_seconds)
+        return orjson.dumps({
+            "pid": os.getpid(),
+            "uptime": round(time.time() - self.stats.started, 3),
+            "open-sessions": sorted(self._open),
+            "pending-events": sum(e.session.pending_events for e in self._open.values()),
+            "flushes": self.stats.flushes,
+            "bytes-written": self.stats.bytes_written,
+            "flush-ms-last": _ms(samples[-1] if samples else None),
+            "flush-ms-p50": _ms(statistics.median(samples) if samples else None),
+            "flush-ms-p99": _ms(_percentile(samples, 0.99)),
+            "compactions": self.stats.compactions,
+            "rejected-entries": self.stats.rejected,
+            "last-error": self.stats.last_error,
+        }).decode()
+
+    def close_all(self) -> None:
+        """Flush and release every session; log, never raise."""
+        with self._lock:
+            for session_id in list(self._open):
+                try:
+                    self.close(session_id)
+                except Exception:
+                    log.exception("closing session %s failed", session_id)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def _chunk_args(entry: list[Any]) -> tuple[str, str, bool, float]:
+    if len(entry) != 4:
+        raise CallError("a chunk is [item-id, chunk, output, created-at]")
+    item_id, chunk, output, created_at = entry
+    if not isinstance(item_id, str) or not item_id:
+        raise CallError("chunk item-id must be a non-empty string")
+    if not isinstance(chunk, str) or not chunk:
+        raise CallError("chunk must be a non-empty string")
+    if not isinstance(output, bool):
+        raise CallError("chunk output must be true or false")
+    if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
+        raise CallError("chunk created-at must be a number")
+    return item_id, chunk, output, float(created_at)
+
+
+# --------------------------------------------------------------------------
+# The wire
+
+class Connection(socketserver.StreamRequestHandler):
+    """One EPC connection: read messages in order, reply to each."""
+
+    server: Server
+    authenticated: bool = False
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(AUTH_TIMEOUT_S)
+
+    def _send(self, *message: Any) -> None:
+        data = encode_message(*message)
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _frames(self, rfile: Any) -> Any:
+        while True:
+            head = rfile.read(6)
+            if not head:
+                return
+            if len(head) < 6 or not re.fullmatch(rb"[0-9a-fA-F]{6}", head):
+                raise CallError("malformed EPC frame header")
+            length = int(head, 16)
+            data = rfile.read(length)
+            if len(data) < length:
+                raise CallError(f"EPC frame cut short ({len(data)} of {length} bytes)")
+            yield data
+
+    def handle(self) -> None:
+        peer = self.client_address
+        log.info("connection from %s", peer)
+        try:
+            for frame in self._frames(self.rfile):
+                if not self._handle_frame(frame):
+                    break
+        except TimeoutError:
+            log.warning("connection %s: no auth within %.0fs, closed", peer, AUTH_TIMEOUT_S)
+            self._try_send("epc-error", [], "authentication timed out")
+        except CallError as err:
+            log.warning("connection %s: %s; closed", peer, err)
+            self._try_send(
+                "epc-error", [],
+                f"{err}: framing lost (a message over {MAX_FRAME} bytes cannot be framed); "
+                "connection closed",
+            )
+        except (ConnectionError, OSError) as err:
+            log.info("connection %s dropped: %s", peer, err)
+        finally:
+            log.info("connection from %s closed", peer)
+            if self.server.is_owner(self):
+                self.server.owner_gone()
+
+    def _try_send(self, *message: Any) -> None:
+        with contextlib.suppress(OSError):
+            self._send(*message)
+
+    def _handle_frame(self, frame: bytes) -> bool:
+        """Handle one message; return False to close the connection."""
+        uid: Any = []
+        try:
+            try:
+                kind, uid, args = unpack_message(frame)
+            except UnicodeDecodeError:
+                raise CallError("message is not valid UTF-8") from None
+            except Exception:
+                raise CallError("message is not a valid EPC s-expression") from None
+            if kind != "call":
+                if kind == "methods" and self.authenticated:
+                    self._send("return", uid, [[Symbol(n), [], ""] for n in self.server.names()])
+                    return True
+                if kind in ("return", "return-error", "epc-error"):
+                    return True  # we never call the peer
+                raise CallError(f"unsupported EPC message {kind!r}")
+            if len(args) != 2 or not isinstance(args[0], Symbol) or not isinstance(args[1], list):
+                raise CallError("a call is (call UID METHOD (ARGS...))")
+            name, call_args = args[0].value(), args[1]
+            if not self.authenticated:
+                return self._authenticate(uid, name, call_args)
+            self._send("return", uid, self.server.dispatch(self, name, call_args))
+        except (CallError, StoreError, ValueError) as err:
+            # StoreError and LedgerError (a ValueError) carry user-actionable messages.
+            message = str(err) or type(err).__name__
+            self.server.service.stats.last_error = message[:500]
+            log.warning("call failed: %s", message[:500])
+            self._send("return-error", uid, message)
+        except Exception as err:
+            log.exception("unexpected error")
+            self._send("return-error", uid, f"internal error: {type(err).__name__}; see log")
+        return True
+
+    def _authenticate(self, uid: Any, name: str, args: list[Any]) -> bool:
+        token = args[0] if name == "auth" and len(args) == 1 else None
+        if isinstance(token, str) and hmac.compare_digest(
+            token.encode(), self.server.token.encode()
+        ):
+            self.authenticated = True
+            self.connection.settimeout(None)
+            self.server.claim_owner(self)
+            self._send("return", uid, [str(self.server.service.spool), os.getpid()])
+            log.info("connection %s authenticated", self.client_address)
+            return True
+        why = "wrong token" if name == "auth" else f"{name!r} before auth"
+        log.warning("connection %s refused: %s", self.client_address, why)
+        self._send("epc-error", uid, "not authenticated: call auth with the session token first")
+        return False
+
+
+class Server(socketserver.ThreadingMixIn, EPCServer):  # type: ignore[misc]
+    """EPCServer, one thread per connection (never per call: calls stay ordered)."""
+
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, token: str, service: Service) -> None:
+        EPCServer.__init__(self, ("127.0.0.1", 0), RequestHandlerClass=Connection)
+        self.token = token
+        self.service = service
+        self._owner: Connection | None = None
+        self._owner_lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def names(self) -> list[str]:
+        return sorted([*self.service.methods(), "shutdown"])
+
+    def dispatch(self, conn: Connection, name: str, args: list[Any]) -> Any:
+        if name == "auth":
+            return True
+        if name == "shutdown":
+            self.stop("shutdown requested")
+            return True
+        return self.service.call(name, args)
+
+    def claim_owner(self, conn: Connection) -> None:
+        with self._owner_lock:
+            if self._owner is None:
+                self._owner = conn
+
+    def is_owner(self, conn: Connection) -> bool:
+        return self._owner is conn
+
+    def has_owner(self) -> bool:
+        return self._owner is not None
+
+    def owner_gone(self) -> None:
+        self.stop("Emacs disconnected")
+
+    def stop(self, why: str) -> None:
+        """Flush and release everything, then stop serving (from any thread)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        log.info("stopping: %s", why)
+        self.service.close_all()
+        threading.Thread(target=self.shutdown, daemon=True).start()
+
+
+def _read_token() -> str:
+    token = os.environ.pop(TOKEN_ENV, None)
+    if token is None and not sys.stdin.isatty():
+        token = sys.stdin.readline().strip()
+    if not token or len(token) < MIN_TOKEN_LENGTH:
+        raise SystemExit(
+            f"magent-store serve: no token: set {TOKEN_ENV} (at least {MIN_TOKEN_LENGTH} "
+            "characters) or write it as the first line of stdin; never on the command line"
+        )
+    return token
+
+
+def serve(*, log_level: str = "INFO") -> int:
+    """Run the server until its Emacs goes away; return the exit status."""
+    token = _read_token()
+    directory = state_dir()
+    log_path = setup_logging(directory, log_level)
+    spool = Path(tempfile.mkdtemp(prefix="spool-", dir=directory))
+    os.chmod(spool, 0o700)
+    service = Service(spool)
+    server = Server(token, service)
+    port = server.server_address[1]
+    log.info("serving on 127.0.0.1:%d (pid %d), log %s", port, os.getpid(), log_path)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        server.stop(f"signal {signal.Signals(signum).name}")
+
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, on_signal)
+
+    def watchdog() -> None:
+        # A server nobody claims would outlive its Emacs: give up after a while.
+        if not server._stopping.wait(OWNER_TIMEOUT_S) and not server.has_owner():
+            server.stop(f"no authenticated client within {OWNER_TIMEOUT_S:.0f}s")
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    sys.stdout.write(f"{port}\n")
+    sys.stdout.flush()
+    _redirect_stderr(directory)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        service.close_all()
+        server.server_close()
+        for leftover in spool.iterdir():
+            leftover.unlink(missing_ok=True)
+        spool.rmdir()
+        log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``python -m magent_store.server [--log-level LEVEL]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="magent-store serve",
+        description="Serve the store to one Emacs over EPC (127.0.0.1, token in "
+        f"${TOKEN_ENV} or on stdin).  Started by elisp/magent-store.el.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    ns = parser.parse_args(argv)
+    return serve(log_level=ns.log_level)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

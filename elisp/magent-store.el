@@ -1,0 +1,855 @@
+;;; magent-store.el --- Persist magent sessions through the magent-store backend  -*- lexical-binding: t; -*-
+
+;; Copyright (C) 2026 The magent-store authors
+;; SPDX-License-Identifier: GPL-3.0-or-later
+;; Version: 0.1.0
+;; Package-Requires: ((emacs "28.1") (epc "0.1.1"))
+;; Keywords: tools, convenience
+;; URL: https://example.invalid/magent-store
+
+;;; Commentary:
+
+;; A thin shim between magent and the magent-store backend (a Python
+;; process speaking EPC on 127.0.0.1).  The backend owns the ledger, the
+;; JSONL journal and snapshot compaction; this file owns Emacs and nothing
+;; else: it forwards, buffers and schedules.
+;;
+;; The hot path is cheap by construction: appending a chunk pushes one
+;; vector onto a per-session queue and, at most once per
+;; `magent-store-flush-interval', an elapsed-time timer sends the whole
+;; queue as ONE message.  Replies are read by our own process filter, with
+;; no deferred chains.  Nothing on the chunk path waits for the backend.
+;;
+;; Setup:
+;;
+;;   1. Install the backend so `magent-store' is on `exec-path'
+;;      (pip install magent-store), or load this file from a checkout
+;;      whose .venv holds it (`make install').
+;;   2. Install epc.el from MELPA (M-x package-install RET epc RET), or
+;;      your distribution's package (Debian: elpa-epc; under `emacs -Q'
+;;      add /usr/share/emacs/site-lisp/elpa/{epc,deferred,concurrent,ctable}-*
+;;      to `load-path' yourself).
+;;   3. (require 'magent-store) (magent-store-mode 1)
+;;
+;; `magent-store-status' shows the backend's state; the backend logs to
+;; $XDG_STATE_HOME/magent-store/server.log (~/.local/state/...).
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'json)
+(require 'subr-x)
+(require 'epc)
+
+;;;; Customization
+
+(defgroup magent-store nil
+  "Persist magent sessions through the magent-store backend."
+  :group 'tools
+  :prefix "magent-store-")
+
+(define-error 'magent-store-error "magent-store")
+
+(defun magent-store--error (format-string &rest args)
+  "Signal `magent-store-error' with FORMAT-STRING applied to ARGS."
+  (signal 'magent-store-error (list (apply #'format-message format-string args))))
+
+(defconst magent-store--directory
+  (and load-file-name (file-name-directory load-file-name))
+  "Directory this file was loaded from, to find a checkout's backend.")
+
+(defun magent-store--default-python ()
+  "Return the backend command the way a user installed it.
+That is `magent-store' on the variable `exec-path', else the .venv
+of the checkout this file was loaded from, else \"magent-store\"."
+  (or (executable-find "magent-store")
+      (and magent-store--directory
+           (let ((venv (expand-file-name "../.venv/bin/magent-store"
+                                         magent-store--directory)))
+             (and (file-executable-p venv) venv)))
+      "magent-store"))
+
+(defcustom magent-store-python (magent-store--default-python)
+  "Command that runs the backend, without the \"serve\" argument.
+A string (the program) or a list (the program and its first arguments),
+e.g. (\"python3\" \"-m\" \"magent_store\")."
+  :type '(choice (string :tag "Program")
+                 (repeat :tag "Program and arguments" string))
+  :group 'magent-store)
+
+(defcustom magent-store-root
+  (if (boundp 'magent-session-directory)
+      (symbol-value 'magent-session-directory)
+    (locate-user-emacs-file "magent/sessions"))
+  "Directory under which sessions are stored (magent's session root)."
+  :type 'directory
+  :group 'magent-store)
+
+(defcustom magent-store-flush-interval 0.25
+  "Seconds between a flush request and the flush it causes.
+Requests made while a flush is scheduled join it without postponing it."
+  :type 'number
+  :group 'magent-store)
+
+(defcustom magent-store-fsync 'always
+  "When the backend makes a flush durable with fsync.
+`always': at every flush (what interactive magent does); `interval': at
+most once per second, so a power loss may lose the last second; `never':
+leave it to the operating system (a crash of the machine may lose data,
+a crash of Emacs or the backend does not)."
+  :type '(choice (const always) (const interval) (const never))
+  :group 'magent-store)
+
+(defcustom magent-store-log-max-events 2000
+  "Events a session's log may hold before the backend compacts it."
+  :type 'natnum
+  :group 'magent-store)
+
+(defcustom magent-store-file-threshold (* 512 1024)
+  "Batches larger than this many bytes travel as a private file.
+Escaping megabytes into an EPC message costs Emacs far more than
+writing them to a file the backend reads."
+  :type 'natnum
+  :group 'magent-store)
+
+(defcustom magent-store-call-timeout 10
+  "Seconds a synchronous call waits for the backend before giving up."
+  :type 'number
+  :group 'magent-store)
+
+;;;; State
+
+(cl-defstruct (magent-store--backend (:constructor magent-store--backend-make)
+                                     (:copier nil))
+  "One running backend and our connection to it."
+  manager process connection pid port spool started-at
+  (next-id 0)
+  (replies (make-hash-table :test #'eql))
+  stopping)
+
+(cl-defstruct (magent-store--session (:constructor magent-store--session-make)
+                                     (:copier nil))
+  "What Emacs holds for one open session.
+QUEUE holds entries not yet sent (newest first); INFLIGHT the batches
+sent but not yet acknowledged, oldest first, as (ID . ENTRIES).
+WRITTEN-SEQ is the last seq the backend wrote to the log file (it
+survives a crash of the backend); DURABLE-SEQ the last one fsync covers."
+  id scope queue inflight (durable-seq 0) (written-seq 0) timer
+  (flushes 0) header opened)
+
+(defvar magent-store--backend nil
+  "The running backend, or nil.")
+
+(defvar magent-store--sessions (make-hash-table :test #'equal)
+  "Open sessions: session id -> `magent-store--session'.")
+
+(defvar magent-store--last-error nil
+  "The last error the backend or the shim reported, for the status buffer.")
+
+(defvar magent-store--restarts nil
+  "Times of automatic restarts, newest first.")
+
+(defvar magent-store--gave-up nil
+  "Non-nil once the shim told the user it could not keep the backend up.")
+
+(defvar magent-store--flush-ms nil
+  "Recent flush round-trip times in milliseconds, newest first.")
+
+(defvar magent-store-persistence-enabled t
+  "When nil, the append functions drop their input (for benchmarks only).")
+
+;;;; The wire (EPC framing, our own cheap dispatch)
+
+(defun magent-store--encode (sexp)
+  "Return SEXP as one framed EPC message (a unibyte string)."
+  (let* ((print-escape-newlines nil)
+         (print-escape-nonascii nil)
+         (print-escape-multibyte nil)
+         (print-escape-control-characters nil)
+         (print-length nil)
+         (print-level nil)
+         (body (encode-coding-string (concat (prin1-to-string sexp) "\n")
+                                     'utf-8-unix t)))
+    (concat (format "%06x" (length body)) body)))
+
+(defun magent-store--send (method args &optional on-reply on-error)
+  "Call METHOD with ARGS on the backend without waiting.
+ON-REPLY gets the value, ON-ERROR the error message.  Signal an error
+when there is no live backend."
+  (let* ((backend (or magent-store--backend
+                      (error "The magent-store backend is not running")))
+         (id (cl-incf (magent-store--backend-next-id backend))))
+    (when (or on-reply on-error)
+      (puthash id (cons on-reply on-error)
+               (magent-store--backend-replies backend)))
+    (process-send-string (magent-store--backend-connection backend)
+                         (magent-store--encode
+                          (list 'call id (intern method) args)))
+    id))
+
+(defun magent-store--filter (process output)
+  "Collect OUTPUT from PROCESS and dispatch every complete reply."
+  (let ((buffer (process-buffer process)))
+    (when (buffer-live-p buffer)
+      (with-current-buffer buffer
+        (goto-char (point-max))
+        (insert output)
+        (let (message)
+          (while (setq message (magent-store--next-message))
+            (magent-store--dispatch message)))))))
+
+(defun magent-store--next-message ()
+  "Remove and return the next complete message in this buffer, or nil."
+  (when (>= (buffer-size) 6)
+    (let ((length (string-to-number
+                   (buffer-substring-no-properties 1 7) 16)))
+      (when (>= (- (buffer-size) 6) length)
+        (prog1 (car (read-from-string
+                     (decode-coding-string
+                      (buffer-substring-no-properties 7 (+ 7 length))
+                      'utf-8-unix)))
+          (delete-region 1 (+ 7 length)))))))
+
+(defun magent-store--dispatch (message)
+  "Run the callback MESSAGE answers."
+  (let* ((backend magent-store--backend)
+         (kind (car message))
+         (id (nth 1 message))
+         (replies (and backend (magent-store--backend-replies backend)))
+         (handlers (and replies (gethash id replies))))
+    (when handlers (remhash id replies))
+    (pcase kind
+      ('return (when (car handlers) (funcall (car handlers) (nth 2 message))))
+      ((or 'return-error 'epc-error)
+       (let ((text (format "%s" (nth 2 message))))
+         (setq magent-store--last-error text)
+         (if (cdr handlers)
+             (funcall (cdr handlers) text)
+           (message "magent-store: %s" text)))))))
+
+(defun magent-store--call (method args)
+  "Call METHOD with ARGS and wait for the value; signal on error."
+  (let* ((done nil) value failure
+         (backend (or magent-store--backend
+                      (user-error "The magent-store backend is not running")))
+         (process (magent-store--backend-connection backend))
+         (deadline (+ (float-time) magent-store-call-timeout)))
+    (magent-store--send method args
+                        (lambda (v) (setq value v done t))
+                        (lambda (e) (setq failure e done t)))
+    (while (and (not done) (process-live-p process)
+                (< (float-time) deadline))
+      ;; JUST-THIS-ONE: run no timers or other filters while we wait.
+      (accept-process-output process 0.05 nil t))
+    (cond (failure (magent-store--error "%s: %s" method failure))
+          (done value)
+          ((not (process-live-p process))
+           (magent-store--error "The backend died during %s" method))
+          (t (magent-store--error "%s timed out after %ss"
+                    method magent-store-call-timeout)))))
+
+;;;; Starting and stopping the backend
+
+(defun magent-store--command ()
+  "Return the backend command as a list, ending in \"serve\"."
+  (append (if (listp magent-store-python)
+              magent-store-python
+            (list magent-store-python))
+          (list "serve")))
+
+(defun magent-store--token ()
+  "Return a fresh random token (64 hex digits)."
+  (let ((bytes (with-temp-buffer
+                 (set-buffer-multibyte nil)
+                 (ignore-errors
+                   (let ((coding-system-for-read 'binary))
+                     (call-process "head" "/dev/urandom" t nil "-c" "32")))
+                 (buffer-string))))
+    (if (= (length bytes) 32)
+        (mapconcat (lambda (byte) (format "%02x" byte)) bytes "")
+      ;; No /dev/urandom: Emacs's own generator, seeded from the system.
+      (secure-hash 'sha256 (format "%s %s %s %s" (random t) (random)
+                                   (float-time) (emacs-pid))))))
+
+(defun magent-store--start-backend ()
+  "Start the backend, connect and authenticate; return the backend."
+  (let* ((command (magent-store--command))
+         (token (magent-store--token))
+         (process-environment
+          (cons (concat "MAGENT_STORE_TOKEN=" token) process-environment))
+         ;; A pipe, not a pty: the backend never reads a terminal.
+         (process-connection-type nil)
+         (manager
+          (condition-case err
+              (epc:start-epc (car command) (cdr command))
+            (error
+             (user-error "Could not start %s: %s (see `magent-store-python' \
+and the backend log)"
+                         (mapconcat #'identity command " ")
+                         (error-message-string err)))))
+         (connection (epc:connection-process
+                      (epc:manager-connection manager)))
+         (server (epc:manager-server-process manager))
+         (backend (magent-store--backend-make
+                   :manager manager :process server :connection connection
+                   :port (epc:manager-port manager)
+                   :started-at (float-time))))
+    ;; Take the connection over from epc.el's deferred-based dispatch.
+    (with-current-buffer (process-buffer connection)
+      (erase-buffer)
+      (set-buffer-multibyte nil))
+    (set-process-filter connection #'magent-store--filter)
+    (set-process-sentinel connection #'magent-store--sentinel)
+    (set-process-sentinel server #'magent-store--sentinel)
+    (set-process-query-on-exit-flag connection nil)
+    (set-process-query-on-exit-flag server nil)
+    (setq magent-store--backend backend)
+    (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+    (condition-case err
+        (let ((reply (magent-store--call "auth" (list token))))
+          (setf (magent-store--backend-spool backend) (nth 0 reply)
+                (magent-store--backend-pid backend) (nth 1 reply)))
+      (error (magent-store--kill-backend backend)
+             (signal (car err) (cdr err))))
+    backend))
+
+(defun magent-store--kill-backend (backend)
+  "Forget BACKEND and make sure its processes are gone."
+  (when backend
+    (setf (magent-store--backend-stopping backend) t)
+    (when (eq magent-store--backend backend)
+      (setq magent-store--backend nil))
+    (ignore-errors (epc:stop-epc (magent-store--backend-manager backend)))))
+
+(defun magent-store--ensure-backend ()
+  "Return the live backend, starting it when needed."
+  (if (and magent-store--backend
+           (process-live-p (magent-store--backend-connection
+                            magent-store--backend)))
+      magent-store--backend
+    (magent-store--start-backend)))
+
+(defun magent-store--sentinel (process _event)
+  "Notice that PROCESS, part of the backend, went away."
+  (let ((backend magent-store--backend))
+    (when (and backend
+               (not (magent-store--backend-stopping backend))
+               (memq process (list (magent-store--backend-connection backend)
+                                   (magent-store--backend-process backend)))
+               (not (process-live-p process)))
+      (setf (magent-store--backend-stopping backend) t)
+      ;; Recover outside the sentinel: it may need to wait for a new process.
+      (run-at-time 0 nil #'magent-store--recover backend))))
+
+(defun magent-store--recover (backend)
+  "Restart after BACKEND died, once, and resend what was not durable."
+  (magent-store--kill-backend backend)
+  (let ((recent (cl-remove-if (lambda (time) (< time (- (float-time) 60)))
+                              magent-store--restarts)))
+    (if (or recent magent-store--gave-up)
+        (magent-store--give-up "the backend died again within a minute")
+      (push (float-time) magent-store--restarts)
+      (condition-case err
+          (progn
+            (magent-store--ensure-backend)
+            (maphash (lambda (_id session) (magent-store--resume session))
+                     magent-store--sessions)
+            (message "magent-store: the backend died and was restarted; \
+nothing was lost"))
+        (error (magent-store--give-up (error-message-string err)))))))
+
+(defun magent-store--give-up (why)
+  "Tell the user once that persistence stopped, because of WHY."
+  (setq magent-store--last-error why)
+  (unless magent-store--gave-up
+    (setq magent-store--gave-up t)
+    (message "magent-store: %s; unsaved changes are kept in Emacs, \
+\\[magent-store-restart] retries (backend log in %s)"
+             why (magent-store--log-directory))))
+
+(defun magent-store--log-directory ()
+  "Return where the backend logs."
+  (expand-file-name "magent-store"
+                    (or (getenv "XDG_STATE_HOME") "~/.local/state")))
+
+(defun magent-store--resume (session)
+  "Reopen SESSION on a new backend and resend what it had not made durable.
+The backend reports how far the log on disk goes; entries up to there
+were written before the crash and are skipped, so nothing is duplicated."
+  (let* ((last-seq (magent-store--call "open" (magent-store--open-args
+                                                session)))
+         (pending (append (apply #'append
+                                 (mapcar #'cdr (magent-store--session-inflight
+                                                session)))
+                          (reverse (magent-store--session-queue session))))
+         (skip (max 0 (- last-seq (magent-store--session-written-seq
+                                   session)))))
+    (setf (magent-store--session-opened session) t
+          (magent-store--session-inflight session) nil
+          (magent-store--session-queue session)
+          (reverse (nthcdr (min skip (length pending)) pending))
+          (magent-store--session-written-seq session) last-seq)
+    (when-let ((header (magent-store--session-header session)))
+      (magent-store--call "put-header"
+                          (list (magent-store--session-id session) header)))
+    (magent-store--flush-now session)))
+
+;;;; Sessions and batches
+
+(defun magent-store--scope-json (scope)
+  "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
+  (json-serialize
+   (pcase scope
+     ((or 'nil 'global "global") "global")
+     ((pred stringp) (expand-file-name scope))
+     (`(action . ,name) `((action . ,(format "%s" name))))
+     (_ (user-error "Invalid magent-store scope: %S" scope)))))
+
+(defun magent-store--options-json ()
+  "Return the store options as JSON text."
+  (json-serialize `((fsync . ,(symbol-name magent-store-fsync))
+                    (log-max-events . ,magent-store-log-max-events))))
+
+(defun magent-store--open-args (session)
+  "Return the arguments of the open call for SESSION."
+  (list (expand-file-name magent-store-root)
+        (magent-store--scope-json (magent-store--session-scope session))
+        (magent-store--session-id session)
+        (magent-store--options-json)))
+
+(defun magent-store--get (session-id)
+  "Return the open session SESSION-ID or signal a `user-error'."
+  (or (gethash session-id magent-store--sessions)
+      (user-error "Session %s is not open in magent-store" session-id)))
+
+(defun magent-store--ensure-session (session-id scope)
+  "Return session SESSION-ID under SCOPE, opening it (without waiting) if needed."
+  (or (gethash session-id magent-store--sessions)
+      (let ((session (magent-store--session-make :id session-id :scope scope)))
+        (puthash session-id session magent-store--sessions)
+        (condition-case err
+            (progn
+              (magent-store--ensure-backend)
+              (magent-store--send
+               "open" (magent-store--open-args session)
+               (lambda (last-seq)
+                 (setf (magent-store--session-opened session) t
+                       (magent-store--session-durable-seq session) last-seq
+                       (magent-store--session-written-seq session) last-seq))
+               (lambda (why)
+                 (message "magent-store: cannot open session %s: %s"
+                          session-id why))))
+          (error (magent-store--give-up (error-message-string err))))
+        session)))
+
+(defun magent-store--push (session entry)
+  "Queue ENTRY for SESSION and make sure a flush is scheduled."
+  (push entry (magent-store--session-queue session))
+  (unless (magent-store--session-timer session)
+    (magent-store--schedule session)))
+
+(defun magent-store--schedule (session)
+  "Schedule SESSION's flush one interval from now."
+  (setf (magent-store--session-timer session)
+        (run-at-time magent-store-flush-interval nil
+                     #'magent-store--tick session)))
+
+(defun magent-store--tick (session)
+  "Send SESSION's queued entries; the flush timer's function."
+  (setf (magent-store--session-timer session) nil)
+  (magent-store--flush-now session))
+
+(defun magent-store--batch-text (entries)
+  "Return ENTRIES (oldest first) as one JSON array text."
+  (concat "["
+          (mapconcat (lambda (entry)
+                       (if (stringp entry) entry (json-serialize entry)))
+                     entries ",")
+          "]"))
+
+(defun magent-store--flush-now (session)
+  "Send SESSION's queue as one batch, to be applied and flushed."
+  (let ((backend magent-store--backend))
+    (when (and backend
+               (not (magent-store--backend-stopping backend))
+               (process-live-p (magent-store--backend-connection backend)))
+      (let* ((entries (nreverse (magent-store--session-queue session)))
+             (text (and entries (magent-store--batch-text entries)))
+             (record (cons nil entries))
+             (sent (float-time))
+             (id (magent-store--session-id session)))
+        (setf (magent-store--session-queue session) nil)
+        (setf (magent-store--session-inflight session)
+              (nconc (magent-store--session-inflight session) (list record)))
+        (cl-incf (magent-store--session-flushes session))
+        (condition-case nil
+            (setcar record
+                    (if (and text (> (string-bytes text)
+                                     magent-store-file-threshold))
+                        (magent-store--send "flush-file"
+                                            (list id (magent-store--spool-file
+                                                      backend text))
+                                            (magent-store--on-flushed
+                                             session record sent)
+                                            (magent-store--on-refused
+                                             session record))
+                      (magent-store--send "flush" (list id text)
+                                          (magent-store--on-flushed
+                                           session record sent)
+                                          (magent-store--on-refused
+                                           session record))))
+          ;; The connection is gone: the sentinel restarts and resends.
+          (error nil))))))
+
+(defun magent-store--spool-file (backend text)
+  "Write TEXT to a fresh private file in BACKEND's spool; return its name."
+  (let ((file (make-temp-file
+               (expand-file-name "batch-" (magent-store--backend-spool backend))))
+        (coding-system-for-write 'utf-8-unix))
+    (with-file-modes #o600
+      (write-region text nil file nil 'silent))
+    file))
+
+(defun magent-store--on-flushed (session record sent)
+  "Return the reply handler of the batch RECORD of SESSION sent at SENT."
+  (lambda (reply)
+    (setf (magent-store--session-inflight session)
+          (delq record (magent-store--session-inflight session))
+          (magent-store--session-durable-seq session) (nth 0 reply)
+          (magent-store--session-written-seq session) (nth 1 reply))
+    (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
+    (when (nthcdr 256 magent-store--flush-ms)
+      (setcdr (nthcdr 127 magent-store--flush-ms) nil))
+    (when-let ((rejected (nth 4 reply)))
+      (setq magent-store--last-error (car rejected))
+      (message "magent-store: session %s: %d entries rejected (%s)"
+               (magent-store--session-id session) (length rejected)
+               (car rejected)))))
+
+(defun magent-store--on-refused (session record)
+  "Return the error handler of the batch RECORD of SESSION."
+  (lambda (why)
+    ;; A refused batch was not applied and would be refused again.
+    (setf (magent-store--session-inflight session)
+          (delq record (magent-store--session-inflight session)))
+    (message "magent-store: session %s: flush refused: %s"
+             (magent-store--session-id session) why)))
+
+(defun magent-store--scope-arg (scope)
+  "Return SCOPE normalized for `magent-store--session-make'."
+  (if (or (null scope) (equal scope "global")) 'global scope))
+
+;;;; Public functions
+
+(defun magent-store-open (session-id &optional scope)
+  "Open session SESSION-ID under SCOPE in the backend and wait for it.
+SCOPE is `global' (the default), a project root directory, or
+\(action . NAME).  Return the session's last event seq on disk."
+  (let ((session (or (gethash session-id magent-store--sessions)
+                     (magent-store--session-make
+                      :id session-id :scope (magent-store--scope-arg scope)))))
+    (magent-store--ensure-backend)
+    (unless (magent-store--session-opened session)
+      (let ((last-seq (magent-store--call "open"
+                                          (magent-store--open-args session))))
+        (setf (magent-store--session-opened session) t
+              (magent-store--session-durable-seq session) last-seq
+              (magent-store--session-written-seq session) last-seq)
+        (puthash session-id session magent-store--sessions)))
+    (magent-store--session-durable-seq session)))
+
+(defun magent-store-append-event (session-id event-alist)
+  "Queue EVENT-ALIST (a journal event in magent's shape) for SESSION-ID.
+The session must be open.  Nothing waits for the backend."
+  (when magent-store-persistence-enabled
+    (magent-store--push (magent-store--get session-id)
+                        (json-serialize event-alist))))
+
+(defun magent-store-append-item-content (session-id item-id chunk
+                                                    &optional output-p)
+  "Queue CHUNK appended to ITEM-ID's content in SESSION-ID.
+With OUTPUT-P, CHUNK is appended to the item's output.  This is the
+streaming hot path: it conses one small vector and returns."
+  (when (and magent-store-persistence-enabled (stringp chunk)
+             (> (length chunk) 0))
+    (magent-store--push (magent-store--get session-id)
+                        (vector item-id chunk (if output-p t :false)
+                                (float-time)))))
+
+(defun magent-store-put-header (session-id header-alist)
+  "Queue HEADER-ALIST as the header of SESSION-ID, sent before its next flush."
+  (let ((session (magent-store--get session-id))
+        (text (json-serialize header-alist)))
+    (setf (magent-store--session-header session) text)
+    (when (and magent-store--backend
+               (process-live-p (magent-store--backend-connection
+                                magent-store--backend)))
+      (magent-store--send "put-header" (list session-id text) nil
+                          (lambda (why)
+                            (message "magent-store: header of %s refused: %s"
+                                     session-id why))))))
+
+(defun magent-store-request-flush (session-id)
+  "Ask for SESSION-ID to be flushed within `magent-store-flush-interval'.
+The first request schedules the flush; later ones join it."
+  (let ((session (gethash session-id magent-store--sessions)))
+    (when (and session (not (magent-store--session-timer session)))
+      (magent-store--schedule session))))
+
+(defun magent-store-flush (session-id)
+  "Flush SESSION-ID now and return its durable seq once the backend has it."
+  (let* ((session (magent-store--get session-id))
+         (backend (magent-store--ensure-backend))
+         (process (magent-store--backend-connection backend))
+         (deadline (+ (float-time) magent-store-call-timeout)))
+    (when-let ((timer (magent-store--session-timer session)))
+      (cancel-timer timer)
+      (setf (magent-store--session-timer session) nil))
+    (magent-store--flush-now session)
+    (while (and (magent-store--session-inflight session)
+                (process-live-p process)
+                (< (float-time) deadline))
+      (accept-process-output process 0.05 nil t))
+    (when (magent-store--session-inflight session)
+      (magent-store--error "Flush of %s did not complete" session-id))
+    (magent-store--session-durable-seq session)))
+
+(defun magent-store-load (session-id &optional scope)
+  "Open SESSION-ID under SCOPE and return (:header ALIST :snapshot ALIST).
+The backend writes the JSON to a private file, read here and deleted:
+megabytes never cross the EPC wire."
+  (magent-store--ensure-backend)
+  (let* ((session (or (gethash session-id magent-store--sessions)
+                      (magent-store--session-make
+                       :id session-id :scope (magent-store--scope-arg scope))))
+         (file (magent-store--call "load" (magent-store--open-args session))))
+    (when (magent-store--session-inflight session)
+      (magent-store-flush session-id))
+    (setf (magent-store--session-opened session) t)
+    (puthash session-id session magent-store--sessions)
+    (unwind-protect
+        (let ((data (with-temp-buffer
+                      (let ((coding-system-for-read 'utf-8-unix))
+                        (insert-file-contents file))
+                      (json-parse-buffer :object-type 'alist
+                                         :null-object nil
+                                         :false-object :false))))
+          (list :header (alist-get 'header data)
+                :snapshot (alist-get 'snapshot data)))
+      (delete-file file))))
+
+(defun magent-store-close (session-id)
+  "Flush SESSION-ID, close it in the backend and forget it."
+  (when (gethash session-id magent-store--sessions)
+    (when magent-store--backend
+      (magent-store-flush session-id)
+      (magent-store--call "close" (list session-id)))
+    (remhash session-id magent-store--sessions)))
+
+(defun magent-store-flush-all ()
+  "Flush every open session, waiting until each is durable."
+  (when magent-store--backend
+    (maphash (lambda (id _session)
+               (condition-case err
+                   (magent-store-flush id)
+                 (error (message "magent-store: %s"
+                                 (error-message-string err)))))
+             magent-store--sessions)))
+
+;;;; Commands
+
+;;;###autoload
+(defun magent-store-start ()
+  "Start the backend (if it is not running)."
+  (interactive)
+  (setq magent-store--gave-up nil)
+  (let ((backend (magent-store--ensure-backend)))
+    (when (called-interactively-p 'interactive)
+      (message "magent-store: backend pid %s on port %s"
+               (magent-store--backend-pid backend)
+               (magent-store--backend-port backend)))
+    backend))
+
+(defun magent-store-stop ()
+  "Flush everything and stop the backend; sessions must be reopened after."
+  (interactive)
+  (when magent-store--backend
+    (magent-store-flush-all)
+    (maphash (lambda (_id session)
+               (when-let ((timer (magent-store--session-timer session)))
+                 (cancel-timer timer)))
+             magent-store--sessions)
+    (let ((backend magent-store--backend))
+      (setf (magent-store--backend-stopping backend) t)
+      (ignore-errors (magent-store--call "shutdown" nil))
+      (magent-store--kill-backend backend)))
+  (clrhash magent-store--sessions))
+
+(defun magent-store-restart ()
+  "Restart the backend, reopening sessions and resending unsaved entries."
+  (interactive)
+  (let ((backend magent-store--backend))
+    (when backend
+      (setf (magent-store--backend-stopping backend) t)
+      (ignore-errors (magent-store--call "shutdown" nil))
+      (magent-store--kill-backend backend)))
+  (setq magent-store--gave-up nil)
+  (magent-store--ensure-backend)
+  (maphash (lambda (_id session) (magent-store--resume session))
+           magent-store--sessions)
+  (message "magent-store: backend restarted"))
+
+(defun magent-store--median (numbers)
+  "Return the median of NUMBERS, or nil."
+  (when numbers
+    (let ((sorted (sort (copy-sequence numbers) #'<)))
+      (nth (/ (length sorted) 2) sorted))))
+
+(defun magent-store-status ()
+  "Show the backend's state in a buffer."
+  (interactive)
+  (let* ((backend magent-store--backend)
+         (status (and backend
+                      (ignore-errors
+                        (json-parse-string (magent-store--call "status" nil)
+                                           :object-type 'alist
+                                           :null-object nil))))
+         (ms (sort (copy-sequence magent-store--flush-ms) #'<)))
+    (with-current-buffer (get-buffer-create "*magent-store-status*")
+      (let ((inhibit-read-only t))
+        (erase-buffer)
+        (if (not backend)
+            (insert "Backend: not running\n")
+          (insert (format "Backend pid:        %s\n"
+                          (magent-store--backend-pid backend))
+                  (format "Port:               %s\n"
+                          (magent-store--backend-port backend))
+                  (format "Uptime:             %.0f s\n"
+                          (- (float-time)
+                             (magent-store--backend-started-at backend)))
+                  (format "Open sessions:      %s\n"
+                          (mapconcat #'identity
+                                     (alist-get 'open-sessions status) " "))
+                  (format "Pending events:     %s\n"
+                          (alist-get 'pending-events status))
+                  (format "Flushes:            %s\n"
+                          (alist-get 'flushes status))
+                  (format "Bytes written:      %s\n"
+                          (alist-get 'bytes-written status))
+                  (format "Flush (backend) ms: last %s, median %s, p99 %s\n"
+                          (alist-get 'flush-ms-last status)
+                          (alist-get 'flush-ms-p50 status)
+                          (alist-get 'flush-ms-p99 status))
+                  (format "Round trip ms:      last %s, median %s, p99 %s\n"
+                          (car magent-store--flush-ms)
+                          (magent-store--median ms)
+                          (and ms (nth (floor (* 0.99 (1- (length ms)))) ms)))
+                  (format "Compactions:        %s\n"
+                          (alist-get 'compactions status))))
+        (insert (format "Last error:         %s\n"
+                        (or magent-store--last-error
+                            (and status (alist-get 'last-error status))
+                            "none"))
+                (format "Backend log:        %s\n"
+                        (expand-file-name "server.log"
+                                          (magent-store--log-directory))))
+        (special-mode))
+      (display-buffer (current-buffer)))))
+
+;;;; magent integration
+
+(declare-function magent-thread-session-id "ext:magent-ledger" (thread))
+(declare-function magent-thread-scope "ext:magent-ledger" (thread))
+(declare-function magent-thread-item-id "ext:magent-ledger" (item))
+(declare-function magent-thread-event-to-alist "ext:magent-ledger" (event))
+(declare-function magent-session-get-id "ext:magent-session" (session))
+(declare-function magent-session-thread-ledger "ext:magent-session" (session))
+
+(defvar magent-store-header-function #'magent-store--default-header
+  "Function of (SESSION SCOPE) returning a magent session's header alist.")
+
+(defun magent-store--default-header (session scope)
+  "Return SESSION's header for SCOPE, through magent's own builder if any."
+  (if (fboundp 'magent-session--header-data-for-session)
+      (funcall 'magent-session--header-data-for-session session scope)
+    `((id . ,(magent-session-get-id session))
+      (schema-version . 7)
+      (scope . ,(if (stringp scope) "project" "global"))
+      (project-root . ,(and (stringp scope) scope))
+      (agent-jobs . [])
+      (approval-overrides . []))))
+
+(defun magent-store--thread-session (thread)
+  "Return the open store session for magent THREAD, opening it if needed."
+  (magent-store--ensure-session
+   (magent-thread-session-id thread)
+   (magent-store--scope-arg (magent-thread-scope thread))))
+
+(defun magent-store--after-append-event (thread event)
+  "Forward EVENT, just appended to THREAD, to the backend."
+  (when (and thread event magent-store-persistence-enabled)
+    (magent-store--push (magent-store--thread-session thread)
+                        (json-serialize (magent-thread-event-to-alist event)))))
+
+(defun magent-store--after-append-item-content (thread item chunk
+                                                       &optional output-p)
+  "Forward CHUNK, just appended to ITEM of THREAD (output if OUTPUT-P)."
+  (when (and thread item (stringp chunk) (> (length chunk) 0)
+             magent-store-persistence-enabled)
+    (magent-store--push (magent-store--thread-session thread)
+                        (vector (magent-thread-item-id item) chunk
+                                (if output-p t :false) (float-time)))))
+
+(defun magent-store--session-id-of (session)
+  "Return the store session id of magent SESSION."
+  (magent-thread-session-id (magent-session-thread-ledger session)))
+
+(defun magent-store--around-save-deferred (_orig session &optional _scope _delay)
+  "Replace magent's deferred save of SESSION by a flush request."
+  (let ((thread (magent-session-thread-ledger session)))
+    (magent-store--thread-session thread)
+    (magent-store-request-flush (magent-thread-session-id thread))))
+
+(defun magent-store--around-save (_orig session scope)
+  "Replace magent's synchronous save of SESSION under SCOPE."
+  (let* ((thread (magent-session-thread-ledger session))
+         (id (magent-thread-session-id thread)))
+    (magent-store--ensure-session id (magent-store--scope-arg scope))
+    (magent-store-put-header id (funcall magent-store-header-function
+                                         session scope))
+    (magent-store-flush id)))
+
+(defconst magent-store--advice
+  '((magent-thread-append-event :after magent-store--after-append-event)
+    (magent-thread-append-item-content
+     :after magent-store--after-append-item-content)
+    (magent-session-save-deferred-for-session
+     :around magent-store--around-save-deferred)
+    (magent-session-save-for-session :around magent-store--around-save))
+  "The advice `magent-store-mode' installs: (FUNCTION HOW ADVICE).")
+
+(defun magent-store--kill-emacs ()
+  "Flush everything before Emacs exits."
+  (when magent-store--backend
+    (condition-case err
+        (magent-store-stop)
+      (error (message "magent-store: flush at exit failed: %s"
+                      (error-message-string err))))))
+
+;;;###autoload
+(define-minor-mode magent-store-mode
+  "Route magent's session persistence through the magent-store backend.
+Events and streamed chunks are forwarded as magent appends them, saves
+become flush requests, and Emacs flushes everything before it exits."
+  :global t
+  :group 'magent-store
+  (pcase-dolist (`(,function ,how ,advice) magent-store--advice)
+    (if magent-store-mode
+        (advice-add function how advice)
+      (advice-remove function advice)))
+  (if magent-store-mode
+      (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+    (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)))
+
+(provide 'magent-store)
+;;; magent-store.el ends here
