@@ -258,7 +258,7 @@ def dumps(obj: Any) -> bytes:
     """Encode OBJ as magent writes it (keys in insertion order, `Text` as strings)."""
     try:
         return orjson.dumps(obj, default=ledger.json_default)
-    except orjson.JSONEncodeError as exc:
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
         raise LedgerError(f"cannot encode as JSON: {exc}") from None
 
 
@@ -546,7 +546,7 @@ class Session:
         try:
             self._load()
         except BaseException:
-            self._lock.release(remove=False)
+            self._lock.release(remove=True)
             raise
 
     # -- opening ----------------------------------------------------------
@@ -705,7 +705,8 @@ class Session:
         header_written = self._write_header_if_changed()
         due = not self._snapshot_on_disk or self._since_snapshot >= self.log_max_events
         compacted = False
-        if compact or (compact is None and due):
+        # A thread takes its id from its first event: until then there is no snapshot to write.
+        if self.thread.id is not None and (compact or (compact is None and due)):
             self._compact()
             compacted = True
         return FlushResult(
@@ -799,7 +800,7 @@ class Session:
         if self._closed:
             return
         try:
-            self.flush(compact=False)
+            self.flush()
             self.sync()
         finally:
             self._closed = True

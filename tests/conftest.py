@@ -1,0 +1,91 @@
+"""Shared builders: events in magent's JSON shape, as Emacs would send them."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+THREAD = "thread-1"
+
+
+class Events:
+    """Makes valid events with increasing created-at times."""
+
+    def __init__(self, thread_id: str = THREAD, start: float = 1_700_000_000.0) -> None:
+        self.thread_id = thread_id
+        self._clock = itertools.count()
+        self.start = start
+
+    def now(self) -> float:
+        return self.start + next(self._clock) * 0.5
+
+    def make(
+        self,
+        type: str,
+        turn: str | None = None,
+        item: str | None = None,
+        payload: Any = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        event = {
+            "seq": None,
+            "type": type,
+            "thread-id": self.thread_id,
+            "turn-id": turn,
+            "item-id": item,
+            "payload": payload,
+            "created-at": self.now(),
+        }
+        event.update(extra)
+        return event
+
+    def thread_started(self) -> dict[str, Any]:
+        return self.make("thread-started")
+
+    def turn(self, kind: str, turn: str, input: Any = "hello", **fields: Any) -> dict[str, Any]:
+        body = {"id": turn, "input": input, **fields}
+        return self.make(kind, turn, payload={"turn": body})
+
+    def item_started(self, turn: str, item: str, type: str = "message", role: str | None = "assistant",
+                     **fields: Any) -> dict[str, Any]:  # fmt: skip
+        body = {"id": item, "type": type, "role": role, "status": "pending", **fields}
+        return self.make("item-started", turn, item, {"item": body})
+
+    def content(self, turn: str, item: str, chunk: str, output: bool = False) -> dict[str, Any]:
+        return self.make("item-content-appended", turn, item, {"chunk": chunk, "output": output})
+
+    def item_end(self, kind: str, turn: str, item: str, error: Any = None, **fields: Any) -> dict[str, Any]:
+        payload: dict[str, Any] = {"item": {"id": item, **fields}}
+        if kind in ("item-failed", "item-cancelled"):
+            payload["error"] = error
+        return self.make(kind, turn, item, payload)
+
+    def turn_end(self, kind: str, turn: str, value: Any = None) -> dict[str, Any]:
+        key = "usage" if kind == "turn-completed" else "error"
+        return self.make(kind, turn, payload={key: value})
+
+    def conversation(self, turns: int = 2, chunks: int = 5) -> list[dict[str, Any]]:
+        """A realistic little session: user message, streamed reply, a tool call."""
+        out = [self.thread_started()]
+        for t in range(turns):
+            turn = f"turn-{t}"
+            out.append(self.turn("turn-queued", turn, input=f"question {t}"))
+            out.append(self.turn("turn-started", turn, input=f"question {t}"))
+            out.append(self.item_started(turn, f"u{t}", role="user", content=f"question {t}"))
+            out.append(self.item_end("item-completed", turn, f"u{t}"))
+            out.append(self.item_started(turn, f"a{t}"))
+            for c in range(chunks):
+                out.append(self.content(turn, f"a{t}", f"part {c} of answer {t}\n"))
+            out.append(self.item_end("item-completed", turn, f"a{t}"))
+            out.append(self.item_started(turn, f"tool{t}", type="tool", role=None, name="grep"))
+            out.append(self.content(turn, f"tool{t}", "match: \"x\" \\ y\u2028z", output=True))
+            out.append(self.item_end("item-completed", turn, f"tool{t}", input={"pattern": "x"}))
+            out.append(self.turn_end("turn-completed", turn, {"tokens": 10 + t}))
+        return out
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()

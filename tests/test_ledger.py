@@ -1,0 +1,365 @@
+"""The pure ledger: each event's effect (SPEC §1), validation, encoding, replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from conftest import THREAD, Events
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from magent_store import ledger
+from magent_store.ledger import LedgerError, Thread
+
+
+def fresh() -> Thread:
+    return ledger.new_thread("s1", "global")
+
+
+def run(thread: Thread, *objs: dict[str, Any]) -> Thread:
+    for seq, obj in enumerate(objs, thread.last_event_seq + 1):
+        event = ledger.event_from_json({**obj, "seq": seq})
+        ledger.apply(thread, event)
+    return thread
+
+
+def encoded(thread: Thread) -> bytes:
+    return orjson.dumps(ledger.thread_to_json(thread), default=ledger.json_default)
+
+
+def turn(thread: Thread, turn_id: str) -> ledger.Turn:
+    return thread.turn_index[turn_id]
+
+
+def item(thread: Thread, item_id: str) -> ledger.Item:
+    return thread.item_index[item_id]
+
+
+# --- each event's effect ----------------------------------------------------
+
+
+def test_thread_started_sets_idle_and_keeps_created_at(events: Events) -> None:
+    th = run(fresh(), events.thread_started())
+    assert th.status == "idle" and th.id == THREAD
+    created = th.created_at
+    run(th, events.thread_started())
+    assert th.created_at == created
+    assert th.updated_at is not None and th.updated_at > created  # type: ignore[operator]
+
+
+def test_thread_status_changed(events: Events) -> None:
+    th = run(fresh(), events.thread_started(), events.make("thread-status-changed", payload={"status": "closed"}))
+    assert th.status == "closed"
+
+
+def test_turn_queued_appends_turn_and_sets_preview(events: Events) -> None:
+    th = run(fresh(), events.thread_started(), events.turn("turn-queued", "t1", input="first"))
+    t = turn(th, "t1")
+    assert t.status == "queued" and t.queued_at is not None and t.started_at is None
+    assert t.thread_id == THREAD and th.preview == "first"
+    run(th, events.turn("turn-queued", "t2", input="second"))
+    assert th.preview == "first", "preview only defaults to the first turn's input"
+    assert [x.id for x in th.turns] == ["t1", "t2"]
+
+
+def test_turn_queued_with_null_payload_makes_a_fresh_turn(events: Events) -> None:
+    th = run(fresh(), events.make("turn-queued", "t1", payload={"turn": None}))
+    assert turn(th, "t1").status == "queued"
+    assert turn(th, "t1").input is None
+
+
+def test_turn_started_on_existing_turn_copies_only_what_it_lacks(events: Events) -> None:
+    th = run(fresh(), events.make("turn-queued", "t1", payload={"turn": {"id": "t1", "input": "kept"}}))
+    queued_at = turn(th, "t1").queued_at
+    run(th, events.turn("turn-started", "t1", input="ignored", **{"op-id": "op-9", "metadata": {"m": 1}}))
+    t = turn(th, "t1")
+    assert t.input == "kept" and t.op_id == "op-9" and t.metadata == {"m": 1}
+    assert t.status == "in-progress" and t.queued_at == queued_at and t.started_at is not None
+    assert th.status == "active" and len(th.turns) == 1
+
+
+def test_turn_started_keeps_started_at(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"))
+    first = turn(th, "t1").started_at
+    run(th, events.turn("turn-started", "t1"))
+    assert turn(th, "t1").started_at == first
+
+
+def test_turn_status_changed_and_missing_turn_is_ignored(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"))
+    run(th, events.make("turn-status-changed", "t1", payload={"status": "interrupted"}))
+    assert turn(th, "t1").status == "interrupted"
+    before = encoded(th)
+    run(th, events.make("turn-status-changed", "nope", payload={"status": "failed"}))
+    assert encoded(th).replace(b'"last-event-seq":3', b'"last-event-seq":2') == before
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "thread_status"),
+    [
+        ("turn-completed", "completed", "idle"),
+        ("turn-failed", "failed", "system-error"),
+        ("turn-interrupted", "interrupted", "idle"),
+        ("turn-dropped", "dropped", "idle"),
+    ],
+)
+def test_turn_end_events(events: Events, kind: str, status: str, thread_status: str) -> None:
+    th = run(fresh(), events.thread_started(), events.turn("turn-started", "t1"))
+    started = turn(th, "t1").started_at
+    end = events.turn_end(kind, "t1", {"v": 1})
+    run(th, end)
+    t = turn(th, "t1")
+    assert t.status == status and t.completed_at == end["created-at"]
+    assert t.duration_ms == round(1000 * (end["created-at"] - started))
+    assert (t.usage if kind == "turn-completed" else t.error) == {"v": 1}
+    assert th.status == thread_status
+    run(th, events.turn_end(kind, "t1", None))
+    assert (t.usage if kind == "turn-completed" else t.error) == {"v": 1}, "null keeps the old value"
+
+
+def test_turn_end_without_start_has_no_duration(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-queued", "t1"), events.turn_end("turn-dropped", "t1"))
+    assert turn(th, "t1").duration_ms is None and turn(th, "t1").status == "dropped"
+
+
+def test_item_started_appends_replaces_and_keeps_created_at(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content="a"))
+    i = item(th, "i1")
+    assert i.status == "in-progress" and i.turn_id == "t1" and i.content == "a"
+    assert i.created_at == i.updated_at
+    run(th, events.item_started("t1", "i1", content="b", **{"created-at": 5.0}))
+    assert len(turn(th, "t1").items) == 1 and item(th, "i1").content == "b"
+    assert item(th, "i1").created_at == 5.0
+    run(th, events.item_started("t1", "i2"))
+    assert [x.id for x in turn(th, "t1").items] == ["i1", "i2"]
+
+
+def test_item_started_in_missing_turn_is_ignored(events: Events) -> None:
+    th = run(fresh(), events.thread_started())
+    updated = th.updated_at
+    run(th, events.item_started("nope", "i1"))
+    assert "i1" not in th.item_index and th.updated_at == updated
+
+
+def test_item_updated_merges_non_null_fields(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"),
+             events.item_started("t1", "i1", content="c", name="n", metadata={"k": 1}))  # fmt: skip
+    upd = events.make("item-updated", "t1", "i1",
+                      {"item": {"id": "i1", "content": None, "name": "m", "phase": "p", "metadata": {}}})  # fmt: skip
+    run(th, upd)
+    i = item(th, "i1")
+    assert i.content == "c" and i.name == "m" and i.phase == "p" and i.metadata == {"k": 1}
+    assert i.updated_at == upd["created-at"] and i.status == "in-progress"
+
+
+@pytest.mark.parametrize("kind", ["item-completed", "item-failed", "item-cancelled"])
+def test_item_end_events(events: Events, kind: str) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content="c"))
+    end = events.item_end(kind, "t1", "i1", error={"e": 1} if kind != "item-completed" else None, output="o")
+    run(th, end)
+    i = item(th, "i1")
+    assert i.status == kind.removeprefix("item-") and i.output == "o" and i.content == "c"
+    assert i.updated_at == i.completed_at == end["created-at"]
+    if kind != "item-completed":
+        assert i.error == {"e": 1}
+
+
+def test_item_content_appended_to_content_and_output(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1"))
+    run(th, events.content("t1", "i1", "Hel"), events.content("t1", "i1", "lo\n"),
+        events.content("t1", "i1", "out", output=True))  # fmt: skip
+    i = item(th, "i1")
+    assert str(i.content) == "Hello\n" and str(i.output) == "out"
+    assert orjson.loads(encoded(th))["turns"][0]["items"][0]["content"] == "Hello\n"
+
+
+def test_content_appended_to_missing_item_is_ignored(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"))
+    updated = th.updated_at
+    run(th, events.content("t1", "ghost", "x"))
+    assert th.updated_at == updated
+
+
+def test_appending_to_non_text_content_is_refused(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content=["a"]))
+    before = encoded(th)
+    with pytest.raises(LedgerError, match="not text"):
+        run(th, events.content("t1", "i1", "x"))
+    assert encoded(th) == before
+
+
+def test_last_event_seq_is_max_seen(events: Events) -> None:
+    th = fresh()
+    ledger.apply(th, ledger.event_from_json({**events.thread_started(), "seq": 7}))
+    ledger.apply(th, ledger.event_from_json({**events.thread_started(), "seq": 3}))
+    assert th.last_event_seq == 7
+
+
+def test_every_event_sets_thread_updated_at(events: Events) -> None:
+    th = fresh()
+    for obj in events.conversation(turns=1, chunks=2):
+        run(th, obj)
+        assert th.updated_at == obj["created-at"]
+
+
+# --- validation ---------------------------------------------------------------
+
+
+def _bad_events() -> list[tuple[str, dict[str, Any], str]]:
+    e = Events()
+    started = e.item_started("t1", "i1")
+    return [
+        ("unknown type", e.make("turn-exploded", "t1"), "event.type"),
+        ("missing thread id", {**e.thread_started(), "thread-id": None}, "event.thread-id"),
+        ("empty thread id", {**e.thread_started(), "thread-id": ""}, "event.thread-id"),
+        ("missing turn id", e.make("turn-status-changed", None, payload={"status": "failed"}), "event.turn-id"),
+        ("missing item id", {**started, "item-id": None}, "event.item-id"),
+        ("missing created-at", {**e.thread_started(), "created-at": None}, "event.created-at"),
+        ("string created-at", {**e.thread_started(), "created-at": "now"}, "event.created-at"),
+        ("unknown event key", {**e.thread_started(), "extra": 1}, "unknown key 'extra'"),
+        ("payload key missing", e.make("item-content-appended", "t1", "i1", {"chunk": "x"}), "payload.output"),
+        ("payload key extra", e.make("turn-completed", "t1", payload={"usage": 1, "cost": 2}), "payload.cost"),
+        ("payload on thread-started", e.make("thread-started", payload={"x": 1}), "null payload"),
+        ("bad thread status", e.make("thread-status-changed", payload={"status": "sleepy"}), "payload.status"),
+        ("bad turn status", e.make("turn-status-changed", "t1", payload={"status": "idle"}), "payload.status"),
+        ("bad item status", e.make("item-updated", "t1", "i1", {"item": {"id": "i1", "status": "done"}}),
+         "payload.item.status"),
+        ("empty chunk", e.content("t1", "i1", ""), "payload.chunk"),
+        ("non-string chunk", e.make("item-content-appended", "t1", "i1", {"chunk": 5, "output": False}),
+         "payload.chunk"),
+        ("non-bool output", e.make("item-content-appended", "t1", "i1", {"chunk": "x", "output": 1}),
+         "payload.output"),
+        ("item id mismatch", e.make("item-updated", "t1", "i1", {"item": {"id": "i2"}}), "payload.item.id"),
+        ("item-started without type", e.make("item-started", "t1", "i1", {"item": {"id": "i1"}}),
+         "payload.item.type"),
+        ("turn id mismatch", e.turn("turn-queued", "t1", id="t2"), "payload.turn.id"),
+        ("unknown item key", e.make("item-updated", "t1", "i1", {"item": {"id": "i1", "colour": 1}}),
+         "unknown key 'colour'"),
+        ("payload not an object", e.make("turn-completed", "t1", payload=[1]), "event.payload"),
+        ("negative seq", {**e.thread_started(), "seq": -1}, "event.seq"),
+        ("other thread", {**e.thread_started(), "thread-id": "other"}, "event.thread-id"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "obj", "field"), _bad_events(), ids=[c[0] for c in _bad_events()])
+def test_invalid_event_is_refused_and_thread_unchanged(case: str, obj: dict[str, Any], field: str) -> None:
+    e = Events()
+    th = run(fresh(), e.thread_started(), e.turn("turn-started", "t1"), e.item_started("t1", "i1"))
+    before = encoded(th)
+    with pytest.raises(LedgerError) as info:
+        ledger.apply(th, ledger.event_from_json(obj))
+    assert field in str(info.value)
+    assert encoded(th) == before
+
+
+def test_logged_event_needs_seq(events: Events) -> None:
+    with pytest.raises(LedgerError, match="event.seq"):
+        ledger.event_from_json(events.thread_started(), need_seq=True)
+
+
+# --- encoding -------------------------------------------------------------------
+
+
+def test_encoding_uses_specs_keys_in_order(events: Events) -> None:
+    th = run(fresh(), *events.conversation(turns=1, chunks=1))
+    snap = orjson.loads(encoded(th))
+    assert tuple(snap) == ledger.SNAPSHOT_KEYS
+    assert tuple(snap["turns"][0]) == ledger.TURN_KEYS
+    assert tuple(snap["turns"][0]["items"][0]) == ledger.ITEM_KEYS
+    ev = ledger.event_to_json(ledger.event_from_json(events.item_started("turn-0", "x")))
+    assert tuple(ev) == ledger.EVENT_KEYS and tuple(ev["payload"]["item"]) == ledger.ITEM_KEYS
+    assert snap["metadata"] is None and snap["turns"][0]["op-id"] is None
+
+
+def test_schema6_empty_objects_read_as_absent(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content="c"))
+    completion = events.make("item-completed", "t1", "i1", {"item": {
+        "id": "i1", "content": {}, "name": {}, "metadata": [], "output": {}, "completed-at": {}}})  # fmt: skip
+    run(th, completion, events.make("turn-completed", "t1", payload={"usage": {}}),
+        {**events.thread_started(), "turn-id": {}, "item-id": {}, "payload": {}})  # fmt: skip
+    i = item(th, "i1")
+    assert i.content == "c" and i.name is None and i.status == "completed"
+    assert turn(th, "t1").usage is None
+
+
+def test_snapshot_decode_encode_is_identity(events: Events) -> None:
+    th = run(fresh(), *events.conversation())
+    once = encoded(th)
+    again = encoded(ledger.thread_from_json(orjson.loads(once)))
+    assert again == once
+
+
+def test_text_head_reads_only_what_it_needs() -> None:
+    text = ledger.Text("ab")
+    for chunk in ("cd", "ef", "gh"):
+        text.append(chunk)
+    assert text.head(5) == "abcde" and len(text) == 8 and str(text) == "abcdefgh"
+    assert ledger.first_message_text(fresh()) is None
+
+
+# --- properties ----------------------------------------------------------------
+
+IDS = st.sampled_from(["a", "b", "c"])
+TEXT = st.text(min_size=1, max_size=12)
+STEP = st.one_of(
+    st.tuples(st.just("thread-started")),
+    st.tuples(st.just("thread-status-changed"), st.sampled_from(sorted(ledger.THREAD_STATUSES))),
+    st.tuples(st.sampled_from(["turn-queued", "turn-started"]), IDS, st.one_of(st.none(), TEXT)),
+    st.tuples(st.just("turn-status-changed"), IDS, st.sampled_from(sorted(ledger.TURN_STATUSES))),
+    st.tuples(st.sampled_from(["turn-completed", "turn-failed", "turn-interrupted", "turn-dropped"]),
+              IDS, st.one_of(st.none(), st.dictionaries(TEXT, st.integers(-(2**63), 2**63 - 1), max_size=2))),
+    st.tuples(st.just("item-started"), IDS, IDS, st.sampled_from(["message", "tool", "reasoning"])),
+    st.tuples(st.sampled_from(["item-updated", "item-completed", "item-failed", "item-cancelled"]),
+              IDS, IDS, st.one_of(st.none(), TEXT)),
+    st.tuples(st.just("item-content-appended"), IDS, IDS, TEXT, st.booleans()),
+)  # fmt: skip
+
+
+def build(steps: list[tuple[Any, ...]]) -> list[ledger.Event]:
+    e = Events()
+    objs: list[dict[str, Any]] = []
+    for step in steps:
+        kind = step[0]
+        if kind == "thread-started":
+            objs.append(e.thread_started())
+        elif kind == "thread-status-changed":
+            objs.append(e.make(kind, payload={"status": step[1]}))
+        elif kind in ("turn-queued", "turn-started"):
+            objs.append(e.turn(kind, f"t{step[1]}", input=step[2]))
+        elif kind == "turn-status-changed":
+            objs.append(e.make(kind, f"t{step[1]}", payload={"status": step[2]}))
+        elif kind.startswith("turn-"):
+            objs.append(e.turn_end(kind, f"t{step[1]}", step[2] or None))
+        elif kind == "item-started":
+            objs.append(e.item_started(f"t{step[1]}", f"i{step[2]}", type=step[3]))
+        elif kind == "item-content-appended":
+            objs.append(e.content(f"t{step[1]}", f"i{step[2]}", step[3], output=step[4]))
+        else:
+            objs.append(e.item_end(kind, f"t{step[1]}", f"i{step[2]}", error=step[3], name=step[3]))
+    return [ledger.event_from_json({**o, "seq": n}) for n, o in enumerate(objs, 1)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, max_size=40))
+def test_replay_from_any_snapshot_point_equals_applying_everything(steps: list[tuple[Any, ...]]) -> None:
+    evs = build(steps)
+    whole = fresh()
+    for ev in evs:
+        ledger.apply(whole, ev)
+    expected = encoded(whole)
+    for k in range(len(evs) + 1):
+        part = fresh()
+        for ev in evs[:k]:
+            ledger.apply(part, ev)
+        snapshot = ledger.thread_from_json(orjson.loads(encoded(part))) if part.id else part
+        assert encoded(ledger.replay(snapshot, evs)) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, max_size=30))
+def test_event_encode_decode_is_identity(steps: list[tuple[Any, ...]]) -> None:
+    for ev in build(steps):
+        once = orjson.dumps(ledger.event_to_json(ev))
+        assert orjson.dumps(ledger.event_to_json(ledger.event_from_json(orjson.loads(once)))) == once

@@ -1,0 +1,564 @@
+"""The store: files on disk, flush, compaction, crash safety, locks, permissions."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import Events
+
+from magent_store import ledger, store
+from magent_store.ledger import LedgerError
+from magent_store.store import (
+    CorruptSessionError,
+    InvalidSessionId,
+    Scope,
+    Session,
+    SessionLockedError,
+    SimulatedCrash,
+    Store,
+    StoreError,
+)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "sessions"
+
+
+def state(session: Session) -> bytes:
+    return session.snapshot_bytes()
+
+
+def loaded(st: Store, session_id: str = "s1", scope: Scope | None = None) -> bytes:
+    _, thread = st.load(session_id, scope)
+    return store.dumps(ledger.thread_to_json(thread))
+
+
+def strip_snapshot_time(data: bytes) -> Any:
+    obj = orjson.loads(data)
+    obj["snapshot-created-at"] = None
+    return obj
+
+
+def fill(session: Session, events: Events, turns: int = 2, chunks: int = 5) -> None:
+    for obj in events.conversation(turns=turns, chunks=chunks):
+        session.append_event(obj)
+
+
+# --- the basics ---------------------------------------------------------------
+
+
+def test_flush_then_load_gives_the_same_thread(root: Path, events: Events) -> None:
+    st = Store(root)
+    with st.open("s1") as s:
+        fill(s, events)
+        s.flush()
+        expected = state(s)
+    assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
+    files = st.files("s1", Scope.global_())
+    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot"}
+
+
+def test_store_assigns_seq_and_ignores_incoming(root: Path, events: Events) -> None:
+    st = Store(root)
+    with st.open("s1") as s:
+        assert s.append_event({**events.thread_started(), "seq": 99}) == 1
+        assert s.append_event({**events.thread_started(), "seq": 1}) == 2
+    with st.open("s1") as s:
+        assert s.append_event(events.thread_started()) == 3
+    seqs = [orjson.loads(line)["seq"] for line in (root / "global/s1.jsonl").read_bytes().splitlines()]
+    assert seqs == sorted(seqs) and seqs[-1] == 3
+
+
+def test_flush_writes_all_pending_lines_at_once(root: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events)
+    s.flush()
+    writes: list[int] = []
+    real = store._write_all
+    monkeypatch.setattr(store, "_write_all", lambda fd, data: (writes.append(len(data)), real(fd, data)))
+    for i in range(10):
+        s.append_content("a1", f"chunk {i}", False, events.now())
+    assert s.pending_events == 10
+    result = s.flush()
+    assert writes == [result.bytes_written] and result.events_written == 10 and s.pending_events == 0
+    assert not result.compacted and not result.header_written
+    s.close()
+
+
+def test_header_rewritten_only_when_its_bytes_change(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    assert s.flush().header_written
+    inode = (root / "global/s1.json").stat().st_ino
+    s.append_content("a0", "more", False, events.now())
+    assert not s.flush().header_written
+    assert (root / "global/s1.json").stat().st_ino == inode
+    s.put_header({"title": "renamed", "approval-overrides": [{"tool": "grep", "decision": "allow"}]})
+    assert s.flush().header_written
+    s.close()
+    header = orjson.loads((root / "global/s1.json").read_bytes())
+    assert tuple(header) == store.HEADER_KEYS
+    assert header["title"] == "renamed" and header["schema-version"] == 7
+    assert header["approval-overrides"] == [{"tool": "grep", "decision": "allow"}]
+
+
+def test_summary_title_is_the_first_message_folded(root: Path, events: Events) -> None:
+    st = Store(root)
+    with st.open("s1") as s:
+        s.append_event(events.turn("turn-started", "t1"))
+        s.append_event(events.item_started("t1", "r", type="reasoning", content="thinking"))
+        s.append_event(events.item_started("t1", "u", role="user", content="  \n "))
+        s.append_event(events.item_started("t1", "a", role="assistant"))
+        s.append_content("a", "Fix   the\nbug " + "x" * 5000, False, events.now())
+    header = orjson.loads((root / "global/s1.json").read_bytes())
+    title = header["summary-title"]
+    assert title.startswith("Fix the bug xxx") and len(title) == store.TITLE_MAX_CHARS
+    with st.open("s1") as s:
+        s.put_header({"summary-title": "given by magent"})
+    assert orjson.loads((root / "global/s1.json").read_bytes())["summary-title"] == "given by magent"
+
+
+def test_title_reads_at_most_4096_characters() -> None:
+    thread = ledger.new_thread("s", "global")
+    text = ledger.Text(" " * 4096)
+    text.append("late words")
+    item = ledger.Item("a", "t", "message", "completed", role="user", content=text)
+    thread.turns.append(ledger.Turn("t", None, "completed", items=[item]))
+    assert store.summary_title(thread) is None
+
+
+def test_scopes_map_to_specs_directories(root: Path, events: Events) -> None:
+    st = Store(root)
+    project = "/home/me/src/app/"
+    for scope in (Scope.global_(), Scope.project(project), Scope.action("review")):
+        with st.open("s1", scope) as s:
+            s.append_event(events.thread_started())
+    sha = hashlib.sha1(project.encode()).hexdigest()
+    assert (root / "projects" / sha / "s1.json").exists()
+    assert (root / "actions/review/s1.json").exists()
+    header = orjson.loads((root / "projects" / sha / "s1.json").read_bytes())
+    assert header["scope"] == "project" and header["project-root"] == project
+    assert orjson.loads((root / "actions/review/s1.snapshot").read_bytes())["scope"] == {"action": "review"}
+    assert {i.scope for i in st.list()} == {"global", f"project:{project}", "action:review"}
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", "x" * 201, ".", "..", "-lead", "sp ace", "nul\0"])
+def test_invalid_ids_are_refused_before_any_path_is_built(root: Path, bad: str) -> None:
+    st = Store(root)
+    with pytest.raises(InvalidSessionId):
+        st.open(bad)
+    with pytest.raises(InvalidSessionId):
+        Scope.action(bad)
+    assert not root.exists()
+
+
+def test_valid_id_of_200_characters(root: Path) -> None:
+    with Store(root).open("a" * 200) as s:
+        assert s.id == "a" * 200
+
+
+# --- durability settings ---------------------------------------------------------
+
+
+def test_fsync_interval_defers_the_sync(root: Path, events: Events) -> None:
+    st = Store(root, fsync="interval", fsync_interval_ms=3_600_000, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()  # first flush compacts: everything is in a synced snapshot
+    s.append_content("a0", "x", False, events.now())
+    result = s.flush()
+    assert result.last_seq == s.last_seq and result.durable_seq < result.last_seq
+    s.sync()
+    assert s.durable_seq == s.last_seq
+    s.close()
+
+
+@pytest.mark.parametrize("mode", ["always", "never"])
+def test_fsync_always_and_never_report_everything_durable(root: Path, events: Events, mode: str) -> None:
+    s = Store(root, fsync=mode, log_max_events=10_000).open("s1")  # type: ignore[arg-type]
+    fill(s, events, turns=1)
+    s.flush()
+    s.append_content("a0", "x", False, events.now())
+    result = s.flush()
+    assert result.durable_seq == result.last_seq == s.last_seq
+    s.close()
+
+
+def test_unknown_fsync_mode_is_refused(root: Path) -> None:
+    with pytest.raises(StoreError, match="fsync must be one of"):
+        Store(root, fsync="sometimes")  # type: ignore[arg-type]
+
+
+# --- compaction -----------------------------------------------------------------------
+
+
+def test_compaction_when_due_keeps_a_bounded_tail(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=50)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    assert s.flush().compacted, "the first flush writes the missing snapshot"
+    for i in range(49):
+        s.append_content("a0", f"{i} ", False, events.now())
+    assert not s.flush().compacted
+    s.append_content("a0", "last", False, events.now())
+    assert s.flush().compacted
+    snapshot = orjson.loads((root / "global/s1.snapshot").read_bytes())
+    assert snapshot["last-event-seq"] == s.last_seq
+    lines = (root / "global/s1.jsonl").read_bytes().splitlines()
+    assert 0 < len(lines) <= store.LOG_TAIL_EVENTS
+    assert all(orjson.loads(line)["seq"] <= s.last_seq for line in lines)
+    expected = state(s)
+    s.close()
+    assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
+
+
+def test_compaction_tail_is_bounded_in_bytes(root: Path, events: Events) -> None:
+    s = Store(root).open("s1")
+    fill(s, events, turns=1)
+    for _ in range(8):
+        s.append_content("a0", "y" * 300_000, False, events.now())
+    s.compact()
+    assert (root / "global/s1.jsonl").stat().st_size <= store.LOG_TAIL_BYTES
+    s.close()
+
+
+# --- reading back ----------------------------------------------------------------------
+
+
+def test_torn_final_line_is_dropped_and_repaired(root: Path, events: Events, caplog: pytest.LogCaptureFixture) -> None:
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events)
+        expected = state(s)
+    log_path = root / "global/s1.jsonl"
+    good = log_path.read_bytes()
+    with open(log_path, "ab") as f:
+        f.write(b'{"seq":999,"type":"item-content-appen')
+    assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
+    assert log_path.read_bytes() != good, "a read-only load repairs nothing"
+    with st.open("s1") as s:
+        assert strip_snapshot_time(state(s)) == strip_snapshot_time(expected)
+    assert log_path.read_bytes() == good
+    assert "torn final line" in caplog.text
+
+
+def test_malformed_earlier_line_is_an_error_naming_file_and_line(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events, turns=1)
+        s.flush()
+        for i in range(3):
+            s.append_content("a0", f"c{i}", False, events.now())
+    log_path = root / "global/s1.jsonl"
+    lines = log_path.read_bytes().split(b"\n")
+    lines[-3] = b'{"seq": oops}'
+    log_path.write_bytes(b"\n".join(lines))
+    before = log_path.read_bytes()
+    number = len(lines) - 2
+    with pytest.raises(CorruptSessionError, match=rf"s1\.jsonl:{number}: "):
+        st.open("s1")
+    with pytest.raises(CorruptSessionError, match=rf"s1\.jsonl:{number}: "):
+        st.load("s1")
+    assert log_path.read_bytes() == before, "nothing is guessed or rewritten"
+    assert not (root / "global/s1.lock").exists()
+
+
+def test_a_gap_in_seqs_is_corruption(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events, turns=1)
+        s.flush()
+        for i in range(3):
+            s.append_content("a0", f"c{i}", False, events.now())
+    log_path = root / "global/s1.jsonl"
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    log_path.write_bytes(b"".join(lines[:-2] + lines[-1:]))
+    with pytest.raises(CorruptSessionError, match="gap"):
+        st.load("s1")
+
+
+def test_lines_split_on_newline_only(root: Path, events: Events) -> None:
+    tricky = "a\u2028b\u2029c\x85d\re\x0bf\x0cg\x1ch\"\\\n"
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events, turns=1)
+        s.flush()
+        s.append_content("a0", tricky, False, events.now())
+    _, thread = st.load("s1")
+    assert str(thread.item_index["a0"].content).endswith(tricky)
+
+
+def test_schema6_absent_values_in_a_snapshot_are_accepted(root: Path, events: Events) -> None:
+    st = Store(root)
+    with st.open("s1") as s:
+        fill(s, events, turns=1)
+    path = root / "global/s1.snapshot"
+    snap = orjson.loads(path.read_bytes())
+    snap["metadata"] = {}
+    snap["preview"] = []
+    snap["turns"][0]["op-id"] = {}
+    snap["turns"][0]["items"][0]["name"] = {}
+    path.write_bytes(orjson.dumps(snap))
+    _, thread = st.load("s1")
+    assert thread.metadata is None and thread.preview is None
+    assert thread.turns[0].op_id is None and thread.turns[0].items[0].name is None
+
+
+def test_missing_header_after_an_interrupted_first_flush_is_recovered(root: Path, events: Events) -> None:
+    st = Store(root)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+
+    def crash(point: str) -> None:
+        if point == "log-written":
+            raise SimulatedCrash(point)
+
+    s._crash = crash
+    with pytest.raises(SimulatedCrash):
+        s.flush()
+    s.abandon()
+    assert not (root / "global/s1.json").exists()
+    with st.open("s1") as again:
+        assert again.last_seq == s.last_seq
+    assert (root / "global/s1.json").exists() and (root / "global/s1.snapshot").exists()
+
+
+# --- crash safety ----------------------------------------------------------------------
+
+CRASH_POINTS = [
+    "log-written", "json-temp-written", "json-renamed", "snapshot-temp-written",
+    "snapshot-renamed", "before-log-replace", "jsonl-temp-written", "jsonl-renamed",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_crash_at_every_step_of_flush_and_compaction(root: Path, events: Events, point: str) -> None:
+    st = Store(root, log_max_events=20)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    completed = strip_snapshot_time(state(s))
+    s.put_header({"title": "changed"})  # so the header is rewritten too
+    for i in range(25):  # past log_max_events: this flush compacts
+        s.append_content("a0", f"<{i}>", False, events.now())
+    would_be = strip_snapshot_time(state(s))
+    hits: list[str] = []
+
+    def crash(name: str) -> None:
+        hits.append(name)
+        if name == point:
+            raise SimulatedCrash(name)
+
+    s._crash = crash
+    with pytest.raises(SimulatedCrash):
+        s.flush()
+    s.abandon()
+    assert hits[-1] == point
+    after = strip_snapshot_time(loaded(st))
+    assert after in (completed, would_be)
+    if point != "log-written":
+        assert after == would_be, "once the log is written, the events are safe"
+    with st.open("s1") as again:  # and the session goes on from there
+        assert again.append_content("a0", "next", False, events.now()) == orjson.loads(
+            store.dumps(after)
+        )["last-event-seq"] + 1
+
+
+def test_crash_mid_append_at_every_length(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    s.close()
+    log_path = root / "global/s1.jsonl"
+    base = log_path.read_bytes()
+    # What the next flush would write, and the state after each of its events.
+    s = st.open("s1")
+    states = [strip_snapshot_time(state(s))]
+    for i in range(3):
+        s.append_content("a0", f"é{i}\n\"", False, events.now())
+        states.append(strip_snapshot_time(state(s)))
+    pending = b"".join(s._pending)
+    s.abandon(remove_lock=True)
+    for cut in range(len(pending) + 1):
+        log_path.write_bytes(base + pending[:cut])
+        complete = pending[:cut].count(b"\n")
+        assert strip_snapshot_time(loaded(st)) == states[complete], f"cut at byte {cut}"
+        with st.open("s1") as again:
+            assert again.last_seq == states[complete]["last-event-seq"]
+        assert log_path.read_bytes() == base + b"".join(pending.splitlines(keepends=True)[:complete])
+
+
+def test_full_disk_keeps_events_pending_and_the_log_clean(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    log_path = root / "global/s1.jsonl"
+    before = log_path.read_bytes()
+    for i in range(5):
+        s.append_content("a0", f"chunk {i}", False, events.now())
+    real = store._write_all
+
+    def half_then_enospc(fd: int, data: bytes | memoryview) -> None:
+        real(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store, "_write_all", half_then_enospc)
+    with pytest.raises(StoreError, match="No space left on device.*5 events kept"):
+        s.flush()
+    assert log_path.read_bytes() == before and s.pending_events == 5
+    monkeypatch.setattr(store, "_write_all", real)
+    assert s.flush().events_written == 5
+    expected = state(s)
+    s.close()
+    assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
+
+
+# --- input the store refuses -------------------------------------------------------------
+
+
+def test_bad_content_appends_change_nothing(root: Path, events: Events) -> None:
+    s = Store(root).open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    before = state(s)
+    with pytest.raises(LedgerError, match="item-id"):
+        s.append_content("ghost", "x", False, events.now())
+    with pytest.raises(LedgerError, match="chunk"):
+        s.append_content("a0", "", False, events.now())
+    with pytest.raises(LedgerError, match="encode"):
+        s.append_content("a0", "lone \ud800 surrogate", False, events.now())
+    with pytest.raises(LedgerError, match="output"):
+        s.append_content("a0", "x", "yes", events.now())  # type: ignore[arg-type]
+    assert state(s) == before and s.pending_events == 0
+    s.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"id": "other"}, "header.id"),
+        ({"schema-version": 6}, "schema-version"),
+        ({"scope": "project", "project-root": "/x"}, "does not match"),
+        ({"approval-overrides": [{"tool": "x", "decision": "maybe"}]}, "approval-overrides"),
+        ({"approval-overrides": [{"tool": "x"}]}, "approval-overrides"),
+        ({"agent-jobs": "none"}, "agent-jobs"),
+        ({"title": 5}, "header.title"),
+        ({"colour": "red"}, "unknown key"),
+    ],
+)
+def test_invalid_headers_are_refused(root: Path, header: dict[str, Any], message: str) -> None:
+    with Store(root).open("s1") as s:
+        before = s.header_bytes()
+        with pytest.raises(LedgerError, match=message):
+            s.put_header(header)
+        assert s.header_bytes() == before
+
+
+# --- locks and permissions ---------------------------------------------------------------
+
+
+def test_second_writer_is_refused_with_the_session_named(root: Path) -> None:
+    st = Store(root)
+    s = st.open("s1")
+    with pytest.raises(SessionLockedError, match=rf"'s1'.*pid {os.getpid()}"):
+        st.open("s1")
+    code = (
+        "import sys; from magent_store.store import Store, SessionLockedError\n"
+        f"try: Store({str(root)!r}).open('s1')\n"
+        "except SessionLockedError as e: print(e); sys.exit(3)\n"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert other.returncode == 3 and "open for writing" in other.stdout
+    s.close()
+    assert not (root / "global/s1.lock").exists()
+    st.open("s1").close()
+
+
+def test_lock_is_released_when_the_writer_dies(root: Path) -> None:
+    code = (
+        "import os; from magent_store.store import Store\n"
+        f"s = Store({str(root)!r}).open('s1'); os._exit(9)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 9
+    assert (root / "global/s1.lock").exists()
+    Store(root).open("s1").close()
+
+
+def test_files_0600_and_directories_0700_whatever_the_umask(root: Path, events: Events) -> None:
+    old = os.umask(0)
+    try:
+        st = Store(root, log_max_events=5)
+        s = st.open("s1", Scope.project("/p"))
+        fill(s, events, turns=1)
+        s.flush()
+        s.append_content("a0", "x", False, events.now())
+        s.flush()
+        modes = {p.relative_to(root): stat.S_IMODE(p.stat().st_mode) for p in root.rglob("*")}
+        s.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert any(name.name == "s1.lock" for name in modes)
+    for path, mode in modes.items():
+        expected = 0o700 if (root / path).is_dir() else 0o600
+        assert mode == expected, f"{path}: {oct(mode)}"
+
+
+# --- listing and deleting ------------------------------------------------------------------
+
+
+def _sessions(root: Path, n: int, events: Events) -> Store:
+    st = Store(root, fsync="never")
+    for i in range(n):
+        with st.open(f"s{i}") as s:
+            s.append_event(events.turn("turn-started", f"t{i}"))
+            s.append_event(events.item_started(f"t{i}", f"u{i}", role="user", content=f"question {i}"))
+    return st
+
+
+def test_listing_reads_headers_only(root: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _sessions(root, 3, events)
+    opened: list[str] = []
+    real = Path.read_bytes
+
+    def spy(self: Path) -> bytes:
+        opened.append(self.name)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", spy)
+    infos = st.list()
+    assert sorted(opened) == ["s0.json", "s1.json", "s2.json"]
+    assert [i.id for i in infos] == ["s0", "s1", "s2"]
+    assert infos[1].title == "question 1" and infos[1].bytes > 0 and infos[1].turns is None
+    assert [i.turns for i in st.list(turns=True)] == [1, 1, 1]
+
+
+def test_delete_removes_the_three_files(root: Path, events: Events) -> None:
+    st = _sessions(root, 2, events)
+    s = st.open("s0")
+    with pytest.raises(SessionLockedError):
+        st.delete("s0")
+    s.close()
+    st.delete("s0")
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    with pytest.raises(store.SessionNotFound):
+        st.delete("s0")
+
+
