@@ -1,0 +1,264 @@
+;;; magent-store-tests.el --- ERT tests for the magent-store shim  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; Every test runs against the real backend process (no mocks): a fresh
+;; session root and state directory per test, the backend started by the
+;; shim exactly as a user's Emacs starts it.  `make test-elisp' sets
+;; `magent-store-test-python' to the checkout's .venv/bin/magent-store.
+;;
+;; magent itself is not needed: the advice test stands in for it with
+;; functions of magent's names and signatures.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+
+;; `emacs -Q' does not activate Debian's elpa-epc: put it on the path.
+(unless (locate-library "epc")
+  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
+    (add-to-list 'load-path dir)))
+(require 'magent-store)
+
+(defvar magent-store-test-python nil
+  "The backend command under test; nil means the shim's default.")
+
+(defmacro magent-store-test--with-backend (&rest body)
+  "Run BODY with a private root and state dir; stop the backend after."
+  (declare (indent 0) (debug t))
+  `(let* ((tmp (make-temp-file "magent-store-test-" t))
+          (magent-store-root (expand-file-name "root" tmp))
+          (magent-store-python (or magent-store-test-python magent-store-python))
+          (process-environment
+           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                 process-environment))
+          (magent-store--sessions (make-hash-table :test #'equal))
+          (magent-store--backend nil)
+          (magent-store--restarts nil)
+          (magent-store--gave-up nil)
+          (magent-store-persistence-enabled t))
+     (unwind-protect
+         (progn ,@body)
+       (ignore-errors (magent-store-stop))
+       (when magent-store--backend
+         (magent-store--kill-backend magent-store--backend))
+       (delete-directory tmp t))))
+
+;;;; Events in magent's shape
+
+(defun magent-store-test--event (type &rest fields)
+  "Return a journal event alist of TYPE with FIELDS (a plist)."
+  `((seq) (type . ,type) (thread-id . "thread-1")
+    (turn-id . ,(plist-get fields :turn-id))
+    (item-id . ,(plist-get fields :item-id))
+    (payload . ,(plist-get fields :payload))
+    (created-at . ,(float-time))))
+
+(defun magent-store-test--item (id turn-id &optional role type)
+  "Return an item alist ID in TURN-ID with ROLE and TYPE."
+  `((id . ,id) (turn-id . ,turn-id) (type . ,(or type "message"))
+    (status . "in-progress") (role . ,(or role "assistant")) (content) (name)
+    (call-id) (input) (output) (error) (phase) (metadata)
+    (created-at . ,(float-time)) (updated-at . ,(float-time)) (completed-at)))
+
+(defun magent-store-test--turn (id)
+  "Return a turn alist ID."
+  `((id . ,id) (thread-id . "thread-1") (op-id) (status . "in-progress")
+    (input . "Say something") (items . []) (error) (usage) (metadata)
+    (queued-at . ,(float-time)) (started-at . ,(float-time)) (completed-at)
+    (duration-ms)))
+
+(defun magent-store-test--start-turn (session-id)
+  "Journal a thread, a turn and an assistant item in SESSION-ID."
+  (magent-store-append-event session-id
+                             (magent-store-test--event "thread-started"))
+  (magent-store-append-event
+   session-id (magent-store-test--event
+               "turn-started" :turn-id "turn-1"
+               :payload `((turn . ,(magent-store-test--turn "turn-1")))))
+  (magent-store-append-event
+   session-id (magent-store-test--event
+               "item-started" :turn-id "turn-1" :item-id "item-1"
+               :payload `((item . ,(magent-store-test--item "item-1" "turn-1"))))))
+
+(defconst magent-store-test--chunks
+  (let (chunks)
+    (dotimes (i 40)
+      (push (format "chunk %d: \"quoted\" back\\slash é 漢字 \u2028 newline\n" i)
+            chunks))
+    (nreverse chunks))
+  "Chunks with everything that has broken serializers before.")
+
+(defun magent-store-test--content (loaded)
+  "Return the first item's content in LOADED (from `magent-store-load')."
+  (let* ((snapshot (plist-get loaded :snapshot))
+         (turn (aref (alist-get 'turns snapshot) 0))
+         (item (aref (alist-get 'items turn) 0)))
+    (alist-get 'content item)))
+
+(defun magent-store-test--show (session-id &rest args)
+  "Return `magent-store show' of global SESSION-ID with ARGS, parsed."
+  (with-temp-buffer
+    (let ((status (apply #'call-process
+                         (if (listp magent-store-python)
+                             (car magent-store-python)
+                           magent-store-python)
+                         nil '(t nil) nil "show"
+                         (expand-file-name (concat "global/" session-id ".json")
+                                           magent-store-root)
+                         args)))
+      (should (eq status 0))
+      (goto-char (point-min))
+      (json-parse-buffer :object-type 'alist :null-object nil))))
+
+(defun magent-store-test--stream (session-id chunks interval)
+  "Append CHUNKS to item-1 of SESSION-ID, one every INTERVAL seconds.
+Timers run between chunks, as they do while a real reply streams."
+  (dolist (chunk chunks)
+    (magent-store-append-item-content session-id "item-1" chunk)
+    (magent-store-request-flush session-id)
+    (sleep-for interval)))
+
+;;;; Tests
+
+(ert-deftest magent-store-stream-stop-start-load-is-identical ()
+  "Chunks streamed with real timers survive a backend stop and start."
+  (magent-store-test--with-backend
+    (should (equal (magent-store-open "s-roundtrip") 0))
+    (magent-store-test--start-turn "s-roundtrip")
+    (magent-store-test--stream "s-roundtrip" magent-store-test--chunks 0.005)
+    (should (= (magent-store-flush "s-roundtrip") 43))
+    (let ((before (magent-store-load "s-roundtrip")))
+      (should (equal (magent-store-test--content before)
+                     (apply #'concat magent-store-test--chunks)))
+      (magent-store-stop)
+      (should-not magent-store--backend)
+      (magent-store-start)
+      (let ((after (magent-store-load "s-roundtrip")))
+        (should (equal after before))))
+    ;; And what is on disk is what the command-line tool reads.
+    (magent-store-stop)
+    (should (equal (magent-store-test--content
+                    (list :snapshot (magent-store-test--show "s-roundtrip")))
+                   (apply #'concat magent-store-test--chunks)))))
+
+(ert-deftest magent-store-flush-timer-coalesces-without-postponing ()
+  "40 chunks at 20 ms give a handful of flushes, the first one on time."
+  (magent-store-test--with-backend
+    (magent-store-open "s-timer")
+    (magent-store-test--start-turn "s-timer")
+    (let ((session (gethash "s-timer" magent-store--sessions))
+          (start (float-time))
+          first-flush)
+      (dolist (chunk magent-store-test--chunks)
+        (magent-store-append-item-content "s-timer" "item-1" chunk)
+        (magent-store-request-flush "s-timer")
+        (sleep-for 0.02)
+        (when (and (not first-flush)
+                   (> (magent-store--session-flushes session) 0))
+          (setq first-flush (- (float-time) start))))
+      (magent-store-flush "s-timer")
+      ;; 40 x 20 ms = 0.8 s at one flush per 0.25 s: about 4, never 40.
+      (should (<= 3 (magent-store--session-flushes session) 7))
+      ;; An idle timer or a postponing one would not flush during the stream.
+      (should first-flush)
+      (should (< first-flush (+ magent-store-flush-interval 0.15))))
+    (should (= (magent-store--session-durable-seq
+                (gethash "s-timer" magent-store--sessions))
+               43))))
+
+;;;; The mode, with a stand-in for magent
+
+(defvar magent-store-test--calls nil
+  "Stand-in magent functions record their calls here.")
+
+(defun magent-thread-session-id (thread) (plist-get thread :session-id))
+(defun magent-thread-scope (thread) (plist-get thread :scope))
+(defun magent-thread-item-id (item) (plist-get item :id))
+(defun magent-thread-event-to-alist (event) event)
+(defun magent-session-get-id (session) (plist-get session :id))
+(defun magent-session-thread-ledger (session) (plist-get session :thread))
+(defun magent-thread-append-event (_thread event)
+  (push 'append-event magent-store-test--calls)
+  event)
+(defun magent-thread-append-item-content (_thread _item _chunk &optional _output-p)
+  (push 'append-content magent-store-test--calls))
+(defun magent-session-save-deferred-for-session (_session &optional _scope _delay)
+  (push 'magent-deferred-save magent-store-test--calls))
+(defun magent-session-save-for-session (_session _scope)
+  (push 'magent-save magent-store-test--calls))
+
+(ert-deftest magent-store-mode-routes-magent-persistence ()
+  "The mode's advice forwards events and chunks; turning it off removes it."
+  (magent-store-test--with-backend
+    (let* ((thread (list :session-id "s-mode" :scope 'global))
+           (session (list :id "s-mode" :thread thread))
+           (item (list :id "item-1"))
+           (magent-store-test--calls nil))
+      (unwind-protect
+          (progn
+            (magent-store-mode 1)
+            (magent-thread-append-event
+             thread (magent-store-test--event "thread-started"))
+            (magent-thread-append-event
+             thread (magent-store-test--event
+                     "turn-started" :turn-id "turn-1"
+                     :payload `((turn . ,(magent-store-test--turn "turn-1")))))
+            (magent-thread-append-event
+             thread (magent-store-test--event
+                     "item-started" :turn-id "turn-1" :item-id "item-1"
+                     :payload `((item . ,(magent-store-test--item
+                                          "item-1" "turn-1")))))
+            (dolist (chunk '("Hello" ", " "world"))
+              (magent-thread-append-item-content thread item chunk)
+              (magent-session-save-deferred-for-session session)
+              (sleep-for 0.01))
+            (magent-thread-append-item-content thread item "tool says" t)
+            (magent-session-save-for-session session 'global)
+            ;; magent's own appends ran; its saves were replaced.
+            (should (equal (reverse magent-store-test--calls)
+                           '(append-event append-event append-event
+                                          append-content append-content
+                                          append-content append-content)))
+            (let* ((snapshot (magent-store-test--show "s-mode"))
+                   (item (aref (alist-get 'items
+                                          (aref (alist-get 'turns snapshot) 0))
+                               0)))
+              (should (equal (alist-get 'content item) "Hello, world"))
+              (should (equal (alist-get 'output item) "tool says")))
+            (should (equal (alist-get 'id (magent-store-test--show
+                                           "s-mode" "--header"))
+                           "s-mode")))
+        (magent-store-mode -1))
+      (dolist (entry magent-store--advice)
+        (should-not (advice-member-p (nth 2 entry) (nth 0 entry))))
+      (should-not (memq #'magent-store--kill-emacs kill-emacs-hook))
+      (setq magent-store-test--calls nil)
+      (magent-thread-append-item-content thread item "not forwarded")
+      (should (equal magent-store-test--calls '(append-content)))
+      (should-not (magent-store--session-queue
+                   (gethash "s-mode" magent-store--sessions))))))
+
+(ert-deftest magent-store-backend-killed-mid-stream-loses-nothing ()
+  "kill -9 of the backend mid-stream: restarted, every chunk once."
+  (magent-store-test--with-backend
+    (magent-store-open "s-kill")
+    (magent-store-test--start-turn "s-kill")
+    (let* ((chunks magent-store-test--chunks)
+           (first-pid (magent-store--backend-pid magent-store--backend)))
+      (magent-store-test--stream "s-kill" (seq-take chunks 15) 0.02)
+      (signal-process first-pid 'SIGKILL)
+      (magent-store-test--stream "s-kill" (seq-drop chunks 15) 0.02)
+      (sleep-for 0.3)
+      (should magent-store--backend)
+      (should-not (equal (magent-store--backend-pid magent-store--backend)
+                         first-pid))
+      (should (= (magent-store-flush "s-kill") 43))
+      (should (equal (magent-store-test--content (magent-store-load "s-kill"))
+                     (apply #'concat chunks))))))
+
+(provide 'magent-store-tests)
+;;; magent-store-tests.el ends here
