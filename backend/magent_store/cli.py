@@ -26,7 +26,6 @@ from magent_store.store import (
     SessionFiles,
     Store,
     StoreError,
-    fsync_mode,
     load_session,
     read_header,
     scan_log,
@@ -170,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def durability(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--fsync", type=fsync_mode, default="always", metavar="|".join(FSYNC_MODES),
+            "--fsync", choices=FSYNC_MODES, default="always",
             help="always: fsync every flush (default); interval: at most once a second; "
             "never: leave it to the OS",
         )  # fmt: skip

@@ -952,10 +952,3 @@ class Store:
 def is_temp_file(name: str) -> bool:
     """True for the temp files an interrupted atomic write leaves behind."""
     return _TEMP_RE.match(name) is not None
-
-
-def fsync_mode(value: str) -> FsyncMode:
-    if value not in FSYNC_MODES:
-        raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {value!r}")
-    return value  # type: ignore[return-value]
-

@@ -1,0 +1,122 @@
+"""The command-line tool, run as users run it: a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import Events
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+
+
+def cli(*args: str | Path, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=input, capture_output=True, timeout=60)
+
+
+def jsonl(objs: list[dict[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(o) + b"\n" for o in objs)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_apply_show_ls_compact_round_trip(tmp_path: Path, events: Events) -> None:
+    root = tmp_path / "root"
+    header = root / "global" / "s1.json"
+    conversation = events.conversation()
+    done = cli("apply", header, input=jsonl(conversation))
+    assert done.returncode == 0, done.stderr
+    assert f"applied {len(conversation)} events".encode() in done.stderr
+    assert done.stdout == b""
+
+    shown = orjson.loads(cli("show", header).stdout)
+    assert shown["session-id"] == "s1" and len(shown["turns"]) == 2
+    assert shown["turns"][1]["items"][1]["content"] == "".join(f"part {c} of answer 1\n" for c in range(5))
+    assert orjson.loads(cli("show", header, "--header").stdout)["summary-title"] == "question 0"
+    logged = [orjson.loads(line) for line in cli("show", header, "--log").stdout.splitlines()]
+    assert [e["seq"] for e in logged] == list(range(1, len(conversation) + 1))
+
+    events_file = tmp_path / "more.jsonl"
+    events_file.write_bytes(jsonl([events.content("turn-1", "a1", "tail")]))
+    assert cli("apply", header, events_file).returncode == 0
+    assert orjson.loads(cli("show", header).stdout)["turns"][1]["items"][1]["content"].endswith("tail")
+
+    listing = cli("ls", root)
+    assert listing.returncode == 0 and listing.stdout.startswith(b"s1\tglobal\t")
+    (entry,) = orjson.loads(cli("ls", root, "--json", "--turns").stdout)
+    assert entry["id"] == "s1" and entry["turns"] == 2 and entry["title"] == "question 0"
+
+    compacted = cli("compact", header)
+    assert compacted.returncode == 0 and b"compacted at seq" in compacted.stderr
+    snapshot = orjson.loads((root / "global/s1.snapshot").read_bytes())
+    assert snapshot["last-event-seq"] == len(conversation) + 1
+
+
+def test_apply_creates_a_project_session(tmp_path: Path, events: Events) -> None:
+    header = tmp_path / "projects" / "abc" / "p1.json"
+    done = cli("apply", header, "--project-root", "/src/app", input=jsonl([events.thread_started()]))
+    assert done.returncode == 0, done.stderr
+    written = orjson.loads(header.read_bytes())
+    assert written["scope"] == "project" and written["project-root"] == "/src/app"
+
+
+def test_refused_line_changes_nothing_on_disk(tmp_path: Path, events: Events) -> None:
+    header = tmp_path / "global" / "s1.json"
+    assert cli("apply", header, input=jsonl(events.conversation(turns=1))).returncode == 0
+    before = tree(tmp_path)
+    bad = jsonl([events.content("turn-0", "a0", "fine"), {**events.thread_started(), "type": "nope"}])
+    done = cli("apply", header, input=bad)
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("magent-store: error: <stdin>:2: event.type: unknown event type")
+    assert tree(tmp_path) == before
+    done = cli("apply", header, input=b'{"type": \n')
+    assert done.returncode == 1 and b"<stdin>:1: not valid JSON" in done.stderr
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("show", "nowhere/s1.json"), b"no such session header"),
+        (("show", "nowhere/bad id.json"), b"invalid session id"),
+        (("show", "nowhere/s1.txt"), b"named by its header"),
+        (("ls", "nowhere"), b"no such directory"),
+        (("apply", "x/s1.json", "missing.jsonl"), b"No such file"),
+    ],
+)
+def test_errors_go_to_stderr_with_exit_1(tmp_path: Path, args: tuple[str, ...], message: bytes) -> None:
+    done = subprocess.run([*MAGENT_STORE, *args], cwd=tmp_path, capture_output=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == b""
+    assert message in done.stderr and done.stderr.startswith(b"magent-store: error: ")
+    assert not (tmp_path / "x").exists()
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert cli("apply").returncode == 2
+    assert cli("frobnicate").returncode == 2
+    assert cli("compact", tmp_path / "s.json", "--fsync", "sometimes").returncode == 2
+
+
+@pytest.mark.parametrize("command", ["apply", "show", "ls", "compact", "serve"])
+def test_every_subcommand_has_help_that_teaches(command: str) -> None:
+    done = cli(command, "--help")
+    assert done.returncode == 0
+    text = done.stdout.decode()
+    assert text.startswith("usage: magent-store " + command)
+    assert "<id>.jsonl" in text, "each help page explains the files it works on"
+
+
+def test_console_script_matches_python_m(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "magent-store"
+    if not script.exists():
+        pytest.skip("console script not installed in this environment")
+    done = subprocess.run([script, "--version"], capture_output=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith(b"magent-store ")
+    assert os.access(script, os.X_OK)
