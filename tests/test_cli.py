@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+
 from conftest import Events
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]

@@ -6,10 +6,10 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import THREAD, Events
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import THREAD, Events
 from magent_store import ledger
 from magent_store.ledger import LedgerError, Thread
 

@@ -8,14 +8,13 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from conftest import Events
 
+from conftest import Events
 from magent_store import ledger, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
