@@ -363,3 +363,12 @@ def test_event_encode_decode_is_identity(steps: list[tuple[Any, ...]]) -> None:
     for ev in build(steps):
         once = orjson.dumps(ledger.event_to_json(ev))
         assert orjson.dumps(ledger.event_to_json(ledger.event_from_json(orjson.loads(once)))) == once
+
+
+def test_an_item_id_in_two_turns_resolves_to_the_earlier_turn(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-queued", "ta"), events.turn("turn-queued", "tb"),
+             events.item_started("tb", "x", content="in b"), events.item_started("ta", "x", content="in a"),
+             events.content("ta", "x", "!"))  # fmt: skip
+    assert str(item(th, "x").content) == "in a!", "a scan of the turns in order finds ta's item first"
+    reloaded = ledger.thread_from_json(orjson.loads(encoded(th)))
+    assert reloaded.item_index["x"].content == "in a!"

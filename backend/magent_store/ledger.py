@@ -225,17 +225,31 @@ class Thread:
     snapshot_created_at: float | None = None
     last_event_seq: int = 0
     # Indexes: derived, never encoded.
+    # Indexes: derived, never encoded.  An id found twice resolves as a scan
+    # of the turns in order would: to its first occurrence.
     turn_index: dict[str, Turn] = field(default_factory=dict, repr=False, compare=False)
+    turn_position: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     item_index: dict[str, Item] = field(default_factory=dict, repr=False, compare=False)
+    item_position: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def reindex(self) -> None:
-        """Rebuild the id indexes; the first occurrence of an id wins, as in a scan."""
+        """Rebuild the id indexes from the turns."""
         self.turn_index = {}
+        self.turn_position = {}
         self.item_index = {}
-        for turn in self.turns:
+        self.item_position = {}
+        for position, turn in enumerate(self.turns):
             self.turn_index.setdefault(turn.id, turn)
+            self.turn_position.setdefault(turn.id, position)
             for item in turn.items:
-                self.item_index.setdefault(item.id, item)
+                self.index_item(item, position)
+
+    def index_item(self, item: Item, position: int) -> None:
+        """Index ITEM, found in the turn at POSITION, unless an earlier turn holds its id."""
+        known = self.item_position.get(item.id)
+        if known is None or position < known:
+            self.item_index[item.id] = item
+            self.item_position[item.id] = position
 
 
 def new_thread(session_id: str, scope: Any, thread_id: str | None = None) -> Thread:
@@ -656,7 +670,7 @@ def _turn_queued_or_started(thread: Thread, event: Event) -> bool:
             if not turn.items and given.items:
                 turn.items = [copy.copy(i) for i in given.items]
                 for item in turn.items:
-                    thread.item_index.setdefault(item.id, item)
+                    thread.index_item(item, thread.turn_position[turn.id])
     else:
         if given is None:
             turn = Turn(id=event.turn_id, thread_id=thread.id, status="queued")
@@ -668,8 +682,9 @@ def _turn_queued_or_started(thread: Thread, event: Event) -> bool:
                 turn.thread_id = thread.id
         thread.turns.append(turn)
         thread.turn_index[turn.id] = turn
+        thread.turn_position[turn.id] = len(thread.turns) - 1
         for item in turn.items:
-            thread.item_index.setdefault(item.id, item)
+            thread.index_item(item, len(thread.turns) - 1)
     if event.type == "turn-queued":
         turn.status = "queued"
         if turn.queued_at is None:
@@ -734,7 +749,7 @@ def _item_started(thread: Thread, event: Event) -> bool:
             break
     else:
         turn.items.append(item)
-        thread.item_index.setdefault(item.id, item)
+        thread.index_item(item, thread.turn_position[turn.id])
     return True
 
 
