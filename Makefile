@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-python test-elisp test-live demo bench bench-quick lint clean
+.PHONY: install test test-python test-elisp test-live demo bench bench-quick bench-migrate lint clean
 
 install: $(STAMP)
 
@@ -34,11 +34,14 @@ test-live: install
 demo: install
 	$(PY) bench/demo.py
 
-bench: install
+bench: install bench-migrate
 	$(PY) bench/store_bench.py
 
 bench-quick: install
 	$(PY) bench/store_bench.py --quick
+
+bench-migrate: install
+	$(PY) bench/migrate_bench.py
 
 lint: install
 	$(PY) -m ruff check backend tests bench

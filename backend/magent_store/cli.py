@@ -7,17 +7,20 @@ non-zero exit status (1 for a refused operation, 2 for a usage error).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import logging
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, ledger
+from magent_store import __version__, fsck, ledger, migrate
 from magent_store.ledger import LedgerError
+from magent_store.migrate import FileReport
 from magent_store.store import (
     FSYNC_MODES,
     LOG_MAX_EVENTS,
@@ -43,6 +46,10 @@ Commands that take SESSION.json name a session by its header's path.
 
 class CliError(Exception):
     """A refused operation: printed as one line on stderr, exit status 1."""
+
+
+class UsageError(CliError):
+    """A command line that cannot be run as given: exit status 2."""
 
 
 def _events(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]]:
@@ -151,6 +158,83 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return server.serve(log_level=args.log_level)
 
 
+def _migration_progress(paths: list[Path], root: Path) -> tuple[Callable[[FileReport], None], Any]:
+    """A progress bar on a terminal, one plain line per file otherwise; and its closer."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        sizes = {}
+        for path in paths:
+            with contextlib.suppress(OSError):
+                sizes[path] = path.stat().st_size
+        bar = Progress(
+            TextColumn("migrating"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[files]}"),
+            TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+        )  # fmt: skip
+        task = bar.add_task("migrate", total=sum(sizes.values()), files=f"0/{len(paths)} files")
+        bar.start()
+        done = [0]
+
+        def advance(report: FileReport) -> None:
+            done[0] += 1
+            bar.update(task, advance=sizes.get(report.path, 0), files=f"{done[0]}/{len(paths)} files")
+            if report.outcome not in (migrate.MIGRATED, migrate.ALREADY_7, migrate.WOULD_MIGRATE):
+                bar.console.print(_report_line(report, root), markup=False, highlight=False)
+
+        return advance, bar.stop
+
+    def line(report: FileReport) -> None:
+        print(_report_line(report, root), file=sys.stderr, flush=True)
+
+    return line, lambda: None
+
+
+def _report_line(report: FileReport, root: Path) -> str:
+    reason = f": {report.reason}" if report.reason and report.outcome != migrate.ALREADY_7 else ""
+    shadowed = f" ({report.shadowed} shadowed duplicate keys dropped)" if report.shadowed else ""
+    return f"{report.outcome}: {report.path.relative_to(root)}{reason}{shadowed}"
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    migrator = migrate.Migrator(root, dry_run=args.dry_run, backup=not args.no_backup)
+    paths = migrator.files()
+    progress, close = _migration_progress(paths, root)
+    try:
+        result = migrator.run(progress, jobs=args.jobs)
+    finally:
+        close()
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
+    else:
+        for report in result.reports:
+            if report.outcome in (migrate.INVALID, migrate.CHANGED, migrate.LOCKED, migrate.FAILED):
+                print(_report_line(report, root))
+        if result.backup is not None:
+            print(f"originals copied to {result.backup}")
+        print(result.summary())
+    return 0 if result.ok else 1
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory")
+    result = fsck.Fsck(root, repair=args.repair).run()
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
+    else:
+        for finding in result.findings:
+            print(finding.line(root))
+        print(result.summary())
+    return 0 if result.healthy else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="magent-store",
@@ -226,6 +310,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compact)
 
     p = add(
+        "migrate", "migrate a schema-6 session tree to schema 7, verified value by value",
+        "Migrate every schema-6 session (one <id>.json holding header, snapshot and journal)\n"
+        "under ROOT's global/, projects/*/ and actions/*/ to schema 7.  Per session, each\n"
+        "file atomically: <id>.jsonl (the journal's events), then <id>.snapshot, then the\n"
+        "schema-7 header replaces <id>.json.  Before that last step the new files are read\n"
+        "back and compared with the schema-6 state (snapshot replayed with journal) value by\n"
+        "value; any difference leaves the schema-6 file as it was and the exit status is 1.\n"
+        "Schema-7 files, files that are not sessions and invalid sessions (reported with the\n"
+        "reason) are left as they are; duplicate metadata keys that magent never read (it\n"
+        "reads the first) are dropped and counted apart.  An interrupted run leaves every file\n"
+        "readable: run it again to finish.  Sessions open in a running backend are skipped.\n\n"
+        "Unless --no-backup, each original is first copied to ROOT/schema6-backup-<time>/.\n\n"
+        "examples:\n"
+        "  magent-store migrate --dry-run ~/.emacs.d/magent/sessions   # what would happen\n"
+        "  magent-store migrate ~/.emacs.d/magent/sessions\n"
+        "  magent-store migrate --json ~/.emacs.d/magent/sessions > report.json",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
+    p.add_argument("--no-backup", action="store_true", help="do not copy the originals first")
+    p.add_argument("--json", action="store_true", help="print the per-file report as JSON")
+    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+                   help="files migrated at a time (default: one per CPU, at most 4)")  # fmt: skip
+    p.set_defaults(func=cmd_migrate)
+
+    p = add(
+        "fsck", "check every session under a root, and repair what is safe",
+        "Check every session under ROOT: header valid and naming its file, snapshot present\n"
+        "and valid, every log line valid with seqs strictly increasing, the log continuing\n"
+        "the snapshot, torn final lines, orphans (a log or snapshot without a header), temp\n"
+        "files of interrupted writes, and locks nobody holds.  Sessions open for writing\n"
+        "are left alone.\n\n"
+        "--repair fixes only what has one right answer: drops torn tails, removes stale temp\n"
+        "files and locks, rebuilds a missing snapshot from a log that starts at seq 1 and a\n"
+        "missing header from the snapshot.  A corrupt line in the middle of a log is never\n"
+        "deleted: the log is cut there and the rest moved to <id>.jsonl.corrupt-<n>.\n\n"
+        "Exit status: 0 healthy (or repaired), 1 damage remains, 2 usage error.\n\n"
+        "examples:\n"
+        "  magent-store fsck ~/.emacs.d/magent/sessions\n"
+        "  magent-store fsck --repair --json ~/.emacs.d/magent/sessions",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--repair", action="store_true", help="repair what can be repaired without guessing")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.set_defaults(func=cmd_fsck)
+
+    p = add(
         "serve", "run the EPC server (started by the Emacs shim)",
         "Serve the store to Emacs over EPC on 127.0.0.1.  Started by elisp/magent-store.el,\n"
         "which hands it a token in the environment; it prints its port on stdout, logs to\n"
@@ -243,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
         return result
+    except UsageError as exc:
+        print(f"magent-store: error: {exc}", file=sys.stderr)
+        return 2
     except (CliError, StoreError, LedgerError) as exc:
         print(f"magent-store: error: {exc}", file=sys.stderr)
         return 1

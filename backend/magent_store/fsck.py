@@ -1,0 +1,483 @@
+"""fsck: check every session under a root; repair what can be repaired without guessing.
+
+For each session (``<id>.json`` header, ``<id>.jsonl`` log, ``<id>.snapshot``)
+in ``global/``, ``projects/*/`` and ``actions/*/`` it checks the header (valid,
+naming its file), the snapshot (present when the log needs one, valid),
+every log line (valid, seqs strictly increasing), that the log continues the
+snapshot, a torn final line, orphans (a log or snapshot without a header),
+stale temp files of interrupted atomic writes and locks nobody holds.
+
+``repair=True`` fixes only what has one right answer, holding the session's
+lock while it does: a torn tail is dropped; stale temp files and locks are
+removed; a missing snapshot is rebuilt from a log that starts at seq 1; a
+missing header is rebuilt from the snapshot (scope from its directory).  A
+corrupt line in the middle of a log is never deleted: the log is cut there
+and the rest moved to ``<id>.jsonl.corrupt-<n>`` beside it.  Everything else
+is reported and left as it is.  A session open for writing is not touched.
+
+Reading and writing go through `store`; values are decoded by `ledger`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from magent_store import ledger
+from magent_store.ledger import Event, LedgerError, Thread
+from magent_store.store import (
+    CorruptSessionError,
+    InvalidSessionId,
+    LogScan,
+    Scope,
+    SessionFiles,
+    SessionLock,
+    SessionLockedError,
+    StoreError,
+    atomic_write,
+    default_header,
+    dumps,
+    is_temp_file,
+    read_header,
+    replay_session,
+    summary_title,
+)
+
+# Kinds of finding.  Damage makes fsck fail until repaired; notes do not.
+HEADER_INVALID: Final = "header-invalid"
+ORPHAN: Final = "orphan"  # a log or snapshot without a header
+SNAPSHOT_MISSING: Final = "snapshot-missing"
+SNAPSHOT_INVALID: Final = "snapshot-invalid"
+CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the end of the log
+SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
+TORN_TAIL: Final = "torn-tail"
+LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
+REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
+STALE_TEMP: Final = "stale-temp"
+STALE_LOCK: Final = "stale-lock"
+# Notes.
+IN_USE: Final = "in-use"
+SCHEMA6: Final = "schema-6"
+NOT_SESSION: Final = "not-session"
+SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> file kept by an earlier repair
+
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE})
+
+_SESSION_FILE_RE: Final = re.compile(
+    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock)(?P<aside>\.corrupt-\d+)?"
+)
+_SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
+
+
+@dataclass(slots=True)
+class Finding:
+    """One thing fsck found, and whether it was repaired."""
+
+    path: Path
+    kind: str
+    message: str
+    session: str | None = None
+    repairable: bool = False
+    repaired: bool = False
+    events: int | None = None  # events (lines) moved aside by a repair
+
+    @property
+    def damage(self) -> bool:
+        return self.kind not in NOTES
+
+    @property
+    def remaining(self) -> bool:
+        return self.damage and not self.repaired
+
+    def to_json(self, root: Path) -> dict[str, Any]:
+        return {
+            "path": str(self.path.relative_to(root)),
+            "session": self.session,
+            "kind": self.kind,
+            "damage": self.damage,
+            "message": self.message,
+            "repairable": self.repairable,
+            "repaired": self.repaired,
+            "events": self.events,
+        }
+
+    def line(self, root: Path) -> str:
+        state = ""
+        if self.repaired:
+            state = " [repaired]"
+        elif self.repairable and self.damage:
+            state = " [repairable]"
+        return f"{self.kind}: {self.path.relative_to(root)}: {self.message}{state}"
+
+
+@dataclass(slots=True)
+class Check:
+    """What a run found: the sessions checked and every finding."""
+
+    root: Path
+    repair: bool
+    sessions: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        """No damage remains (notes aside)."""
+        return not any(f.remaining for f in self.findings)
+
+    def summary(self) -> str:
+        damage = [f for f in self.findings if f.damage]
+        repaired = sum(1 for f in damage if f.repaired)
+        remaining = len(damage) - repaired
+        notes = len(self.findings) - len(damage)
+        verdict = "healthy" if not damage else ("repaired" if not remaining else "damaged")
+        return (
+            f"{self.sessions} sessions checked: {len(damage)} problems found, {repaired} repaired, "
+            f"{remaining} remaining; {notes} notes — {verdict}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "repair": self.repair,
+            "sessions": self.sessions,
+            "healthy": self.healthy,
+            "findings": [f.to_json(self.root) for f in self.findings],
+        }
+
+
+def lock_is_held(path: Path) -> bool:
+    """True when a live process holds the lock at PATH (without creating it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing also drops the lock we may have taken
+    return False
+
+
+@dataclass(slots=True)
+class _Log:
+    """A log read tolerantly: the valid prefix, and where and why it stops."""
+
+    data: bytes
+    events: list[Event]
+    lines: list[bytes]
+    good_size: int  # bytes of the valid prefix
+    bad_line: int | None = None  # 1-based number of the first bad line
+    bad_kind: str | None = None
+    bad_message: str | None = None
+    torn: bytes = b""  # a final line without its newline
+
+    def scan(self) -> LogScan:
+        return LogScan(self.events, self.lines, self.good_size, bool(self.torn))
+
+    @property
+    def moved_lines(self) -> int:
+        """Lines from the bad one to the end (a torn tail counts as one)."""
+        if self.bad_line is None:
+            return 0
+        rest = self.data[self.good_size :]
+        return rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
+
+
+def _read_log(path: Path) -> _Log:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return _Log(b"", [], [], 0)
+    lines = data.split(b"\n")
+    torn = lines.pop()
+    log = _Log(data, [], [], 0, torn=torn)
+    previous = 0
+    offset = 0
+    for number, line in enumerate(lines, 1):
+        try:
+            event = ledger.event_from_json(orjson.loads(line), need_seq=True)
+        except (orjson.JSONDecodeError, LedgerError) as exc:
+            log.bad_line, log.bad_kind, log.bad_message = number, CORRUPT_LINE, str(exc)
+            break
+        assert event.seq is not None
+        if event.seq <= previous:
+            log.bad_line, log.bad_kind = number, SEQ_ORDER
+            log.bad_message = f"seq {event.seq} does not follow {previous}"
+            break
+        previous = event.seq
+        log.events.append(event)
+        log.lines.append(line)
+        offset += len(line) + 1
+    log.good_size = offset
+    return log
+
+
+def _directory_scope(directory: Path, root: Path) -> Scope | None:
+    """The scope a directory implies; None for a project (its root is only in the files)."""
+    relative = directory.relative_to(root).parts
+    if relative == ("global",):
+        return Scope.global_()
+    if relative[0] == "actions":
+        with contextlib.suppress(InvalidSessionId):
+            return Scope.action(relative[1])
+    return None
+
+
+def _project_scope(directory: Path, thread: Thread) -> Scope | None:
+    """The project scope of a snapshot found in DIRECTORY, if its root hashes to it."""
+    root = thread.scope
+    if isinstance(root, str) and hashlib.sha1(root.encode()).hexdigest() == directory.name:
+        return Scope.project(root)
+    return None
+
+
+def _corrupt_path(files: SessionFiles) -> Path:
+    n = 1
+    while (files.directory / f"{files.log.name}.corrupt-{n}").exists():
+        n += 1
+    return files.directory / f"{files.log.name}.corrupt-{n}"
+
+
+class Fsck:
+    """Checks (and with REPAIR repairs) the sessions under one root."""
+
+    def __init__(self, root: Path | str, *, repair: bool = False, sync: bool = True) -> None:
+        self.root = Path(root).expanduser()
+        self.repair = repair
+        self.sync = sync
+        self.result = Check(self.root, repair)
+
+    def run(self) -> Check:
+        for pattern in _SCOPE_GLOBS:
+            for directory in sorted(self.root.glob(pattern)):
+                if directory.is_dir():
+                    self.check_directory(directory)
+        return self.result
+
+    def _add(self, finding: Finding) -> Finding:
+        self.result.findings.append(finding)
+        return finding
+
+    def check_directory(self, directory: Path) -> None:
+        sessions: dict[str, dict[str, Path]] = {}
+        temps: list[tuple[str | None, Path]] = []
+        for path in sorted(directory.iterdir()):
+            name = path.name
+            if not path.is_file():
+                continue
+            if is_temp_file(name):
+                target = name[1 : name.rindex(".tmp-")]
+                match = _SESSION_FILE_RE.fullmatch(target)
+                temps.append((match["id"] if match else None, path))
+                continue
+            match = _SESSION_FILE_RE.fullmatch(name)
+            if match is None:
+                continue
+            if match["aside"]:
+                if match["ext"] == "jsonl":
+                    self._add(Finding(path, SET_ASIDE, "lines set aside by an earlier repair; "
+                                      "inspect and delete by hand", match["id"]))  # fmt: skip
+                continue
+            sessions.setdefault(match["id"], {})[match["ext"]] = path
+        in_use: set[str] = set()
+        for session_id, paths in sessions.items():
+            if not self.check_session(directory, session_id, paths):
+                in_use.add(session_id)
+        for owner, path in temps:
+            if owner is not None and (owner in in_use or lock_is_held(directory / f"{owner}.lock")):
+                continue  # a write in progress
+            finding = self._add(Finding(path, STALE_TEMP, "temp file of an interrupted write",
+                                        owner, repairable=True))  # fmt: skip
+            if self.repair:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                finding.repaired = True
+
+    def check_session(self, directory: Path, session_id: str, paths: dict[str, Path]) -> bool:
+        """Check one session; False when it is open for writing (and so left alone)."""
+        if not ledger.valid_session_id(session_id):
+            for path in paths.values():
+                self._add(Finding(path, NOT_SESSION, "file name is not a valid session id", session_id))
+            return True
+        files = SessionFiles(directory, session_id)
+        if set(paths) == {"json"} and self._not_a_session(files):
+            return True
+        if set(paths) == {"lock"}:
+            return self._lone_lock(files)
+        if lock_is_held(files.lock):
+            self._add(Finding(files.lock, IN_USE, "open for writing by a running process; not checked",
+                              session_id))  # fmt: skip
+            return False
+        self.result.sessions += 1
+        if not self.repair:
+            if files.lock.exists():
+                self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+                                  session_id, repairable=True))  # fmt: skip
+            self._check(files, repair=False)
+            return True
+        stale_lock = files.lock.exists()
+        try:
+            lock = SessionLock(files)
+        except SessionLockedError:
+            self._add(Finding(files.lock, IN_USE, "open for writing by a running process; not repaired",
+                              session_id))  # fmt: skip
+            return False
+        try:
+            self._check(files, repair=True)
+        finally:
+            lock.release(remove=True)
+        if stale_lock:
+            self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+                              session_id, repairable=True, repaired=True))  # fmt: skip
+        return True
+
+    def _lone_lock(self, files: SessionFiles) -> bool:
+        if lock_is_held(files.lock):
+            return False  # a session being created
+        finding = self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+                                    files.id, repairable=True))  # fmt: skip
+        if self.repair:
+            with contextlib.suppress(FileNotFoundError):
+                files.lock.unlink()
+            finding.repaired = True
+        return True
+
+    def _not_a_session(self, files: SessionFiles) -> bool:
+        """A lone ``*.json`` that is no schema-7 session: a note, not damage."""
+        try:
+            obj = orjson.loads(files.header.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return False
+        if isinstance(obj, dict) and obj.get("schema-version") == 6:
+            self._add(Finding(files.header, SCHEMA6, "a schema-6 session: run `magent-store migrate`",
+                              files.id))  # fmt: skip
+            return True
+        if not isinstance(obj, dict) or "schema-version" not in obj:
+            self._add(Finding(files.header, NOT_SESSION, "not a session file; left alone", files.id))
+            return True
+        version = obj["schema-version"]
+        if version not in (6, 7) or isinstance(version, bool):
+            message = f"unknown schema-version {version!r:.40}; left alone"
+            self._add(Finding(files.header, NOT_SESSION, message, files.id))
+            return True
+        return False
+
+    # -- one session ------------------------------------------------------
+
+    def _check(self, files: SessionFiles, *, repair: bool) -> None:
+        sid = files.id
+        header: dict[str, Any] | None = None
+        header_present = files.header.exists()
+        if header_present:
+            try:
+                header = read_header(files.header)
+            except StoreError as exc:
+                message = str(exc).removeprefix(f"{files.header}: ")
+                self._add(Finding(files.header, HEADER_INVALID, message, sid))
+                return  # without a header nothing else can be trusted
+        log = _read_log(files.log)
+        if log.bad_line is not None:
+            moved = log.moved_lines
+            finding = self._add(Finding(
+                files.log, log.bad_kind or CORRUPT_LINE, f"line {log.bad_line}: {log.bad_message}; "
+                f"{moved} lines from there to the end", sid, repairable=True, events=moved,
+            ))  # fmt: skip
+            if repair:
+                aside = _corrupt_path(files)
+                atomic_write(aside, log.data[log.good_size :], sync=self.sync)
+                os.truncate(files.log, log.good_size)
+                finding.repaired = True
+                finding.message += f" moved to {aside.name}"
+        elif log.torn:
+            finding = self._add(Finding(files.log, TORN_TAIL, f"a torn final line of {len(log.torn)} bytes",
+                                        sid, repairable=True))  # fmt: skip
+            if repair:
+                os.truncate(files.log, log.good_size)
+                finding.repaired = True
+        if header is not None:
+            scope: Scope | None = Scope.from_header(header)
+        else:
+            scope = _directory_scope(files.directory, self.root)
+        thread = self._check_snapshot(files, log, scope, repair=repair)
+        if header is None:
+            if thread is None:
+                self._add(Finding(files.header, ORPHAN, "a log or snapshot without a header, and no "
+                                  "valid snapshot to rebuild it from", sid))  # fmt: skip
+            else:
+                self._rebuild_header(files, thread, repair=repair)
+
+    def _check_snapshot(
+        self, files: SessionFiles, log: _Log, scope: Scope | None, *, repair: bool
+    ) -> Thread | None:
+        """Check the snapshot and that the log continues it; the replayed thread, or None."""
+        sid = files.id
+        if files.snapshot.exists():
+            try:
+                snapshot_obj = orjson.loads(files.snapshot.read_bytes())
+                ledger.thread_from_json(snapshot_obj)
+            except (orjson.JSONDecodeError, LedgerError) as exc:
+                self._add(Finding(files.snapshot, SNAPSHOT_INVALID, str(exc), sid))
+                return None
+            return self._replay(files, log, scope)
+        if not log.events:
+            return None  # an empty session writes no snapshot
+        first = log.events[0].seq
+        can = first == 1 and scope is not None
+        why = (
+            "rebuildable from the log, which starts at seq 1" if can else
+            f"the log starts at seq {first}: earlier events are gone" if first != 1 else
+            "the log starts at seq 1 but the project root is unknown without a header"
+        )  # fmt: skip
+        finding = self._add(Finding(files.snapshot, SNAPSHOT_MISSING, f"no snapshot; {why}", sid,
+                                    repairable=can))  # fmt: skip
+        if not can:
+            return None
+        thread = self._replay(files, log, scope)
+        if thread is not None and repair:
+            thread.snapshot_created_at = time.time()
+            atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=self.sync)
+            finding.repaired = True
+        return thread
+
+    def _replay(self, files: SessionFiles, log: _Log, scope: Scope | None) -> Thread | None:
+        try:
+            thread, _ = replay_session(files, scope, log.scan())
+        except CorruptSessionError as exc:
+            message = str(exc).removeprefix(f"{files.log}:")
+            kind = LOG_GAP if "leaves a gap" in message else REPLAY_ERROR
+            self._add(Finding(files.log, kind, f"line {message}", files.id))
+            return None
+        return thread
+
+    def _rebuild_header(self, files: SessionFiles, thread: Thread, *, repair: bool) -> None:
+        scope = _directory_scope(files.directory, self.root) or _project_scope(files.directory, thread)
+        matches = thread.session_id == files.id
+        can = scope is not None and matches
+        why = (
+            "rebuildable from the snapshot" if can else
+            f"the snapshot is of session {thread.session_id!r}" if not matches else
+            "the snapshot's project root does not hash to its directory"
+        )  # fmt: skip
+        finding = self._add(Finding(files.header, ORPHAN, f"a log or snapshot without a header; {why}",
+                                    files.id, repairable=can))  # fmt: skip
+        if repair and scope is not None and can:
+            header = default_header(files.id, scope)
+            header["summary-title"] = summary_title(thread)
+            atomic_write(files.header, dumps(header), sync=self.sync)
+            finding.repaired = True
+
+
+def fsck(root: Path | str, *, repair: bool = False) -> Check:
+    """Check (and with REPAIR repair) every session under ROOT."""
+    return Fsck(root, repair=repair).run()

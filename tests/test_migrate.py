@@ -1,0 +1,417 @@
+"""Migration of schema-6 trees (tests/schema6.py builds them from SPEC's facts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schema6
+from magent_store import ledger, migrate
+from magent_store.migrate import Migrator, loads_first_wins
+from magent_store.store import (
+    Scope,
+    SessionFiles,
+    SessionLock,
+    SimulatedCrash,
+    Store,
+    load_session,
+    read_header,
+    scan_log,
+)
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write(root: Path, fixtures: list[schema6.Fixture]) -> dict[str, schema6.Fixture]:
+    for f in fixtures:
+        f.write(root)
+    return {f.relpath: f for f in fixtures}
+
+
+def plain(thread: ledger.Thread) -> dict[str, Any]:
+    return schema6.plain_json(thread)
+
+
+def assert_migrated(root: Path, fixture: schema6.Fixture) -> None:
+    """The session on disk is schema 7 and holds exactly the fixture's values."""
+    path = root / fixture.relpath
+    header, thread = load_session(SessionFiles.from_header_path(path))
+    assert header["schema-version"] == 7
+    for key, value in fixture.header.items():
+        assert header[key] == value, key
+    assert plain(thread) == fixture.expected
+    assert fixture.expected is not None
+    logged = scan_log(path.with_suffix(".jsonl")).events
+    assert len(logged) == fixture.events <= schema6.SCHEMA6_JOURNAL_MAX
+    assert logged[-1].seq == fixture.expected["last-event-seq"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "sessions"
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[schema6.Fixture]:
+    return schema6.corpus(random.Random(6))
+
+
+# --- the whole corpus -------------------------------------------------------------
+
+
+def test_corpus_is_migrated_value_identical_and_every_file_reported(
+    root: Path, corpus: list[schema6.Fixture]
+) -> None:
+    fixtures = write(root, corpus)
+    result = Migrator(root).run()
+    reports = {str(r.path.relative_to(root)): r for r in result.reports}
+    assert set(reports) == set(fixtures)
+    for relpath, fixture in fixtures.items():
+        report = reports[relpath]
+        if fixture.kind == "session":
+            assert report.outcome == migrate.MIGRATED, (relpath, report.reason)
+            assert report.shadowed == fixture.shadowed
+            assert_migrated(root, fixture)
+        else:
+            expected = migrate.INVALID if fixture.kind == "invalid" else migrate.NOT_SESSION
+            assert report.outcome == expected, (relpath, report.reason)
+            assert fixture.reason in (report.reason or ""), report.reason
+            assert (root / relpath).read_bytes() == fixture.data, "left exactly as it was"
+    sessions = [f for f in corpus if f.kind == "session"]
+    shadowed = [f for f in sessions if f.shadowed]
+    assert shadowed, "the corpus must exercise duplicate keys"
+    assert result.summary() == (
+        f"{len(corpus)} files seen, {len(sessions)} migrated and value-identical, 0 already schema 7, "
+        f"4 not session files, {sum(f.kind == 'invalid' for f in corpus)} invalid, 0 values changed; "
+        f"{len(shadowed)} differing only by shadowed duplicate keys"
+    )
+    assert result.ok
+    # The originals, byte for byte, in the backup tree.
+    assert result.backup is not None and result.backup.parent == root
+    for f in sessions:
+        assert (result.backup / f.relpath).read_bytes() == f.data
+    assert not any(root.rglob("*.lock")), "locks are released and removed"
+
+
+def test_second_run_changes_nothing(root: Path, corpus: list[schema6.Fixture]) -> None:
+    write(root, corpus)
+    Migrator(root).run()
+    before = tree(root)
+    again = Migrator(root).run()
+    assert tree(root) == before, "byte-identical tree, and no new backup"
+    assert again.count(migrate.MIGRATED) == 0
+    assert again.count(migrate.ALREADY_7) == sum(f.kind == "session" for f in corpus)
+    assert again.backup is None
+
+
+def test_dry_run_changes_nothing_and_predicts_the_run(root: Path, corpus: list[schema6.Fixture]) -> None:
+    write(root, corpus)
+    before = tree(root)
+    dry = Migrator(root, dry_run=True).run()
+    assert tree(root) == before
+    real = Migrator(root).run()
+    assert [(r.path, r.outcome) for r in dry.reports] == [
+        (r.path, migrate.WOULD_MIGRATE if r.outcome == migrate.MIGRATED else r.outcome) for r in real.reports
+    ]
+    assert dry.shadowed_files == real.shadowed_files and dry.backup is None
+
+
+def test_no_backup_writes_no_backup_tree(root: Path) -> None:
+    fixture = schema6.session(random.Random(1), "s1")
+    fixture.write(root)
+    result = Migrator(root, backup=False).run()
+    assert result.backup is None and result.count(migrate.MIGRATED) == 1
+    assert sorted(p.name for p in root.iterdir()) == ["global"]
+    assert_migrated(root, fixture)
+
+
+def test_parallel_jobs_give_the_same_result(root: Path, corpus: list[schema6.Fixture]) -> None:
+    fixtures = write(root, corpus)
+    result = Migrator(root).run(jobs=2)
+    assert [r.path for r in result.reports] == Migrator(root).files(), "reported in the walk's order"
+    assert len(result.reports) == len(fixtures)
+    assert result.count(migrate.MIGRATED) == sum(f.kind == "session" for f in corpus)
+    assert result.backup is not None and result.backup.is_dir()
+    for f in corpus:
+        if f.kind == "session":
+            assert_migrated(root, f)
+
+
+def test_files_are_private_whatever_the_umask(root: Path) -> None:
+    fixture = schema6.session(random.Random(2), "s1", scope="project")
+    fixture.write(root)
+    old = os.umask(0)
+    try:
+        result = Migrator(root).run()
+    finally:
+        os.umask(old)
+    files = SessionFiles.from_header_path(root / fixture.relpath)
+    assert result.backup is not None
+    backup = result.backup / fixture.relpath
+    for path in (files.header, files.log, files.snapshot, backup):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for directory in (result.backup, backup.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+
+
+def test_bounded_journal_longer_than_the_snapshot_tail_replays(root: Path) -> None:
+    # 2000 journal events, the snapshot 25 events behind: replay must skip exactly by seq.
+    fixture = schema6.session(random.Random(3), "long", turns=700, chunks=1, snapshot_lag=25, unicode=False)
+    assert fixture.events == schema6.SCHEMA6_JOURNAL_MAX
+    fixture.write(root)
+    assert Migrator(root).run().count(migrate.MIGRATED) == 1
+    assert_migrated(root, fixture)
+
+
+# --- duplicate keys ---------------------------------------------------------------
+
+
+def test_shadowed_duplicate_metadata_keys_keep_the_first_value(root: Path) -> None:
+    fixture = schema6.session(random.Random(4), "dups", turns=2)
+    obj = json.loads(fixture.data)
+    text = json.dumps(obj, ensure_ascii=False)
+    # Header metadata and the first turn's item metadata, each with a later duplicate.
+    text = text.replace('"metadata": {"model": "claude"', '"metadata": {"model": "claude", "model" : "gpt"', 1)
+    obj = json.loads(text)
+    (root / "global").mkdir(parents=True)
+    path = root / "global/dups.json"
+    path.write_text(text.replace('"schema-version": 6', '"schema-version": 6, "schema-version": 6'))
+    result = Migrator(root).run()
+    (report,) = result.reports
+    assert report.outcome == migrate.MIGRATED and report.shadowed == 2
+    assert result.shadowed_files == 1 and "1 differing only by shadowed duplicate keys" in result.summary()
+    header = read_header(path)
+    assert header["metadata"]["model"] == "claude", "magent read the first occurrence"
+    assert fixture.expected is not None
+    assert plain(load_session(SessionFiles.from_header_path(path))[1]) == fixture.expected
+
+
+json_keys = st.sampled_from(["a", "b", 'q"uote', "back\\", "colon:", "é", "🧪", "x\\\":"])
+json_leaves = st.none() | st.booleans() | st.integers(-5, 5) | st.text(
+    alphabet=st.sampled_from(['a', ':', '"', '\\', ' ', '\n', 'é', '}', '{']), max_size=8
+)
+json_values = st.recursive(
+    json_leaves,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.lists(st.tuples(json_keys, inner), max_size=4),  # an object as pairs: duplicates allowed
+    max_leaves=20,
+)
+
+
+def encode_pairs(value: Any, space: str) -> str:
+    if isinstance(value, list) and all(isinstance(v, tuple) for v in value) and value:
+        inner = ",".join(f"{json.dumps(k)}{space}:{space}{encode_pairs(v, space)}" for k, v in value)
+        return "{" + inner + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(encode_pairs(v, space) for v in value) + "]"
+    return json.dumps(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.sampled_from(["", " ", "\n", "\t ", "\r\n"]))
+def test_first_wins_parse_agrees_with_a_reference_parser(value: Any, space: str) -> None:
+    text = encode_pairs(value, space).encode()
+    shadowed = 0
+
+    def reference(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal shadowed
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                shadowed += 1
+            else:
+                out[k] = v
+        return out
+
+    expected = json.loads(text, object_pairs_hook=reference)
+    assert loads_first_wins(text) == (expected, shadowed)
+
+
+# --- refusals -------------------------------------------------------------------
+
+
+def test_a_value_change_found_by_verification_keeps_the_schema6_file(root: Path) -> None:
+    fixture = schema6.session(random.Random(5), "s1", turns=2)
+    path = fixture.write(root)
+
+    def tamper(point: str) -> None:
+        if point == "snapshot-renamed":  # the disk gives back something else
+            snapshot = path.with_suffix(".snapshot")
+            snapshot.write_bytes(snapshot.read_bytes().replace(b'"input":"', b'"input":"changed ', 1))
+
+    result = Migrator(root, crash=tamper).run()
+    (report,) = result.reports
+    assert report.outcome == migrate.CHANGED and "became" in (report.reason or "")
+    assert not result.ok and "1 values changed" in result.summary()
+    assert path.read_bytes() == fixture.data
+    assert sorted(p.name for p in path.parent.iterdir()) == ["s1.json"], "new log and snapshot removed"
+
+
+def test_a_value_the_schema7_shapes_cannot_hold_exits_1(root: Path) -> None:
+    # A snapshot whose scope is absent reads back as "global": a change, refused.
+    fixture = schema6.session(random.Random(6), "s1")
+    obj = json.loads(fixture.data)
+    obj["snapshot"]["scope"] = {}
+    path = root / fixture.relpath
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(obj))
+    before = tree(root)
+    done = cli("migrate", root)
+    assert done.returncode == 1
+    assert "changed: global/s1.json: decoding changes a value: snapshot.scope" in done.stdout
+    assert "0 migrated and value-identical" in done.stdout and "1 values changed" in done.stdout
+    assert tree(root) == before
+
+
+def test_a_session_open_in_a_running_backend_is_skipped(root: Path) -> None:
+    fixture = schema6.session(random.Random(7), "s1")
+    path = fixture.write(root)
+    lock = SessionLock(SessionFiles.from_header_path(path))
+    try:
+        result = Migrator(root).run()
+    finally:
+        lock.release()
+    (report,) = result.reports
+    assert report.outcome == migrate.LOCKED and "open for writing" in (report.reason or "")
+    assert not result.ok and path.read_bytes() == fixture.data
+    assert Migrator(root).run().count(migrate.MIGRATED) == 1
+    assert_migrated(root, fixture)
+
+
+# --- crashes ----------------------------------------------------------------------
+
+CRASH_POINTS = [
+    "backup-written", "jsonl-temp-written", "jsonl-renamed", "snapshot-temp-written",
+    "snapshot-renamed", "verified", "json-temp-written", "json-renamed",
+]  # fmt: skip
+
+
+def assert_readable(root: Path, fixtures: dict[str, schema6.Fixture]) -> None:
+    """Every session file is its schema-6 original or a complete schema-7 session."""
+    for relpath, fixture in fixtures.items():
+        if fixture.kind != "session":
+            continue
+        data = (root / relpath).read_bytes()
+        if data != fixture.data:
+            assert_migrated(root, fixture)
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_crash_at_every_step_then_a_rerun_completes(root: Path, point: str) -> None:
+    rng = random.Random(8)
+    fixtures = write(root, [schema6.session(rng, f"s{i}", scope=s, shadow_rate=0.5)
+                            for i, s in enumerate(["global", "project", "action"])])  # fmt: skip
+    hits: list[str] = []
+
+    def crash(name: str) -> None:
+        hits.append(name)
+        if name == point and hits.count(point) == 2:  # in the middle of the tree
+            raise SimulatedCrash(name)
+
+    with pytest.raises(SimulatedCrash):
+        Migrator(root, crash=crash).run()
+    assert_readable(root, fixtures)
+    rerun = Migrator(root).run()
+    assert rerun.ok and rerun.count(migrate.MIGRATED) + rerun.count(migrate.ALREADY_7) == 3
+    for fixture in fixtures.values():
+        assert_migrated(root, fixture)
+    # Finishing leaves nothing behind but what a run writes (and a second backup tree).
+    names = {p.name for p in root.rglob("*") if p.is_file()} - {f.rsplit("/", 1)[1] for f in fixtures}
+    assert not [n for n in names if not n.endswith((".jsonl", ".snapshot", ".json"))], names
+    before = tree(root)
+    Migrator(root).run()
+    assert tree(root) == before
+
+
+def test_kill_9_at_any_moment_then_a_rerun_completes(root: Path) -> None:
+    rng = random.Random(9)
+    fixtures = write(root, [
+        schema6.session(rng, f"s{i:02d}", scope=["global", "project", "action"][i % 3], turns=3,
+                        chunks=8, stream_bytes=40_000, big_output=300_000)
+        for i in range(24)
+    ])  # fmt: skip
+    killed = 0
+    for delay in (0.15, 0.3, 0.45, 0.6, 0.8):
+        proc = subprocess.Popen([*MAGENT_STORE, "migrate", "--jobs", "1", root],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait()
+        assert_readable(root, fixtures)
+    done = cli("migrate", root)
+    assert done.returncode == 0, done.stderr
+    assert killed, "the tree was too small to interrupt"
+    for fixture in fixtures.values():
+        assert_migrated(root, fixture)
+    # What a kill leaves behind (temp files of another pid, locks) is fsck's to clean.
+    assert cli("fsck", "--repair", root).returncode == 0
+    assert cli("fsck", root).returncode == 0
+    for scope_dir in ("global", "projects", "actions"):  # (backup trees are not session directories)
+        assert not list((root / scope_dir).rglob(".*tmp-*")) and not list((root / scope_dir).rglob("*.lock"))
+
+
+# --- the command ------------------------------------------------------------------
+
+
+def test_migrate_command_reports_per_file_json_and_plain_progress(root: Path, corpus: list[schema6.Fixture]) -> None:
+    write(root, corpus)
+    done = cli("migrate", "--json", "--no-backup", root)
+    assert done.returncode == 0, done.stderr
+    report = orjson.loads(done.stdout)
+    sessions = sum(f.kind == "session" for f in corpus)
+    assert report["summary"]["files"] == len(corpus) and report["summary"]["migrated"] == sessions
+    assert report["backup"] is None
+    by_path = {f["path"]: f for f in report["files"]}
+    assert by_path["global/nosnap.json"] == {
+        "path": "global/nosnap.json", "outcome": "invalid", "reason": "missing snapshot",
+        "shadowed-keys": 0, "bytes": len((root / "global/nosnap.json").read_bytes()), "events": 0,
+    }  # fmt: skip
+    # Not a terminal: one plain line per file on stderr, no bar.
+    lines = done.stderr.splitlines()
+    assert len(lines) == len(corpus) and "migrated: global/s0.json" in lines
+    again = cli("migrate", root)
+    assert again.returncode == 0 and again.stdout.rstrip().endswith(
+        "0 values changed; 0 differing only by shadowed duplicate keys")
+    assert "originals copied" not in again.stdout
+
+
+def test_migrate_command_usage_errors(tmp_path: Path) -> None:
+    done = cli("migrate", tmp_path / "missing")
+    assert done.returncode == 2 and "no such directory" in done.stderr
+    assert cli("migrate").returncode == 2
+    helped = cli("migrate", "--help")
+    assert helped.returncode == 0 and "magent-store migrate --dry-run" in helped.stdout
+
+
+def test_store_lists_and_opens_a_migrated_tree(root: Path, corpus: list[schema6.Fixture]) -> None:
+    write(root, corpus)
+    Migrator(root).run()
+    listed = {info.id for info in Store(root).list()}
+    assert {f.relpath.rsplit("/", 1)[1][:-5] for f in corpus if f.kind == "session"} <= listed
+    fixture = next(f for f in corpus if f.kind == "session" and f.relpath.startswith("projects/"))
+    header = read_header(root / fixture.relpath)
+    with Store(root).open(header["id"], Scope.from_header(header)) as session:
+        assert plain(session.thread) == fixture.expected
