@@ -224,6 +224,31 @@ def test_compaction_when_due_keeps_a_bounded_tail(root: Path, events: Events) ->
     assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
 
 
+def test_compaction_waits_until_the_log_has_grown_by_a_quarter_of_the_snapshot(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.append_content("a0", "x" * 40_000, False, events.now())
+    assert s.flush().compacted
+    snapshot_size = (root / "global/s1.snapshot").stat().st_size
+    log_path = root / "global/s1.jsonl"
+    sizes: list[int] = []
+    while True:
+        before = log_path.stat().st_size
+        s.append_content("a0", "y" * 500, False, events.now())
+        result = s.flush()
+        if result.compacted:
+            break
+        sizes.append(log_path.stat().st_size - before)
+        assert len(sizes) < 1000
+    # Due once both hold: ≥ log_max_events events and ≥ a quarter of the snapshot in bytes.
+    n = 0
+    while not (n >= 10 and sum(sizes[:1]) * n >= store.LOG_GROWTH * snapshot_size):
+        n += 1
+    assert len(sizes) + 1 == n and n > 10
+    s.close()
+
+
 def test_compaction_tail_is_bounded_in_bytes(root: Path, events: Events) -> None:
     s = Store(root).open("s1")
     fill(s, events, turns=1)

@@ -43,6 +43,10 @@ HEADER_KEYS: Final = (
 )  # fmt: skip
 FSYNC_MODES: Final = ("always", "interval", "never")
 LOG_MAX_EVENTS: Final = 2000
+# Compaction also waits until the log has grown by this fraction of the
+# snapshot's size, so its cost per event stays flat however large the session
+# (the idea of Redis's auto-aof-rewrite-percentage).
+LOG_GROWTH: Final = 0.25
 # What a compaction keeps of the log for inspection (replay skips it).
 LOG_TAIL_EVENTS: Final = 200
 LOG_TAIL_BYTES: Final = 1 << 20
@@ -523,6 +527,7 @@ class Session:
         fsync: FsyncMode = "always",
         fsync_interval_ms: int = 1000,
         log_max_events: int = LOG_MAX_EVENTS,
+        log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
@@ -534,6 +539,7 @@ class Session:
         self.fsync: FsyncMode = fsync
         self.fsync_interval = fsync_interval_ms / 1000
         self.log_max_events = log_max_events
+        self.log_growth = log_growth
         self._crash = crash
         self._pending: list[bytes] = []
         self._pending_first_seq = 0
@@ -574,7 +580,10 @@ class Session:
         scan = scan_log(files.log)
         self.thread, snapshot_seq = replay_session(files, self.scope, scan)
         self._snapshot_on_disk = snapshot_seq is not None
-        self._since_snapshot = sum(1 for e in scan.events if (e.seq or 0) > (snapshot_seq or 0))
+        after = [n for n, e in enumerate(scan.events) if (e.seq or 0) > (snapshot_seq or 0)]
+        self._since_snapshot = len(after)
+        self._log_bytes_since_snapshot = sum(len(scan.lines[n]) + 1 for n in after)
+        self._snapshot_size = files.snapshot.stat().st_size if self._snapshot_on_disk else 0
         for line in scan.lines:
             self._remember(line + b"\n")
         self._log_fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -665,6 +674,7 @@ class Session:
             self._pending_first_seq = seq
         self._pending.append(line)
         self._since_snapshot += 1
+        self._log_bytes_since_snapshot += len(line)
 
     def _remember(self, line: bytes) -> None:
         """Keep LINE in the bounded tail that compaction leaves in the log."""
@@ -703,7 +713,10 @@ class Session:
         events_written = len(self._pending)
         bytes_written = self._write_pending()
         header_written = self._write_header_if_changed()
-        due = not self._snapshot_on_disk or self._since_snapshot >= self.log_max_events
+        due = not self._snapshot_on_disk or (
+            self._since_snapshot >= self.log_max_events
+            and self._log_bytes_since_snapshot >= self.log_growth * self._snapshot_size
+        )
         compacted = False
         # A thread takes its id from its first event: until then there is no snapshot to write.
         if self.thread.id is not None and (compact or (compact is None and due)):
@@ -781,7 +794,9 @@ class Session:
         sync = self.fsync != "never"
         thread = self.thread
         thread.snapshot_created_at = time.time()
-        atomic_write(self.files.snapshot, self.snapshot_bytes(), sync=sync, crash=self._crash)
+        snapshot = self.snapshot_bytes()
+        atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self._crash)
+        self._snapshot_size = len(snapshot)
         self._snapshot_on_disk = True
         if self._crash:
             self._crash("before-log-replace")
@@ -789,6 +804,7 @@ class Session:
         os.close(self._log_fd)
         self._log_fd = _open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._since_snapshot = 0
+        self._log_bytes_since_snapshot = 0
         # Every written event is now in a synced snapshot (or the policy promises nothing).
         self._durable_seq = self._written_seq
         self._unsynced = False
@@ -873,6 +889,7 @@ class Store:
         fsync: FsyncMode = "always",
         fsync_interval_ms: int = 1000,
         log_max_events: int = LOG_MAX_EVENTS,
+        log_growth: float = LOG_GROWTH,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -880,6 +897,7 @@ class Store:
         self.fsync: FsyncMode = fsync
         self.fsync_interval_ms = fsync_interval_ms
         self.log_max_events = log_max_events
+        self.log_growth = log_growth
 
     def files(self, session_id: str, scope: Scope) -> SessionFiles:
         return SessionFiles(scope.directory(self.root), check_session_id(session_id))
@@ -891,7 +909,7 @@ class Store:
         make_private_dirs(self.root)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
-            log_max_events=self.log_max_events,
+            log_max_events=self.log_max_events, log_growth=self.log_growth,
         )  # fmt: skip
 
     def load(self, session_id: str, scope: Scope | None = None) -> tuple[dict[str, Any], Thread]:
