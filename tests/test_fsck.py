@@ -1,0 +1,318 @@
+"""fsck: one test per kind of damage, each checking the report and the repaired result."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import schema6
+from conftest import Events
+from magent_store import fsck, ledger
+from magent_store.fsck import Check, Finding
+from magent_store.store import Scope, SessionFiles, Store, load_session, read_header
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "sessions"
+
+
+def make_session(root: Path, sid: str = "s1", scope: Scope | None = None, *, more: int = 4) -> SessionFiles:
+    """A session as the store leaves it: a snapshot, then MORE logged events after it."""
+    st = Store(root, fsync="never")
+    events = Events(thread_id=f"thread-{sid}")
+    with st.open(sid, scope) as s:  # the first flush writes the snapshot
+        for obj in events.conversation(turns=2, chunks=3):
+            s.append_event(obj)
+    with st.open(sid, scope) as s:
+        for i in range(more):
+            s.append_content("a1", f" more {i}", False, events.now())
+    return st.files(sid, scope or Scope.global_())
+
+
+def state(files: SessionFiles) -> dict[str, Any]:
+    _, thread = load_session(files)
+    out = schema6.plain_json(thread)
+    out["snapshot-created-at"] = None
+    return out
+
+
+def log_lines(files: SessionFiles) -> list[bytes]:
+    return files.log.read_bytes().splitlines(keepends=True)
+
+
+def snapshot_seq(files: SessionFiles) -> int:
+    seq: int = orjson.loads(files.snapshot.read_bytes())["last-event-seq"]
+    return seq
+
+
+def kinds(check: Check) -> list[str]:
+    return [f.kind for f in check.findings]
+
+
+def only(check: Check, kind: str) -> Finding:
+    (finding,) = [f for f in check.findings if f.kind == kind]
+    return finding
+
+
+def test_a_healthy_tree_has_no_findings(root: Path) -> None:
+    make_session(root, "g1")
+    make_session(root, "p1", Scope.project("/src/app"))
+    make_session(root, "a1", Scope.action("review"))
+    with Store(root).open("empty"):  # a header and no snapshot: an empty session
+        pass
+    before = tree(root)
+    check = fsck.fsck(root, repair=True)
+    assert check.findings == [] and check.healthy and check.sessions == 4
+    assert tree(root) == before, "repairing a healthy tree changes nothing"
+    done = cli("fsck", root)
+    assert done.returncode == 0
+    assert done.stdout == "4 sessions checked: 0 problems found, 0 repaired, 0 remaining; 0 notes — healthy\n"
+
+
+def test_torn_tail_is_dropped_and_repaired(root: Path) -> None:
+    files = make_session(root)
+    good = files.log.read_bytes()
+    expected = state(files)
+    files.log.write_bytes(good + b'{"seq": 99, "type": "item-cont')
+    check = fsck.fsck(root)
+    finding = only(check, fsck.TORN_TAIL)
+    assert kinds(check) == [fsck.TORN_TAIL] and not check.healthy
+    assert finding.repairable and "30 bytes" in finding.message
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.TORN_TAIL).repaired and repaired.healthy
+    assert files.log.read_bytes() == good and state(files) == expected
+    assert fsck.fsck(root).findings == []
+
+
+def test_corrupt_middle_line_is_cut_and_the_rest_moved_aside(root: Path) -> None:
+    files = make_session(root, more=6)
+    lines = log_lines(files)
+    base = snapshot_seq(files)
+    # The second event after the snapshot is garbled; four good ones follow it.
+    cut = next(i for i, line in enumerate(lines) if orjson.loads(line)["seq"] == base + 2)
+    damaged = lines[:cut] + [b'{"seq": 1, "type": garbage\n'] + lines[cut + 1 :]
+    files.log.write_bytes(b"".join(damaged))
+    check = fsck.fsck(root)
+    finding = only(check, fsck.CORRUPT_LINE)
+    assert finding.events == len(lines) - cut == 5
+    assert finding.message.startswith(f"line {cut + 1}: ") and "5 lines from there to the end" in finding.message
+    assert not check.healthy
+
+    done = cli("fsck", "--repair", root)
+    assert done.returncode == 0, done.stdout
+    assert "moved to s1.jsonl.corrupt-1 [repaired]" in done.stdout
+    aside = files.directory / "s1.jsonl.corrupt-1"
+    assert files.log.read_bytes() == b"".join(lines[:cut])
+    assert aside.read_bytes() == b"".join(damaged[cut:]), "nothing deleted"
+    assert state(files)["last-event-seq"] == base + 1
+    after = fsck.fsck(root)
+    assert kinds(after) == [fsck.SET_ASIDE] and after.healthy
+    # A second corruption never overwrites the first one set aside.
+    files.log.write_bytes(files.log.read_bytes() + b"not json\n" + lines[-1])
+    fsck.fsck(root, repair=True)
+    assert (files.directory / "s1.jsonl.corrupt-2").read_bytes() == b"not json\n" + lines[-1]
+    assert aside.read_bytes() == b"".join(damaged[cut:])
+
+
+def test_seqs_out_of_order_are_cut_like_a_corrupt_line(root: Path) -> None:
+    files = make_session(root)
+    lines = log_lines(files)
+    files.log.write_bytes(b"".join(lines[:-1] + [lines[-3], lines[-1]]))  # a replayed older line
+    check = fsck.fsck(root)
+    finding = only(check, fsck.SEQ_ORDER)
+    assert "does not follow" in finding.message and finding.events == 2
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.SEQ_ORDER).repaired and repaired.healthy
+    assert files.log.read_bytes() == b"".join(lines[:-1])
+    assert (files.directory / "s1.jsonl.corrupt-1").read_bytes() == lines[-3] + lines[-1]
+
+
+def test_missing_snapshot_is_rebuilt_from_a_log_that_starts_at_seq_1(root: Path) -> None:
+    files = make_session(root)
+    assert orjson.loads(log_lines(files)[0])["seq"] == 1
+    expected = state(files)
+    files.snapshot.unlink()
+    check = fsck.fsck(root)
+    finding = only(check, fsck.SNAPSHOT_MISSING)
+    assert finding.repairable and "starts at seq 1" in finding.message
+    assert only(fsck.fsck(root, repair=True), fsck.SNAPSHOT_MISSING).repaired
+    assert files.snapshot.exists() and state(files) == expected
+    assert fsck.fsck(root).findings == []
+
+
+def test_missing_snapshot_with_a_log_that_lost_its_start_is_not_guessed(root: Path) -> None:
+    files = make_session(root)
+    files.snapshot.unlink()
+    files.log.write_bytes(b"".join(log_lines(files)[3:]))
+    before = tree(root)
+    check = fsck.fsck(root, repair=True)
+    finding = only(check, fsck.SNAPSHOT_MISSING)
+    assert not finding.repairable and not finding.repaired and "starts at seq 4" in finding.message
+    assert not check.healthy and tree(root) == before
+
+
+@pytest.mark.parametrize("scope", [Scope.global_(), Scope.project("/src/app ü"), Scope.action("review")])
+def test_missing_header_is_rebuilt_from_the_snapshot(root: Path, scope: Scope) -> None:
+    files = make_session(root, "s1", scope)
+    expected = state(files)
+    title = read_header(files.header)["summary-title"]
+    files.header.unlink()
+    check = fsck.fsck(root)
+    finding = only(check, fsck.ORPHAN)
+    assert finding.repairable and "rebuildable from the snapshot" in finding.message
+    assert only(fsck.fsck(root, repair=True), fsck.ORPHAN).repaired
+    header = read_header(files.header)
+    assert Scope.from_header(header) == scope and header["summary-title"] == title == "question 0"
+    assert state(files) == expected
+    assert fsck.fsck(root).findings == []
+
+
+def test_orphan_log_alone_gets_snapshot_then_header(root: Path) -> None:
+    files = make_session(root, "s1", Scope.action("review"))
+    expected = state(files)
+    files.header.unlink()
+    files.snapshot.unlink()
+    check = fsck.fsck(root)
+    assert sorted(kinds(check)) == [fsck.ORPHAN, fsck.SNAPSHOT_MISSING]
+    assert all(f.repairable for f in check.findings)
+    repaired = fsck.fsck(root, repair=True)
+    assert all(f.repaired for f in repaired.findings) and repaired.healthy
+    assert state(files) == expected and fsck.fsck(root).findings == []
+
+
+def test_orphan_log_of_a_project_cannot_name_its_root(root: Path) -> None:
+    files = make_session(root, "s1", Scope.project("/src/app"))
+    files.header.unlink()
+    files.snapshot.unlink()
+    before = tree(root)
+    check = fsck.fsck(root, repair=True)
+    assert not only(check, fsck.SNAPSHOT_MISSING).repairable
+    assert not only(check, fsck.ORPHAN).repairable and "no valid snapshot" in only(check, fsck.ORPHAN).message
+    assert tree(root) == before and not check.healthy
+
+
+def test_stale_temp_file_is_removed(root: Path) -> None:
+    files = make_session(root)
+    before = tree(root)
+    temp = files.directory / ".s1.snapshot.tmp-999999"
+    temp.write_bytes(b'{"half": ')
+    check = fsck.fsck(root)
+    finding = only(check, fsck.STALE_TEMP)
+    assert finding.session == "s1" and finding.path == temp and finding.repairable
+    assert only(fsck.fsck(root, repair=True), fsck.STALE_TEMP).repaired
+    assert tree(root) == before
+
+
+def test_stale_lock_is_removed_and_a_held_one_left_alone(root: Path) -> None:
+    stale = make_session(root, "s1")
+    stale.lock.write_text("4242\n")  # left by a killed process: nobody holds it
+    busy = make_session(root, "s2")
+    busy_temp = busy.directory / ".s2.jsonl.tmp-1"
+    with Store(root).open("s2"):
+        busy_temp.write_bytes(b"being written")
+        check = fsck.fsck(root)
+        assert only(check, fsck.STALE_LOCK).path == stale.lock
+        assert only(check, fsck.IN_USE).session == "s2"
+        repaired = fsck.fsck(root, repair=True)
+        assert only(repaired, fsck.STALE_LOCK).repaired and repaired.healthy, "notes are not damage"
+        assert not stale.lock.exists()
+        assert busy.lock.exists() and busy_temp.exists(), "a session open for writing is not touched"
+    assert fsck.fsck(root).findings != [] and kinds(fsck.fsck(root)) == [fsck.STALE_TEMP]
+
+
+def test_invalid_header_is_reported_and_left(root: Path) -> None:
+    files = make_session(root)
+    header = orjson.loads(files.header.read_bytes())
+    files.header.write_bytes(orjson.dumps({**header, "id": "someone-else"}))
+    before = tree(root)
+    check = fsck.fsck(root, repair=True)
+    finding = only(check, fsck.HEADER_INVALID)
+    assert "is not this session" in finding.message and not finding.repairable
+    assert not check.healthy and tree(root) == before
+    assert cli("fsck", "--repair", root).returncode == 1
+
+
+def test_invalid_snapshot_is_reported_and_left(root: Path) -> None:
+    files = make_session(root)
+    snapshot = orjson.loads(files.snapshot.read_bytes())
+    files.snapshot.write_bytes(orjson.dumps({**snapshot, "status": "sleeping"}))
+    before = tree(root)
+    check = fsck.fsck(root, repair=True)
+    assert "invalid status" in only(check, fsck.SNAPSHOT_INVALID).message
+    assert not check.healthy and tree(root) == before
+
+
+def test_log_that_does_not_continue_the_snapshot_is_reported(root: Path) -> None:
+    files = make_session(root)
+    lines = log_lines(files)
+    base = snapshot_seq(files)
+    files.log.write_bytes(b"".join(line for line in lines if orjson.loads(line)["seq"] != base + 1))
+    before = tree(root)
+    check = fsck.fsck(root, repair=True)
+    assert f"gap after the snapshot at seq {base}" in only(check, fsck.LOG_GAP).message
+    assert not check.healthy and tree(root) == before
+
+
+def test_event_that_does_not_apply_to_the_snapshot_is_reported(root: Path) -> None:
+    files = make_session(root)
+    lines = log_lines(files)
+    last = orjson.loads(lines[-1])
+    last["thread-id"] = "another-thread"
+    files.log.write_bytes(b"".join(lines[:-1]) + orjson.dumps(last) + b"\n")
+    check = fsck.fsck(root)
+    assert "is not this thread" in only(check, fsck.REPLAY_ERROR).message
+    assert not check.healthy
+
+
+def test_schema6_sessions_and_other_files_are_notes_not_damage(root: Path) -> None:
+    for fixture in [schema6.session(random.Random(1), "old"), *schema6.not_sessions()]:
+        fixture.write(root)
+    check = fsck.fsck(root)
+    assert sorted(kinds(check)) == [fsck.NOT_SESSION] * 4 + [fsck.SCHEMA6]
+    assert check.healthy and "run `magent-store migrate`" in only(check, fsck.SCHEMA6).message
+
+
+def test_fsck_command_json_and_exit_codes(root: Path, tmp_path: Path) -> None:
+    files = make_session(root)
+    files.log.write_bytes(files.log.read_bytes() + b"{")
+    done = cli("fsck", "--json", root)
+    assert done.returncode == 1
+    report = orjson.loads(done.stdout)
+    assert report["healthy"] is False and report["sessions"] == 1
+    assert report["findings"] == [{
+        "path": "global/s1.jsonl", "session": "s1", "kind": "torn-tail", "damage": True,
+        "message": "a torn final line of 1 bytes", "repairable": True, "repaired": False, "events": None,
+    }]  # fmt: skip
+    assert cli("fsck", "--repair", root).returncode == 0
+    assert cli("fsck", root).returncode == 0
+    assert cli("fsck", tmp_path / "missing").returncode == 2
+    assert cli("fsck", "--frobnicate", root).returncode == 2
+    helped = cli("fsck", "--help")
+    assert helped.returncode == 0 and "magent-store fsck --repair" in helped.stdout
+
+
+def test_the_thread_after_any_repair_is_what_the_store_loads(root: Path) -> None:
+    # Repairs write through the store's own encoders: the store opens the result.
+    files = make_session(root)
+    files.header.unlink()
+    files.snapshot.unlink()
+    fsck.fsck(root, repair=True)
+    with Store(root).open("s1") as session:
+        assert ledger.thread_to_json(session.thread)["last-event-seq"] == len(log_lines(files))
