@@ -390,7 +390,8 @@ def corpus(rng: random.Random, sessions: int = 12) -> list[Fixture]:
             shadow_rate=0.5 if i % 4 == 1 else 0.0, snapshot_lag=[0, 3, None][i % 3],
         ))  # fmt: skip
     out.append(session(rng, "long", turns=700, chunks=1, unicode=False))  # journal bounded to 2000
-    out.append(session(rng, "stream", turns=1, chunks=60, stream_bytes=60_000))
+    # Very large streamed content: every item-updated carries the reply so far (≈ 4.5 MB).
+    out.append(session(rng, "stream", turns=1, chunks=8, stream_bytes=1_000_000))
     out += not_sessions()
     out += invalid_sessions(rng)
     return out

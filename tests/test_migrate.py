@@ -101,6 +101,8 @@ def test_corpus_is_migrated_value_identical_and_every_file_reported(
     sessions = [f for f in corpus if f.kind == "session"]
     shadowed = [f for f in sessions if f.shadowed]
     assert shadowed, "the corpus must exercise duplicate keys"
+    assert any(f.header["agent-jobs"] for f in sessions) and any(f.header["approval-overrides"] for f in sessions)
+    assert {f.relpath.split("/")[0] for f in sessions} == {"global", "projects", "actions"}
     assert result.summary() == (
         f"{len(corpus)} files seen, {len(sessions)} migrated and value-identical, 0 already schema 7, "
         f"4 not session files, {sum(f.kind == 'invalid' for f in corpus)} invalid, 0 values changed; "
@@ -291,9 +293,11 @@ def test_a_session_open_in_a_running_backend_is_skipped(root: Path) -> None:
     path = fixture.write(root)
     lock = SessionLock(SessionFiles.from_header_path(path))
     try:
+        dry = Migrator(root, dry_run=True).run()
         result = Migrator(root).run()
     finally:
         lock.release()
+    assert [r.outcome for r in dry.reports] == [migrate.LOCKED]
     (report,) = result.reports
     assert report.outcome == migrate.LOCKED and "open for writing" in (report.reason or "")
     assert not result.ok and path.read_bytes() == fixture.data

@@ -176,11 +176,9 @@ def _migration_progress(paths: list[Path], root: Path) -> tuple[Callable[[FileRe
         bar.start()
         done = [0]
 
-        def advance(report: FileReport) -> None:
+        def advance(report: FileReport) -> None:  # what went wrong is listed at the end
             done[0] += 1
             bar.update(task, advance=sizes.get(report.path, 0), files=f"{done[0]}/{len(paths)} files")
-            if report.outcome not in (migrate.MIGRATED, migrate.ALREADY_7, migrate.WOULD_MIGRATE):
-                bar.console.print(_report_line(report, root), markup=False, highlight=False)
 
         return advance, bar.stop
 

@@ -37,6 +37,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
+from magent_store.fsck import lock_is_held
 from magent_store.ledger import Event, LedgerError, Text, Thread
 from magent_store.store import (
     CorruptSessionError,
@@ -474,6 +475,8 @@ class Migrator:
             return FileReport(path, refused.outcome, refused.reason, shadowed, len(data))
         report = FileReport(path, WOULD_MIGRATE, None, shadowed, len(data), len(plan.events))
         if self.dry_run:
+            if lock_is_held(plan.files.lock):
+                report.outcome, report.reason = LOCKED, "open for writing by a running process"
             return report
         try:
             lock = SessionLock(plan.files)
