@@ -320,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         "reads the first) are dropped and counted apart.  An interrupted run leaves every file\n"
         "readable: run it again to finish.  Sessions open in a running backend are skipped.\n\n"
         "Unless --no-backup, each original is first copied to ROOT/schema6-backup-<time>/.\n\n"
+        "Exit status: 0 when every file was migrated or rightly left alone; 1 when a value\n"
+        "would have changed, a session was open elsewhere or a write failed; 2 usage error.\n\n"
         "examples:\n"
         "  magent-store migrate --dry-run ~/.emacs.d/magent/sessions   # what would happen\n"
         "  magent-store migrate ~/.emacs.d/magent/sessions\n"

@@ -280,7 +280,6 @@ class _Plan:
     """A valid schema-6 session, decoded, and the schema-7 bytes it becomes."""
 
     files: SessionFiles
-    scope: Scope
     header: dict[str, Any]  # raw header fields (first-wins), for comparison
     header_bytes: bytes
     snapshot_bytes: bytes
@@ -318,7 +317,7 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
         raise _Refused(INVALID, "header.id: missing")
     try:
         header = normalize_header({**fields, "schema-version": SCHEMA7}, session_id)
-        scope = Scope.from_header(header)
+        Scope.from_header(header)  # (an action name must be a valid id too)
     except (LedgerError, StoreError) as exc:
         raise _Refused(INVALID, str(exc)) from None
     raw_snapshot = obj.get("snapshot")
@@ -376,7 +375,7 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
         except LedgerError as exc:
             raise _Refused(INVALID, f"journal[{i}]: {exc}") from None
     return _Plan(
-        files=SessionFiles(path.parent, session_id), scope=scope, header=fields,
+        files=SessionFiles(path.parent, session_id), header=fields,
         header_bytes=dumps(header), snapshot_bytes=snapshot_bytes,
         log_bytes=b"".join(line + b"\n" for line in log_lines), events=events, state=thread,
     )  # fmt: skip
