@@ -13,9 +13,10 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fsck, ledger
+from magent_store import fsck, ledger, migrate
 from magent_store.fsck import Check, Finding
-from magent_store.store import Scope, SessionFiles, Store, load_session, read_header
+from magent_store.migrate import Migrator
+from magent_store.store import Scope, SessionFiles, SimulatedCrash, Store, load_session, read_header
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 
@@ -287,6 +288,27 @@ def test_schema6_sessions_and_other_files_are_notes_not_damage(root: Path) -> No
     check = fsck.fsck(root)
     assert sorted(kinds(check)) == [fsck.NOT_SESSION] * 4 + [fsck.SCHEMA6]
     assert check.healthy and "run `magent-store migrate`" in only(check, fsck.SCHEMA6).message
+
+
+def test_an_interrupted_migration_is_a_note_and_its_leftovers_are_cleaned(root: Path) -> None:
+    fixture = schema6.session(random.Random(2), "old")
+    path = fixture.write(root)
+
+    def crash(point: str) -> None:
+        if point == "snapshot-temp-written":
+            raise SimulatedCrash(point)
+
+    with pytest.raises(SimulatedCrash):
+        Migrator(root, backup=False, crash=crash).run()
+    (root / "global/old.lock").write_text("4242\n")  # as a kill -9 would leave it
+    check = fsck.fsck(root)
+    assert sorted(kinds(check)) == [fsck.SCHEMA6, fsck.STALE_LOCK, fsck.STALE_TEMP]
+    assert "interrupted migration" in only(check, fsck.SCHEMA6).message
+    repaired = fsck.fsck(root, repair=True)
+    assert repaired.healthy and path.read_bytes() == fixture.data
+    assert sorted(p.name for p in path.parent.iterdir()) == ["old.json", "old.jsonl"]
+    assert Migrator(root, backup=False).run().count(migrate.MIGRATED) == 1
+    assert fsck.fsck(root).findings == []
 
 
 def test_fsck_command_json_and_exit_codes(root: Path, tmp_path: Path) -> None:

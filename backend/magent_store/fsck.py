@@ -311,8 +311,8 @@ class Fsck:
                 self._add(Finding(path, NOT_SESSION, "file name is not a valid session id", session_id))
             return True
         files = SessionFiles(directory, session_id)
-        if set(paths) == {"json"} and self._not_a_session(files):
-            return True
+        if "json" in paths and self._not_a_session(files, alone=set(paths) == {"json"}):
+            return self._lone_lock(files) if "lock" in paths else True
         if set(paths) == {"lock"}:
             return self._lone_lock(files)
         if lock_is_held(files.lock):
@@ -353,16 +353,20 @@ class Fsck:
             finding.repaired = True
         return True
 
-    def _not_a_session(self, files: SessionFiles) -> bool:
-        """A lone ``*.json`` that is no schema-7 session: a note, not damage."""
+    def _not_a_session(self, files: SessionFiles, *, alone: bool) -> bool:
+        """A schema-6 session, or (ALONE) a ``*.json`` that is no session: a note, not damage."""
         try:
             obj = orjson.loads(files.header.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return False
         if isinstance(obj, dict) and obj.get("schema-version") == 6:
-            self._add(Finding(files.header, SCHEMA6, "a schema-6 session: run `magent-store migrate`",
+            # A log or snapshot beside it is what an interrupted migration wrote; it redoes them.
+            extra = "" if alone else " (an interrupted migration left new files beside it)"
+            self._add(Finding(files.header, SCHEMA6, f"a schema-6 session{extra}: run `magent-store migrate`",
                               files.id))  # fmt: skip
             return True
+        if not alone:
+            return False
         if not isinstance(obj, dict) or "schema-version" not in obj:
             self._add(Finding(files.header, NOT_SESSION, "not a session file; left alone", files.id))
             return True
