@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import random
 import signal
 import stat
@@ -402,6 +403,30 @@ def test_migrate_command_reports_per_file_json_and_plain_progress(root: Path, co
     assert again.returncode == 0 and again.stdout.rstrip().endswith(
         "0 values changed; 0 differing only by shadowed duplicate keys")
     assert "originals copied" not in again.stdout
+
+
+def test_migrate_command_draws_a_progress_bar_on_a_terminal(root: Path, corpus: list[schema6.Fixture]) -> None:
+    write(root, corpus)
+    controller, terminal = pty.openpty()
+    try:
+        done = subprocess.run([*MAGENT_STORE, "migrate", "--no-backup", root], stdout=subprocess.PIPE,
+                              stderr=terminal, timeout=120, env={**os.environ, "COLUMNS": "100"})  # fmt: skip
+        os.close(terminal)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(controller)
+    assert done.returncode == 0
+    assert b"migrating" in drawn and f"{len(corpus)}/{len(corpus)} files".encode() in drawn
+    assert b"migrated: global/s0.json" not in drawn, "a bar, not a line per file"
+    assert done.stdout.decode().rstrip().endswith("differing only by shadowed duplicate keys")
 
 
 def test_migrate_command_usage_errors(tmp_path: Path) -> None:

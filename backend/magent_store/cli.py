@@ -173,10 +173,13 @@ def _migration_progress(paths: list[Path], root: Path) -> tuple[Callable[[FileRe
             TimeRemainingColumn(), console=Console(stderr=True), transient=True,
         )  # fmt: skip
         task = bar.add_task("migrate", total=sum(sizes.values()), files=f"0/{len(paths)} files")
-        bar.start()
         done = [0]
 
         def advance(report: FileReport) -> None:  # what went wrong is listed at the end
+            if not done[0]:
+                # Started at the first report, once the worker processes are forked: the
+                # bar's refresh thread must not exist when they are.
+                bar.start()
             done[0] += 1
             bar.update(task, advance=sizes.get(report.path, 0), files=f"{done[0]}/{len(paths)} files")
 
