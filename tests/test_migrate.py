@@ -289,6 +289,23 @@ def test_a_value_the_schema7_shapes_cannot_hold_exits_1(root: Path) -> None:
     assert tree(root) == before
 
 
+def test_integers_beyond_64_bits_are_never_rounded(root: Path) -> None:
+    # orjson would read 2**64 as a float; magent's value is the integer.
+    (root / "global").mkdir(parents=True)
+    for name, number in (("fits", 2**64 - 1), ("huge", 2**64)):
+        fixture = schema6.session(random.Random(10), name)
+        obj = json.loads(fixture.data)
+        obj["metadata"]["tokens"] = number
+        (root / fixture.relpath).write_text(json.dumps(obj))
+    result = Migrator(root).run()
+    fits, huge = sorted(result.reports, key=lambda r: r.path.name)
+    assert fits.outcome == migrate.MIGRATED
+    assert read_header(fits.path)["metadata"]["tokens"] == 2**64 - 1
+    assert huge.outcome == migrate.CHANGED and "64-bit" in (huge.reason or "")
+    assert json.loads(huge.path.read_text())["metadata"]["tokens"] == 2**64, "left as it was"
+    assert loads_first_wins(b'{"n": 18446744073709551616}') == ({"n": 2**64}, 0)
+
+
 def test_a_session_open_in_a_running_backend_is_skipped(root: Path) -> None:
     fixture = schema6.session(random.Random(7), "s1")
     path = fixture.write(root)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,16 +189,26 @@ def _key_bound(data: bytes) -> int:
     return bound
 
 
-def _count_keys(value: Any) -> int:
+# orjson reads an integer beyond 64 bits as a float, silently: such floats send
+# the file to the exact parser (a float literal this large only costs time).
+_FLOAT_DOUBT: Final = float(2**63)
+
+
+def _count_keys(value: Any) -> int | None:
+    """The number of object keys in VALUE; None when a number may have lost digits."""
     count = 0
-    stack = [value]
+    stack: list[Any] = [value] if isinstance(value, dict | list) else []
     while stack:
         v = stack.pop()
+        children: Iterable[Any] = v
         if isinstance(v, dict):
             count += len(v)
-            stack.extend(x for x in v.values() if isinstance(x, dict | list))
-        elif isinstance(v, list):
-            stack.extend(x for x in v if isinstance(x, dict | list))
+            children = v.values()
+        for x in children:
+            if isinstance(x, dict | list):
+                stack.append(x)
+            elif isinstance(x, float) and not -_FLOAT_DOUBT < x < _FLOAT_DOUBT:
+                return None
     return count
 
 
@@ -206,11 +216,13 @@ def loads_first_wins(data: bytes) -> tuple[Any, int]:
     """Parse DATA as magent did (the first of duplicate keys wins); also count the others.
 
     orjson parses first; only when the file may hold a duplicate key (more
-    keys written than parsed) is it parsed again, slowly, first-wins.
+    keys written than parsed) or an integer beyond 64 bits (which orjson
+    reads as a float) is it parsed again, exactly and first-wins.
     Raises `orjson.JSONDecodeError` (a `ValueError`) on malformed JSON.
     """
     obj = orjson.loads(data)
-    if _key_bound(data) == _count_keys(obj):
+    keys = _count_keys(obj)
+    if keys is not None and _key_bound(data) == keys:
         return obj, 0
     shadowed = 0
 
@@ -354,13 +366,17 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
         if found is not None:
             raise _Refused(CHANGED, f"decoding changes a value: {found}")
     log_lines = []
-    for i, (raw, event) in enumerate(zip(journal, events, strict=True)):
-        encoded = ledger.event_to_json(event)
-        found = first_difference(raw, encoded, f"journal[{i}]")
-        if found is not None:
-            raise _Refused(CHANGED, f"decoding changes a value: {found}")
-        log_lines.append(dumps(encoded))
-    snapshot_bytes = dumps(ledger.thread_to_json(thread))
+    try:
+        for i, (raw, event) in enumerate(zip(journal, events, strict=True)):
+            encoded = ledger.event_to_json(event)
+            found = first_difference(raw, encoded, f"journal[{i}]")
+            if found is not None:
+                raise _Refused(CHANGED, f"decoding changes a value: {found}")
+            log_lines.append(dumps(encoded))
+        snapshot_bytes = dumps(ledger.thread_to_json(thread))
+        header_bytes = dumps(header)
+    except LedgerError as exc:  # e.g. an integer beyond 64 bits
+        raise _Refused(CHANGED, f"schema 7 cannot hold a value: {exc}") from None
     # The schema-6 state; the log must continue the snapshot as the store requires.
     base = expected = thread.last_event_seq
     for i, event in enumerate(events):
@@ -376,7 +392,7 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
             raise _Refused(INVALID, f"journal[{i}]: {exc}") from None
     return _Plan(
         files=SessionFiles(path.parent, session_id), header=fields,
-        header_bytes=dumps(header), snapshot_bytes=snapshot_bytes,
+        header_bytes=header_bytes, snapshot_bytes=snapshot_bytes,
         log_bytes=b"".join(line + b"\n" for line in log_lines), events=events, state=thread,
     )  # fmt: skip
 
