@@ -376,18 +376,22 @@ def test_kill_9_at_any_moment_then_a_rerun_completes(root: Path) -> None:
         for i in range(24)
     ])  # fmt: skip
     killed = 0
-    for delay in (0.15, 0.3, 0.45, 0.6, 0.8):
+    delay = 0.1
+    while killed < 60:  # each run gets a little further before its kill, until one finishes
         proc = subprocess.Popen([*MAGENT_STORE, "migrate", "--jobs", "1", root],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         time.sleep(delay)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            killed += 1
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
         proc.wait()
+        killed += 1
+        delay += 0.015
         assert_readable(root, fixtures)
+    proc.wait()
     done = cli("migrate", root)
     assert done.returncode == 0, done.stderr
-    assert killed, "the tree was too small to interrupt"
+    assert killed >= 3, "the tree was too small to interrupt"
     for fixture in fixtures.values():
         assert_migrated(root, fixture)
     # What a kill leaves behind (temp files of another pid, locks) is fsck's to clean.
