@@ -15,7 +15,7 @@
 ;; else: it forwards, buffers and schedules.
 ;;
 ;; The hot path is cheap by construction: appending a chunk pushes one
-;; vector onto a per-session queue and, at most once per
+;; small list onto a per-session queue and, at most once per
 ;; `magent-store-flush-interval', an elapsed-time timer sends the whole
 ;; queue as ONE message.  Replies are read by our own process filter, with
 ;; no deferred chains.  Nothing on the chunk path waits for the backend.
@@ -134,8 +134,8 @@ QUEUE holds entries not yet sent (newest first); INFLIGHT the batches
 sent but not yet acknowledged, oldest first, as (ID . ENTRIES).
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
 survives a crash of the backend); DURABLE-SEQ the last one fsync covers."
-  id scope queue inflight (durable-seq 0) (written-seq 0) timer
-  (flushes 0) header opened)
+  id scope queue (queued-chars 0) inflight (durable-seq 0) (written-seq 0)
+  timer (flushes 0) header opened)
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -160,31 +160,51 @@ survives a crash of the backend); DURABLE-SEQ the last one fsync covers."
 
 ;;;; The wire (EPC framing, our own cheap dispatch)
 
-(defun magent-store--encode (sexp)
-  "Return SEXP as one framed EPC message (a unibyte string)."
-  (let* ((print-escape-newlines nil)
-         (print-escape-nonascii nil)
-         (print-escape-multibyte nil)
-         (print-escape-control-characters nil)
-         (print-length nil)
-         (print-level nil)
-         (body (encode-coding-string (concat (prin1-to-string sexp) "\n")
-                                     'utf-8-unix t)))
-    (concat (format "%06x" (length body)) body)))
+(defvar magent-store--send-buffer nil
+  "Buffer messages are printed into, reused so that sending allocates little.")
+
+(defun magent-store--print (sexp)
+  "Print SEXP at point, the way the EPC peer expects it."
+  (let ((print-escape-newlines nil)
+        (print-escape-nonascii nil)
+        (print-escape-multibyte nil)
+        (print-escape-control-characters nil)
+        (print-length nil)
+        (print-level nil))
+    (prin1 sexp (current-buffer))))
+
+(defmacro magent-store--with-send-buffer (&rest body)
+  "Run BODY in the emptied send buffer."
+  (declare (indent 0) (debug t))
+  `(with-current-buffer
+       (if (buffer-live-p magent-store--send-buffer)
+           magent-store--send-buffer
+         (setq magent-store--send-buffer
+               (generate-new-buffer " *magent-store-send*" t)))
+     (erase-buffer)
+     ,@body))
 
 (defun magent-store--send (method args &optional on-reply on-error)
   "Call METHOD with ARGS on the backend without waiting.
 ON-REPLY gets the value, ON-ERROR the error message.  Signal an error
-when there is no live backend."
+when there is no live backend.  The message is printed into a reused
+buffer and sent from there: no string as large as the message is made."
   (let* ((backend (or magent-store--backend
                       (error "The magent-store backend is not running")))
          (id (cl-incf (magent-store--backend-next-id backend))))
     (when (or on-reply on-error)
       (puthash id (cons on-reply on-error)
                (magent-store--backend-replies backend)))
-    (process-send-string (magent-store--backend-connection backend)
-                         (magent-store--encode
-                          (list 'call id (intern method) args)))
+    (magent-store--with-send-buffer
+      (magent-store--print (list 'call id (intern method) args))
+      (insert "\n")
+      ;; Pure ASCII (the common case) is its own UTF-8: skip the encoder.
+      (unless (= (buffer-size) (1- (position-bytes (point-max))))
+        (encode-coding-region (point-min) (point-max) 'utf-8-unix))
+      (goto-char (point-min))
+      (insert (format "%06x" (buffer-size)))
+      (process-send-region (magent-store--backend-connection backend)
+                           (point-min) (point-max)))
     id))
 
 (defun magent-store--filter (process output)
@@ -384,10 +404,14 @@ were written before the crash and are skipped, so nothing is duplicated."
                           (reverse (magent-store--session-queue session))))
          (skip (max 0 (- last-seq (magent-store--session-written-seq
                                    session)))))
+    (setq pending (nthcdr (min skip (length pending)) pending))
     (setf (magent-store--session-opened session) t
           (magent-store--session-inflight session) nil
-          (magent-store--session-queue session)
-          (reverse (nthcdr (min skip (length pending)) pending))
+          (magent-store--session-queue session) (reverse pending)
+          (magent-store--session-queued-chars session)
+          (apply #'+ (mapcar (lambda (entry)
+                               (length (if (stringp entry) entry (nth 1 entry))))
+                             pending))
           (magent-store--session-written-seq session) last-seq)
     (when-let ((header (magent-store--session-header session)))
       (magent-store--call "put-header"
@@ -442,9 +466,10 @@ were written before the crash and are skipped, so nothing is duplicated."
           (error (magent-store--give-up (error-message-string err))))
         session)))
 
-(defun magent-store--push (session entry)
-  "Queue ENTRY for SESSION and make sure a flush is scheduled."
+(defun magent-store--push (session entry size)
+  "Queue ENTRY of SIZE characters for SESSION; make sure a flush is scheduled."
   (push entry (magent-store--session-queue session))
+  (cl-incf (magent-store--session-queued-chars session) size)
   (unless (magent-store--session-timer session)
     (magent-store--schedule session)))
 
@@ -459,41 +484,37 @@ were written before the crash and are skipped, so nothing is duplicated."
   (setf (magent-store--session-timer session) nil)
   (magent-store--flush-now session))
 
-(defun magent-store--batch-text (entries)
-  "Return ENTRIES (oldest first) as one JSON array text."
-  (concat "["
-          (mapconcat (lambda (entry)
-                       (if (stringp entry) entry (json-serialize entry)))
-                     entries ",")
-          "]"))
-
 (defun magent-store--flush-now (session)
-  "Send SESSION's queue as one batch, to be applied and flushed."
+  "Send SESSION's queue as one batch, to be applied and flushed.
+Chunks travel as (ITEM-ID CHUNK OUTPUT-P MILLISECONDS) lists (an
+integer prints much faster than a float) and events as their JSON
+text, all printed once into the message: no per-chunk JSON."
   (let ((backend magent-store--backend))
     (when (and backend
                (not (magent-store--backend-stopping backend))
                (process-live-p (magent-store--backend-connection backend)))
       (let* ((entries (nreverse (magent-store--session-queue session)))
-             (text (and entries (magent-store--batch-text entries)))
+             (large (> (magent-store--session-queued-chars session)
+                       magent-store-file-threshold))
              (record (cons nil entries))
              (sent (float-time))
              (id (magent-store--session-id session)))
-        (setf (magent-store--session-queue session) nil)
+        (setf (magent-store--session-queue session) nil
+              (magent-store--session-queued-chars session) 0)
         (setf (magent-store--session-inflight session)
               (nconc (magent-store--session-inflight session) (list record)))
         (cl-incf (magent-store--session-flushes session))
         (condition-case nil
             (setcar record
-                    (if (and text (> (string-bytes text)
-                                     magent-store-file-threshold))
+                    (if large
                         (magent-store--send "flush-file"
                                             (list id (magent-store--spool-file
-                                                      backend text))
+                                                      backend entries))
                                             (magent-store--on-flushed
                                              session record sent)
                                             (magent-store--on-refused
                                              session record))
-                      (magent-store--send "flush" (list id text)
+                      (magent-store--send "flush" (list id entries)
                                           (magent-store--on-flushed
                                            session record sent)
                                           (magent-store--on-refused
@@ -501,13 +522,15 @@ were written before the crash and are skipped, so nothing is duplicated."
           ;; The connection is gone: the sentinel restarts and resends.
           (error nil))))))
 
-(defun magent-store--spool-file (backend text)
-  "Write TEXT to a fresh private file in BACKEND's spool; return its name."
+(defun magent-store--spool-file (backend entries)
+  "Write ENTRIES to a fresh private file in BACKEND's spool; return its name."
   (let ((file (make-temp-file
                (expand-file-name "batch-" (magent-store--backend-spool backend))))
         (coding-system-for-write 'utf-8-unix))
-    (with-file-modes #o600
-      (write-region text nil file nil 'silent))
+    (magent-store--with-send-buffer
+      (magent-store--print entries)
+      (with-file-modes #o600
+        (write-region (point-min) (point-max) file nil 'silent)))
     file))
 
 (defun magent-store--on-flushed (session record sent)
@@ -562,19 +585,20 @@ SCOPE is `global' (the default), a project root directory, or
   "Queue EVENT-ALIST (a journal event in magent's shape) for SESSION-ID.
 The session must be open.  Nothing waits for the backend."
   (when magent-store-persistence-enabled
-    (magent-store--push (magent-store--get session-id)
-                        (json-serialize event-alist))))
+    (let ((text (json-serialize event-alist)))
+      (magent-store--push (magent-store--get session-id) text (length text)))))
 
 (defun magent-store-append-item-content (session-id item-id chunk
                                                     &optional output-p)
   "Queue CHUNK appended to ITEM-ID's content in SESSION-ID.
 With OUTPUT-P, CHUNK is appended to the item's output.  This is the
-streaming hot path: it conses one small vector and returns."
+streaming hot path: it conses one small list and returns."
   (when (and magent-store-persistence-enabled (stringp chunk)
              (> (length chunk) 0))
     (magent-store--push (magent-store--get session-id)
-                        (vector item-id chunk (if output-p t :false)
-                                (float-time)))))
+                        (list item-id chunk (and output-p t)
+                              (truncate (float-time) 0.001))
+                        (length chunk))))
 
 (defun magent-store-put-header (session-id header-alist)
   "Queue HEADER-ALIST as the header of SESSION-ID, sent before its next flush."
@@ -788,8 +812,9 @@ megabytes never cross the EPC wire."
 (defun magent-store--after-append-event (thread event)
   "Forward EVENT, just appended to THREAD, to the backend."
   (when (and thread event magent-store-persistence-enabled)
-    (magent-store--push (magent-store--thread-session thread)
-                        (json-serialize (magent-thread-event-to-alist event)))))
+    (let ((text (json-serialize (magent-thread-event-to-alist event))))
+      (magent-store--push (magent-store--thread-session thread)
+                          text (length text)))))
 
 (defun magent-store--after-append-item-content (thread item chunk
                                                        &optional output-p)
@@ -797,8 +822,10 @@ megabytes never cross the EPC wire."
   (when (and thread item (stringp chunk) (> (length chunk) 0)
              magent-store-persistence-enabled)
     (magent-store--push (magent-store--thread-session thread)
-                        (vector (magent-thread-item-id item) chunk
-                                (if output-p t :false) (float-time)))))
+                        (list (magent-thread-item-id item) chunk
+                              (and output-p t)
+                              (truncate (float-time) 0.001))
+                        (length chunk))))
 
 (defun magent-store--session-id-of (session)
   "Return the store session id of magent SESSION."

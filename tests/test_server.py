@@ -266,7 +266,7 @@ def test_invalid_json_is_a_clear_error(ready: tuple[Backend, EPCClient]) -> None
     _, client = ready
     with pytest.raises(ReturnError, match="events is not valid JSON"):
         client.call_sync("append-events", ["s1", '[{"type": '], timeout=TIMEOUT)
-    with pytest.raises(ReturnError, match="batch must be JSON text"):
+    with pytest.raises(ReturnError, match="batch must be a JSON array or a list"):
         client.call_sync("flush", ["s1", 42], timeout=TIMEOUT)
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import sexpdata
 from epc.handler import encode_message, unpack_message
 from epc.server import EPCServer
 from sexpdata import Symbol
@@ -269,22 +270,32 @@ class Service:
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)
         return session.last_seq
 
-    def _apply_batch(self, session: Session, entries: Any, *, allow: str) -> list[str]:
-        """Apply ENTRIES in order; return the rejected ones' errors.
+    def _apply_batch(self, session: Session, batch: Any, *, allow: str) -> list[str]:
+        """Apply BATCH's entries in order; return the rejected ones' errors.
 
-        An object is an event, an array ``[item-id, chunk, output, created-at]``
-        a content chunk.  A rejected entry changes nothing and does not stop
-        the others: losing one bad event beats losing the batch.
+        BATCH is JSON text (an array) or, from Emacs, an s-expression list.
+        An entry is an event (a JSON object, or JSON text of one) or a
+        content chunk ``[item-id, chunk, output, created-at]``.  Emacs sends
+        the batch as a list, a chunk's output as ``t`` or ``nil`` and its
+        created-at in integer milliseconds (Emacs prints an integer much
+        faster than a float), so chunks need no JSON at all.
+        A rejected entry changes nothing and does not stop the others: losing
+        one bad event beats losing the batch.
         """
+        what = {"any": "batch", "events": "events", "content": "chunks"}[allow]
+        from_json = isinstance(batch, str)
+        entries = _json(batch, what) if from_json else batch
         if not isinstance(entries, list):
-            raise CallError("a batch must be a JSON array")
+            raise CallError(f"{what} must be a JSON array or a list")
         rejected: list[str] = []
         for index, entry in enumerate(entries):
             try:
+                if isinstance(entry, str) and allow in ("any", "events"):
+                    entry = _json(entry, "event")
                 if isinstance(entry, dict) and allow in ("any", "events"):
                     session.append_event(entry)
                 elif isinstance(entry, list) and allow in ("any", "content"):
-                    session.append_content(*_chunk_args(entry))
+                    session.append_content(*_chunk_args(entry, millis=not from_json))
                 else:
                     kinds = {"any": "an event object or a chunk array",
                              "events": "an event object", "content": "a chunk array"}
@@ -300,19 +311,19 @@ class Service:
     def append(self, session_id: Any, batch: Any) -> list[Any]:
         """Apply a mixed batch without flushing; return ``(last-seq rejected)``."""
         session = self._session(session_id)
-        rejected = self._apply_batch(session, _json(batch, "batch"), allow="any")
+        rejected = self._apply_batch(session, batch, allow="any")
         return [session.last_seq, rejected]
 
     def append_events(self, session_id: Any, events: Any) -> list[Any]:
         """Apply a batch of events; return ``(last-seq rejected)``."""
         session = self._session(session_id)
-        rejected = self._apply_batch(session, _json(events, "events"), allow="events")
+        rejected = self._apply_batch(session, events, allow="events")
         return [session.last_seq, rejected]
 
     def append_content(self, session_id: Any, chunks: Any) -> list[Any]:
         """Apply a batch of ``[item-id, chunk, output, created-at]``; return as `append`."""
         session = self._session(session_id)
-        rejected = self._apply_batch(session, _json(chunks, "chunks"), allow="content")
+        rejected = self._apply_batch(session, chunks, allow="content")
         return [session.last_seq, rejected]
 
     def put_header(self, session_id: Any, header: Any) -> bool:
@@ -333,7 +344,7 @@ class Service:
         session = self._session(session_id)
         rejected: list[str] = []
         if batch:
-            rejected = self._apply_batch(session, _json(batch, "batch"), allow="any")
+            rejected = self._apply_batch(session, batch, allow="any")
         result = session.flush()
         self.stats.flushes += 1
         self.stats.bytes_written += result.bytes_written
@@ -348,7 +359,10 @@ class Service:
         ]
 
     def flush_file(self, session_id: Any, path: Any) -> list[Any]:
-        """Like `flush`, the batch read from PATH in the spool; PATH is then removed."""
+        """Like `flush`, the batch read from PATH in the spool; PATH is then removed.
+
+        The file holds JSON text or an s-expression list, as `flush` takes.
+        """
         path_str = _text(path, "path")
         file = Path(path_str)
         if file.parent.resolve() != self.spool.resolve() or not file.name.startswith("batch-"):
@@ -366,7 +380,14 @@ class Service:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise CallError("batch file is not valid UTF-8") from None
-        return self.flush(session_id, text)
+        if text.lstrip().startswith("("):  # Emacs prints the batch list itself
+            try:
+                batch: Any = sexpdata.loads(text)
+            except Exception:
+                raise CallError("batch file is not a valid s-expression") from None
+        else:
+            batch = text
+        return self.flush(session_id, batch)
 
     def load(self, root: Any, scope: Any, session_id: Any, options: Any = None) -> str:
         """Open the session and write header + snapshot JSON to a private file.
@@ -430,10 +451,12 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def _chunk_args(entry: list[Any]) -> tuple[str, str, bool, float]:
+def _chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, float]:
     if len(entry) != 4:
         raise CallError("a chunk is [item-id, chunk, output, created-at]")
     item_id, chunk, output, created_at = entry
+    if output == []:  # nil from Emacs
+        output = False
     if not isinstance(item_id, str) or not item_id:
         raise CallError("chunk item-id must be a non-empty string")
     if not isinstance(chunk, str) or not chunk:
@@ -442,7 +465,7 @@ def _chunk_args(entry: list[Any]) -> tuple[str, str, bool, float]:
         raise CallError("chunk output must be true or false")
     if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
         raise CallError("chunk created-at must be a number")
-    return item_id, chunk, output, float(created_at)
+    return item_id, chunk, output, created_at / 1000.0 if millis else float(created_at)
 
 
 # --------------------------------------------------------------------------

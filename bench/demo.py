@@ -1,0 +1,465 @@
+"""`make demo`: stream a realistic magent turn from a real Emacs daemon through
+the shim into a fresh session root, then say what it cost Emacs.
+
+What it does, with nothing typed before it:
+
+1. starts an isolated `emacs -Q --daemon` on a private socket, and loads
+   elisp/magent-store.el from this checkout (not an installed copy);
+2. streams one turn (≈850 chunks at ≈131 chunks/s: reasoning, a reply, three
+   tool calls with their output, chunk sizes like a real model's) into
+   - a fresh session (≈24 KB), and
+   - a session already holding ≈8.8 MB of history,
+   each twice more with persistence disabled, for the baseline;
+3. prints where the files are, their sizes, how many flushes ran, and the
+   Emacs CPU spent in persistence as a share of wall time, measured two ways:
+   run-time of the stream minus the same stream without persistence, and the
+   time spent inside the shim's own functions (which also gives the longest
+   stall);
+4. kills that daemon (only that one), even on failure.
+
+Options: --chunks N, --rate R, --large-mb MB, --no-large, --clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+MAGENT_STORE = str(VENV_BIN / "magent-store")
+ELPA = Path("/usr/share/emacs/site-lisp/elpa")
+
+WORDS = ["the", "store", "appends", "only", "what", "changed", "so", "a", "save", "costs", "the", "chunk", "not", "the", "conversation", "while", "Emacs", "keeps", "streaming", "tokens", "from", "the", "model", "and", "the", "backend", "writes", "them", "to", "the", "log", "fsyncs", "and", "compacts", "when", "the", "log", "passes", "its", "bound;", "`code`", "(parens)", '"quotes"', "back\\slashes", "é", "ü", "漢字", "—", "dashes,", "commas.", "newlines\n"]
+
+# Emacs side of the benchmark: replays a script at a fixed rate from a
+# repeating timer (as process output would arrive), and times the shim.
+DRIVER_EL = r""";;; demo-driver.el --- drives `make demo`  -*- lexical-binding: t; -*-
+(require 'cl-lib)
+(defvar magent-store-demo--spent 0.0)
+(defvar magent-store-demo--stall 0.0)
+(defvar magent-store-demo--calls 0)
+(defvar magent-store-demo--by-function nil)
+
+(defun magent-store-demo--timer (name)
+  (lambda (orig &rest args)
+    (let ((start (float-time)) (gcs gcs-done))
+      (prog1 (apply orig args)
+        (let ((spent (- (float-time) start))
+              (cell (or (assq name magent-store-demo--by-function)
+                        (car (push (list name 0.0 0.0 0 0)
+                                   magent-store-demo--by-function)))))
+          (setf (nth 1 cell) (+ (nth 1 cell) spent)
+                (nth 2 cell) (max (nth 2 cell) spent)
+                (nth 3 cell) (1+ (nth 3 cell))
+                (nth 4 cell) (+ (nth 4 cell) (- gcs-done gcs)))
+          (setq magent-store-demo--spent (+ magent-store-demo--spent spent)
+                magent-store-demo--calls (1+ magent-store-demo--calls)
+                magent-store-demo--stall (max magent-store-demo--stall spent)))))))
+
+(defconst magent-store-demo--timed-functions
+  '(magent-store-append-event magent-store-append-item-content
+    magent-store-request-flush magent-store--tick magent-store--filter))
+
+(defun magent-store-demo--read-script (file)
+  (with-temp-buffer
+    (let ((coding-system-for-read 'utf-8-unix)) (insert-file-contents file))
+    (json-parse-buffer :object-type 'alist :null-object nil :false-object nil)))
+
+(defun magent-store-demo-run (session-id script-file rate persist result-file)
+  "Stream SCRIPT-FILE into SESSION-ID at RATE chunks/s; write a JSON report."
+  (let* ((script (magent-store-demo--read-script script-file))
+         (n (length script)) (i 0) (done nil) timer
+         (magent-store-persistence-enabled persist)
+         (session nil) (flushes0 0))
+    (when persist
+      (magent-store-open session-id 'global)
+      (setq session (gethash session-id magent-store--sessions)
+            flushes0 (magent-store--session-flushes session)))
+    (dolist (f magent-store-demo--timed-functions)
+      (advice-add f :around (magent-store-demo--timer f) '((name . magent-store-demo))))
+    (setq magent-store-demo--spent 0.0 magent-store-demo--stall 0.0
+          magent-store-demo--calls 0 magent-store-demo--by-function nil)
+    (garbage-collect)
+    (let ((cpu0 (get-internal-run-time)) (wall0 (float-time)) (gc0 gcs-done)
+          (gct0 gc-elapsed))
+      (setq timer
+            (run-at-time
+             0 (/ 1.0 rate)
+             (lambda ()
+               ;; Events go out with the chunk that follows them, as magent does.
+               (let ((sent nil))
+                 (while (and (< i n) (not sent))
+                   (let* ((entry (aref script i))
+                          (event (alist-get 'event entry))
+                          (chunk (alist-get 'chunk entry)))
+                     (if event
+                         (magent-store-append-event session-id event)
+                       (magent-store-append-item-content
+                        session-id (aref chunk 0) (aref chunk 1) (aref chunk 2))
+                       (setq sent t))
+                     (magent-store-request-flush session-id)
+                     (setq i (1+ i)))))
+               (when (>= i n)
+                 (cancel-timer timer)
+                 (setq done t)))))
+      (while (not done) (accept-process-output nil 0.05))
+      ;; Let the last tick and its reply happen, as they would in a session.
+      (let ((end (+ (float-time) (* 2 magent-store-flush-interval))))
+        (while (< (float-time) end) (accept-process-output nil 0.05)))
+      (let ((cpu (float-time (time-subtract (get-internal-run-time) cpu0)))
+            (wall (- (float-time) wall0)))
+        (dolist (f magent-store-demo--timed-functions)
+          (advice-remove f 'magent-store-demo))
+        (when persist (magent-store-flush session-id))
+        (with-temp-file result-file
+          (insert (json-serialize
+                   `((cpu . ,cpu) (wall . ,wall) (entries . ,n)
+                     (gcs . ,(- gcs-done gc0)) (gc-seconds . ,(- gc-elapsed gct0))
+                     (spent . ,magent-store-demo--spent)
+                     (stall . ,magent-store-demo--stall)
+                     (calls . ,magent-store-demo--calls)
+                     (functions . ,(vconcat
+                                    (mapcar (lambda (c)
+                                              (vector (symbol-name (car c)) (nth 1 c)
+                                                      (nth 2 c) (nth 3 c) (nth 4 c)))
+                                            magent-store-demo--by-function)))
+                     (flushes . ,(if session
+                                     (- (magent-store--session-flushes session)
+                                        flushes0)
+                                   0))))))))))
+"""
+
+
+# -- the turn ----------------------------------------------------------------
+
+
+def _event(kind: str, now: float, turn: str | None = None, item: str | None = None,
+           payload: Any = None) -> dict[str, Any]:
+    return {"seq": None, "type": kind, "thread-id": "thread-demo", "turn-id": turn,
+            "item-id": item, "payload": payload, "created-at": now}
+
+
+def _item(item_id: str, turn: str, kind: str, role: str | None, now: float,
+          **fields: Any) -> dict[str, Any]:
+    item = {
+        "id": item_id, "turn-id": turn, "type": kind, "status": "in-progress", "role": role,
+        "content": None, "name": None, "call-id": None, "input": None, "output": None,
+        "error": None, "phase": None, "metadata": None, "created-at": now,
+        "updated-at": now, "completed-at": None,
+    }  # fmt: skip
+    item.update(fields)
+    return item
+
+
+def _turn(turn_id: str, now: float, text: str) -> dict[str, Any]:
+    return {
+        "id": turn_id, "thread-id": "thread-demo", "op-id": None, "status": "in-progress",
+        "input": text, "items": [], "error": None, "usage": None, "metadata": None,
+        "queued-at": now, "started-at": now, "completed-at": None, "duration-ms": None,
+    }  # fmt: skip
+
+
+def _model_chunks(rng: random.Random, count: int) -> list[str]:
+    """Chunks the size a model streams: one to a few tokens, 1-40 characters."""
+    chunks = []
+    for _ in range(count):
+        words = rng.choice((1, 1, 1, 2, 2, 3, 4, 6))
+        chunks.append(" ".join(rng.choice(WORDS) for _ in range(words)) + " ")
+    return chunks
+
+
+def turn_script(turn_id: str, chunks: int, seed: int, *, first: bool) -> list[dict[str, Any]]:
+    """One realistic turn: reasoning, reply, three tools, closing reply."""
+    rng = random.Random(seed)
+    now = time.time()
+    script: list[dict[str, Any]] = []
+
+    def event(*args: Any, **kwargs: Any) -> None:
+        script.append({"event": _event(*args, **kwargs)})
+
+    def stream(item_id: str, n: int, output: bool = False) -> None:
+        for text in _model_chunks(rng, n):
+            script.append({"chunk": [item_id, text, output]})
+
+    if first:
+        event("thread-started", now)
+    event("turn-started", now, turn_id, payload={"turn": _turn(turn_id, now, "Refactor it")})
+    parts = [("reasoning", chunks * 2 // 10), ("message", chunks * 3 // 10)]
+    tool_chunks = 6
+    for index, (kind, n) in enumerate(parts):
+        item_id = f"{turn_id}-{kind}-{index}"
+        event("item-started", now, turn_id, item_id,
+              {"item": _item(item_id, turn_id, kind, "assistant", now)})
+        stream(item_id, n)
+        event("item-completed", now, turn_id, item_id,
+              {"item": _item(item_id, turn_id, kind, "assistant", now, status="completed")})
+    for tool in range(3):
+        item_id = f"{turn_id}-tool-{tool}"
+        event("item-started", now, turn_id, item_id,
+              {"item": _item(item_id, turn_id, "tool", None, now, name="shell",
+                             **{"call-id": f"call-{tool}", "input": {"command": "rg -n store"}})})
+        for _ in range(tool_chunks):  # tool output arrives in a few big pieces
+            line = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 500)))
+            script.append({"chunk": [item_id, line, True]})
+        event("item-completed", now, turn_id, item_id,
+              {"item": _item(item_id, turn_id, "tool", None, now, status="completed")})
+    used = sum(1 for entry in script if "chunk" in entry)
+    item_id = f"{turn_id}-message-final"
+    event("item-started", now, turn_id, item_id,
+          {"item": _item(item_id, turn_id, "message", "assistant", now)})
+    stream(item_id, max(1, chunks - used))
+    event("item-completed", now, turn_id, item_id,
+          {"item": _item(item_id, turn_id, "message", "assistant", now, status="completed")})
+    event("turn-completed", now, turn_id, payload={"usage": {"input-tokens": 1200}})
+    return script
+
+
+def history_events(target_bytes: int) -> list[dict[str, Any]]:
+    """Past turns whose content adds up to TARGET_BYTES (the large session)."""
+    rng = random.Random(7)
+    events: list[dict[str, Any]] = []
+    size = 0
+    turn_no = 0
+    while size < target_bytes:
+        turn_id = f"past-{turn_no}"
+        now = time.time() - 86400
+        if turn_no == 0:
+            events.append(_event("thread-started", now))
+        events.append(_event("turn-started", now, turn_id,
+                             payload={"turn": _turn(turn_id, now, "an earlier question")}))
+        item_id = f"{turn_id}-message"
+        text = " ".join(rng.choice(WORDS) for _ in range(3000))
+        events.append(_event("item-started", now, turn_id, item_id,
+                             {"item": _item(item_id, turn_id, "message", "assistant", now)}))
+        events.append(_event("item-content-appended", now, turn_id, item_id,
+                             {"chunk": text, "output": False}))
+        events.append(_event("item-completed", now, turn_id, item_id,
+                             {"item": _item(item_id, turn_id, "message", "assistant", now,
+                                            status="completed")}))
+        events.append(_event("turn-completed", now, turn_id, payload={"usage": None}))
+        size += len(text.encode())
+        turn_no += 1
+    return events
+
+
+# -- the daemon ---------------------------------------------------------------
+
+
+class Daemon:
+    """An isolated `emacs -Q --daemon` on a private socket; killed on exit."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.socket = workdir / "emacs.sock"
+        self.env = env
+        self.pid: int | None = None
+
+    def __enter__(self) -> Daemon:
+        subprocess.run(
+            ["emacs", "-Q", f"--daemon={self.socket}"],
+            env=self.env, check=True, capture_output=True, timeout=60,
+        )
+        self.pid = int(self.eval("(emacs-pid)"))
+        return self
+
+    def eval(self, form: str, timeout: float = 600) -> str:
+        out = subprocess.run(
+            ["emacsclient", "-s", str(self.socket), "--eval", form],
+            env=self.env, capture_output=True, text=True, timeout=timeout,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"emacsclient failed: {out.stderr.strip() or out.stdout.strip()}")
+        return out.stdout.strip()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid is None:
+            return
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self.eval("(kill-emacs)", timeout=30)
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(self.pid):
+            time.sleep(0.05)
+        if _alive(self.pid):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def elisp_string(text: str) -> str:
+    return json.dumps(text)  # a JSON string literal is a valid Elisp string here
+
+
+def load_shim(daemon: Daemon, workdir: Path) -> str:
+    dirs = [str(d) for d in sorted(ELPA.glob("*-[0-9]*"))]
+    driver = workdir / "demo-driver.el"
+    driver.write_text(DRIVER_EL, encoding="utf-8")
+    forms = "".join(f"(add-to-list 'load-path {elisp_string(d)})" for d in dirs)
+    shim = CHECKOUT / "elisp" / "magent-store.el"
+    # Loaded from source, then byte-compiled in memory (as package.el would
+    # compile an installed copy) without writing an .elc into the checkout.
+    daemon.eval(
+        f"(progn {forms} (load {elisp_string(str(shim))} nil t)"
+        f" (load {elisp_string(str(driver))} nil t)"
+        " (mapatoms (lambda (s) (when (and (fboundp s) (not (macrop s))"
+        " (not (byte-code-function-p (symbol-function s)))"
+        " (string-match-p \"\\\\`magent-store\" (symbol-name s)))"
+        " (byte-compile s)))) t)"
+    )
+    loaded = json.loads(daemon.eval("(symbol-file 'magent-store-open)"))
+    if Path(loaded).resolve().with_suffix(".el") != shim.resolve():
+        raise RuntimeError(f"the daemon loaded {loaded}, not this checkout's {shim}")
+    return loaded
+
+
+def run_stream(daemon: Daemon, workdir: Path, session_id: str, script_file: Path,
+               rate: float, persist: bool) -> dict[str, Any]:
+    result = workdir / f"result-{session_id}-{int(persist)}.json"
+    daemon.eval(
+        f"(magent-store-demo-run {elisp_string(session_id)} "
+        f"{elisp_string(str(script_file))} {rate} {'t' if persist else 'nil'} "
+        f"{elisp_string(str(result))})"
+    )
+    report: dict[str, Any] = json.loads(result.read_text())
+    return report
+
+
+def files_of(root: Path, session_id: str) -> list[tuple[Path, int]]:
+    return [(p, p.stat().st_size) for p in sorted(root.rglob(f"{session_id}.*"))
+            if not p.name.endswith(".lock")]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunks", type=int, default=850)
+    parser.add_argument("--rate", type=float, default=131.0)
+    parser.add_argument("--reps", type=int, default=3, help="runs with and without persistence")
+    parser.add_argument("--large-mb", type=float, default=8.8)
+    parser.add_argument("--no-large", action="store_true")
+    parser.add_argument("--clean", action="store_true", help="remove the temporary root after")
+    ns = parser.parse_args(argv)
+
+    if not shutil.which("emacs") or not shutil.which("emacsclient"):
+        print("demo: emacs and emacsclient are needed (Debian: apt-get install emacs-nox)")
+        return 1
+    workdir = Path(tempfile.mkdtemp(prefix="magent-store-demo-"))
+    root = workdir / "sessions"
+    state = workdir / "state"
+    env = dict(os.environ, XDG_STATE_HOME=str(state))
+    env.pop("MAGENT_STORE_TOKEN", None)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+
+    scenarios = [("small", 0.0)]
+    if not ns.no_large:
+        scenarios.append(("large", ns.large_mb))
+    rows = []
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for name, mb in scenarios:
+            ids = [f"demo-{name}-{rep}" for rep in range(1, ns.reps + 1)]
+            if mb:
+                print(f"demo: writing {mb:g} MB of history into {len(ids)} sessions...",
+                      flush=True)
+                history = workdir / "history.jsonl"
+                history.write_bytes(b"".join(
+                    json.dumps(e, ensure_ascii=False).encode() + b"\n"
+                    for e in history_events(int(mb * 1_000_000))))
+                for sid in ids:
+                    subprocess.run([MAGENT_STORE, "apply", "--fsync", "never",
+                                    str(root / "global" / f"{sid}.json"), str(history)],
+                                   check=True, capture_output=True)
+                history.unlink()
+            script = turn_script(f"turn-{name}", ns.chunks, seed=42, first=not mb)
+            script_file = workdir / f"{name}.script.json"
+            script_file.write_text(json.dumps(script, ensure_ascii=False), encoding="utf-8")
+            rows.append((name, ids, script_file, sum(1 for e in script if "chunk" in e)))
+
+        with Daemon(workdir, env) as daemon:
+            loaded = load_shim(daemon, workdir)
+            daemon.eval(f"(setq magent-store-root {elisp_string(str(root))}"
+                        f" magent-store-python {elisp_string(MAGENT_STORE)})")
+            print(f"demo: isolated daemon pid {daemon.pid}, shim loaded from {loaded}")
+            for name, ids, script_file, n_chunks in rows:
+                print(f"demo: {name} session: streaming {n_chunks} chunks at {ns.rate:g}/s, "
+                      f"{ns.reps}x without persistence and {ns.reps}x with...", flush=True)
+                base, on = [], []
+                for sid in ids:  # interleaved, so drift hits both alike
+                    base.append(run_stream(daemon, workdir, f"{sid}-off", script_file,
+                                           ns.rate, False))
+                    on.append(run_stream(daemon, workdir, sid, script_file, ns.rate, True))
+                results[name] = {"base": base, "on": on}
+            status = json.loads(daemon.eval(
+                "(progn (magent-store-status) (with-current-buffer"
+                " \"*magent-store-status*\" (buffer-string)))"))
+        print("demo: daemon stopped (kill-emacs flushed and stopped the backend)")
+    except BaseException:
+        print(f"demo: failed; files kept in {workdir}", file=sys.stderr)
+        raise
+
+    print()
+    print(f"Session root: {root}")
+    print(f"Backend log:  {state / 'magent-store' / 'server.log'}")
+    for name, ids, _script, n_chunks in rows:
+        res = results[name]
+        print()
+        print(f"{name} session, {n_chunks} chunks per run:")
+        for path, size in files_of(root, ids[0]):
+            print(f"  {path}  {size:,} bytes")
+        base_cpu = sorted(r["cpu"] for r in res["base"])
+        on_cpu = sorted(r["cpu"] for r in res["on"])
+        wall = sum(r["wall"] for r in res["on"]) / len(res["on"])
+        diff_median = on_cpu[len(on_cpu) // 2] - base_cpu[len(base_cpu) // 2]
+        diff_min = on_cpu[0] - base_cpu[0]
+        flushes = [r["flushes"] for r in res["on"]]
+        spent = [r["spent"] for r in res["on"]]
+        stall = max(r["stall"] for r in res["on"])
+        gc_free_stall = max(
+            f[2] for r in res["on"] for f in r["functions"] if f[4] == 0
+        )
+        print(f"  flushes per run: {flushes} (one per {1000 * wall / max(flushes):.0f} ms)")
+        print("  Emacs run-time, stream without persistence: "
+              + ", ".join(_ms(c) for c in base_cpu) + "; with: "
+              + ", ".join(_ms(c) for c in on_cpu) + f" (wall {wall:.2f} s)")
+        print(f"  Emacs CPU in persistence (run-time difference, GC included): "
+              f"median {_ms(diff_median)} = {100 * diff_median / wall:.2f}% of wall, "
+              f"min-to-min {_ms(diff_min)} = {100 * diff_min / wall:.2f}%")
+        print("  time inside the shim's functions: "
+              + ", ".join(f"{_ms(x)} = {100 * x / wall:.2f}%" for x in spent))
+        print(f"  longest stall in the shim: {stall * 1000:.2f} ms "
+              f"({gc_free_stall * 1000:.2f} ms in calls that ran no GC)")
+    print()
+    print("magent-store-status at the end of the stream:")
+    print("  " + status.strip().replace("\n", "\n  "))
+    print()
+    if ns.clean:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"(removed {workdir})")
+    else:
+        print(f"Inspect: {MAGENT_STORE} ls {root}")
+        print(f"         {MAGENT_STORE} show {root / 'global' / (rows[0][1][0] + '.json')}")
+        print(f"Remove:  rm -r {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
