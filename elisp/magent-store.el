@@ -441,10 +441,21 @@ were written before the crash and are skipped, so nothing is duplicated."
         (magent-store--session-id session)
         (magent-store--options-json)))
 
-(defun magent-store--get (session-id)
+(defvar magent-store--recent nil
+  "(SESSION-ID . SESSION) of the last lookup: streaming asks for one id.
+Cleared whenever a session is forgotten.")
+
+(defsubst magent-store--get (session-id)
   "Return the open session SESSION-ID or signal a `user-error'."
-  (or (gethash session-id magent-store--sessions)
-      (user-error "Session %s is not open in magent-store" session-id)))
+  (let ((recent magent-store--recent))
+    (if (and recent (eq session-id (car recent)))
+        (cdr recent)
+      (let ((session
+             (or (gethash session-id magent-store--sessions)
+                 (user-error "Session %s is not open in magent-store"
+                             session-id))))
+        (setq magent-store--recent (cons session-id session))
+        session))))
 
 (defun magent-store--ensure-session (session-id scope)
   "Return session SESSION-ID under SCOPE, opening it (without waiting) if needed."
@@ -466,7 +477,7 @@ were written before the crash and are skipped, so nothing is duplicated."
           (error (magent-store--give-up (error-message-string err))))
         session)))
 
-(defun magent-store--push (session entry size)
+(defsubst magent-store--push (session entry size)
   "Queue ENTRY of SIZE characters for SESSION; make sure a flush is scheduled."
   (push entry (magent-store--session-queue session))
   (cl-incf (magent-store--session-queued-chars session) size)
@@ -668,6 +679,7 @@ megabytes never cross the EPC wire."
     (when magent-store--backend
       (magent-store-flush session-id)
       (magent-store--call "close" (list session-id)))
+    (setq magent-store--recent nil)
     (remhash session-id magent-store--sessions)))
 
 (defun magent-store-flush-all ()
@@ -707,6 +719,7 @@ megabytes never cross the EPC wire."
       (setf (magent-store--backend-stopping backend) t)
       (ignore-errors (magent-store--call "shutdown" nil))
       (magent-store--kill-backend backend)))
+  (setq magent-store--recent nil)
   (clrhash magent-store--sessions))
 
 (defun magent-store-restart ()

@@ -36,6 +36,7 @@
            (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
                  process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
+          (magent-store--recent nil)
           (magent-store--backend nil)
           (magent-store--restarts nil)
           (magent-store--gave-up nil)
