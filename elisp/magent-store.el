@@ -654,12 +654,13 @@ The first request schedules the flush; later ones join it."
 The backend writes the JSON to a private file, read here and deleted:
 megabytes never cross the EPC wire."
   (magent-store--ensure-backend)
+  (when (gethash session-id magent-store--sessions)
+    ;; What Emacs still holds must be in the snapshot it gets back.
+    (magent-store-flush session-id))
   (let* ((session (or (gethash session-id magent-store--sessions)
                       (magent-store--session-make
                        :id session-id :scope (magent-store--scope-arg scope))))
          (file (magent-store--call "load" (magent-store--open-args session))))
-    (when (magent-store--session-inflight session)
-      (magent-store-flush session-id))
     (setf (magent-store--session-opened session) t)
     (puthash session-id session magent-store--sessions)
     (unwind-protect
@@ -859,13 +860,22 @@ megabytes never cross the EPC wire."
                                          session scope))
     (magent-store-flush id)))
 
+(defun magent-store--before-load (filepath &rest _)
+  "Flush the session FILEPATH names, so magent reads all of it.
+The backend writes magent's own schema-7 files, so magent reads them
+itself; what it must not miss is what Emacs has not sent yet."
+  (let ((id (file-name-base filepath)))
+    (when (and magent-store--backend (gethash id magent-store--sessions))
+      (magent-store-flush id))))
+
 (defconst magent-store--advice
   '((magent-thread-append-event :after magent-store--after-append-event)
     (magent-thread-append-item-content
      :after magent-store--after-append-item-content)
     (magent-session-save-deferred-for-session
      :around magent-store--around-save-deferred)
-    (magent-session-save-for-session :around magent-store--around-save))
+    (magent-session-save-for-session :around magent-store--around-save)
+    (magent-session-load :before magent-store--before-load))
   "The advice `magent-store-mode' installs: (FUNCTION HOW ADVICE).")
 
 (defun magent-store--kill-emacs ()
@@ -880,7 +890,8 @@ megabytes never cross the EPC wire."
 (define-minor-mode magent-store-mode
   "Route magent's session persistence through the magent-store backend.
 Events and streamed chunks are forwarded as magent appends them, saves
-become flush requests, and Emacs flushes everything before it exits."
+become flush requests, a session is flushed before magent loads it, and
+Emacs flushes everything before it exits."
   :global t
   :group 'magent-store
   (pcase-dolist (`(,function ,how ,advice) magent-store--advice)

@@ -195,6 +195,10 @@ Timers run between chunks, as they do while a real reply streams."
   (push 'magent-deferred-save magent-store-test--calls))
 (defun magent-session-save-for-session (_session _scope)
   (push 'magent-save magent-store-test--calls))
+(defun magent-session-load (filepath)
+  ;; magent reads the schema-7 files itself: read them as it would.
+  (push 'magent-load magent-store-test--calls)
+  (magent-store-test--show (file-name-base filepath)))
 
 (ert-deftest magent-store-mode-routes-magent-persistence ()
   "The mode's advice forwards events and chunks; turning it off removes it."
@@ -228,6 +232,7 @@ Timers run between chunks, as they do while a real reply streams."
                            '(append-event append-event append-event
                                           append-content append-content
                                           append-content append-content)))
+            (setq magent-store-test--calls nil)
             (let* ((snapshot (magent-store-test--show "s-mode"))
                    (item (aref (alist-get 'items
                                           (aref (alist-get 'turns snapshot) 0))
@@ -236,7 +241,16 @@ Timers run between chunks, as they do while a real reply streams."
               (should (equal (alist-get 'output item) "tool says")))
             (should (equal (alist-get 'id (magent-store-test--show
                                            "s-mode" "--header"))
-                           "s-mode")))
+                           "s-mode"))
+            ;; A chunk nobody asked to save is on disk before magent loads.
+            (magent-thread-append-item-content thread item "!")
+            (let* ((loaded (magent-session-load
+                            (expand-file-name "global/s-mode.json"
+                                              magent-store-root)))
+                   (item (aref (alist-get 'items
+                                          (aref (alist-get 'turns loaded) 0))
+                               0)))
+              (should (equal (alist-get 'content item) "Hello, world!"))))
         (magent-store-mode -1))
       (dolist (entry magent-store--advice)
         (should-not (advice-member-p (nth 2 entry) (nth 0 entry))))
