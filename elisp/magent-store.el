@@ -861,7 +861,7 @@ megabytes never cross the EPC wire."
     (magent-store-flush id)))
 
 (defun magent-store--before-load (filepath &rest _)
-  "Flush the session of FILEPATH first, so magent loads all of it.
+  "Flush the session of FILEPATH, for magent to load all of it.
 The backend writes magent's own schema-7 files, so magent reads them
 itself; what it must not miss is what Emacs has not sent yet."
   (let ((id (file-name-base filepath)))
