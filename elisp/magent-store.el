@@ -39,7 +39,15 @@
 (require 'cl-lib)
 (require 'json)
 (require 'subr-x)
-(require 'epc)
+
+;; epc.el is loaded when the backend starts, so that this file loads (and
+;; byte-compiles) without it and a missing epc.el is reported clearly.
+(declare-function epc:start-epc "epc" (server-prog server-args))
+(declare-function epc:stop-epc "epc" (mngr))
+(declare-function epc:connection-process "epc" (connection))
+(declare-function epc:manager-connection "epc" (mngr))
+(declare-function epc:manager-server-process "epc" (mngr))
+(declare-function epc:manager-port "epc" (mngr))
 
 ;;;; Customization
 
@@ -293,6 +301,9 @@ buffer and sent from there: no string as large as the message is made."
 
 (defun magent-store--start-backend ()
   "Start the backend, connect and authenticate; return the backend."
+  (unless (require 'epc nil t)
+    (user-error "Magent-store needs epc.el: M-x package-install RET epc \
+\(MELPA), or your distribution's package (Debian: elpa-epc)"))
   (let* ((command (magent-store--command))
          (token (magent-store--token))
          (process-environment
