@@ -830,9 +830,14 @@ megabytes never cross the EPC wire."
 
 (defun magent-store--thread-session (thread)
   "Return the open store session for magent THREAD, opening it if needed."
-  (magent-store--ensure-session
-   (magent-thread-session-id thread)
-   (magent-store--scope-arg (magent-thread-scope thread))))
+  (let ((id (magent-thread-session-id thread))
+        (recent magent-store--recent))
+    (if (and recent (eq id (car recent)))
+        (cdr recent)
+      (let ((session (magent-store--ensure-session
+                      id (magent-store--scope-arg (magent-thread-scope thread)))))
+        (setq magent-store--recent (cons id session))
+        session))))
 
 (defun magent-store--after-append-event (thread event)
   "Forward EVENT, just appended to THREAD, to the backend."
