@@ -77,8 +77,10 @@ DRIVER_EL = r""";;; demo-driver.el --- drives `make demo`  -*- lexical-binding: 
     (let ((coding-system-for-read 'utf-8-unix)) (insert-file-contents file))
     (json-parse-buffer :object-type 'alist :null-object nil :false-object nil)))
 
-(defun magent-store-demo-run (session-id script-file rate persist result-file)
-  "Stream SCRIPT-FILE into SESSION-ID at RATE chunks/s; write a JSON report."
+(defun magent-store-demo-run (session-id script-file rate persist result-file
+                                         &optional instrument)
+  "Stream SCRIPT-FILE into SESSION-ID at RATE chunks/s; write a JSON report.
+With INSTRUMENT, time every call into the shim (which costs a little)."
   (let* ((script (magent-store-demo--read-script script-file))
          (n (length script)) (i 0) (done nil) timer
          (magent-store-persistence-enabled persist)
@@ -87,8 +89,10 @@ DRIVER_EL = r""";;; demo-driver.el --- drives `make demo`  -*- lexical-binding: 
       (magent-store-open session-id 'global)
       (setq session (gethash session-id magent-store--sessions)
             flushes0 (magent-store--session-flushes session)))
-    (dolist (f magent-store-demo--timed-functions)
-      (advice-add f :around (magent-store-demo--timer f) '((name . magent-store-demo))))
+    (when instrument
+      (dolist (f magent-store-demo--timed-functions)
+        (advice-add f :around (magent-store-demo--timer f)
+                    '((name . magent-store-demo)))))
     (setq magent-store-demo--spent 0.0 magent-store-demo--stall 0.0
           magent-store-demo--calls 0 magent-store-demo--by-function nil)
     (garbage-collect)
@@ -329,12 +333,12 @@ def load_shim(daemon: Daemon, workdir: Path) -> str:
 
 
 def run_stream(daemon: Daemon, workdir: Path, session_id: str, script_file: Path,
-               rate: float, persist: bool) -> dict[str, Any]:
-    result = workdir / f"result-{session_id}-{int(persist)}.json"
+               rate: float, persist: bool, instrument: bool = False) -> dict[str, Any]:
+    result = workdir / f"result-{session_id}-{int(persist)}{'-timed' * instrument}.json"
     daemon.eval(
         f"(magent-store-demo-run {elisp_string(session_id)} "
         f"{elisp_string(str(script_file))} {rate} {'t' if persist else 'nil'} "
-        f"{elisp_string(str(result))})"
+        f"{elisp_string(str(result))} {'t' if instrument else 'nil'})"
     )
     report: dict[str, Any] = json.loads(result.read_text())
     return report
@@ -376,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     try:
         for name, mb in scenarios:
-            ids = [f"demo-{name}-{rep}" for rep in range(1, ns.reps + 1)]
+            # One session per persisted run, and one more for the timed run.
+            ids = [f"demo-{name}-{rep}" for rep in range(1, ns.reps + 2)]
             if mb:
                 print(f"demo: writing {mb:g} MB of history into {len(ids)} sessions...",
                       flush=True)
@@ -403,11 +408,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"demo: {name} session: streaming {n_chunks} chunks at {ns.rate:g}/s, "
                       f"{ns.reps}x without persistence and {ns.reps}x with...", flush=True)
                 base, on = [], []
-                for sid in ids:  # interleaved, so drift hits both alike
+                for sid in ids[:-1]:  # interleaved, so drift hits both alike
                     base.append(run_stream(daemon, workdir, f"{sid}-off", script_file,
                                            ns.rate, False))
                     on.append(run_stream(daemon, workdir, sid, script_file, ns.rate, True))
-                results[name] = {"base": base, "on": on}
+                timed = run_stream(daemon, workdir, ids[-1], script_file, ns.rate, True,
+                                   instrument=True)
+                results[name] = {"base": base, "on": on, "timed": timed}
             status = json.loads(daemon.eval(
                 "(progn (magent-store-status) (with-current-buffer"
                 " \"*magent-store-status*\" (buffer-string)))"))
@@ -431,11 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         diff_median = on_cpu[len(on_cpu) // 2] - base_cpu[len(base_cpu) // 2]
         diff_min = on_cpu[0] - base_cpu[0]
         flushes = [r["flushes"] for r in res["on"]]
-        spent = [r["spent"] for r in res["on"]]
-        stall = max(r["stall"] for r in res["on"])
-        gc_free_stall = max(
-            f[2] for r in res["on"] for f in r["functions"] if f[4] == 0
-        )
+        timed = res["timed"]
+        gc_free_stall = max([f[2] for f in timed["functions"] if f[4] == 0] or [0.0])
         print(f"  flushes per run: {flushes} (one per {1000 * wall / max(flushes):.0f} ms)")
         print("  Emacs run-time, stream without persistence: "
               + ", ".join(_ms(c) for c in base_cpu) + "; with: "
@@ -443,10 +447,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  Emacs CPU in persistence (run-time difference, GC included): "
               f"median {_ms(diff_median)} = {100 * diff_median / wall:.2f}% of wall, "
               f"min-to-min {_ms(diff_min)} = {100 * diff_min / wall:.2f}%")
-        print("  time inside the shim's functions: "
-              + ", ".join(f"{_ms(x)} = {100 * x / wall:.2f}%" for x in spent))
-        print(f"  longest stall in the shim: {stall * 1000:.2f} ms "
+        print(f"  timed run (every call into the shim timed): "
+              f"{_ms(timed['spent'])} = {100 * timed['spent'] / timed['wall']:.2f}% of wall "
+              f"in {timed['calls']} calls; longest stall {timed['stall'] * 1000:.2f} ms "
               f"({gc_free_stall * 1000:.2f} ms in calls that ran no GC)")
+        for fname, total, longest, count, gcs in sorted(timed["functions"],
+                                                        key=lambda f: -f[1]):
+            print(f"    {fname:34} {count:4} calls {_ms(total):>9}  longest "
+                  f"{longest * 1000:.2f} ms{f'  ({gcs} ran a GC)' if gcs else ''}")
     print()
     print("magent-store-status at the end of the stream:")
     print("  " + status.strip().replace("\n", "\n  "))
