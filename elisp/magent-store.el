@@ -206,11 +206,15 @@ buffer and sent from there: no string as large as the message is made."
     (magent-store--with-send-buffer
       (magent-store--print (list 'call id (intern method) args))
       (insert "\n")
-      ;; Pure ASCII (the common case) is its own UTF-8: skip the encoder.
-      (unless (= (buffer-size) (1- (position-bytes (point-max))))
+      ;; The connection encodes to UTF-8 as it sends, so the frame length
+      ;; is the text's size in bytes, which Emacs keeps: no encoding pass.
+      ;; Only raw bytes (eight-bit) are one byte on the wire but two here.
+      (when (and (/= (buffer-size) (1- (position-bytes (point-max))))
+                 (memq 'eight-bit
+                       (find-charset-region (point-min) (point-max))))
         (encode-coding-region (point-min) (point-max) 'utf-8-unix))
       (goto-char (point-min))
-      (insert (format "%06x" (buffer-size)))
+      (insert (format "%06x" (1- (position-bytes (point-max)))))
       (process-send-region (magent-store--backend-connection backend)
                            (point-min) (point-max)))
     id))
@@ -329,6 +333,7 @@ and the backend log)"
     (with-current-buffer (process-buffer connection)
       (erase-buffer)
       (set-buffer-multibyte nil))
+    (set-process-coding-system connection 'binary 'utf-8-unix)
     (set-process-filter connection #'magent-store--filter)
     (set-process-sentinel connection #'magent-store--sentinel)
     (set-process-sentinel server #'magent-store--sentinel)
@@ -638,7 +643,10 @@ streaming hot path: it conses one small list and returns."
 (defun magent-store-request-flush (session-id)
   "Ask for SESSION-ID to be flushed within `magent-store-flush-interval'.
 The first request schedules the flush; later ones join it."
-  (let ((session (gethash session-id magent-store--sessions)))
+  (let* ((recent magent-store--recent)
+         (session (if (and recent (eq session-id (car recent)))
+                      (cdr recent)
+                    (gethash session-id magent-store--sessions))))
     (when (and session (not (magent-store--session-timer session)))
       (magent-store--schedule session))))
 
