@@ -85,13 +85,21 @@ e.g. (\"python3\" \"-m\" \"magent_store\")."
                  (repeat :tag "Program and arguments" string))
   :group 'magent-store)
 
-(defcustom magent-store-root
-  (if (boundp 'magent-session-directory)
-      (symbol-value 'magent-session-directory)
-    (locate-user-emacs-file "magent/sessions"))
-  "Directory under which sessions are stored (magent's session root)."
-  :type 'directory
+(defcustom magent-store-root nil
+  "Directory under which sessions are stored (magent's session root).
+nil means `magent-session-directory' when magent defines it (looked up
+when a session opens, so load order does not matter), else
+~/.emacs.d/magent/sessions."
+  :type '(choice (const :tag "magent's session directory" nil) directory)
   :group 'magent-store)
+
+(defun magent-store--root ()
+  "Return the session root in use, as an absolute directory name."
+  (expand-file-name
+   (or magent-store-root
+       (and (boundp 'magent-session-directory)
+            (symbol-value 'magent-session-directory))
+       (locate-user-emacs-file "magent/sessions"))))
 
 (defcustom magent-store-flush-interval 0.25
   "Seconds between a flush request and the flush it causes.
@@ -452,7 +460,7 @@ were written before the crash and are skipped, so nothing is duplicated."
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
-  (list (expand-file-name magent-store-root)
+  (list (magent-store--root)
         (magent-store--scope-json (magent-store--session-scope session))
         (magent-store--session-id session)
         (magent-store--options-json)))
