@@ -175,6 +175,30 @@ Timers run between chunks, as they do while a real reply streams."
                 (gethash "s-timer" magent-store--sessions))
                43))))
 
+(ert-deftest magent-store-large-batch-travels-as-a-private-file ()
+  "A batch over `magent-store-file-threshold' goes through the spool."
+  (magent-store-test--with-backend
+    (let ((magent-store-file-threshold 100)
+          (big (apply #'concat (make-list 2000 "tool output \"x\" é\n")))
+          sent)
+      (magent-store-open "s-file")
+      (magent-store-test--start-turn "s-file")
+      (advice-add 'magent-store--spool-file :filter-return
+                  (lambda (file) (push file sent) file)
+                  '((name . magent-store-test)))
+      (unwind-protect
+          (progn
+            (magent-store-append-item-content "s-file" "item-1" big t)
+            (should (= (magent-store-flush "s-file") 4)))
+        (advice-remove 'magent-store--spool-file 'magent-store-test))
+      (should (= (length sent) 1))
+      (should-not (file-exists-p (car sent)))  ; the backend removed it
+      (should (equal (file-modes (file-name-directory (car sent))) #o700))
+      (let* ((snapshot (plist-get (magent-store-load "s-file") :snapshot))
+             (item (aref (alist-get 'items (aref (alist-get 'turns snapshot) 0))
+                         0)))
+        (should (equal (alist-get 'output item) big))))))
+
 ;;;; The mode, with a stand-in for magent
 
 (defvar magent-store-test--calls nil
