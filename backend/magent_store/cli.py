@@ -236,6 +236,40 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     return 0 if result.healthy else 1
 
 
+def _since(value: str) -> float:
+    """--since: an ISO date or date-time (local time unless it says), or 30m, 12h, 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[:-1].isdigit() and value[-1:] in units:
+        return dt.datetime.now().timestamp() - int(value[:-1]) * units[value[-1]]
+    try:
+        return dt.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a date (2026-11-29, 2026-11-29T14:00) or an age (30m, 12h, 7d)"
+        ) from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from magent_store import metrics, report
+
+    directory: Path = args.dir.expanduser() if args.dir else metrics.state_directory()
+    if not metrics.files(directory):
+        raise CliError(f"{directory}: no {metrics.FILE_NAME} yet (magent-store-timing records "
+                       "turns while magent-store-mode is on)")  # fmt: skip
+    turns = report.build(metrics.read(directory, since=args.since),
+                         long_messages=args.long_history)  # fmt: skip
+    if args.plot:
+        try:
+            report.plot(turns, args.plot)
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install 'magent-store[plot]'") from None
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(report.to_json(turns)) + b"\n")
+    else:
+        sys.stdout.write(report.text(turns, timelines=args.timelines))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="magent-store",
@@ -367,6 +401,37 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=cmd_serve)
+
+    p = add(
+        "report", "where turns spend their time, from the lifecycle timing metrics",
+        "Read the timing records Emacs sent while magent-store-mode was on\n"
+        "($XDG_STATE_HOME/magent-store/metrics.jsonl and its rotations; only event types,\n"
+        "turn ids, durations, counts and sizes) and print, per turn kind, the count and\n"
+        "the median, p90 and max of each phase, then the timelines of the latest turns.\n"
+        "Overlapping intervals (parallel tool calls, subagents, saves during a stream)\n"
+        "are drawn as a timeline and their time is a union, never a sum.\n\n"
+        "Phases: total; first-event (turn start to the first provider event);\n"
+        "provider-wait (request start to its first event); request; reasoning;\n"
+        "tool-call (each call); tool-wall (union of the turn's calls); tool-gap (last\n"
+        "tool completion to the next request); session-save(s); acp-update(s).\n"
+        "Kinds: long-history (a request carried at least --long-history prompt\n"
+        "messages), else tool-use (any tool call), else ordinary.\n\n"
+        "examples:\n"
+        "  magent-store report --since 7d\n"
+        "  magent-store report --json > turns.json\n"
+        "  magent-store report --plot turns.png     # pip install 'magent-store[plot]'",
+    )  # fmt: skip
+    p.add_argument("--since", type=_since, metavar="DATE",
+                   help="only turns from DATE (2026-11-29, 2026-11-29T14:00) or an age (7d)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the report (every turn) as JSON")
+    p.add_argument("--plot", metavar="FILE", help="also plot timelines and distributions to FILE (.png)")
+    p.add_argument("--long-history", type=int, default=100, metavar="N",
+                   help="long-history: a request of N prompt messages or more (default 100)")  # fmt: skip
+    p.add_argument("--timelines", type=int, default=10, metavar="N",
+                   help="draw the timelines of the last N turns (default 10; 0 for none)")  # fmt: skip
+    p.add_argument("--dir", type=Path, metavar="DIR",
+                   help="read the metrics in DIR (default: the state directory)")  # fmt: skip
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -53,6 +53,7 @@ from epc.handler import encode_message, unpack_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
+from magent_store.metrics import MetricsLog
 from magent_store.store import Scope, Session, Store, StoreError
 
 log = logging.getLogger("magent_store.server")
@@ -181,6 +182,7 @@ class Service:
     def __init__(self, spool: Path) -> None:
         self.spool = spool
         self.stats = Stats()
+        self.metrics = MetricsLog(spool.parent)
         self._stores: dict[tuple[str, str, int, int], Store] = {}
         self._open: dict[str, OpenSession] = {}
         self._lock = threading.Lock()
@@ -201,6 +203,7 @@ class Service:
             "close": self.close,
             "list": self.list,
             "status": self.status,
+            "record-timings": self.record_timings,
         }
 
     def call(self, name: str, args: list[Any]) -> Any:
@@ -335,12 +338,16 @@ class Service:
         session.put_header(obj)
         return True
 
-    def flush(self, session_id: Any, batch: Any = None) -> list[Any]:
+    def flush(self, session_id: Any, batch: Any = None, timings: Any = None) -> list[Any]:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
         The reply is ``(durable-seq last-seq bytes-written milliseconds
-        rejected)``: cheap for Emacs to read on every tick.
+        rejected)``: cheap for Emacs to read on every tick.  TIMINGS, when
+        given, are lifecycle timing records riding the same message (see
+        `record_timings`); they never make the flush fail.
         """
+        if timings:
+            self._record_timings(timings)
         session = self._session(session_id)
         rejected: list[str] = []
         if batch:
@@ -358,7 +365,7 @@ class Service:
             rejected,
         ]
 
-    def flush_file(self, session_id: Any, path: Any) -> list[Any]:
+    def flush_file(self, session_id: Any, path: Any, timings: Any = None) -> list[Any]:
         """Like `flush`, the batch read from PATH in the spool; PATH is then removed.
 
         The file holds JSON text or an s-expression list, as `flush` takes.
@@ -387,7 +394,26 @@ class Service:
                 raise CallError("batch file is not a valid s-expression") from None
         else:
             batch = text
-        return self.flush(session_id, batch)
+        return self.flush(session_id, batch, timings)
+
+    def record_timings(self, records: Any) -> int:
+        """Append timing records (a list, or JSON text of an array) to the metrics.
+
+        Only allow-listed keys survive (`metrics.sanitize`); returns how many
+        records were kept.  Emacs uses this when no flush is due to carry them.
+        """
+        return self._record_timings(records)
+
+    def _record_timings(self, records: Any) -> int:
+        try:
+            entries = _json(records, "timings") if isinstance(records, str) else records
+            if not isinstance(entries, list):
+                raise CallError("timings must be a list or a JSON array")
+            return self.metrics.record(entries)
+        except (CallError, OSError) as err:
+            # Metrics are best effort: never at the expense of a flush.
+            log.warning("timing records dropped: %s", err)
+            return 0
 
     def load(self, root: Any, scope: Any, session_id: Any, options: Any = None) -> str:
         """Open the session and write header + snapshot JSON to a private file.
