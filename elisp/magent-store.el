@@ -174,6 +174,14 @@ survives a crash of the backend); DURABLE-SEQ the last one fsync covers."
 (defvar magent-store-persistence-enabled t
   "When nil, the append functions drop their input (for benchmarks only).")
 
+(defvar magent-store--flush-extra-args-function nil
+  "Nil, or a function returning extra arguments for the next flush message.
+magent-store-timing sets it, so that its records ride the flush.")
+
+(defvar magent-store--flushed-function nil
+  "Nil, or a function called with (SENT RECORD REPLY) after each flush.
+magent-store-timing sets it to record the round trip as a session save.")
+
 ;;;; The wire (EPC framing, our own cheap dispatch)
 
 (defvar magent-store--send-buffer nil
@@ -533,7 +541,9 @@ text, all printed once into the message: no per-chunk JSON."
                        magent-store-file-threshold))
              (record (cons nil entries))
              (sent (float-time))
-             (id (magent-store--session-id session)))
+             (id (magent-store--session-id session))
+             (extra (and magent-store--flush-extra-args-function
+                         (funcall magent-store--flush-extra-args-function))))
         (setf (magent-store--session-queue session) nil
               (magent-store--session-queued-chars session) 0)
         (setf (magent-store--session-inflight session)
@@ -543,13 +553,14 @@ text, all printed once into the message: no per-chunk JSON."
             (setcar record
                     (if large
                         (magent-store--send "flush-file"
-                                            (list id (magent-store--spool-file
-                                                      backend entries))
+                                            (cl-list* id (magent-store--spool-file
+                                                          backend entries)
+                                                      extra)
                                             (magent-store--on-flushed
                                              session record sent)
                                             (magent-store--on-refused
                                              session record))
-                      (magent-store--send "flush" (list id entries)
+                      (magent-store--send "flush" (cl-list* id entries extra)
                                           (magent-store--on-flushed
                                            session record sent)
                                           (magent-store--on-refused
@@ -578,6 +589,8 @@ text, all printed once into the message: no per-chunk JSON."
     (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
     (when (nthcdr 256 magent-store--flush-ms)
       (setcdr (nthcdr 127 magent-store--flush-ms) nil))
+    (when magent-store--flushed-function
+      (funcall magent-store--flushed-function sent record reply))
     (when-let ((rejected (nth 4 reply)))
       (setq magent-store--last-error (car rejected))
       (message "magent-store: session %s: %d entries rejected (%s)"
@@ -933,6 +946,19 @@ Emacs flushes everything before it exits."
   (if magent-store-mode
       (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
     (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)))
+
+;;;; Lifecycle timing (magent-store-timing.el)
+
+(autoload 'magent-store-record-timing "magent-store-timing")
+(autoload 'magent-store-timing-report "magent-store-timing" nil t)
+(declare-function magent-store-timing-mode-sync "magent-store-timing" ())
+
+(defun magent-store--timing-sync ()
+  "Let magent-store-timing, when installed, follow `magent-store-mode'."
+  (when (require 'magent-store-timing nil t)
+    (magent-store-timing-mode-sync)))
+
+(add-hook 'magent-store-mode-hook #'magent-store--timing-sync)
 
 (provide 'magent-store)
 ;;; magent-store.el ends here
