@@ -34,11 +34,12 @@ test-live: install
 demo: install
 	$(PY) bench/demo.py
 
+# bench/emacs_bench.py runs bench/store_bench.py too (the backend table).
 bench: install bench-migrate
-	$(PY) bench/store_bench.py
+	$(PY) bench/emacs_bench.py
 
 bench-quick: install
-	$(PY) bench/store_bench.py --quick
+	$(PY) bench/emacs_bench.py --quick
 
 bench-migrate: install
 	$(PY) bench/migrate_bench.py
