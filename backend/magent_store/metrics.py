@@ -3,8 +3,8 @@
 This module owns ``metrics.jsonl`` in the state directory and nothing else.
 Emacs sends timing records (the shim's ``magent-store-timing.el``) with its
 flush ticks; each is cut down here to an allow-list of keys and value types
-before a byte reaches the disk: an event type from a fixed set, a turn id,
-times, durations, counts and sizes.  Anything else -- a tool name, an
+before a byte reaches the disk: an event type from a fixed set, a digest of
+the turn id, times, durations, counts and sizes.  Anything else -- a tool name, an
 argument, an error message, a file name -- is dropped, whatever Emacs sent.
 
 Clock: Emacs 28 has no monotonic clock, so records carry Emacs's wall clock
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -66,7 +65,6 @@ DURATION_KEYS = frozenset({"duration-ms", "backend-ms"})
 #: The only words a status may be; anything else is dropped.
 STATUSES = frozenset({"completed", "failed", "cancelled", "interrupted", "aborted", "error", "timeout"})
 
-TURN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 MAX_INT = 2**53
 
 
@@ -82,23 +80,25 @@ def state_directory(*, create: bool = False) -> Path:
 
 def _name(value: Any) -> str | None:
     """The text of a symbol or string (sexpdata gives Symbols), else None."""
-    if isinstance(value, str):
-        return value
     text = getattr(value, "value", None)
-    return text() if callable(text) else None
+    if callable(text):  # a sexpdata Symbol (a str subclass that is no plain str)
+        value = text()
+    return str(value) if isinstance(value, str) else None
+
+
+def turn_key(turn_id: str) -> str:
+    """The key a turn id is stored under: a digest, never the id itself.
+
+    Turn ids come from Emacs as free strings; a caller could pass anything
+    as one (a title, a prompt).  Storing only a digest keeps the grouping
+    and never shows the string.  ``magent-store report`` prints these keys.
+    """
+    return hashlib.sha256(turn_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _turn(value: Any) -> str | None:
-    """A turn id as given when it looks like one, else a digest of it.
-
-    magent's turn ids are random; anything else (a caller passing a title,
-    say) is replaced by a digest so that it still groups but never shows.
-    """
-    if not isinstance(value, str) or not value:
-        return None
-    if TURN_ID.match(value):
-        return value
-    return "h-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    name = _name(value)
+    return turn_key(name) if name else None
 
 
 def from_wire(entry: Any) -> dict[str, Any] | None:

@@ -293,8 +293,13 @@ def build_turn(turn_id: str, records: Sequence[Record], *, long_messages: int = 
 
 
 def build(records: Iterable[Record], **thresholds: int) -> list[Turn]:
-    """Every turn in RECORDS, oldest first."""
-    turns = [build_turn(turn_id, recs, **thresholds) for turn_id, recs in _group(records).items()]
+    """Every turn in RECORDS, oldest first.
+
+    A turn is known by its turn-start or a request; records of an id that
+    has neither (an ACP update with a stray id, say) make no turn.
+    """
+    turns = [build_turn(turn_id, recs, **thresholds) for turn_id, recs in _group(records).items()
+             if any(r["type"] in ("turn-start", "llm-request-start") for r in recs)]  # fmt: skip
     return sorted(turns, key=lambda t: t.wall_start)
 
 
@@ -381,7 +386,7 @@ def text(turns: Sequence[Turn], *, timelines: int = 10) -> str:
             b = min(BAR_WIDTH, max(a + 1, round(interval.end / span * BAR_WIDTH)))
             bar = " " * a + "█" * (b - a) + " " * (BAR_WIDTH - b)
             more = "+" if interval.open else ""
-            lines.append(f"  {interval.label:<16} {interval.start:>8.3f}s {interval.seconds:>8.3f}s{more:1}"
+            lines.append(f"  {interval.label:<20} {interval.start:>8.3f}s {interval.seconds:>8.3f}s{more:1}"
                          f" |{bar}|")  # fmt: skip
     return "\n".join(lines) + "\n"
 
