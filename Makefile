@@ -26,7 +26,8 @@ test-python: install
 test-elisp: install
 	$(EMACS) --batch -Q -L elisp -L tests/elisp \
 	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
-	  -l tests/elisp/magent-store-tests.el -f ert-run-tests-batch-and-exit
+	  -l tests/elisp/magent-store-tests.el -l tests/elisp/magent-store-timing-tests.el \
+	  -f ert-run-tests-batch-and-exit
 
 test-live: install
 	$(PY) tests/live/smoke.py
@@ -48,8 +49,9 @@ lint: install
 	$(PY) -m ruff check backend tests bench
 	$(PY) -m mypy --strict backend/magent_store
 	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-error-on-warn t)' \
-	  -f batch-byte-compile elisp/magent-store.el
+	  -f batch-byte-compile elisp/magent-store.el elisp/magent-store-timing.el
 	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store.el")'
+	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store-timing.el")'
 	rm -f elisp/*.elc
 
 clean:

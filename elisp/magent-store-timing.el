@@ -22,13 +22,15 @@
 ;; - magent's normalized provider events (`magent-agent-loop-apply-event',
 ;;   advised while the mode is on): the first event of each request and
 ;;   the reasoning spans.
-;; - the shim itself: every flush round trip (a session save).
+;; - the shim itself: every flush (a session save: the backend's time
+;;   to apply and write it, the entries and bytes).
 ;; - anyone: (magent-store-record-timing TYPE &rest PROPS), e.g. an ACP
 ;;   client timing its updates.
 ;;
 ;; Privacy: a record is (TYPE TURN-ID MICROSECONDS . PROPS) where PROPS
 ;; hold only counts, sizes, durations, ordinals and a status word (see
-;; `magent-store-timing--number-keys').  Tool names and arguments, file
+;; `magent-store-timing--number-keys'); the backend stores a digest of
+;; the turn id, not the id.  Tool names and arguments, file
 ;; names, prompts, model output and error messages are never read into
 ;; a record; a tool call or subagent is known by an ordinal, not its id.
 ;; The backend applies the same allow-list again before writing.
@@ -200,21 +202,23 @@ flush message being sent."
 
 (defun magent-store-timing--flushed (sent record reply)
   "Record the session save of flush RECORD sent at SENT, answered by REPLY.
-This is `magent-store--flushed-function'.  A save belongs to the turn in
-progress, or to the turn that ended less than two seconds ago (the save
-that ends a turn); other saves are not recorded."
-  (let ((now (float-time))
-        (turn (or magent-store-timing--turn
+This is `magent-store--flushed-function'.  The save's duration is the
+backend's own (apply and write, REPLY's milliseconds), placed from SENT:
+the round trip is no measure, as the backend may hold a tick's reply
+back.  A save belongs to the turn in progress, or to the turn that ended
+less than two seconds before it (the save that ends a turn); other
+saves are not recorded."
+  (let ((turn (or magent-store-timing--turn
                   (let ((last magent-store-timing--last-turn))
-                    (and last (< (- sent (cdr last)) 2.0) (car last))))))
-    (when (and turn magent-store-timing-enabled)
+                    (and last (< (- sent (cdr last)) 2.0) (car last)))))
+        (ms (nth 3 reply)))
+    (when (and turn magent-store-timing-enabled (numberp ms))
       (magent-store-timing--push
-       'session-save turn now
+       'session-save turn (+ sent (/ ms 1000.0))
        (magent-store-timing--props
-        (list :duration-ms (* 1000.0 (- now sent))
+        (list :duration-ms ms
               :items (length (cdr record))
-              :bytes (nth 2 reply)
-              :backend-ms (nth 3 reply)))))))
+              :bytes (nth 2 reply)))))))
 
 ;;;; magent's lifecycle events and provider events
 

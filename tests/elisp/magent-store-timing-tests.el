@@ -1,0 +1,252 @@
+;;; magent-store-timing-tests.el --- ERT tests for magent-store-timing  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; The timing sink through the real shim and backend, with the stand-in
+;; magent of magent-store-timing-standin.el: records ride the flush
+;; message, the mode registers and removes the sink and the advice, the
+;; report command shows the stand-in's turns, no planted secret reaches
+;; the state directory, and recording costs no more than a chunk.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+(require 'magent-store-timing-standin)
+
+(defvar magent-store-test-python nil
+  "The backend command under test; nil means the shim's default.")
+
+;; magent's provider-event loop, as the advice sees it.
+(unless (fboundp 'magent-agent-loop-apply-event)
+  (defun magent-agent-loop-apply-event (loop _event) loop)
+  (defun magent-agent-loop-event-context (loop) (plist-get loop :context))
+  (defun magent-llm-event-type (event) (plist-get event :type)))
+
+(defmacro magent-store-timing-test--with-backend (&rest body)
+  "Run BODY with a private root, state dir and timing state; clean up after."
+  (declare (indent 0) (debug t))
+  `(let* ((tmp (make-temp-file "magent-store-timing-test-" t))
+          (state (expand-file-name "state" tmp))
+          (magent-store-root (expand-file-name "root" tmp))
+          (magent-store-python (or magent-store-test-python magent-store-python))
+          (process-environment (cons (concat "XDG_STATE_HOME=" state)
+                                     process-environment))
+          (magent-store--sessions (make-hash-table :test #'equal))
+          (magent-store--recent nil)
+          (magent-store--backend nil)
+          (magent-store--restarts nil)
+          (magent-store--gave-up nil)
+          (magent-store-persistence-enabled t)
+          (magent-store-timing--queue nil)
+          (magent-store-timing--timer nil)
+          (magent-store-timing--turn nil)
+          (magent-store-timing--last-turn nil)
+          (magent-store-timing--ordinals (make-hash-table :test #'equal))
+          (magent-store-timing--next-ordinal 0)
+          (magent-lifecycle-events--sinks nil))
+     (unwind-protect
+         (progn ,@body)
+       (magent-store-mode -1)
+       (when magent-store-timing--timer (cancel-timer magent-store-timing--timer))
+       (ignore-errors (magent-store-stop))
+       (when magent-store--backend
+         (magent-store--kill-backend magent-store--backend))
+       (delete-directory tmp t))))
+
+(defun magent-store-timing-test--metrics (state)
+  "Return the records in STATE's metrics file, parsed, oldest first."
+  (let ((file (expand-file-name "magent-store/metrics.jsonl" state)))
+    (when (file-exists-p file)
+      (with-temp-buffer
+        (insert-file-contents file)
+        (let (records)
+          (goto-char (point-min))
+          (while (not (eobp))
+            (push (json-parse-buffer :object-type 'alist) records)
+            (skip-chars-forward "\n"))
+          (nreverse records))))))
+
+;;;; Tests
+
+(ert-deftest magent-store-timing-mode-registers-and-removes-the-sink ()
+  "The mode adds the sink and the provider-event advice, and removes both."
+  (let ((magent-lifecycle-events--sinks nil))
+    (unwind-protect
+        (progn
+          (magent-store-mode 1)
+          (should (memq #'magent-store-timing--sink
+                        magent-lifecycle-events--sinks))
+          (should (advice-member-p #'magent-store-timing--before-apply-event
+                                   'magent-agent-loop-apply-event))
+          (magent-store-mode -1)
+          (should-not magent-lifecycle-events--sinks)
+          (should-not (advice-member-p #'magent-store-timing--before-apply-event
+                                       'magent-agent-loop-apply-event)))
+      (magent-store-mode -1))))
+
+(ert-deftest magent-store-timing-provider-events-give-first-event-and-reasoning ()
+  "The first normalized event of a request is recorded once; reasoning spans too."
+  (let ((magent-lifecycle-events--sinks nil)
+        (magent-store-timing--queue nil)
+        (magent-store-timing--timer 'pending) ; no timer: nothing is sent
+        (magent-store-timing--ordinals (make-hash-table :test #'equal))
+        (magent-store-timing--next-ordinal 0)
+        (ctx (magent-lifecycle-events-context-create
+              :turn-id "turn-r" :subagent-id "sub-r")))
+    (unwind-protect
+        (progn
+          (magent-store-mode 1)
+          (magent-store-timing-standin-emit 'llm-request-start 100.0 ctx
+                                            :prompt-count 3)
+          (dolist (type '(reasoning-delta reasoning-delta text-delta text-delta))
+            (magent-agent-loop-apply-event (list :context ctx)
+                                           (list :type type :text "x")))
+          (let ((records (reverse magent-store-timing--queue)))
+            (should (equal (mapcar #'car records)
+                           '(llm-request-start first-provider-event
+                                               reasoning-start reasoning-end)))
+            (should (equal (nth 1 (car records)) "turn-r"))
+            (should (equal (nthcdr 3 (car records)) '(:messages 3 :agent 1)))
+            (should (equal (nth 2 (car records)) 100000000))
+            (dolist (record (cdr records))
+              (should (equal (nth 1 record) "turn-r"))
+              (should (equal (nthcdr 3 record) '(:agent 1))))))
+      (magent-store-mode -1))))
+
+(defun magent-store-timing-test--start-events (session-id)
+  "Journal a thread in SESSION-ID, enough to make it flush."
+  (magent-store-append-event
+   session-id `((seq) (type . "thread-started") (thread-id . "thread-1")
+                (turn-id) (item-id) (payload) (created-at . ,(float-time)))))
+
+(ert-deftest magent-store-timing-records-ride-the-flush-message ()
+  "While a session flushes, records travel in its flush: no message of their own."
+  (magent-store-timing-test--with-backend
+    (let ((sent nil)
+          (magent-store-timing-send-delay 1.0)
+          (flushes '("flush" "tick"))
+          (ctx (magent-lifecycle-events-context-create :turn-id "turn-f")))
+      (advice-add 'magent-store--send :before
+                  (lambda (method args &rest _) (push (cons method args) sent))
+                  '((name . magent-store-timing-test)))
+      (unwind-protect
+          (progn
+            (magent-store-mode 1)
+            (magent-store-open "s-ride")
+            (magent-store-timing-standin-emit 'turn-start (float-time) ctx)
+            (magent-store-timing-standin-emit 'tool-call-start (float-time) ctx
+                                              :call-id "c1" :args '(:path "/x"))
+            (magent-store-timing-test--start-events "s-ride")
+            (sleep-for (* 2 magent-store-flush-interval))
+            ;; The first message after the records is the flush, carrying them.
+            (let ((flush (car (cl-member-if
+                               (lambda (m) (member (car m) (cons "record-timings"
+                                                                 flushes)))
+                               (reverse sent)))))
+              (should (member (car flush) flushes))
+              (should (equal (mapcar #'car (nth 2 (cdr flush)))
+                             '(turn-start tool-call-start))))
+            ;; With no flush coming, a record goes alone after the delay.
+            (setq sent nil
+                  magent-store-timing-send-delay 0.1)
+            (sleep-for 1.2) ; the save of that flush goes alone too
+            (setq sent nil)
+            (magent-store-record-timing 'acp-update :duration-ms 2 :count 1)
+            (sleep-for (+ magent-store-timing-send-delay 0.2))
+            (should (equal (mapcar #'car sent) '("record-timings"))))
+        (advice-remove 'magent-store--send 'magent-store-timing-test))
+      (magent-store-timing-flush)
+      (should (equal (mapcar (lambda (r) (alist-get 'type r))
+                             (magent-store-timing-test--metrics state))
+                     '("turn-start" "tool-call-start" "session-save"
+                       "acp-update"))))))
+
+(ert-deftest magent-store-timing-report-command-shows-the-standin-turns ()
+  "`magent-store-timing-report' shows the CLI's report in a read-only buffer."
+  (magent-store-timing-test--with-backend
+    (magent-store-mode 1)
+    (magent-store-timing-standin-run "s-report")
+    (let ((buffer (magent-store-timing-report)))
+      (with-current-buffer buffer
+        (should buffer-read-only)
+        (goto-char (point-min))
+        (should (search-forward "ordinary: 2 turns" nil t))
+        (should (search-forward "tool-use: 1 turns" nil t))
+        (should (search-forward "long-history: 1 turns" nil t))
+        (should (search-forward "3.600s" nil t)))
+      (kill-buffer buffer))))
+
+(ert-deftest magent-store-timing-no-secret-reaches-the-state-directory ()
+  "Secrets in chunks, tool args, errors and metadata stay out of metrics and logs."
+  (magent-store-timing-test--with-backend
+    (magent-store-mode 1)
+    (magent-store-timing-standin-run "s-secret")
+    (magent-store-stop)
+    (let ((files (directory-files-recursively state "")))
+      (should (member (expand-file-name "magent-store/metrics.jsonl" state) files))
+      (should (member (expand-file-name "magent-store/server.log" state) files))
+      (dolist (file files)
+        (with-temp-buffer
+          (insert-file-contents-literally file)
+          (dolist (secret magent-store-timing-standin-secrets)
+            (goto-char (point-min))
+            (should-not (search-forward secret nil t))))))
+    ;; Planted for real: the session holds them.
+    (with-temp-buffer
+      (insert-file-contents-literally
+       (expand-file-name "global/s-secret.jsonl" magent-store-root))
+      (should (search-forward (car magent-store-timing-standin-secrets) nil t)))))
+
+(defun magent-store-timing-test--per-call-us (n function)
+  "Return the microseconds per call of FUNCTION, best of 5 runs of N calls."
+  (let (best)
+    (dotimes (_ 5)
+      (garbage-collect)
+      (let ((start (float-time)))
+        (dotimes (_ n) (funcall function))
+        (let ((us (/ (* 1e6 (- (float-time) start)) n)))
+          (setq best (if best (min best us) us)))))
+    best))
+
+(ert-deftest magent-store-timing-recording-costs-no-more-than-a-chunk ()
+  "A lifecycle event costs Emacs about what a streamed chunk does.
+Both push onto a queue that a later flush sends; the loops are short
+enough that no flush falls inside them."
+  (magent-store-timing-test--with-backend
+    (let* ((ctx (magent-lifecycle-events-context-create :turn-id "turn-c"))
+           (start (list :type 'tool-call-start :time 1.0 :context ctx
+                        :turn-id "turn-c" :subagent-id nil :call-id "c1"
+                        :tool-name "bash" :args '(:command "ls")))
+           (end (list :type 'tool-call-end :time 2.0 :context ctx
+                      :turn-id "turn-c" :subagent-id nil :call-id "c1"
+                      :tool-name "bash" :status 'completed :result "out"))
+           (n 1000)
+           chunk sink record)
+      (magent-store-open "s-cost")
+      (setq chunk (magent-store-timing-test--per-call-us
+                   n (lambda ()
+                       (magent-store-append-item-content
+                        "s-cost" "item-1" "a streamed chunk of text")))
+            sink (/ (magent-store-timing-test--per-call-us
+                     (/ n 2) (lambda ()
+                               (magent-store-timing--sink start)
+                               (magent-store-timing--sink end)))
+                    2)
+            record (magent-store-timing-test--per-call-us
+                    n (lambda ()
+                        (magent-store-record-timing
+                         'acp-update :duration-ms 1.5 :count 1))))
+      (setf (magent-store--session-queue
+             (gethash "s-cost" magent-store--sessions))
+            nil)
+      (setq magent-store-timing--queue nil)
+      (message "per call: chunk %.2f us, lifecycle event %.2f us, \
+record-timing %.2f us" chunk sink record)
+      (should (< sink (+ (* 2 chunk) 1.0)))
+      (should (< record (+ (* 2 chunk) 1.0))))))
+
+(provide 'magent-store-timing-tests)
+;;; magent-store-timing-tests.el ends here
