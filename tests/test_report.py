@@ -189,6 +189,14 @@ def test_clock_step_between_batches_is_corrected_and_flagged(tmp_path: Path) -> 
     assert turn.total == pytest.approx(1.3) and turn.clock_step
 
 
+def test_slow_drift_over_a_long_idle_spell_is_no_step(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path)
+    log.record([{"type": "turn-start", "turn": "t1", "t": 1000.0}], wall=1000.0, mono=10.0)
+    # Ten hours later NTP has slewed the wall clock 2 s (55 ppm): no step.
+    log.record([{"type": "turn-start", "turn": "t2", "t": 37002.0}], wall=37002.0, mono=36010.0)
+    assert not any(r.get("step") for r in metrics.read(tmp_path))
+
+
 # -- the size bound ---------------------------------------------------------------
 
 

@@ -15,7 +15,8 @@ setting the date) between two batches is thereby corrected, because each
 batch uses the offset of its own time.  Only records made in the second or
 so between a step and their batch's arrival can be off by the step; such a
 batch is marked ``"step": true`` (the offset moved by more than
-`STEP_THRESHOLD_S` since the previous batch) and the report flags its turn.
+`STEP_THRESHOLD_S`, plus what slewing explains, since the previous batch)
+and the report flags its turn.
 
 The file is bounded: past `DEFAULT_MAX_BYTES` it is rotated to
 ``metrics.jsonl.1`` (and ``.1`` to ``.2``, up to `DEFAULT_BACKUPS`), so the
@@ -43,6 +44,9 @@ FILE_NAME = "metrics.jsonl"
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_BACKUPS = 2
 STEP_THRESHOLD_S = 0.5
+# NTP slews the wall clock by at most 500 ppm: over a long idle spell that
+# much drift between batches is no step.
+SLEW_PER_S = 0.0005
 SCHEMA = 1
 
 #: Event types a record may have: magent's lifecycle events and the ones
@@ -158,6 +162,7 @@ class MetricsLog:
     dropped: int = 0
     written: int = 0
     _offset: float | None = None
+    _mono: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -175,11 +180,12 @@ class MetricsLog:
         mono = time.monotonic() if mono is None else mono
         offset = wall - mono
         with self._lock:
-            step = self._offset is not None and abs(offset - self._offset) > STEP_THRESHOLD_S
+            allowed = STEP_THRESHOLD_S + SLEW_PER_S * abs(mono - self._mono)
+            step = self._offset is not None and abs(offset - self._offset) > allowed
             if step:
                 log.warning("wall clock stepped by %.3f s; records of this batch flagged",
                             offset - (self._offset or 0.0))  # fmt: skip
-            self._offset = offset
+            self._offset, self._mono = offset, mono
             lines: list[bytes] = []
             for entry in entries:
                 clean = sanitize(entry)
