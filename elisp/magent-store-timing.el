@@ -145,9 +145,12 @@ After that they are sent in a message of their own."
     out))
 
 (defsubst magent-store-timing--push (type turn time props)
-  "Queue a record of TYPE in TURN at TIME (float seconds) with PROPS."
+  "Queue a record of TYPE in TURN at TIME with PROPS.
+TIME is a `float-time', a Lisp timestamp, or nil for now."
   (push (cons type (cons (and (stringp turn) turn)
-                         (cons (truncate (* 1000000 (or time (float-time))))
+                         (cons (truncate (* 1000000 (if (numberp time)
+                                                        time
+                                                      (float-time time))))
                                props)))
         magent-store-timing--queue)
   (unless magent-store-timing--timer
@@ -159,7 +162,8 @@ After that they are sent in a message of their own."
   "Record a timing event of TYPE with PROPS; return non-nil if recorded.
 TYPE is one of `magent-store-timing-types', e.g. `first-provider-event',
 `acp-update', `reasoning-start'.  PROPS may hold :turn-id (default: the
-turn in progress), :time (a `float-time', default now), :duration-ms,
+turn in progress), :time (a `float-time' or Lisp timestamp, default
+now; for an event with a duration, its end), :duration-ms,
 :count, :bytes, :chunks, :items, :messages and :status (one of
 `magent-store-timing--statuses').  Anything else in PROPS is dropped:
 records hold no content, names or messages.  Costs one `push'."
