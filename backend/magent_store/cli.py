@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report", "where turns spend their time, from the lifecycle timing metrics",
         "Read the timing records Emacs sent while magent-store-mode was on\n"
         "($XDG_STATE_HOME/magent-store/metrics.jsonl and its rotations; only event types,\n"
-        "turn ids, durations, counts and sizes) and print, per turn kind, the count and\n"
+        "digests of turn ids, durations, counts and sizes) and print, per turn kind, the count and\n"
         "the median, p90 and max of each phase, then the timelines of the latest turns.\n"
         "Overlapping intervals (parallel tool calls, subagents, saves during a stream)\n"
         "are drawn as a timeline and their time is a union, never a sum.\n\n"

@@ -369,7 +369,8 @@ def text(turns: Sequence[Turn], *, timelines: int = 10) -> str:
     shown = list(turns)[-timelines:] if timelines else []
     if shown:
         lines.append("")
-        lines.append(f"Timelines of the last {len(shown)} turns (offsets from the turn's start):")
+        lines.append(f"Timelines of the last {len(shown)} turns (offsets from the turn's start; a turn is "
+                     "named by a digest of its id; + marks an interval that never ended):")  # fmt: skip
     for turn in shown:
         lines.append("")
         flags = [] if turn.complete else ["incomplete"]
