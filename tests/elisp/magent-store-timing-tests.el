@@ -156,13 +156,17 @@
             (setq sent nil)
             (magent-store-record-timing 'acp-update :duration-ms 2 :count 1)
             (sleep-for (+ magent-store-timing-send-delay 0.2))
-            (should (equal (mapcar #'car sent) '("record-timings"))))
+            (should sent)
+            (should (cl-every (lambda (m) (equal (car m) "record-timings")) sent)))
         (advice-remove 'magent-store--send 'magent-store-timing-test))
       (magent-store-timing-flush)
-      (should (equal (mapcar (lambda (r) (alist-get 'type r))
-                             (magent-store-timing-test--metrics state))
-                     '("turn-start" "tool-call-start" "session-save"
-                       "acp-update"))))))
+      (let ((types (mapcar (lambda (r) (alist-get 'type r))
+                           (magent-store-timing-test--metrics state))))
+        ;; The save is recorded when the tick's reply comes, which the
+        ;; backend may hold back a while: its place is not fixed.
+        (should (equal (seq-take types 2) '("turn-start" "tool-call-start")))
+        (should (equal (sort (seq-drop types 2) #'string<)
+                       '("acp-update" "session-save")))))))
 
 (ert-deftest magent-store-timing-report-command-shows-the-standin-turns ()
   "`magent-store-timing-report' shows the CLI's report in a read-only buffer."
