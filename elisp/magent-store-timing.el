@@ -107,8 +107,11 @@ After that they are sent in a message of their own."
 (defvar magent-store-timing--turn nil
   "Id of the turn in progress, from the last turn-start.")
 
+(defvar magent-store-timing--turn-start 0.0
+  "When the turn in progress started (`float-time').")
+
 (defvar magent-store-timing--last-turn nil
-  "(TURN-ID . END-TIME) of the last turn that ended.")
+  "(TURN-ID START END) of the last turn that ended.")
 
 (defvar magent-store-timing--ordinals (make-hash-table :test #'equal)
   "Tool call and subagent ids -> the ordinal that stands for them.")
@@ -204,6 +207,15 @@ flush message being sent."
                           magent-store-timing--queue)))
         (when tail (setcdr tail nil))))))
 
+(defun magent-store-timing--turn-at (time)
+  "Return the id of the turn in progress at TIME, or ended just before it."
+  (let ((last magent-store-timing--last-turn))
+    (cond ((and magent-store-timing--turn
+                (>= time magent-store-timing--turn-start))
+           magent-store-timing--turn)
+          ((and last (<= (nth 1 last) time (+ (nth 2 last) 2.0)))
+           (car last)))))
+
 (defun magent-store-timing--flushed (sent record reply)
   "Record the session save of flush RECORD sent at SENT, answered by REPLY.
 This is `magent-store--flushed-function'.  The save's duration is the
@@ -211,10 +223,9 @@ backend's own (apply and write, REPLY's milliseconds), placed from SENT:
 the round trip is no measure, as the backend may hold a tick's reply
 back.  A save belongs to the turn in progress, or to the turn that ended
 less than two seconds before it (the save that ends a turn); other
-saves are not recorded."
-  (let ((turn (or magent-store-timing--turn
-                  (let ((last magent-store-timing--last-turn))
-                    (and last (< (- sent (cdr last)) 2.0) (car last)))))
+saves are not recorded.  Which turn is decided by SENT: a tick's reply
+may come after the next turn began."
+  (let ((turn (magent-store-timing--turn-at sent))
         (ms (nth 3 reply)))
     (when (and turn magent-store-timing-enabled (numberp ms))
       (magent-store-timing--push
@@ -245,7 +256,10 @@ saves are not recorded."
                        (list :agent (magent-store-timing--ordinal subagent)))))
       (pcase type
         ('turn-start
-         (unless subagent (setq magent-store-timing--turn turn))
+         (unless subagent
+           (setq magent-store-timing--turn turn
+                 magent-store-timing--turn-start (if (numberp time) time
+                                                   (float-time))))
          (magent-store-timing--push type turn time agent))
         ('turn-end
          (magent-store-timing--push
@@ -255,7 +269,9 @@ saves are not recorded."
                  agent))
          (when (equal turn magent-store-timing--turn)
            (setq magent-store-timing--turn nil
-                 magent-store-timing--last-turn (cons turn (or time (float-time))))))
+                 magent-store-timing--last-turn
+                 (list turn magent-store-timing--turn-start
+                       (if (numberp time) time (float-time))))))
         ('llm-request-start
          (puthash (or (plist-get event :context) 'none) t
                   magent-store-timing--awaiting)

@@ -43,6 +43,7 @@
           (magent-store-timing--queue nil)
           (magent-store-timing--timer nil)
           (magent-store-timing--turn nil)
+          (magent-store-timing--turn-start 0.0)
           (magent-store-timing--last-turn nil)
           (magent-store-timing--ordinals (make-hash-table :test #'equal))
           (magent-store-timing--next-ordinal 0)
@@ -115,6 +116,23 @@
               (should (equal (nth 1 record) "turn-r"))
               (should (equal (nthcdr 3 record) '(:agent 1))))))
       (magent-store-mode -1))))
+
+(ert-deftest magent-store-timing-a-save-belongs-to-the-turn-it-was-sent-in ()
+  "A flush's save is the turn's that was in progress when it was sent."
+  (let ((magent-store-timing--queue nil)
+        (magent-store-timing--timer 'pending)
+        (magent-store-timing--turn "t2")
+        (magent-store-timing--turn-start 200.0)
+        (magent-store-timing--last-turn '("t1" 100.0 150.0))
+        (reply '(3 3 100 2.5 nil)))
+    (dolist (sent '(149.0 201.0 151.5 160.0 90.0))
+      (magent-store-timing--flushed sent (cons 1 '(a b)) reply))
+    (let ((records (reverse magent-store-timing--queue)))
+      (should (equal (mapcar (lambda (r) (nth 1 r)) records) '("t1" "t2" "t1")))
+      (should (equal (nth 2 (car records)) 149002500))
+      (should (equal (plist-get (nthcdr 3 (car records)) :duration-ms) 2.5))
+      (should (equal (plist-get (nthcdr 3 (car records)) :items) 2))
+      (should (equal (plist-get (nthcdr 3 (car records)) :bytes) 100)))))
 
 (defun magent-store-timing-test--start-events (session-id)
   "Journal a thread in SESSION-ID, enough to make it flush."
