@@ -151,7 +151,7 @@ sent but not yet acknowledged, oldest first, as (ID . ENTRIES).
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
 survives a crash of the backend); DURABLE-SEQ the last one fsync covers."
   id scope queue (queued-chars 0) inflight (durable-seq 0) (written-seq 0)
-  timer (flushes 0) header opened)
+  timer (flushes 0) header opened (deadline 0.0))
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -509,29 +509,46 @@ Cleared whenever a session is forgotten.")
           (error (magent-store--give-up (error-message-string err))))
         session)))
 
+(defsubst magent-store--due (session)
+  "Schedule SESSION's flush, or send it now if its time has come.
+While chunks stream, the flush goes out with the first one after its
+deadline: that chunk already woke Emacs up, a timer would wake it
+again.  The timer only catches a stream that stopped."
+  (if (not (magent-store--session-timer session))
+      (magent-store--schedule session)
+    (when (>= (float-time) (magent-store--session-deadline session))
+      (magent-store--tick session))))
+
 (defsubst magent-store--push (session entry size)
   "Queue ENTRY of SIZE characters for SESSION; make sure a flush is scheduled."
   (push entry (magent-store--session-queue session))
   (cl-incf (magent-store--session-queued-chars session) size)
-  (unless (magent-store--session-timer session)
-    (magent-store--schedule session)))
+  (magent-store--due session))
 
 (defun magent-store--schedule (session)
-  "Schedule SESSION's flush one interval from now."
-  (setf (magent-store--session-timer session)
-        (run-at-time magent-store-flush-interval nil
+  "Schedule SESSION's flush one interval from now.
+The timer waits a little longer, for a chunk to send it first."
+  (setf (magent-store--session-deadline session)
+        (+ (float-time) magent-store-flush-interval)
+        (magent-store--session-timer session)
+        (run-at-time (* 1.4 magent-store-flush-interval) nil
                      #'magent-store--tick session)))
 
 (defun magent-store--tick (session)
-  "Send SESSION's queued entries; the flush timer's function."
-  (setf (magent-store--session-timer session) nil)
-  (magent-store--flush-now session))
+  "Send SESSION's queued entries: the flush timer's function.
+The backend may hold the reply back and send it with later ones
+\(the batch is already on disk; every reply wakes Emacs up)."
+  (when-let ((timer (magent-store--session-timer session)))
+    (cancel-timer timer)
+    (setf (magent-store--session-timer session) nil))
+  (magent-store--flush-now session t))
 
-(defun magent-store--flush-now (session)
+(defun magent-store--flush-now (session &optional tick)
   "Send SESSION's queue as one batch, to be applied and flushed.
 Chunks travel as (ITEM-ID CHUNK OUTPUT-P MILLISECONDS) lists (an
 integer prints much faster than a float) and events as their JSON
-text, all printed once into the message: no per-chunk JSON."
+text, all printed once into the message: no per-chunk JSON.  With
+TICK, send it as a tick, whose reply the backend may hold back."
   (let ((backend magent-store--backend))
     (when (and backend
                (not (magent-store--backend-stopping backend))
@@ -552,7 +569,7 @@ text, all printed once into the message: no per-chunk JSON."
         (condition-case nil
             (setcar record
                     (if large
-                        (magent-store--send "flush-file"
+                        (magent-store--send (if tick "tick-file" "flush-file")
                                             (cl-list* id (magent-store--spool-file
                                                           backend entries)
                                                       extra)
@@ -560,7 +577,8 @@ text, all printed once into the message: no per-chunk JSON."
                                              session record sent)
                                             (magent-store--on-refused
                                              session record))
-                      (magent-store--send "flush" (cl-list* id entries extra)
+                      (magent-store--send (if tick "tick" "flush")
+                                          (cl-list* id entries extra)
                                           (magent-store--on-flushed
                                            session record sent)
                                           (magent-store--on-refused

@@ -191,6 +191,35 @@ def test_calls_of_one_connection_apply_in_order(backend: Backend) -> None:
     assert content == "".join(f"{i}," for i in range(200))
 
 
+def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
+    backend: Backend,
+) -> None:
+    client = backend.client()
+    _open(client, backend)
+    _start_item(client)
+    replies: list[object] = []
+    sent = time.monotonic()
+    for i in range(3):
+        chunk = orjson.dumps([["item-1", f"{i},", False, time.time()]]).decode()
+        client.call("tick", ["s1", chunk], callback=replies.append)
+    # Flushed already (a tick's reply is held back, never its flush)...
+    deadline = time.monotonic() + TIMEOUT
+    while "2," not in (_show(backend)["turns"][0]["items"][0]["content"] or ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    if time.monotonic() - sent < 0.8:  # well within ACK_DELAY_S (1 s)
+        assert replies == []
+    # ...and the held replies come together, before any later reply.
+    durable, last, _bytes, _ms, rejected = client.call_sync("flush", ["s1", []], timeout=TIMEOUT)
+    assert (durable, last, rejected) == (6, 6, [])
+    assert [reply[1] for reply in replies] == [4, 5, 6]  # type: ignore[index]
+    # With nothing else to carry them, held replies leave within ACK_DELAY_S.
+    client.call("tick", ["s1", "[]"], callback=replies.append)
+    while len(replies) < 4:
+        assert time.monotonic() - sent < TIMEOUT
+        time.sleep(0.02)
+
+
 def test_owner_disconnect_flushes_releases_and_exits(backend: Backend) -> None:
     client = backend.client()
     _open(client, backend)

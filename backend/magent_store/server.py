@@ -65,6 +65,12 @@ OWNER_TIMEOUT_S = 60.0
 # An EPC frame length has 6 hex digits: nothing larger can be framed at all.
 MAX_FRAME = 0xFFFFFF
 FLUSH_SAMPLES = 2048
+# Replies to `tick` (a flush the shim sends from its timer) are held back up to
+# this long and written together, or at once ahead of any other reply: every
+# reply wakes Emacs up, and a tick's reply only lets Emacs forget a batch that
+# is already on disk.  The flush itself is never delayed.
+ACK_DELAY_S = 1.0
+LAZY_METHODS = frozenset({"tick", "tick-file"})
 
 JsonDict = dict[str, Any]
 
@@ -199,6 +205,9 @@ class Service:
             "put-header": self.put_header,
             "flush": self.flush,
             "flush-file": self.flush_file,
+            # The shim's timer ticks: a flush whose reply may wait (see ACK_DELAY_S).
+            "tick": self.flush,
+            "tick-file": self.flush_file,
             "load": self.load,
             "close": self.close,
             "list": self.list,
@@ -506,11 +515,35 @@ class Connection(socketserver.StreamRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(AUTH_TIMEOUT_S)
+        self._write_lock = threading.Lock()
+        self._held: list[bytes] = []  # replies to ticks, not yet written
+        self._held_timer: threading.Timer | None = None
 
     def _send(self, *message: Any) -> None:
         data = encode_message(*message)
-        self.wfile.write(data)
-        self.wfile.flush()
+        with self._write_lock:
+            # Held replies go first: replies stay in call order.
+            self.wfile.write(b"".join([*self._held, data]))
+            self._held.clear()
+            self.wfile.flush()
+
+    def _hold(self, *message: Any) -> None:
+        """Queue a tick's reply; it is written within ACK_DELAY_S, with others."""
+        data = encode_message(*message)
+        with self._write_lock:
+            self._held.append(data)
+            if self._held_timer is None:
+                self._held_timer = threading.Timer(ACK_DELAY_S, self._release_held)
+                self._held_timer.daemon = True
+                self._held_timer.start()
+
+    def _release_held(self) -> None:
+        with contextlib.suppress(OSError, ValueError), self._write_lock:
+            self._held_timer = None
+            if self._held:
+                self.wfile.write(b"".join(self._held))
+                self._held.clear()
+                self.wfile.flush()
 
     def _frames(self, rfile: Any) -> Any:
         while True:
@@ -575,7 +608,11 @@ class Connection(socketserver.StreamRequestHandler):
             name, call_args = args[0].value(), args[1]
             if not self.authenticated:
                 return self._authenticate(uid, name, call_args)
-            self._send("return", uid, self.server.dispatch(self, name, call_args))
+            value = self.server.dispatch(self, name, call_args)
+            if name in LAZY_METHODS:
+                self._hold("return", uid, value)
+            else:
+                self._send("return", uid, value)
         except (CallError, StoreError, ValueError) as err:
             # StoreError and LedgerError (a ValueError) carry user-actionable messages.
             message = str(err) or type(err).__name__
