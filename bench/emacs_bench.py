@@ -202,15 +202,22 @@ class Bench:
         return report
 
 
+# Seconds the timing advice adds to one call, measured in the daemon at start
+# and subtracted from the timed totals (not from the longest stall).
+OVERHEAD = [0.0]
+
+
 def fn_stats(report: dict[str, Any], names: tuple[str, ...]) -> tuple[float, float, int]:
     """(total s, max s, calls) over the timed functions NAMES."""
     rows = [f for f in report["functions"] if f[0] in names]
-    return (sum(f[1] for f in rows), max([f[2] for f in rows] or [0.0]),
-            sum(f[3] for f in rows))
+    # A nested call's advice overhead is inside its outer call's total.
+    calls = sum(f[3] for f in rows)
+    return (sum(f[1] for f in rows) - OVERHEAD[0] * calls, max([f[2] for f in rows] or [0.0]),
+            calls)
 
 
 SAVE_FUNCTIONS = {"full": ("msb-fire",), "log": ("msb-fire",), "floor": ("msb-fire",),
-                  "store": ("magent-store--tick",)}
+                  "store": ("magent-store--tick", "magent-store--tick/nested")}
 
 
 def stall_of(report: dict[str, Any]) -> float:
@@ -218,7 +225,9 @@ def stall_of(report: dict[str, Any]) -> float:
 
 
 def spent_of(report: dict[str, Any]) -> float:
-    return sum(f[1] for f in report["functions"])
+    """Time in persistence; calls nested in another timed call count in it."""
+    return sum(f[1] - OVERHEAD[0] * f[3] for f in report["functions"]
+               if not f[0].endswith("/nested"))
 
 
 # -- tables -------------------------------------------------------------------------
@@ -248,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="24 KB and 1.4 MB, a 1.5 s stream, one repeat, no json-serialize stream")
     parser.add_argument("--reps", type=int, help="paired runs per strategy (default 3, quick 1)")
     parser.add_argument("--sizes", help="comma-separated subset of: 24KB,1.4MB,8.8MB,100MB")
+    parser.add_argument("--only", help="comma-separated subset of: full,log,store,floor "
+                        "(needs store and floor; skips the coalescing table)")
+    parser.add_argument("--chunks", type=int, help="chunks per stream (default 850, quick 200)")
     parser.add_argument("--no-backend", action="store_true",
                         help="skip bench/store_bench.py (the backend table)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -255,10 +267,13 @@ def main(argv: list[str] | None = None) -> int:
 
     quick = ns.quick
     reps = ns.reps or (1 if quick else 3)
-    chunks = 200 if quick else 850
+    chunks = ns.chunks or (200 if quick else 850)
     rate = 131.0
     sizes = SIZES[:2] if quick else SIZES
     strategies = tuple(x for x in STREAM_STRATEGIES if not (quick and x[2] == "json-serialize"))
+    if ns.only:
+        kinds = set(ns.only.split(","))
+        strategies = tuple(x for x in strategies if x[1] in kinds)
     if ns.sizes:
         wanted = {s.strip().replace(" ", "") for s in ns.sizes.split(",")}
         sizes = tuple(s for s in SIZES if s[0].replace(" ", "") in wanted)
@@ -302,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             daemon.eval(f"(setq magent-store-root {el(str(root))}"
                         f" magent-store-python {el(MAGENT_STORE)})")
             bench = Bench(daemon, workdir, root)
+            OVERHEAD[0] = min(float(daemon.eval("(msb-calibrate 20000)")) for _ in range(3))
+            results["timing_overhead_s"] = OVERHEAD[0]
             version = json.loads(daemon.eval("emacs-version"))
             results["emacs"] = version
             progress(f"isolated daemon pid {daemon.pid}, Emacs {version}")
@@ -309,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             # 1. Timer coalescing.
             coalesce_rows = []
             results["coalescing"] = []
-            for label, _ in COALESCE_SIZES:
+            for label, _ in () if ns.only else COALESCE_SIZES:
                 s = sessions[label]
                 for name, strategy, timer in (("full rewrite (json-encode)", "full", "idle"),
                                               ("full rewrite (json-encode)", "full", "elapsed"),
@@ -327,16 +344,17 @@ def main(argv: list[str] | None = None) -> int:
                     results["coalescing"].append(row)
                     coalesce_rows.append([label, name, f"{timer} timer", str(r["saves"]),
                                           ms(total), ms(longest)])
-            tables.append(md_table(
-                "Timer coalescing: 40 chunks at 20 ms (SPEC §4: 24 KB 39 → 5 saves, "
-                "214 → 21 ms; 2 MB 12 → 4 saves, 885 → 390 ms)",
-                ["session", "strategy", "schedule", "saves", "time in saves", "longest save"],
-                coalesce_rows,
-                "Idle timer: `run-with-idle-timer` 0.25 s, scheduled when none is pending "
-                "(process output does not reset idleness, so it fires after nearly every "
-                "chunk); elapsed-time timer: `run-at-time` 0.25 s, later requests coalesce "
-                "behind it without postponing it. magent-store's time counts its tick and "
-                "its reply handling."))
+            if coalesce_rows:
+                tables.append(md_table(
+                    "Timer coalescing: 40 chunks at 20 ms (SPEC §4: 24 KB 39 → 5 saves, "
+                    "214 → 21 ms; 2 MB 12 → 4 saves, 885 → 390 ms)",
+                    ["session", "strategy", "schedule", "saves", "time in saves", "longest save"],
+                    coalesce_rows,
+                    "Idle timer: `run-with-idle-timer` 0.25 s, scheduled when none is pending "
+                    "(process output does not reset idleness, so it fires after nearly every "
+                    "chunk); elapsed-time timer: `run-at-time` 0.25 s, later requests coalesce "
+                    "behind it without postponing it. magent-store's time counts its tick and "
+                    "its reply handling."))
 
             # 2. Streaming replay, interleaved.
             results["streaming"] = []
@@ -442,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             "CPU share: median over paired runs of (Emacs run-time with persistence − the "
             f"baseline run just before it) / wall time, {reps} pairs (full rewrite: 2, 100 MB: 1), "
             "GC included. Timed share: the same from one run in which every persistence entry "
-            "point is timed (it also gives mean/max per save and the longest stall; for "
+            "point is timed, the timing's own cost (measured at start) subtracted "
+            "(it also gives mean/max per save and the longest stall; for "
             "magent-store a save is one tick, its reply handling counts in the stall column). "
             "Ratios: strategy / magent-store, by run-time difference / by timed share. "
             "GCs: during the timed run.")
