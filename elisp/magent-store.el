@@ -801,6 +801,10 @@ megabytes never cross the EPC wire."
     (let ((sorted (sort (copy-sequence numbers) #'<)))
       (nth (/ (length sorted) 2) sorted))))
 
+(defun magent-store--ms (value)
+  "Return VALUE, a number of milliseconds or nil, as short text."
+  (if (numberp value) (format "%.1f" value) "-"))
+
 (defun magent-store-status ()
   "Show the backend's state in a buffer."
   (interactive)
@@ -836,10 +840,14 @@ megabytes never cross the EPC wire."
                           (alist-get 'flush-ms-last status)
                           (alist-get 'flush-ms-p50 status)
                           (alist-get 'flush-ms-p99 status))
-                  (format "Round trip ms:      last %s, median %s, p99 %s\n"
-                          (car magent-store--flush-ms)
-                          (magent-store--median ms)
-                          (and ms (nth (floor (* 0.99 (1- (length ms)))) ms)))
+                  ;; Tick replies are held back up to a second to save
+                  ;; Emacs wakeups, so this is not a latency.
+                  (format "Acknowledged after: last %s, median %s, p99 %s ms \
+(replies to ticks are held up to 1 s)\n"
+                          (magent-store--ms (car magent-store--flush-ms))
+                          (magent-store--ms (magent-store--median ms))
+                          (magent-store--ms
+                           (and ms (nth (floor (* 0.99 (1- (length ms)))) ms))))
                   (format "Compactions:        %s\n"
                           (alist-get 'compactions status))))
         (insert (format "Last error:         %s\n"
