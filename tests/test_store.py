@@ -279,14 +279,19 @@ def test_torn_final_line_is_dropped_and_repaired(root: Path, events: Events, cap
     assert "torn final line" in caplog.text
 
 
-def test_malformed_earlier_line_is_an_error_naming_file_and_line(root: Path, events: Events) -> None:
+def three_chunks_after_a_flush(root: Path, events: Events) -> tuple[Store, Path]:
+    """A closed session whose log ends with three content appends; its log's path."""
     st = Store(root, log_max_events=10_000)
     with st.open("s1") as s:
         fill(s, events, turns=1)
         s.flush()
         for i in range(3):
             s.append_content("a0", f"c{i}", False, events.now())
-    log_path = root / "global/s1.jsonl"
+    return st, root / "global/s1.jsonl"
+
+
+def test_malformed_earlier_line_is_an_error_naming_file_and_line(root: Path, events: Events) -> None:
+    st, log_path = three_chunks_after_a_flush(root, events)
     lines = log_path.read_bytes().split(b"\n")
     lines[-3] = b'{"seq": oops}'
     log_path.write_bytes(b"\n".join(lines))
@@ -301,13 +306,7 @@ def test_malformed_earlier_line_is_an_error_naming_file_and_line(root: Path, eve
 
 
 def test_a_gap_in_seqs_is_corruption(root: Path, events: Events) -> None:
-    st = Store(root, log_max_events=10_000)
-    with st.open("s1") as s:
-        fill(s, events, turns=1)
-        s.flush()
-        for i in range(3):
-            s.append_content("a0", f"c{i}", False, events.now())
-    log_path = root / "global/s1.jsonl"
+    st, log_path = three_chunks_after_a_flush(root, events)
     lines = log_path.read_bytes().splitlines(keepends=True)
     log_path.write_bytes(b"".join(lines[:-2] + lines[-1:]))
     with pytest.raises(CorruptSessionError, match="gap"):

@@ -48,22 +48,11 @@
     (load (expand-file-name "magent-store-timing.elc" dir) nil t)
     dir))
 
-(defun magent-store-timing-cost--us (n function)
-  "Return the microseconds per call of FUNCTION, best of 5 runs of N calls."
-  (let (best)
-    (dotimes (_ 5)
-      (garbage-collect)
-      (let ((start (float-time)))
-        (dotimes (_ n) (funcall function))
-        (let ((us (/ (* 1e6 (- (float-time) start)) n)))
-          (setq best (if best (min best us) us)))))
-    best))
-
 (defun magent-store-timing-cost-run ()
   "Print the costs; see the Commentary."
   (let ((dir (magent-store-timing-cost--load-compiled)))
     (require 'magent-store-timing-tests)
-    (byte-compile 'magent-store-timing-cost--us)
+    (byte-compile 'magent-store-timing-test--per-call-us)
     (dolist (f '(magent-agent-loop-apply-event magent-agent-loop-event-context
                                                magent-llm-event-type
                                                magent-thread-append-item-content
@@ -99,17 +88,17 @@
                (record-fn (byte-compile
                            (lambda () (magent-store-record-timing
                                        'acp-update :duration-ms 1.5 :count 1))))
-               (bare-chunk (magent-store-timing-cost--us n chunk-fn))
-               (bare-apply (magent-store-timing-cost--us n apply-fn)))
+               (bare-chunk (magent-store-timing-test--per-call-us n chunk-fn))
+               (bare-apply (magent-store-timing-test--per-call-us n apply-fn)))
           (magent-store-mode 1)
           (magent-store-open "s-cost")
           (magent-thread-append-event
            thread (magent-store-timing-standin--event "thread-started"))
           (magent-store-timing-standin--journal-turn thread "turn-cost")
-          (let* ((chunk (- (magent-store-timing-cost--us n chunk-fn) bare-chunk))
-                 (apply (- (magent-store-timing-cost--us n apply-fn) bare-apply))
-                 (sink (/ (magent-store-timing-cost--us (/ n 2) sink-fn) 2))
-                 (record (magent-store-timing-cost--us n record-fn))
+          (let* ((chunk (- (magent-store-timing-test--per-call-us n chunk-fn) bare-chunk))
+                 (apply (- (magent-store-timing-test--per-call-us n apply-fn) bare-apply))
+                 (sink (/ (magent-store-timing-test--per-call-us (/ n 2) sink-fn) 2))
+                 (record (magent-store-timing-test--per-call-us n record-fn))
                  (chunks (make-list 40 (list "item-1" "a streamed chunk of text"
                                              nil 1764400000000)))
                  (records (let (l)
@@ -125,9 +114,9 @@
                                    (magent-store--print
                                     (list 'call 1 'tick
                                           (list "s" ',chunks ,@extra))))))))
-                 (plain (magent-store-timing-cost--us
+                 (plain (magent-store-timing-test--per-call-us
                          200 (funcall print-fn nil)))
-                 (riding (magent-store-timing-cost--us
+                 (riding (magent-store-timing-test--per-call-us
                           200 (funcall print-fn `(',records)))))
             (princ (format "Emacs %s, byte-compiled, per call (best of 5 x %d):
   chunk through magent-store-mode's advice  %.2f us
