@@ -49,9 +49,10 @@ lint: install
 	$(PY) -m ruff check backend tests bench
 	$(PY) -m mypy --strict backend/magent_store
 	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-error-on-warn t)' \
-	  -f batch-byte-compile elisp/magent-store.el elisp/magent-store-timing.el
+	  -f batch-byte-compile elisp/magent-store.el elisp/magent-store-magent.el elisp/magent-store-timing.el
 	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store.el")'
 	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store-timing.el")'
+	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store-magent.el")'
 	rm -f elisp/*.elc
 
 clean:
