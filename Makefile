@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-python test-elisp test-live demo bench bench-quick bench-migrate lint clean
+.PHONY: install test test-python test-elisp test-live test-magent test-magent-if-available demo bench bench-quick bench-migrate lint clean
 
 install: $(STAMP)
 
@@ -18,16 +18,33 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-test: test-python test-elisp test-live
+test: test-python test-elisp test-live test-magent-if-available
 
 test-python: install
 	$(PY) -m pytest -q
 
+# Every tests/elisp/*-tests.el runs here; tests against upstream magent's own
+# code live in tests/elisp/upstream/ and run with `make test-magent'.
+ELISP_TESTS := $(sort $(wildcard tests/elisp/*-tests.el))
+UPSTREAM_TESTS := $(sort $(wildcard tests/elisp/upstream/*-tests.el))
+
 test-elisp: install
 	$(EMACS) --batch -Q -L elisp -L tests/elisp \
 	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
-	  -l tests/elisp/magent-store-tests.el -l tests/elisp/magent-store-timing-tests.el \
+	  $(addprefix -l ,$(ELISP_TESTS)) \
 	  -f ert-run-tests-batch-and-exit
+
+# MAGENT_LISP names upstream magent's lisp/ folder (see the README).
+test-magent: install
+	@test -n "$(MAGENT_LISP)" || { echo "make test-magent: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)"; exit 2; }
+	$(EMACS) --batch -Q -L elisp -L tests/elisp -L tests/elisp/upstream \
+	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
+	  $(addprefix -l ,$(UPSTREAM_TESTS)) \
+	  -f ert-run-tests-batch-and-exit
+
+test-magent-if-available:
+	@if [ -n "$(MAGENT_LISP)" ]; then $(MAKE) --no-print-directory test-magent; \
+	else echo "*** SKIPPED: the tests against upstream magent (MAGENT_LISP is not set; see the README) ***"; fi
 
 test-live: install
 	$(PY) tests/live/smoke.py
