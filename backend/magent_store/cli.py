@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -270,6 +271,94 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(stamp: float | None) -> str:
+    return dt.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M") if stamp else "-"
+
+
+def _marked(text: str, spans: list[tuple[int, int]], on: str, off: str) -> str:
+    out, at = [], 0
+    for start, end in spans:
+        out += [text[at:start], on, text[start:end], off]
+        at = end
+    return "".join([*out, text[at:]])
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from magent_store import search
+
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    try:
+        query = search.parse_query(args.query)
+        scope = search.ScopeFilter.parse(args.scope) if args.scope else None
+        roles = search.role_filter(args.role)
+        index, caught = search.open_index(root)
+        with index:
+            result = index.search(query, scope=scope, since=args.since, roles=roles, limit=args.limit)
+    except search.SearchError as exc:
+        raise UsageError(str(exc)) from None
+    notices = [*index.notices, *(f"skipped (cannot be read): {s}" for s in caught.skipped), *result.notices]
+    for notice in notices:
+        print(f"magent-store: {notice}", file=sys.stderr)
+    if args.json:
+        body = {"query": list(query.terms), "roles": list(roles), "notices": notices,
+                "hits": [hit.to_json(root) for hit in result.hits]}  # fmt: skip
+        sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
+        return 0 if result.hits else 1
+    on, off = ("\033[1;31m", "\033[0m") if sys.stdout.isatty() else ("[", "]")
+    for hit in result.hits:
+        print(f"{hit.title or '(untitled)'}")
+        print(f"  {hit.scope_label}  {_when(hit.time)}  {hit.matches} matching passages  id {hit.id}")
+        for e in hit.excerpts:
+            print(f"    {e.role}: {_marked(e.text, e.highlights, on, off)}")
+        print(f"  open: magent-store show {hit.header}")
+    if not result.hits:
+        print("no session matches", file=sys.stderr)
+    return 0 if result.hits else 1
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from magent_store import search
+
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory")
+    started = time.perf_counter()
+    index = search.SearchIndex(root)
+    for notice in index.notices:
+        print(f"magent-store: {notice}", file=sys.stderr)
+    progress, close = _index_progress()
+    try:
+        result = index.rebuild(progress) if args.rebuild else index.catch_up(progress)
+    finally:
+        close()
+        index.close()
+    for skipped in result.skipped:
+        print(f"skipped (cannot be read): {skipped}", file=sys.stderr)
+    seconds = time.perf_counter() - started
+    print(f"{result.checked} sessions, {result.updated} indexed, {result.removed} removed, "
+          f"{_human_size(result.bytes)} of text in {seconds:.1f} s; index {index.path}")  # fmt: skip
+    return 1 if result.skipped else 0
+
+
+def _index_progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
+                   TimeRemainingColumn(), console=Console(stderr=True), transient=True)  # fmt: skip
+    task = bar.add_task("index", total=None)
+    bar.start()
+
+    def advance(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return advance, bar.stop
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="magent-store",
@@ -432,6 +521,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, metavar="DIR",
                    help="read the metrics in DIR (default: the state directory)")  # fmt: skip
     p.set_defaults(func=cmd_report)
+
+    p = add(
+        "search", "find sessions by what was said in them",
+        "Find the sessions under ROOT in which every word of QUERY was said (in one\n"
+        "passage, any order, any case; \"quoted words\" must appear together).  Words match\n"
+        "anywhere, even inside longer words, in any language: CJK, identifiers, paths.\n"
+        "Nothing else is special: AND, OR, NOT, *, ( ) are searched as typed.  Queries\n"
+        "shorter than 3 characters scan only the newest passages.\n\n"
+        "Sessions are ranked by their best passage (bm25; when a word is everywhere, among\n"
+        "its newest uses), each with its title, scope, time of the newest match, up to\n"
+        "three excerpts with the match highlighted, and what it takes to open it.\n"
+        "User and assistant text is searched; --role tool adds tool input and output.\n\n"
+        "The index lives in ROOT/.search/ (private, rebuilt from the sessions whenever it\n"
+        "is missing or damaged) and is brought up to date before each search.\n\n"
+        "Exit status: 0 something found, 1 nothing found, 2 usage error.\n\n"
+        "examples:\n"
+        "  magent-store search 'parse_query' ~/.emacs.d/magent/sessions\n"
+        "  magent-store search '\"connection refused\" docker' --since 30d\n"
+        "  magent-store search 迁移 --scope ~/src/shop --role tool\n"
+        "  magent-store search TODO --scope action:review --json | jq '.hits[].id'",
+    )  # fmt: skip
+    p.add_argument("query", metavar="QUERY")
+    p.add_argument("root", type=Path, nargs="?", default=Path("~/.emacs.d/magent/sessions"), metavar="ROOT",
+                   help="the session root (default ~/.emacs.d/magent/sessions)")  # fmt: skip
+    p.add_argument("--scope", metavar="global|PROJECT|action:NAME",
+                   help="only global sessions, those of the project in directory PROJECT, or of action NAME")
+    p.add_argument("--since", type=_since, metavar="DATE",
+                   help="only matches from DATE (2026-11-29, 2026-11-29T14:00) or an age (30m, 12h, 30d)")
+    p.add_argument("--role", action="append", choices=["user", "assistant", "tool"],
+                   help="search only this role's text (repeatable); tool adds tool input and output")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N sessions (default 20)")
+    p.add_argument("--json", action="store_true",
+                   help="print {query, roles, notices, hits: [{id, root, scope, title, header, time, "
+                   "score, excerpts: [{text, highlights, role, turn, item, time}]}]}")
+    p.set_defaults(func=cmd_search)
+
+    p = add(
+        "index", "bring the search index up to date, or rebuild it",
+        "Index every session under ROOT that changed since it was last indexed, and drop\n"
+        "the sessions that are gone (a search does this by itself first).  With --rebuild,\n"
+        "start from nothing: the index is derived from the session files, never the other\n"
+        "way round.  A session that cannot be read is reported and skipped (exit status 1).\n\n"
+        "examples:\n"
+        "  magent-store index ~/.emacs.d/magent/sessions --rebuild",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--rebuild", action="store_true", help="drop the index and index everything again")
+    p.set_defaults(func=cmd_index)
     return parser
 
 

@@ -54,6 +54,7 @@ from epc.server import EPCServer
 from sexpdata import Symbol
 
 from magent_store.metrics import MetricsLog
+from magent_store.search import SearchIndex
 from magent_store.store import Scope, Session, Store, StoreError
 
 log = logging.getLogger("magent_store.server")
@@ -191,6 +192,7 @@ class Service:
         self.metrics = MetricsLog(spool.parent)
         self._stores: dict[tuple[str, str, int, int], Store] = {}
         self._open: dict[str, OpenSession] = {}
+        self._indexes: dict[str, SearchIndex] = {}
         self._lock = threading.Lock()
 
     # -- dispatch table ------------------------------------------------------
@@ -252,6 +254,19 @@ class Service:
             self._stores[store_key] = store
         return store
 
+    def _search_index(self, root: str, options: JsonDict) -> Callable[[Session, list[bytes]], None] | None:
+        """ROOT's search index's flush recorder, unless options say search-index: false."""
+        if options.get("search-index", True) is False:
+            return None
+        index = self._indexes.get(root)
+        if index is None:
+            try:
+                index = self._indexes[root] = SearchIndex(Path(root).expanduser(), live=True)
+            except Exception as err:  # search is a convenience: never at the cost of a session
+                log.warning("search index of %s unavailable: %s", root, err)
+                return None
+        return index.record_flush
+
     def _session(self, session_id: Any) -> Session:
         entry = self._open.get(session_id) if isinstance(session_id, str) else None
         if entry is None:
@@ -278,6 +293,7 @@ class Service:
         except (ValueError, TypeError, KeyError) as err:
             raise CallError(f"invalid scope {scope_json!r}: {err}") from None
         session = self._store(root, opts).open(session_id, scope_obj)
+        session.after_flush = self._search_index(root, opts)
         self._open[session_id] = OpenSession(session, root, scope_json)
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)
         return session.last_seq

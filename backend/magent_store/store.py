@@ -541,6 +541,8 @@ class Session:
         self.log_max_events = log_max_events
         self.log_growth = log_growth
         self._crash = crash
+        # Told what each flush wrote (the search index); must never raise.
+        self.after_flush: Callable[[Session, list[bytes]], None] | None = None
         self._pending: list[bytes] = []
         self._pending_first_seq = 0
         self._tail: deque[bytes] = deque()
@@ -711,6 +713,7 @@ class Session:
         self._check_open()
         started = time.perf_counter()
         events_written = len(self._pending)
+        written = self._pending
         bytes_written = self._write_pending()
         header_written = self._write_header_if_changed()
         due = not self._snapshot_on_disk or (
@@ -722,6 +725,8 @@ class Session:
         if self.thread.id is not None and (compact or (compact is None and due)):
             self._compact()
             compacted = True
+        if self.after_flush is not None and written:
+            self.after_flush(self, written)
         return FlushResult(
             last_seq=self._written_seq,
             durable_seq=self._durable_seq,

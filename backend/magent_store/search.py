@@ -1,0 +1,801 @@
+"""Full-text search over every session under a root: the index and its queries.
+
+The index is derived data, never the source of truth: one SQLite database
+(FTS5, ``trigram`` tokenizer, so any substring of any script is findable,
+case-insensitively where the script has case) at ``ROOT/.search/index.sqlite``,
+private like the sessions.  It holds *passages*: an item's content, output or
+input cut into pieces of at most `PASSAGE_CHARS` characters, each piece
+starting with the last `OVERLAP_CHARS` of the one before it, so a phrase that
+straddles a cut is still found whole.
+
+It is kept current two ways:
+
+* `SearchIndex.record_flush`, called by `store.Session.flush` with the log
+  lines that flush wrote: streamed chunks are appended to their item's last
+  passage (the cost is the chunk plus at most one passage, never the item).
+  It never raises: an index error is logged and repaired by the next catch-up.
+* `SearchIndex.catch_up`, run whenever the index is opened for a search: any
+  session whose log or snapshot changed since it was indexed is brought up to
+  date from its files (only the events after the last one indexed, when the
+  log still holds them), sessions that are gone are dropped, and a session
+  that cannot be read is reported and skipped.
+
+A corrupt index, or one written by another version, is deleted and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from magent_store import ledger
+from magent_store.ledger import Thread
+from magent_store.store import (
+    Scope,
+    SessionFiles,
+    StoreError,
+    load_session,
+    make_private_dirs,
+    read_header,
+    replay_session,
+    scan_log,
+)
+
+if TYPE_CHECKING:
+    from magent_store.store import Session
+
+log = logging.getLogger(__name__)
+
+INDEX_VERSION: Final = 1
+INDEX_DIR: Final = ".search"
+INDEX_NAME: Final = "index.sqlite"
+PASSAGE_CHARS: Final = 4096
+OVERLAP_CHARS: Final = 64
+# A search ranks at most this many of the newest matching passages: every
+# rare term is ranked over all its matches, and a term found everywhere still
+# answers in milliseconds (ranked among its most recent uses).
+CANDIDATES: Final = 2000
+# Queries shorter than a trigram cannot use the index: they scan this many of
+# the newest passages.
+SHORT_SCAN_PASSAGES: Final = 20000
+EXCERPTS: Final = 3
+EXCERPT_CHARS: Final = 160
+ROLES: Final = ("user", "assistant", "tool")
+DEFAULT_ROLES: Final = ("user", "assistant")
+FIELDS: Final = ("content", "output", "input")
+# The live writer never waits long for a search's catch-up: a flush that finds
+# the index busy skips it, and the next catch-up fills the gap.
+LIVE_BUSY_MS: Final = 20
+SEARCH_BUSY_MS: Final = 10_000
+
+SCHEMA: Final = f"""
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE sessions(
+  sid INTEGER PRIMARY KEY,
+  path TEXT NOT NULL UNIQUE,      -- header path relative to the root
+  id TEXT NOT NULL,
+  scope_kind TEXT NOT NULL,
+  scope_value TEXT,
+  seq INTEGER NOT NULL,           -- last event indexed
+  stamp TEXT NOT NULL             -- sizes and mtimes of log and snapshot then
+);
+CREATE TABLE passages(
+  id INTEGER PRIMARY KEY,
+  sid INTEGER NOT NULL,
+  turn TEXT,
+  item TEXT NOT NULL,
+  field TEXT NOT NULL,
+  role TEXT NOT NULL,
+  time REAL,
+  text TEXT NOT NULL
+);
+CREATE INDEX passages_item ON passages(sid, item, field);
+CREATE VIRTUAL TABLE fts USING fts5(
+  text, content='passages', content_rowid='id', tokenize='trigram case_sensitive 0'
+);
+PRAGMA user_version = {INDEX_VERSION};
+"""
+
+
+class SearchError(Exception):
+    """A search that cannot run as asked; the message says what to change."""
+
+
+class QueryError(SearchError, ValueError):
+    """A query that cannot be understood."""
+
+
+# ---------------------------------------------------------------------------
+# Queries
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What to look for: every term must occur (in any order) in one passage."""
+
+    terms: tuple[str, ...]
+
+    @property
+    def short(self) -> bool:
+        """True when no term is long enough for the trigram index."""
+        return all(len(t) < 3 for t in self.terms)
+
+    def match_expression(self) -> str:
+        """The FTS5 MATCH text: each indexable term one quoted string, so nothing is an operator."""
+        return " AND ".join('"' + t.replace('"', '""') + '"' for t in self.terms if len(t) >= 3)
+
+    def short_terms(self) -> list[str]:
+        return [t for t in self.terms if len(t) < 3]
+
+    def pattern(self) -> re.Pattern[str]:
+        """A case-insensitive regexp of every term, longest first (for excerpts)."""
+        ordered = sorted(set(self.terms), key=len, reverse=True)
+        return re.compile("|".join(re.escape(t) for t in ordered), re.IGNORECASE)
+
+
+def parse_query(text: str) -> Query:
+    """Words (split on blanks) and "quoted phrases"; nothing else is special.
+
+    AND, OR, NOT, NEAR, *, ^, :, parentheses are searched as typed.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise QueryError("empty query: give a word or phrase to search for")
+    if text.count('"') % 2:
+        raise QueryError(
+            f'unbalanced double quote in {text!r:.80}: close the phrase with ", or leave the quote out'
+        )
+    terms: list[str] = []
+    for n, part in enumerate(text.split('"')):
+        if n % 2:  # inside quotes: a phrase, kept as typed (blanks folded)
+            phrase = " ".join(part.split())
+            if phrase:
+                terms.append(phrase)
+        else:
+            terms.extend(part.split())
+    if not terms:
+        raise QueryError('empty query: "" holds nothing to search for')
+    return Query(tuple(dict.fromkeys(terms)))
+
+
+def role_filter(roles: Iterable[str] | None) -> tuple[str, ...]:
+    """The roles a search covers: user and assistant text unless told; tool adds tool output."""
+    chosen = list(roles or ())
+    for role in chosen:
+        if role not in ROLES:
+            raise SearchError(f"unknown role {role!r}: use user, assistant or tool")
+    text = [r for r in chosen if r != "tool"] or list(DEFAULT_ROLES)
+    return tuple(dict.fromkeys(text + (["tool"] if "tool" in chosen else [])))
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeFilter:
+    """--scope: global, a project root, or action:NAME."""
+
+    kind: str
+    value: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> ScopeFilter:
+        if text == "global":
+            return cls("global", None)
+        if text.startswith("action:"):
+            name = text[len("action:"):]
+            if not name:
+                raise SearchError("--scope action:NAME needs the action's name")
+            return cls("action", name)
+        if not text:
+            raise SearchError("--scope: give global, a project directory or action:NAME")
+        return cls("project", _project_key(text))
+
+
+def _project_key(root: str) -> str:
+    """A project root as compared: absolute, ~ expanded, no trailing slash."""
+    expanded = os.path.expanduser(root)
+    return expanded.rstrip("/") or "/"
+
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+@dataclass(slots=True)
+class Excerpt:
+    text: str
+    highlights: list[tuple[int, int]]  # character offsets into TEXT
+    turn: str | None
+    item: str
+    role: str
+    time: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text, "highlights": [list(h) for h in self.highlights],
+            "turn": self.turn, "item": self.item, "role": self.role, "time": self.time,
+        }  # fmt: skip
+
+
+@dataclass(slots=True)
+class Hit:
+    """One session found: what to show and what it takes to open it."""
+
+    id: str
+    scope: Any  # as magent-store's open takes it: "global", a project root, {"action": NAME}
+    scope_label: str
+    title: str | None
+    header: Path
+    time: float | None  # of the newest matching passage
+    score: float
+    matches: int
+    excerpts: list[Excerpt] = field(default_factory=list)
+
+    def to_json(self, root: Path) -> dict[str, Any]:
+        return {
+            "id": self.id, "root": str(root), "scope": self.scope, "scope-label": self.scope_label,
+            "title": self.title, "header": str(self.header), "time": self.time,
+            "score": round(self.score, 4), "matches": self.matches,
+            "excerpts": [e.to_json() for e in self.excerpts],
+        }  # fmt: skip
+
+
+@dataclass(slots=True)
+class SearchResult:
+    hits: list[Hit]
+    notices: list[str]  # what the user should know (short query scanned, index rebuilt, ...)
+
+
+@dataclass(slots=True)
+class CatchUp:
+    """What a catch-up did."""
+
+    checked: int = 0
+    updated: int = 0
+    removed: int = 0
+    skipped: list[str] = field(default_factory=list)  # "path: why"
+    bytes: int = 0  # text indexed
+
+
+# ---------------------------------------------------------------------------
+# What an item contributes
+
+
+def _text_of(value: Any) -> str | None:
+    if ledger.is_absent(value):
+        return None
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, ledger.Text):
+        return str(value) or None
+    try:
+        return orjson.dumps(value, default=ledger.json_default).decode()
+    except TypeError:
+        return None
+
+
+def _role(item_type: str | None, role: Any) -> str | None:
+    """The search role of an item's text: user, assistant or tool (None: not indexed)."""
+    if item_type in ("message", "reasoning"):
+        return "user" if role == "user" else "assistant"
+    if not item_type or item_type == "provider":
+        return None
+    return "tool"
+
+
+def _item_role(item: ledger.Item | None) -> str | None:
+    return None if item is None else _role(item.type, item.role)
+
+
+def _file_stamp(files: SessionFiles) -> str:
+    parts = []
+    for path in (files.log, files.snapshot):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            parts.append("-")
+            continue
+        parts.append(f"{st.st_size}.{st.st_mtime_ns}.{st.st_ino}")
+    return ":".join(parts)
+
+
+@dataclass(slots=True)
+class _Change:
+    """What a run of events did to one item field: replaced it, then appended."""
+
+    turn: str | None
+    time: float | None
+    replace: str | None = None
+    replaced: bool = False
+    appended: list[str] = field(default_factory=list)
+
+
+def _changes(events: Iterable[dict[str, Any]], after: int) -> tuple[dict[tuple[str, str], _Change], int]:
+    """Fold logged events (JSON objects) with seq > AFTER into per-field changes."""
+    changes: dict[tuple[str, str], _Change] = {}
+    last = after
+    for event in events:
+        seq = event.get("seq")
+        if not isinstance(seq, int) or seq <= after:
+            continue
+        last = max(last, seq)
+        kind = event.get("type")
+        item_id = event.get("item-id")
+        if not isinstance(item_id, str) or not isinstance(kind, str) or not kind.startswith("item-"):
+            continue
+        payload = event.get("payload") or {}
+        when = event.get("created-at")
+        turn = event.get("turn-id")
+        if kind == "item-content-appended":
+            name = "output" if payload.get("output") is True else "content"
+            change = changes.setdefault((item_id, name), _Change(turn, when))
+            chunk = payload.get("chunk")
+            if isinstance(chunk, str):
+                change.appended.append(chunk)
+            change.time = when
+            continue
+        item = payload.get("item")
+        if not isinstance(item, dict):
+            continue
+        for name in FIELDS:
+            text = _text_of(item.get(name))
+            if text is None:
+                continue
+            change = changes.setdefault((item_id, name), _Change(turn, when))
+            change.replace, change.replaced, change.appended, change.time = text, True, [], when
+    return changes, last
+
+
+# ---------------------------------------------------------------------------
+# The index
+
+
+def index_path(root: Path) -> Path:
+    return root / INDEX_DIR / INDEX_NAME
+
+
+class SearchIndex:
+    """The search index of one session root."""
+
+    def __init__(self, root: Path | str, *, live: bool = False) -> None:
+        """Open (creating, or rebuilding when corrupt or of another version) ROOT's index.
+
+        LIVE: opened by a writer on the flush path, which must never wait long.
+        """
+        self.root = Path(root).expanduser()
+        self.path = index_path(self.root)
+        self.live = live
+        self.notices: list[str] = []
+        # Hashes of what this process indexed per item field, so an item's final
+        # event repeating the streamed text costs a hash, not a re-index.
+        self._digests: dict[tuple[str, str, str], Any] = {}
+        self.db = self._connect()
+
+    # -- opening -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        make_private_dirs(self.path.parent)
+        os.chmod(self.path.parent, 0o700)
+        try:
+            db = self._open_db()
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version == INDEX_VERSION:
+                db.execute("SELECT value FROM meta WHERE key = 'created'").fetchall()
+                return db
+            db.close()
+            why = "it was written by another version" if version else "it is not a search index"
+        except sqlite3.DatabaseError as exc:
+            why = f"it is corrupt ({exc})"
+        message = f"search index {self.path}: {why}; rebuilding it from the session files"
+        log.warning("%s", message)
+        self.notices.append(message)
+        self._remove_files()
+        return self._open_db()
+
+    def _open_db(self) -> sqlite3.Connection:
+        fresh = not self.path.exists()
+        if fresh:
+            # Created 0600 before SQLite opens it; its -wal and -shm take this mode.
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.chmod(self.path, 0o600)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                             timeout=(LIVE_BUSY_MS if self.live else SEARCH_BUSY_MS) / 1000)  # fmt: skip
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            # Derived data: a power cut may cost the newest entries or the whole
+            # file, and the next catch-up (or rebuild) restores them.
+            db.execute("PRAGMA synchronous = OFF")
+            db.execute("PRAGMA cache_size = -32768")
+            if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+                db.executescript(SCHEMA)
+                db.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
+        except BaseException:
+            db.close()
+            raise
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{self.path}{suffix}", 0o600)
+        return db
+
+    def _remove_files(self) -> None:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+
+    def __enter__(self) -> SearchIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def rebuild(self, progress: Callable[[int, int], None] | None = None) -> CatchUp:
+        """Drop everything and index every session again from its files."""
+        self.db.close()
+        self._remove_files()
+        self._digests.clear()
+        self.db = self._open_db()
+        return self.catch_up(progress)
+
+    # -- the flush path ----------------------------------------------------
+
+    def record_flush(self, session: Session, lines: list[bytes]) -> None:
+        """Index what one flush of SESSION wrote (LINES, its log lines).  Never raises."""
+        try:
+            self._record_flush(session, lines)
+        except Exception as exc:  # the index is never worth a flush
+            log.warning("search index not updated for session %s (%s: %s); the next search catches up",
+                        session.id, type(exc).__name__, exc)  # fmt: skip
+
+    def _record_flush(self, session: Session, lines: list[bytes]) -> None:
+        files = session.files
+        path = self._relative(files)
+        if path is None:
+            return
+        events = [orjson.loads(line) for line in lines]
+        first = events[0].get("seq") if events else None
+        with self._transaction() as db:
+            row = db.execute("SELECT sid, seq FROM sessions WHERE path = ?", (path,)).fetchone()
+            done = row[1] if row else 0
+            if not isinstance(first, int) or first > done + 1:
+                # Behind (a crash, or written without the index): the next catch-up
+                # reads the files, here would be on the writer's time.
+                return
+            sid = self._add_session(db, path, files.id, session.scope) if row is None else row[0]
+            changes, last = _changes(events, done)
+            self._apply(db, sid, changes, session.thread)
+            db.execute("UPDATE sessions SET seq = ?, stamp = ? WHERE sid = ?",
+                       (last, _file_stamp(files), sid))  # fmt: skip
+
+    def _relative(self, files: SessionFiles) -> str | None:
+        try:
+            return str(files.header.relative_to(self.root))
+        except ValueError:
+            return None
+
+    def _add_session(self, db: sqlite3.Connection, path: str, session_id: str, scope: Scope) -> int:
+        value = _project_key(scope.value) if scope.kind == "project" and scope.value else scope.value
+        cursor = db.execute(
+            "INSERT INTO sessions(path, id, scope_kind, scope_value, seq, stamp) VALUES (?, ?, ?, ?, 0, '')",
+            (path, session_id, scope.kind, value),
+        )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    def _apply(self, db: sqlite3.Connection, sid: int, changes: dict[tuple[str, str], _Change],
+               thread: Thread) -> int:  # fmt: skip
+        """Write CHANGES of session SID (THREAD gives each item's type and role); return chars."""
+        total = 0
+        for (item_id, name), change in changes.items():
+            item = thread.item_index.get(item_id)
+            role = _item_role(item)
+            if role is None:
+                continue
+            key = (str(sid), item_id, name)
+            if change.replaced:
+                assert change.replace is not None
+                digest = hashlib.blake2b(change.replace.encode(), digest_size=16)
+                old = self._digests.get(key)
+                if old is None or old.digest() != digest.digest() or change.appended:
+                    self._delete_field(db, sid, item_id, name)
+                    total += self._append(db, sid, item_id, name, role, change.turn, change.time,
+                                          change.replace, last=None)  # fmt: skip
+                self._digests[key] = digest
+            if change.appended:
+                text = "".join(change.appended)
+                digest = self._digests.setdefault(key, hashlib.blake2b(digest_size=16))
+                digest.update(text.encode())
+                open_row = db.execute(
+                    "SELECT id, text FROM passages WHERE sid = ? AND item = ? AND field = ? "
+                    "ORDER BY id DESC LIMIT 1",
+                    (sid, item_id, name),
+                ).fetchone()
+                total += self._append(db, sid, item_id, name, role, change.turn, change.time, text,
+                                      last=open_row)  # fmt: skip
+        return total
+
+    def _delete_field(self, db: sqlite3.Connection, sid: int, item_id: str, name: str) -> None:
+        rows = db.execute("SELECT id, text FROM passages WHERE sid = ? AND item = ? AND field = ?",
+                          (sid, item_id, name)).fetchall()  # fmt: skip
+        db.executemany("INSERT INTO fts(fts, rowid, text) VALUES ('delete', ?, ?)", rows)
+        db.executemany("DELETE FROM passages WHERE id = ?", [(r[0],) for r in rows])
+
+    def _append(self, db: sqlite3.Connection, sid: int, item_id: str, name: str, role: str,
+                turn: str | None, when: float | None, text: str,
+                last: tuple[int, str] | None) -> int:  # fmt: skip
+        """Add TEXT to the field's passages: fill LAST (its final passage) up to
+        PASSAGE_CHARS, then start new ones, each opening with the previous one's end."""
+        if last is not None and len(last[1]) < PASSAGE_CHARS:
+            rowid, old = last
+            room = PASSAGE_CHARS - len(old)
+            new = old + text[:room]
+            text = text[room:]
+            db.execute("INSERT INTO fts(fts, rowid, text) VALUES ('delete', ?, ?)", (rowid, old))
+            db.execute("UPDATE passages SET text = ?, time = ? WHERE id = ?", (new, when, rowid))
+            db.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)", (rowid, new))
+            previous = new
+        else:
+            previous = last[1] if last is not None else ""
+        rows = []
+        step = PASSAGE_CHARS - OVERLAP_CHARS
+        for start in range(0, len(text), step):
+            piece = previous[-OVERLAP_CHARS:] + text[start:start + step]
+            rows.append((sid, turn, item_id, name, role, when, piece))
+            previous = piece
+        for row in rows:
+            cursor = db.execute(
+                "INSERT INTO passages(sid, turn, item, field, role, time, text) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)", row,
+            )
+            db.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)", (cursor.lastrowid, row[-1]))
+        return len(text)
+
+    # -- catching up from the files ----------------------------------------
+
+    def _headers(self) -> Iterator[Path]:
+        for pattern in ("global/*.json", "projects/*/*.json", "actions/*/*.json"):
+            yield from sorted(self.root.glob(pattern))
+
+    def catch_up(self, progress: Callable[[int, int], None] | None = None) -> CatchUp:
+        """Bring every session's entries up to its files; drop sessions that are gone.
+
+        PROGRESS, when given, is called with (sessions done, sessions in all).
+        """
+        result = CatchUp()
+        known = {path: (sid, seq, stamp) for sid, path, seq, stamp in
+                 self.db.execute("SELECT sid, path, seq, stamp FROM sessions")}  # fmt: skip
+        headers = list(self._headers())
+        seen: set[str] = set()
+        for n, header in enumerate(headers, 1):
+            path = str(header.relative_to(self.root))
+            seen.add(path)
+            result.checked += 1
+            try:
+                files = SessionFiles.from_header_path(header)
+            except StoreError:
+                continue  # not a session file (fsck reports these)
+            entry = known.get(path)
+            if entry is None or entry[2] != _file_stamp(files):
+                try:
+                    result.bytes += self._catch_up_session(files, path, entry)
+                    result.updated += 1
+                except (StoreError, ValueError, OSError) as exc:
+                    result.skipped.append(f"{path}: {exc}")
+                    log.warning("search index: skipping %s: %s", path, exc)
+            if progress is not None:
+                progress(n, len(headers))
+        gone = [(entry[0],) for path, entry in known.items() if path not in seen]
+        if gone:
+            with self._transaction() as db:
+                for (sid,) in gone:
+                    self._drop_session(db, sid)
+            result.removed = len(gone)
+        return result
+
+    def _drop_session(self, db: sqlite3.Connection, sid: int) -> None:
+        rows = db.execute("SELECT id, text FROM passages WHERE sid = ?", (sid,)).fetchall()
+        db.executemany("INSERT INTO fts(fts, rowid, text) VALUES ('delete', ?, ?)", rows)
+        db.execute("DELETE FROM passages WHERE sid = ?", (sid,))
+        db.execute("DELETE FROM sessions WHERE sid = ?", (sid,))
+
+    def _catch_up_session(self, files: SessionFiles, path: str, entry: tuple[int, int, str] | None) -> int:
+        stamp = _file_stamp(files)  # before reading: a later write shows as a change next time
+        header = read_header(files.header)
+        scope = Scope.from_header(header)
+        scan = scan_log(files.log)
+        thread, _ = replay_session(files, scope, scan)
+        done = entry[1] if entry else 0
+        # The log's lines are consecutive seqs: holding the first event not yet
+        # indexed, it holds every one after it.
+        incremental = entry is not None and (
+            done == thread.last_event_seq or any(e.seq == done + 1 for e in scan.events)
+        )
+        with self._transaction() as db:
+            if incremental:
+                assert entry is not None
+                sid = entry[0]
+                events = [orjson.loads(line) for line in scan.lines]
+                changes, _ = _changes(events, done)
+                chars = self._apply(db, sid, changes, thread)
+            else:
+                if entry is not None:
+                    self._drop_session(db, entry[0])
+                sid = self._add_session(db, path, files.id, scope)
+                chars = self._index_thread(db, sid, thread)
+            db.execute("UPDATE sessions SET seq = ?, stamp = ? WHERE sid = ?",
+                       (thread.last_event_seq, stamp, sid))  # fmt: skip
+        return chars
+
+    def _index_thread(self, db: sqlite3.Connection, sid: int, thread: Thread) -> int:
+        chars = 0
+        for turn in thread.turns:
+            for item in turn.items:
+                role = _item_role(item)
+                if role is None:
+                    continue
+                when = item.updated_at or item.created_at
+                for name in FIELDS:
+                    text = _text_of(getattr(item, name))
+                    if text:
+                        chars += self._append(db, sid, item.id, name, role, turn.id, when, text, last=None)
+        return chars
+
+    # -- searching ---------------------------------------------------------
+
+    def search(
+        self,
+        query: Query | str,
+        *,
+        scope: ScopeFilter | None = None,
+        since: float | None = None,
+        roles: Iterable[str] | None = None,
+        limit: int = 20,
+    ) -> SearchResult:
+        """The sessions matching QUERY, best first (bm25 of their best passage)."""
+        if isinstance(query, str):
+            query = parse_query(query)
+        if limit < 1:
+            raise SearchError(f"--limit must be at least 1, got {limit}")
+        chosen = role_filter(roles)
+        notices: list[str] = []
+        where = [f"p.role IN ({', '.join('?' * len(chosen))})"]
+        params: list[Any] = list(chosen)
+        if since is not None:
+            where.append("p.time >= ?")
+            params.append(since)
+        join = ""
+        if scope is not None:
+            join = "JOIN sessions s ON s.sid = p.sid"
+            where.append("s.scope_kind = ?")
+            params.append(scope.kind)
+            if scope.value is not None:
+                where.append("s.scope_value = ?")
+                params.append(scope.value)
+        for term in query.short_terms():
+            where.append("p.text LIKE ? ESCAPE '\\'")
+            params.append("%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        if query.short:
+            top = self.db.execute("SELECT max(id) FROM passages").fetchone()[0] or 0
+            where.append("p.id > ?")
+            params.append(top - SHORT_SCAN_PASSAGES)
+            sql = (f"SELECT p.id, p.sid, 0.0 FROM passages p {join} WHERE {' AND '.join(where)} "
+                   "ORDER BY p.id DESC LIMIT ?")  # fmt: skip
+            if top > SHORT_SCAN_PASSAGES:
+                notices.append(
+                    "queries shorter than 3 characters search only the newest "
+                    f"{SHORT_SCAN_PASSAGES} passages; add a longer word to search everything"
+                )
+            rows = self.db.execute(sql, [*params, CANDIDATES]).fetchall()
+        else:
+            sql = (f"SELECT p.id, p.sid, bm25(fts) FROM fts JOIN passages p ON p.id = fts.rowid {join} "
+                   f"WHERE fts MATCH ? AND {' AND '.join(where)} "
+                   "ORDER BY fts.rowid DESC LIMIT ?")  # fmt: skip
+            try:
+                rows = self.db.execute(sql, [query.match_expression(), *params, CANDIDATES]).fetchall()
+            except sqlite3.OperationalError as exc:
+                # Every term is a quoted string, so this is not the query's fault.
+                raise SearchError(f"search index {self.path}: {exc}") from None
+        if len(rows) == CANDIDATES and not query.short:
+            notices.append(f"more than {CANDIDATES} passages match: ranked among the newest {CANDIDATES}")
+        best: dict[int, list[tuple[float, int]]] = {}
+        for rowid, sid, score in rows:
+            best.setdefault(sid, []).append((score, rowid))
+        ranked = sorted(best.items(), key=lambda kv: (min(kv[1])[0], -max(r for _, r in kv[1])))[:limit]
+        hits: list[Hit] = []
+        pattern = query.pattern()
+        for sid, matches in ranked:
+            hit = self._hit(sid, matches, pattern)
+            if hit is not None:
+                hits.append(hit)
+        return SearchResult(hits, notices)
+
+    def _hit(self, sid: int, matches: list[tuple[float, int]], pattern: re.Pattern[str]) -> Hit | None:
+        row = self.db.execute("SELECT path, id FROM sessions WHERE sid = ?", (sid,)).fetchone()
+        if row is None:
+            return None
+        header_path = self.root / row[0]
+        try:
+            header = read_header(header_path)
+        except StoreError:
+            return None  # gone since it was indexed: the next catch-up drops it
+        scope = Scope.from_header(header)
+        top = sorted(matches)[:EXCERPTS]
+        excerpts = []
+        newest = None
+        for _, rowid in top:
+            p = self.db.execute("SELECT turn, item, role, time, text FROM passages WHERE id = ?",
+                                (rowid,)).fetchone()  # fmt: skip
+            if p is None:
+                continue
+            text, spans = excerpt(p[4], pattern)
+            excerpts.append(Excerpt(text, spans, p[0], p[1], p[2], p[3]))
+        times = self.db.execute(
+            f"SELECT max(time) FROM passages WHERE id IN ({', '.join('?' * len(matches))})",
+            [r for _, r in matches],
+        ).fetchone()
+        newest = times[0] if times else None
+        return Hit(
+            id=row[1], scope=scope.to_json(), scope_label=scope.label(),
+            title=header.get("summary-title") or header.get("title"), header=header_path,
+            time=newest, score=min(matches)[0], matches=len(matches), excerpts=excerpts,
+        )  # fmt: skip
+
+
+def excerpt(text: str, pattern: re.Pattern[str], width: int = EXCERPT_CHARS
+            ) -> tuple[str, list[tuple[int, int]]]:
+    """About WIDTH characters of TEXT around PATTERN's first match, blanks folded, and the matches in it."""
+    found = pattern.search(text)
+    center = found.start() if found else 0
+    start = max(0, center - width // 3)
+    end = min(len(text), start + width)
+    start = max(0, min(start, end - width))
+    window = text[start:end]
+    # Fold every run of blanks to one space (keeping offsets right afterwards).
+    window = re.sub(r"\s+", " ", window)
+    prefix = "…" if start > 0 else ""
+    suffix = "…" if end < len(text) else ""
+    shown = prefix + window.strip(" ") + suffix
+    spans = [(m.start(), m.end()) for m in pattern.finditer(shown)]
+    return shown, spans
+
+
+def open_index(root: Path | str) -> tuple[SearchIndex, CatchUp]:
+    """Open ROOT's index for searching and catch it up with the files."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise SearchError(f"{root}: no such directory")
+    index = SearchIndex(root)
+    try:
+        result = index.catch_up()
+    except sqlite3.DatabaseError as exc:
+        index.notices.append(f"search index {index.path}: it is corrupt ({exc}); rebuilding it")
+        log.warning("%s", index.notices[-1])
+        result = index.rebuild()
+    return index, result
+
+
+def load_hit_thread(hit: Hit) -> Thread:
+    """The thread of a hit's session, read without locking (for a read-only view)."""
+    return load_session(SessionFiles.from_header_path(hit.header))[1]

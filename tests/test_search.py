@@ -1,0 +1,409 @@
+"""Full-text search: the index kept at flush, caught up from files, and its queries."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from conftest import Events
+from magent_store import search
+from magent_store.search import PASSAGE_CHARS, QueryError, SearchIndex, open_index, parse_query
+from magent_store.store import Scope, Session, SimulatedCrash, Store
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "sessions"
+    path.mkdir()
+    return path
+
+
+class Writer:
+    """Sessions written the way the server writes them: every flush told to the index."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = Store(root, fsync="never")
+        self.index = SearchIndex(root, live=True)
+        self.events: dict[str, Events] = {}
+
+    def open(self, session_id: str, scope: Scope | None = None) -> Session:
+        session = self.store.open(session_id, scope)
+        session.after_flush = self.index.record_flush
+        self.events.setdefault(session_id, Events(thread_id=f"thread-{session_id}"))
+        return session
+
+    def say(self, session: Session, turn: str, item: str, text: str, role: str = "assistant",
+            type: str = "message") -> None:  # fmt: skip
+        ev = self.events[session.id]
+        if session.last_seq == 0:
+            session.append_event(ev.thread_started())
+        if turn not in session.thread.turn_index:
+            session.append_event(ev.turn("turn-started", turn, input=None))
+        session.append_event(ev.item_started(turn, item, type=type, role=role, content=text))
+
+
+def ids(result: search.SearchResult) -> list[str]:
+    return [hit.id for hit in result.hits]
+
+
+def find(root: Path, query: str, **kw: Any) -> list[str]:
+    index, _ = open_index(root)
+    with index:
+        return ids(index.search(query, **kw))
+
+
+# --- kept current at each flush --------------------------------------------
+
+
+def test_streamed_chunks_are_searchable_after_each_flush(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    ev = w.events["s1"]
+    w.say(s, "t1", "a1", "")
+    s.flush()
+    reader = SearchIndex(root)  # a search elsewhere, without catching up
+    s.append_content("a1", "the flux capac", False, ev.now())
+    s.flush()
+    assert ids(reader.search("flux capac")) == ["s1"]
+    s.append_content("a1", "itor hums", False, ev.now())
+    s.flush()
+    # A phrase cut between two flushes is found whole.
+    assert ids(reader.search('"flux capacitor hums"')) == ["s1"]
+    s.close()
+
+
+def test_flush_indexes_what_it_wrote_without_rereading_items(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    ev = w.events["s1"]
+    w.say(s, "t1", "a1", "start ")
+    s.flush()
+    for n in range(3 * PASSAGE_CHARS // 100):
+        s.append_content("a1", f"{n:04d}" + "x" * 96, False, ev.now())
+        s.flush()
+    rows = w.index.db.execute("SELECT length(text) FROM passages ORDER BY id").fetchall()
+    # The item is cut into bounded passages (so a flush never rewrites more than one).
+    assert len(rows) >= 3 and all(n <= PASSAGE_CHARS for (n,) in rows)
+    reader = SearchIndex(root)
+    assert ids(reader.search("0100xxx")) == ["s1"]
+    s.close()
+
+
+def test_final_item_event_repeating_the_stream_is_not_indexed_twice(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    ev = w.events["s1"]
+    w.say(s, "t1", "a1", "")
+    for chunk in ("alpha ", "bravo ", "charlie"):
+        s.append_content("a1", chunk, False, ev.now())
+        s.flush()
+    s.append_event(ev.item_end("item-completed", "t1", "a1", content="alpha bravo charlie"))
+    s.flush()
+    texts = [t for (t,) in w.index.db.execute("SELECT text FROM passages")]
+    assert texts == ["alpha bravo charlie"]
+    s.append_event(ev.item_end("item-completed", "t1", "a1", content="alpha bravo delta"))
+    s.flush()
+    texts = [t for (t,) in w.index.db.execute("SELECT text FROM passages")]
+    assert texts == ["alpha bravo delta"]
+
+
+def test_an_index_error_never_fails_the_flush(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", "kept on disk whatever the index does")
+    w.index.db.close()  # every index call now fails
+    result = s.flush()
+    assert result.events_written == 3
+    assert "search index not updated" in caplog.text
+    s.close()
+    # The next search catches up from the files.
+    assert find(root, "whatever the index") == ["s1"]
+
+
+# --- caught up from the files -------------------------------------------------
+
+
+def test_crash_between_log_write_and_index_write_loses_nothing(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", "before the crash")
+    s.flush()
+
+    def crash(point: str) -> None:
+        if point == "log-written":
+            raise SimulatedCrash(point)
+
+    s._crash = crash
+    w.say(s, "t1", "a2", "written to the log, never to the index")
+    with pytest.raises(SimulatedCrash):
+        s.flush()
+    s.abandon()
+    reader = SearchIndex(root)
+    assert ids(reader.search("never to the index")) == []  # the index is behind
+    assert find(root, "never to the index") == ["s1"]  # opening for a search catches up
+    assert find(root, "before the crash") == ["s1"]
+    counts = reader.db.execute("SELECT count(*) FROM passages").fetchone()
+    assert counts == (2,)  # caught up incrementally: nothing indexed twice
+
+
+def test_catch_up_after_compaction_reindexes_from_the_snapshot(root: Path) -> None:
+    st = Store(root, fsync="never", log_max_events=5, log_growth=0.0)
+    ev = Events()
+    with st.open("s1") as s:  # written without the index at all
+        s.append_event(ev.thread_started())
+        s.append_event(ev.turn("turn-started", "t1", input=None))
+        for n in range(20):
+            s.append_event(ev.item_started("t1", f"i{n}", role="user", content=f"message number {n:03d}"))
+            s.flush()
+    assert find(root, "number 000") == ["s1"]
+    assert find(root, "number 019") == ["s1"]
+
+
+def test_session_removed_from_disk_leaves_the_index(root: Path) -> None:
+    w = Writer(root)
+    for name in ("keep", "gone"):
+        s = w.open(name)
+        w.say(s, "t1", "a1", "shared words here")
+        s.close()
+    assert sorted(find(root, "shared words")) == ["gone", "keep"]
+    w.store.delete("gone")
+    assert find(root, "shared words") == ["keep"]
+    index = SearchIndex(root)
+    assert index.db.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
+    assert index.db.execute("SELECT count(*) FROM passages").fetchone() == (1,)
+
+
+def test_unreadable_session_is_reported_and_skipped(root: Path) -> None:
+    w = Writer(root)
+    for name in ("good", "bad"):
+        s = w.open(name)
+        w.say(s, "t1", "a1", "needle in a session")
+        s.close()
+    with (root / "global" / "bad.jsonl").open("ab") as f:
+        f.write(b'{"not": "an event"}\n')
+    (root / "global" / "good.jsonl").open("ab").close()
+    os.utime(root / "global" / "bad.jsonl", ns=(1, 1))
+    index, caught = open_index(root)
+    assert [s.split(":")[0] for s in caught.skipped] == ["global/bad.json"]
+    assert "good" in ids(index.search("needle"))
+
+
+def test_rebuild_gives_the_same_answers(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1", Scope.project("/src/shop"))
+    w.say(s, "t1", "a1", "rebuild me please")
+    s.close()
+    index = SearchIndex(root)
+    seen: list[tuple[int, int]] = []
+    result = index.rebuild(lambda done, total: seen.append((done, total)))
+    assert result.updated == 1 and seen == [(1, 1)]
+    assert ids(index.search("rebuild me")) == ["s1"]
+
+
+def test_corrupt_index_is_rebuilt_with_a_message(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", "survives corruption")
+    s.close()
+    w.index.close()
+    path = search.index_path(root)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database" * 100)
+    index, _ = open_index(root)
+    assert any("corrupt" in n and "rebuilding" in n for n in index.notices)
+    assert ids(index.search("survives")) == ["s1"]
+
+
+def test_index_of_another_version_is_rebuilt(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", "version check")
+    s.close()
+    w.index.db.execute("PRAGMA user_version = 99")
+    w.index.close()
+    index, _ = open_index(root)
+    assert any("another version" in n for n in index.notices)
+    assert index.db.execute("PRAGMA user_version").fetchone() == (search.INDEX_VERSION,)
+    assert ids(index.search("version check")) == ["s1"]
+
+
+def test_index_files_are_private(root: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        w = Writer(root)
+        s = w.open("s1")
+        w.say(s, "t1", "a1", "private")
+        s.close()
+    finally:
+        os.umask(old)
+    directory = root / search.INDEX_DIR
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    files = list(directory.iterdir())
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+
+
+# --- what matches -------------------------------------------------------------
+
+
+@pytest.fixture
+def corpus(root: Path) -> Path:
+    w = Writer(root)
+    texts = {
+        "cjk": ("数据库迁移失败了，请检查连接配置。", "user"),
+        "mixed": ("Der Übergang zur ÄRA der Straßenbahn: café ÉCOLE", "assistant"),
+        "ident": ("call parse_query(text) then SearchIndex.record_flush", "assistant"),
+        "path": ("edit /home/me/src/shop/app/models.py line 42", "user"),
+        "tool": ("grep: no match for FLUX_CAPACITOR in build.log", "tool"),
+        "ops": ('he said "AND OR NOT" near(x) foo* a:b ^start', "assistant"),
+    }
+    for name, (text, role) in texts.items():
+        s = w.open(name)
+        item_type = "tool" if role == "tool" else "message"
+        w.say(s, "t1", "i1", text, role=None if role == "tool" else role, type=item_type)
+        s.close()
+    return root
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("库迁移", ["cjk"]),  # CJK inside a longer run, no word boundaries
+        ("检查连接", ["cjk"]),
+        ("übergang", ["mixed"]),  # case folded beyond ASCII
+        ("ära", ["mixed"]),
+        ("École", ["mixed"]),
+        ("query(tex", ["ident"]),  # identifiers, punctuation and all
+        ("searchindex.record", ["ident"]),
+        ("src/shop/app", ["path"]),
+        ("models.py", ["path"]),
+    ],
+)
+def test_substrings_match_in_any_script(corpus: Path, query: str, expected: list[str]) -> None:
+    assert find(corpus, query) == expected
+
+
+def test_tool_output_only_when_asked(corpus: Path) -> None:
+    assert find(corpus, "flux_capacitor") == []
+    assert find(corpus, "flux_capacitor", roles=["tool"]) == ["tool"]
+    assert find(corpus, "models.py", roles=["assistant"]) == []
+    assert find(corpus, "models.py", roles=["user"]) == ["path"]
+
+
+def test_every_word_must_match_in_any_order(corpus: Path) -> None:
+    assert find(corpus, "shop line") == ["path"]
+    assert find(corpus, "line shop") == ["path"]
+    assert find(corpus, "shop parse") == []
+    assert find(corpus, '"line 42"') == ["path"]
+    assert find(corpus, '"42 line"') == []
+
+
+def test_fts_operators_are_searched_as_typed(corpus: Path) -> None:
+    assert find(corpus, '"AND OR NOT"') == ["ops"]
+    assert find(corpus, "near(x)") == ["ops"]
+    assert find(corpus, "foo*") == ["ops"]
+    assert find(corpus, "a:b ^start") == ["ops"]
+    assert find(corpus, "NOT") == ["ops"]
+    assert sorted(find(corpus, "OR")) == ["ident", "ops"]  # short: scanned (record_flush has "or")
+
+
+def test_short_queries_match_by_scanning(corpus: Path) -> None:
+    assert find(corpus, "库") == ["cjk"]
+    assert find(corpus, "迁移") == ["cjk"]
+    assert find(corpus, "42") == ["path"]
+    assert find(corpus, "42 models") == ["path"]  # a short word narrows a long one
+    assert find(corpus, "43 models") == []
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [('"unbalanced', "unbalanced double quote"), ("", "empty query"), ('""', "empty query"),
+     ("   ", "empty query")],
+)  # fmt: skip
+def test_malformed_queries_get_a_clear_message(query: str, message: str) -> None:
+    with pytest.raises(QueryError, match=message):
+        parse_query(query)
+
+
+def test_scope_and_since_filters(root: Path) -> None:
+    w = Writer(root)
+    for name, scope in (("g", Scope.global_()), ("p", Scope.project("/src/shop/")), ("a", Scope.action("review"))):
+        s = w.open(name, scope)
+        w.say(s, "t1", "a1", "common phrase everywhere")
+        s.close()
+    assert find(root, "common phrase", scope=search.ScopeFilter.parse("global")) == ["g"]
+    assert find(root, "common phrase", scope=search.ScopeFilter.parse("/src/shop")) == ["p"]
+    assert find(root, "common phrase", scope=search.ScopeFilter.parse("action:review")) == ["a"]
+    assert find(root, "common phrase", since=1_700_000_000.0) != []
+    assert find(root, "common phrase", since=1_800_000_000.0) == []
+
+
+def test_excerpt_highlights_the_match() -> None:
+    text = "x" * 500 + " the Needle is here " + "y" * 500
+    shown, spans = search.excerpt(text, parse_query("needle").pattern())
+    assert shown.startswith("…") and shown.endswith("…") and len(shown) <= 170
+    assert [shown[a:b] for a, b in spans] == ["Needle"]
+
+
+# --- the command line ---------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "magent_store", *args], capture_output=True, timeout=60)
+
+
+def test_cli_search_json_names_what_opens_the_session(corpus: Path) -> None:
+    out = cli("search", "parse_query", str(corpus), "--json")
+    assert out.returncode == 0, out.stderr
+    body = orjson.loads(out.stdout)
+    [hit] = body["hits"]
+    assert hit["id"] == "ident" and hit["scope"] == "global" and hit["root"] == str(corpus)
+    assert hit["header"] == str(corpus / "global" / "ident.json")
+    [ex] = hit["excerpts"]
+    assert [ex["text"][a:b] for a, b in ex["highlights"]] == ["parse_query"]
+
+
+def test_cli_text_output_and_bad_queries(corpus: Path) -> None:
+    out = cli("search", "models.py", str(corpus))
+    assert out.returncode == 0 and b"[models.py]" in out.stdout and b"id path" in out.stdout
+    bad = cli("search", '"open', str(corpus))
+    assert bad.returncode == 2 and b"unbalanced double quote" in bad.stderr and b"sqlite" not in bad.stderr.lower()
+    none = cli("search", "absent words", str(corpus))
+    assert none.returncode == 1 and b"no session matches" in none.stderr
+
+
+def test_cli_index_rebuild(corpus: Path) -> None:
+    out = cli("index", str(corpus), "--rebuild")
+    assert out.returncode == 0, out.stderr
+    assert b"6 sessions, 6 indexed" in out.stdout
+    assert cli("search", "库迁移", str(corpus)).returncode == 0
+
+
+def test_search_leaves_session_files_alone(corpus: Path) -> None:
+    before = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file() and ".search" not in p.parts}
+    cli("search", "anything", str(corpus))
+    after = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file() and ".search" not in p.parts}
+    assert before == after
+
+
+def test_concurrent_index_users_do_not_corrupt(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", "first")
+    s.flush()
+    other = SearchIndex(root)
+    other.catch_up()
+    w.say(s, "t1", "a2", "second words")
+    s.flush()
+    s.close()
+    assert ids(other.search("second words")) == ["s1"]
+    assert other.db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert isinstance(other.db, sqlite3.Connection)
