@@ -55,9 +55,17 @@
 (defun magent-store--after-append-event (thread event)
   "Forward EVENT, just appended to THREAD, to the backend."
   (when (and thread event magent-store-persistence-enabled)
-    (let ((text (json-serialize (magent-thread-event-to-alist event))))
-      (magent-store--push (magent-store--thread-session thread)
-                          text (length text)))))
+    (let ((text (condition-case err
+                    (magent-store--json (magent-thread-event-to-alist event))
+                  ;; Never into magent's own call: say what was dropped.
+                  (error
+                   (setq magent-store--last-error
+                         (format "event not saved: %s" (error-message-string err)))
+                   (message "magent-store: %s" magent-store--last-error)
+                   nil))))
+      (when text
+        (magent-store--push (magent-store--thread-session thread)
+                            text (length text))))))
 
 (defun magent-store--after-append-item-content (thread item chunk
                                                        &optional output-p)

@@ -49,6 +49,29 @@
 (declare-function epc:manager-server-process "epc" (mngr))
 (declare-function epc:manager-port "epc" (mngr))
 
+;;;; What this Emacs provides (checked once, at load)
+
+;; Every difference between the Emacs versions the shim supports is named
+;; here, found by trying the feature rather than by reading version
+;; numbers.  Nothing else in the shim asks which Emacs it runs on.
+
+(defconst magent-store--json-probe
+  (condition-case nil
+      (json-serialize ["\u00e9"])
+    (error nil))
+  "What `json-serialize' makes of a non-ASCII string; nil without it.")
+
+(defconst magent-store--native-json (stringp magent-store--json-probe)
+  "Non-nil when this Emacs has native JSON (`json-serialize').
+Without it, JSON is written by `json-encode'.")
+
+(defconst magent-store--json-unibyte
+  (and magent-store--native-json
+       (not (multibyte-string-p magent-store--json-probe)))
+  "Non-nil when `json-serialize' returns unibyte UTF-8 (Emacs 30 on).
+`prin1' writes the bytes of such a string as octal escapes, which the
+backend cannot read, so the text is decoded before it is sent.")
+
 ;;;; Customization
 
 (defgroup magent-store nil
@@ -187,15 +210,104 @@ magent-store-timing sets it to record the round trip as a session save.")
 (defvar magent-store--send-buffer nil
   "Buffer messages are printed into, reused so that sending allocates little.")
 
+(defun magent-store--text (string)
+  "Return STRING as text: unchanged when multibyte, else decoded as UTF-8.
+A unibyte string holds bytes (what `json-serialize' returns since
+Emacs 30, or an encoded file name); an ASCII one is returned as is."
+  (if (multibyte-string-p string)
+      string
+    (decode-coding-string string 'utf-8-unix t)))
+
+(defun magent-store--json (object)
+  "Return OBJECT as JSON text, multibyte on every Emacs.
+Strings in OBJECT that hold UTF-8 bytes are text too: native JSON
+refuses them on Emacs 30 and takes them as UTF-8 on Emacs 28, so
+they are decoded first when it refuses.  What it still refuses (a
+symbol as a value, say) is written by `json-encode'."
+  (magent-store--text
+   (or (magent-store--json-native object)
+       (let ((object (magent-store--textify object)))
+         (or (magent-store--json-native object)
+             (let ((json-null :null)
+                   (json-false :false)
+                   (json-encoding-pretty-print nil))
+               (json-encode object)))))))
+
+(defun magent-store--json-native (object)
+  "Return OBJECT as JSON by `json-serialize', or nil if it cannot."
+  (and magent-store--native-json
+       (condition-case nil
+           (json-serialize object)
+         ((wrong-type-argument json-error) nil))))
+
+(defun magent-store--textify (object)
+  "Return a copy of OBJECT whose strings are text (see `magent-store--text')."
+  (cond ((stringp object) (magent-store--text object))
+        ((consp object)
+         ;; A loop, not recursion, along a list: lists may be long.
+         (let (items)
+           (while (consp object)
+             (push (magent-store--textify (pop object)) items))
+           (nconc (nreverse items) (magent-store--textify object))))
+        ((vectorp object) (vconcat (mapcar #'magent-store--textify object)))
+        ((hash-table-p object)
+         (let ((copy (copy-hash-table object)))
+           (maphash (lambda (key value)
+                      (puthash key (magent-store--textify value) copy))
+                    object)
+           copy))
+        (t object)))
+
+(defun magent-store--json-arg (value)
+  "Return VALUE, an alist or its JSON text, as JSON text for the wire.
+JSON text may come from `json-serialize' (unibyte since Emacs 30) or
+`json-encode' (multibyte)."
+  (if (stringp value) (magent-store--text value) (magent-store--json value)))
+
 (defun magent-store--print (sexp)
-  "Print SEXP at point, the way the EPC peer expects it."
+  "Print SEXP at point, the way the EPC peer expects it.
+Strings holding bytes (unibyte ones, or raw bytes in multibyte ones)
+are the only ones `prin1' writes with octal escapes, which the backend
+would take literally: such bytes are turned back into the UTF-8 text
+they encode, and bytes that are not UTF-8 into U+FFFD.  Text that has
+no bytes costs one search."
   (let ((print-escape-newlines nil)
         (print-escape-nonascii nil)
         (print-escape-multibyte nil)
         (print-escape-control-characters nil)
         (print-length nil)
-        (print-level nil))
-    (prin1 sexp (current-buffer))))
+        (print-level nil)
+        (case-fold-search nil)
+        (start (point))
+        after)
+    (prin1 sexp (current-buffer))
+    ;; Positions, not `save-excursion': no marker per message.
+    (setq after (- (point-max) (point)))
+    (goto-char start)
+    (while (re-search-forward "\\\\[0-7]" nil t)
+      (let ((escape (- (point) 2)))
+        (goto-char escape)
+        (skip-chars-backward "\\\\")
+        ;; After an odd number of backslashes the digit is text.
+        (if (cl-evenp (- escape (point)))
+            (magent-store--decode-octal escape)
+          (goto-char (+ escape 2)))))
+    (goto-char (- (point-max) after))))
+
+(defun magent-store--decode-octal (start)
+  "Replace the octal escapes from START by the text their bytes encode."
+  (goto-char start)
+  (let (bytes)
+    (while (looking-at "\\\\\\([0-7][0-7]?[0-7]?\\)")
+      (push (string-to-number (match-string 1) 8) bytes)
+      (goto-char (match-end 0)))
+    (delete-region start (point))
+    (insert (apply #'string
+                   (mapcar (lambda (char)
+                             (if (eq (char-charset char) 'eight-bit) #xfffd char))
+                           (decode-coding-string
+                            (apply #'unibyte-string (nreverse bytes))
+                            'utf-8-unix))))))
 
 (defmacro magent-store--with-send-buffer (&rest body)
   "Run BODY in the emptied send buffer."
@@ -224,11 +336,7 @@ buffer and sent from there: no string as large as the message is made."
       (insert "\n")
       ;; The connection encodes to UTF-8 as it sends, so the frame length
       ;; is the text's size in bytes, which Emacs keeps: no encoding pass.
-      ;; Only raw bytes (eight-bit) are one byte on the wire but two here.
-      (when (and (/= (buffer-size) (1- (position-bytes (point-max))))
-                 (memq 'eight-bit
-                       (find-charset-region (point-min) (point-max))))
-        (encode-coding-region (point-min) (point-max) 'utf-8-unix))
+      ;; `magent-store--print' leaves no raw bytes, whose sizes differ.
       (goto-char (point-min))
       (insert (format "%06x" (1- (position-bytes (point-max)))))
       (process-send-region (magent-store--backend-connection backend)
@@ -454,21 +562,21 @@ were written before the crash and are skipped, so nothing is duplicated."
 
 (defun magent-store--scope-json (scope)
   "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
-  (json-serialize
+  (magent-store--json
    (pcase scope
      ((or 'nil 'global "global") "global")
-     ((pred stringp) (expand-file-name scope))
+     ((pred stringp) (expand-file-name (magent-store--text scope)))
      (`(action . ,name) `((action . ,(format "%s" name))))
      (_ (user-error "Invalid magent-store scope: %S" scope)))))
 
 (defun magent-store--options-json ()
   "Return the store options as JSON text."
-  (json-serialize `((fsync . ,(symbol-name magent-store-fsync))
+  (magent-store--json `((fsync . ,(symbol-name magent-store-fsync))
                     (log-max-events . ,magent-store-log-max-events))))
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
-  (list (magent-store--root)
+  (list (magent-store--text (magent-store--root))
         (magent-store--scope-json (magent-store--session-scope session))
         (magent-store--session-id session)
         (magent-store--options-json)))
@@ -647,11 +755,13 @@ SCOPE is `global' (the default), a project root directory, or
         (puthash session-id session magent-store--sessions)))
     (magent-store--session-durable-seq session)))
 
-(defun magent-store-append-event (session-id event-alist)
-  "Queue EVENT-ALIST (a journal event in magent's shape) for SESSION-ID.
-The session must be open.  Nothing waits for the backend."
+(defun magent-store-append-event (session-id event)
+  "Queue EVENT, a journal event in magent's shape, for SESSION-ID.
+EVENT is an alist, or its JSON text (unibyte or multibyte, from
+`json-serialize' or `json-encode').  The session must be open.
+Nothing waits for the backend."
   (when magent-store-persistence-enabled
-    (let ((text (json-serialize event-alist)))
+    (let ((text (magent-store--json-arg event)))
       (magent-store--push (magent-store--get session-id) text (length text)))))
 
 (defun magent-store-append-item-content (session-id item-id chunk
@@ -666,10 +776,11 @@ streaming hot path: it conses one small list and returns."
                               (truncate (float-time) 0.001))
                         (length chunk))))
 
-(defun magent-store-put-header (session-id header-alist)
-  "Queue HEADER-ALIST as the header of SESSION-ID, sent before its next flush."
+(defun magent-store-put-header (session-id header)
+  "Queue HEADER as the header of SESSION-ID, sent before its next flush.
+HEADER is an alist or its JSON text, as for `magent-store-append-event'."
   (let ((session (magent-store--get session-id))
-        (text (json-serialize header-alist)))
+        (text (magent-store--json-arg header)))
     (setf (magent-store--session-header session) text)
     (when (and magent-store--backend
                (process-live-p (magent-store--backend-connection
