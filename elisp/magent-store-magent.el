@@ -6,10 +6,17 @@
 ;;; Commentary:
 
 ;; Everything that knows magent's internals lives here: which of magent's
-;; functions `magent-store-mode' advises and how, how a header is built
-;; from magent's session object, and how magent's read side is answered
-;; from the store.  The shim core (magent-store.el) knows only sessions,
-;; events, chunks and flushes.
+;; functions `magent-store-mode' advises or calls, and how (one table,
+;; `magent-store-magent-functions', checked when the mode turns on); how
+;; a session's header and its thread's initial state are built from
+;; magent's own objects; how values are encoded the way magent's writer
+;; encodes them; and how magent's read side is answered from the store.
+;; The shim core (magent-store.el) knows only sessions, events, chunks
+;; and flushes.
+;;
+;; Nothing here may signal into magent's own call: every advice body is
+;; guarded, and what fails is logged once and shown by
+;; `magent-store-status'.
 
 ;;; Code:
 
@@ -17,103 +24,558 @@
 (require 'subr-x)
 (require 'magent-store)
 
-;;;; Write side: events, chunks and saves
+;;;; The magent functions this file touches
 
+(defconst magent-store-magent-functions
+  '(;; Write side.
+    (magent-thread-append-event
+     :around magent-store--around-append-event required "0.1 (schema 6, 7)"
+     "each journal event is queued for the backend")
+    (magent-thread-append-item-content
+     :after magent-store--after-append-item-content required "0.1 (schema 6, 7)"
+     "each streamed chunk is queued, with magent's own time")
+    (magent-session-save-deferred-for-session
+     :around magent-store--around-save-deferred required "0.1 (schema 6, 7)"
+     "a deferred save becomes a header refresh and a flush request")
+    (magent-session-save-for-session
+     :around magent-store--around-save required "0.1 (schema 6, 7)"
+     "a save becomes a header refresh and a flush that waits")
+    (magent-thread-session-id call nil required "0.1 (schema 6, 7)"
+     "which session a thread belongs to")
+    (magent-thread-scope call nil required "0.1 (schema 6, 7)"
+     "where a thread's session lives")
+    (magent-thread-item-id call nil required "0.1 (schema 6, 7)"
+     "which item a chunk belongs to")
+    (magent-thread-event-to-alist call nil required "0.1 (schema 6, 7)"
+     "an event in magent's own shape")
+    (magent-session-thread-ledger call nil required "0.1 (schema 6, 7)"
+     "a session's thread")
+    (magent-session-get-id call nil required "0.1 (schema 6, 7)"
+     "a session's id")
+    (magent-thread-turns call nil required "0.1 (schema 6, 7)"
+     "whether magent would write a session at all (turns or jobs)")
+    (magent-session-metadata call nil required "0.1 (schema 6, 7)"
+     "the header's kind, action, status, title, parent and metadata")
+    (magent-session-agent-jobs call nil required "0.1 (schema 6, 7)"
+     "the header's agent-jobs")
+    (magent-session-approval-overrides call nil required "0.1 (schema 6, 7)"
+     "the header's approval-overrides")
+    (magent-thread-item-updated-at call nil optional "0.1 (schema 6, 7)"
+     "a chunk's time exactly as magent recorded it (else the clock)")
+    (magent-thread-snapshot-to-alist call nil optional "0.1 (schema 6, 7)"
+     "a thread's initial state, which no event carries (else lost)")
+    (magent-json-safe-value call nil optional "0.1 (schema 6, 7)"
+     "values encoded as magent encodes them (else our own equivalent)")
+    (magent-session--header-data-for-session call nil optional "schema 7"
+     "magent's own header (else built from the session as magent does)")
+    (magent-session-summary-title call nil optional "0.1 (schema 6, 7)"
+     "the header's summary-title, by magent's own rule (else none)")
+    (magent-agent-job-to-alist call nil optional "0.1 (schema 6, 7)"
+     "the header's agent-jobs (else none)")
+    ;; Read side.
+    (magent-session-read-file
+     :before magent-store--before-load optional "0.1 (schema 6, 7)"
+     "a session is flushed before magent reads it"))
+  "Every magent function `magent-store-mode' touches.
+Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
+combinator (HANDLER is then the advice) or `call'; NEED is `required'
+\(without it the mode cannot route what the row says) or `optional' (a
+fallback is used); MAGENT names the magent releases and session schemas
+the row was written for; WHY says what the row is for.  Checked when
+the mode turns on: the mode says once what the loaded magent lacks, and
+advises only functions that exist.")
+
+(defvar magent-store-mode)
+
+(defvar magent-store--magent-missing nil
+  "Rows of `magent-store-magent-functions' the loaded magent lacks.")
+
+(defvar magent-store--magent-reported 'never
+  "The missing functions last reported, so that each report is said once.")
+
+(defun magent-store--magent-names (rows need)
+  "Return the names of the functions of ROWS whose NEED it is, as text."
+  (mapconcat (lambda (row) (symbol-name (car row)))
+             (cl-remove-if-not (lambda (row) (eq (nth 3 row) need)) rows)
+             ", "))
+
+(defun magent-store--magent-check ()
+  "Return the rows whose function the loaded magent lacks; say so once."
+  (let ((missing (cl-remove-if (lambda (row) (fboundp (car row)))
+                               magent-store-magent-functions)))
+    (setq magent-store--magent-missing missing)
+    (unless (equal (mapcar #'car missing) magent-store--magent-reported)
+      (setq magent-store--magent-reported (mapcar #'car missing))
+      (when missing
+        (let ((required (magent-store--magent-names missing 'required))
+              (optional (magent-store--magent-names missing 'optional)))
+          (message "magent-store-mode: the loaded magent lacks %s%s%s \
+\(see `magent-store-magent-functions')"
+                   (if (string-empty-p required) ""
+                     (format "%s, so what they do is not routed" required))
+                   (if (or (string-empty-p required) (string-empty-p optional))
+                       "" "; it also lacks ")
+                   (if (string-empty-p optional) ""
+                     (format "%s, done without" optional))))))
+    missing))
+
+(defun magent-store--magent-install ()
+  "Advise the magent functions of the table that exist."
+  (when magent-store-mode
+    (magent-store--magent-check)
+    (dolist (row magent-store-magent-functions)
+      (when (and (keywordp (nth 1 row)) (fboundp (nth 0 row)))
+        (advice-add (nth 0 row) (nth 1 row) (nth 2 row))))))
+
+(defun magent-store--magent-uninstall ()
+  "Remove every advice of the table."
+  (dolist (row magent-store-magent-functions)
+    (when (keywordp (nth 1 row))
+      (advice-remove (nth 0 row) (nth 2 row)))))
+
+;;;; Failures that must not reach magent
+
+(defvar magent-store--unencodable nil
+  "Values JSON cannot hold, as (WHAT COUNT STORED-AS) rows.")
+
+(defvar magent-store--adapter-failures nil
+  "What failed inside an advice: ((WHERE . CONDITION) COUNT MESSAGE) rows.")
+
+(defun magent-store--failed (where err)
+  "Record that WHERE failed with ERR; tell the user the first time."
+  (let* ((key (cons where (car-safe err)))
+         (row (assoc key magent-store--adapter-failures)))
+    (if row
+        (setcar (cdr row) (1+ (cadr row)))
+      (push (list key 1 (error-message-string err))
+            magent-store--adapter-failures)
+      (setq magent-store--last-error
+            (format "%s: %s" where (error-message-string err)))
+      (message "magent-store: %s failed (%s); magent goes on, \
+see M-x magent-store-status" where (error-message-string err)))))
+
+(defmacro magent-store--guarded (where &rest body)
+  "Run BODY; an error in it is recorded under WHERE, never signalled."
+  (declare (indent 1) (debug t))
+  `(condition-case err
+       (progn ,@body)
+     (error (magent-store--failed ,where err) nil)))
+
+(defun magent-store--adapter-status ()
+  "Return the adapter's lines for `magent-store-status'."
+  (concat
+   (if magent-store--magent-missing
+       (format "magent lacks:       %s\n"
+               (mapconcat (lambda (row) (symbol-name (car row)))
+                          magent-store--magent-missing " "))
+     "")
+   (mapconcat (lambda (row)
+                (format "Adapter:            %s, %d time%s: %s\n"
+                        (car (car row)) (nth 1 row)
+                        (if (= (nth 1 row) 1) "" "s") (nth 2 row)))
+              (reverse magent-store--adapter-failures) "")
+   (mapconcat (lambda (row)
+                (format "Not JSON:           %s, %d time%s, stored as %s\n"
+                        (car row) (nth 1 row) (if (= (nth 1 row) 1) "" "s")
+                        (nth 2 row)))
+              (reverse magent-store--unencodable) "")))
+
+(add-hook 'magent-store-status-functions #'magent-store--adapter-status)
+
+;;;; Write side: events, chunks and saves
 
 (declare-function magent-thread-session-id "ext:magent-ledger" (thread))
 (declare-function magent-thread-scope "ext:magent-ledger" (thread))
 (declare-function magent-thread-item-id "ext:magent-ledger" (item))
+(declare-function magent-thread-item-updated-at "ext:magent-ledger" (item))
+(declare-function magent-thread-turns "ext:magent-ledger" (thread))
 (declare-function magent-thread-event-to-alist "ext:magent-ledger" (event))
+(declare-function magent-thread-snapshot-to-alist "ext:magent-ledger" (thread))
+(declare-function magent-json-safe-value "ext:magent-json" (value))
+(declare-function magent-agent-job-to-alist "ext:magent-agent-job" (job))
 (declare-function magent-session-get-id "ext:magent-session" (session))
 (declare-function magent-session-thread-ledger "ext:magent-session" (session))
+(declare-function magent-session-metadata "ext:magent-session" (session))
+(declare-function magent-session-agent-jobs "ext:magent-session" (session))
+(declare-function magent-session-approval-overrides "ext:magent-session"
+                  (session))
+(declare-function magent-session-summary-title "ext:magent-session" (session))
 
-(defvar magent-store-header-function #'magent-store--default-header
-  "Function of (SESSION SCOPE) returning a magent session's header alist.")
+;;;;; Encoding values the way magent's writer does
 
-(defun magent-store--default-header (session scope)
-  "Return SESSION's header for SCOPE, through magent's own builder if any."
-  (if (fboundp 'magent-session--header-data-for-session)
-      (funcall 'magent-session--header-data-for-session session scope)
-    `((id . ,(magent-session-get-id session))
-      (schema-version . 7)
-      (scope . ,(if (stringp scope) "project" "global"))
-      (project-root . ,(and (stringp scope) scope))
-      (agent-jobs . [])
-      (approval-overrides . []))))
+(defun magent-store--safe-value (value)
+  "Return VALUE in the shapes `json-serialize' accepts, as magent does it.
+magent's own `magent-json-safe-value' when the loaded magent has it;
+otherwise the same mapping: nil is null, a symbol its name (a keyword
+without its colon), a keyword plist an object, an alist an object, any
+other list an array, anything else its printed form."
+  (if (fboundp 'magent-json-safe-value)
+      (magent-json-safe-value value)
+    (magent-store--safe-value-1 value)))
 
-(defun magent-store--thread-session (thread)
-  "Return the open store session for magent THREAD, opening it if needed."
+(defun magent-store--plist-p (value)
+  "Return non-nil when VALUE is a proper list of keyword/value pairs."
+  (and (listp value)
+       (let ((tail value))
+         (while (and (consp tail) (keywordp (car tail)) (consp (cdr tail)))
+           (setq tail (cddr tail)))
+         (null tail))))
+
+(defun magent-store--alist-p (value)
+  "Return non-nil when VALUE is a non-empty proper list of non-keyword pairs."
+  (and (consp value)
+       (proper-list-p value)
+       (cl-every (lambda (entry)
+                   (and (consp entry) (not (keywordp (car entry)))))
+                 value)))
+
+(defun magent-store--key (key)
+  "Return KEY, an alist or plist key, as the symbol of its JSON name."
+  (cond ((keywordp key) (intern (substring (symbol-name key) 1)))
+        ((symbolp key) key)
+        ((stringp key) (intern key))
+        (t (intern (format "%s" key)))))
+
+(defun magent-store--safe-value-1 (value)
+  "Return VALUE made encodable (see `magent-store--safe-value')."
+  (cond
+   ((null value) :null)
+   ((or (stringp value) (numberp value) (memq value '(t :json-false :null)))
+    value)
+   ((keywordp value) (substring (symbol-name value) 1))
+   ((symbolp value) (symbol-name value))
+   ((vectorp value) (vconcat (mapcar #'magent-store--safe-value-1 value)))
+   ((hash-table-p value)
+    (let ((table (make-hash-table :test #'equal)))
+      (maphash (lambda (k v)
+                 (puthash (if (stringp k) k (format "%s" k))
+                          (magent-store--safe-value-1 v) table))
+               value)
+      table))
+   ((magent-store--plist-p value)
+    (cl-loop for (k v) on value by #'cddr
+             nconc (list k (magent-store--safe-value-1 v))))
+   ((magent-store--alist-p value)
+    (mapcar (lambda (entry)
+              (cons (magent-store--key (car entry))
+                    (magent-store--safe-value-1 (cdr entry))))
+            value))
+   ((and (consp value) (proper-list-p value))
+    (vconcat (mapcar #'magent-store--safe-value-1 value)))
+   (t (format "%S" value))))
+
+(defun magent-store--json-serialize (value)
+  "Return VALUE (already safe) as JSON text, a multibyte string.
+With magent's sentinels: `:null' is null, `:json-false' false.  Since
+Emacs 30 `json-serialize' returns UTF-8 bytes: they are decoded here."
+  (let ((text (json-serialize value :null-object :null
+                              :false-object :json-false)))
+    (if (multibyte-string-p text) text (decode-coding-string text 'utf-8 t))))
+
+(defun magent-store--unencodable-note (what stored-as)
+  "Count a value of kind WHAT that JSON cannot hold, stored as STORED-AS."
+  (let ((row (assoc what magent-store--unencodable)))
+    (if row
+        (setcar (cdr row) (1+ (cadr row)))
+      (push (list what 1 stored-as) magent-store--unencodable)
+      (message "magent-store: a %s cannot be written as JSON; it is stored \
+as %s (see M-x magent-store-status)" what stored-as))))
+
+(defun magent-store--bad-char-p (char)
+  "Return non-nil when CHAR cannot appear in JSON text (raw byte, not Unicode)."
+  (> char #x10FFFF))
+
+(defun magent-store--repair (value)
+  "Return safe VALUE with everything JSON cannot hold replaced, and noted.
+A string keeps every character, each one JSON cannot hold (a raw byte,
+a character beyond Unicode) becoming U+FFFD; a unibyte string is read
+as UTF-8 first; a NaN, an infinity or an integer out of JSON's range
+becomes its printed form, a string."
+  (cond
+   ((stringp value)
+    (let ((text (if (and (not (multibyte-string-p value))
+                         (string-match-p "[^[:ascii:]]" value))
+                    (decode-coding-string value 'utf-8)
+                  value)))
+      (if (cl-some #'magent-store--bad-char-p text)
+          (progn
+            (magent-store--unencodable-note
+             "string with raw bytes" "text with U+FFFD in their place")
+            (apply #'string
+                   (mapcar (lambda (c)
+                             (if (magent-store--bad-char-p c) #xFFFD c))
+                           text)))
+        text)))
+   ((floatp value)
+    (if (or (isnan value) (= value 1.0e+INF) (= value -1.0e+INF))
+        (progn (magent-store--unencodable-note
+                "NaN or infinite number" "its printed form, a string")
+               (format "%S" value))
+      value))
+   ((integerp value)
+    (if (or (> value most-positive-fixnum) (< value most-negative-fixnum))
+        (progn (magent-store--unencodable-note
+                "integer too large" "its digits, a string")
+               (number-to-string value))
+      value))
+   ((vectorp value) (vconcat (mapcar #'magent-store--repair value)))
+   ((hash-table-p value)
+    (let ((table (make-hash-table :test #'equal)))
+      (maphash (lambda (k v)
+                 (puthash (magent-store--repair k) (magent-store--repair v)
+                          table))
+               value)
+      table))
+   ((magent-store--plist-p value)
+    (cl-loop for (k v) on value by #'cddr
+             nconc (list k (magent-store--repair v))))
+   ((consp value)
+    (if (proper-list-p value)
+        (mapcar (lambda (entry)
+                  (if (and (consp entry) (symbolp (car entry)))
+                      (cons (car entry) (magent-store--repair (cdr entry)))
+                    (magent-store--repair entry)))
+                value)
+      (magent-store--unencodable-note "dotted list" "its printed form")
+      (format "%S" value)))
+   (t value)))
+
+(defun magent-store--encode (value)
+  "Return VALUE as JSON text, exactly as magent's writer would encode it.
+A value JSON cannot hold does not fail: it is stored in the most
+faithful form JSON allows and noted for `magent-store-status'."
+  (let ((safe (magent-store--safe-value value)))
+    (condition-case nil
+        (magent-store--json-serialize safe)
+      (error (magent-store--json-serialize (magent-store--repair safe))))))
+
+;;;;; Where a magent session lives
+
+(defun magent-store--action-scope-p (scope)
+  "Return non-nil when SCOPE is magent's action scope plist."
+  (and (consp scope) (plist-member scope :kind)
+       (memq (plist-get scope :kind) '(action "action"))
+       t))
+
+(defun magent-store--action-name (name)
+  "Return the action NAME as magent names it on disk, before cleaning."
+  (cond ((stringp name) name)
+        ((symbolp name) (symbol-name name))
+        (t (format "%s" name))))
+
+(defun magent-store--store-scope (scope)
+  "Return magent's SCOPE as the shim core takes it."
+  (cond ((magent-store--action-scope-p scope)
+         (cons 'action (magent-store--action-name (plist-get scope :action))))
+        ((or (null scope) (eq scope 'global) (equal scope "global")) 'global)
+        ((stringp scope) scope)
+        (t (error "Unknown magent scope %S" scope))))
+
+(defun magent-store--known-session (thread)
+  "Return the store session of THREAD if this Emacs has opened it."
   (let ((id (magent-thread-session-id thread))
         (recent magent-store--recent))
     (if (and recent (eq id (car recent)))
         (cdr recent)
-      (let ((session (magent-store--ensure-session
-                      id (magent-store--scope-arg (magent-thread-scope thread)))))
+      (when-let ((session (gethash id magent-store--sessions)))
         (setq magent-store--recent (cons id session))
         session))))
 
-(defun magent-store--after-append-event (thread event)
-  "Forward EVENT, just appended to THREAD, to the backend."
-  (when (and thread event magent-store-persistence-enabled)
-    (let ((text (condition-case err
-                    (magent-store--json (magent-thread-event-to-alist event))
-                  ;; Never into magent's own call: say what was dropped.
-                  (error
-                   (setq magent-store--last-error
-                         (format "event not saved: %s" (error-message-string err)))
-                   (message "magent-store: %s" magent-store--last-error)
-                   nil))))
-      (when text
-        (magent-store--push (magent-store--thread-session thread)
-                            text (length text))))))
+(defun magent-store--initial-state (thread)
+  "Return THREAD's materialized state as JSON text, or nil if magent lacks it.
+No event carries a thread's creation time, metadata or first status:
+the backend starts a session it has no files for from this."
+  (when (fboundp 'magent-thread-snapshot-to-alist)
+    (magent-store--encode (magent-thread-snapshot-to-alist thread))))
+
+(defun magent-store--open-thread (thread)
+  "Open THREAD's session in the store, with THREAD's state as its start."
+  (let ((id (magent-thread-session-id thread)))
+    (or (gethash id magent-store--sessions)
+        (magent-store--ensure-session
+         id (magent-store--store-scope (magent-thread-scope thread))
+         (magent-store--initial-state thread)))))
+
+;;;;; Events and chunks
+
+(defun magent-store--around-append-event (orig thread event)
+  "Call ORIG (magent's append) on THREAD and EVENT; queue EVENT for the backend.
+The first event of a session this Emacs has not opened opens it, with
+the thread as it was before EVENT."
+  (when (and thread magent-store-persistence-enabled)
+    (magent-store--guarded "opening a session"
+      (unless (magent-store--known-session thread)
+        (magent-store--open-thread thread))))
+  (let ((appended (funcall orig thread event)))
+    (when (and thread event magent-store-persistence-enabled)
+      (magent-store--guarded "forwarding an event"
+        (let ((session (or (magent-store--known-session thread)
+                           (magent-store--open-thread thread)))
+              (text (magent-store--encode
+                     (magent-thread-event-to-alist (or appended event)))))
+          (magent-store--push session text (length text)))))
+    appended))
 
 (defun magent-store--after-append-item-content (thread item chunk
                                                        &optional output-p)
-  "Forward CHUNK, just appended to ITEM of THREAD (output if OUTPUT-P)."
+  "Queue CHUNK, just appended to ITEM of THREAD (to its output if OUTPUT-P).
+The chunk's time is the one magent gave the item, to the last digit.
+A session this Emacs has not opened is opened from the thread as it
+is now, which already holds CHUNK."
   (when (and thread item (stringp chunk) (> (length chunk) 0)
              magent-store-persistence-enabled)
-    (magent-store--push (magent-store--thread-session thread)
-                        (list (magent-thread-item-id item) chunk
-                              (and output-p t)
-                              (truncate (float-time) 0.001))
-                        (length chunk))))
+    (magent-store--guarded "forwarding a chunk"
+      (let ((session (magent-store--known-session thread)))
+        (if (not session)
+            (magent-store--open-thread thread)
+          (magent-store--push
+           session
+           (list (magent-thread-item-id item) chunk (and output-p t)
+                 (or (and (fboundp 'magent-thread-item-updated-at)
+                          (magent-thread-item-updated-at item))
+                     (float-time)))
+           (length chunk)))))))
 
-(defun magent-store--session-id-of (session)
-  "Return the store session id of magent SESSION."
-  (magent-thread-session-id (magent-session-thread-ledger session)))
+;;;;; Headers and saves
 
-(defun magent-store--around-save-deferred (_orig session &optional _scope _delay)
-  "Replace magent's deferred save of SESSION by a flush request."
-  (let ((thread (magent-session-thread-ledger session)))
-    (magent-store--thread-session thread)
-    (magent-store-request-flush (magent-thread-session-id thread))))
+(defun magent-store--metadata-string (session key)
+  "Return SESSION's metadata KEY as text, as magent's header has it."
+  (let ((value (cdr (assq key (magent-session-metadata session)))))
+    (cond ((null value) nil)
+          ((stringp value) value)
+          ((symbolp value) (symbol-name value))
+          (t (format "%s" value)))))
+
+(defun magent-store--origin-scope (session scope)
+  "Return the project or global scope SESSION saved under SCOPE belongs to."
+  (or (cdr (assq 'origin-scope (magent-session-metadata session)))
+      (if (magent-store--action-scope-p scope)
+          (or (plist-get scope :origin-scope) 'global)
+        scope)
+      'global))
+
+(defun magent-store--header-data (session scope)
+  "Return the header magent writes for SESSION under SCOPE, as an alist.
+magent's own builder when it has one, else the same fields built from
+the session object, in magent's order."
+  (if (fboundp 'magent-session--header-data-for-session)
+      (funcall 'magent-session--header-data-for-session session scope)
+    (let* ((origin (magent-store--origin-scope session scope))
+           (field (lambda (key)
+                    (when-let ((value (magent-store--metadata-string
+                                       session key)))
+                      (list (cons key value)))))
+           (summary (and (fboundp 'magent-session-summary-title)
+                         (magent-session-summary-title session)))
+           (metadata (magent-session-metadata session)))
+      `((id . ,(magent-session-get-id session))
+        (schema-version . 7)
+        ,@(funcall field 'kind)
+        ,@(funcall field 'action)
+        ,@(funcall field 'status)
+        ,@(funcall field 'title)
+        ,@(funcall field 'parent-session-id)
+        ,@(and metadata `((metadata . ,(magent-store--safe-value metadata))))
+        (scope . ,(if (eq origin 'global) "global" "project"))
+        ,@(unless (eq origin 'global) `((project-root . ,origin)))
+        ,@(and summary `((summary-title . ,summary)))
+        (agent-jobs . ,(vconcat (and (fboundp 'magent-agent-job-to-alist)
+                                     (mapcar #'magent-agent-job-to-alist
+                                             (magent-session-agent-jobs
+                                              session)))))
+        (approval-overrides
+         . ,(vconcat (mapcar (lambda (entry)
+                               `((tool . ,(symbol-name (car entry)))
+                                 (decision . ,(symbol-name (cdr entry)))))
+                             (magent-session-approval-overrides session))))))))
+
+(defvar magent-store--headers-sent (make-hash-table :test #'equal)
+  "Session id -> the header text last given to the backend.")
+
+(defun magent-store--magent-has-content-p (session)
+  "Return non-nil when magent would write SESSION at all.
+magent writes a session once it has a turn or an agent job."
+  (or (magent-thread-turns (magent-session-thread-ledger session))
+      (magent-session-agent-jobs session)))
+
+(defun magent-store--put-header (session scope)
+  "Give the backend SESSION's header under SCOPE if it changed.
+Return the store session."
+  (let* ((thread (magent-session-thread-ledger session))
+         (store-session (magent-store--open-thread thread))
+         (id (magent-thread-session-id thread)))
+    (when (magent-store--magent-has-content-p session)
+      (let ((text (magent-store--encode
+                   (magent-store--header-data session scope))))
+        (unless (equal text (gethash id magent-store--headers-sent))
+          (magent-store-put-header id text)
+          (puthash id text magent-store--headers-sent))))
+    store-session))
+
+(defvar magent-store--deferred-headers nil
+  "(SESSION . SCOPE) pairs whose header is refreshed at the next header tick.")
+
+(defvar magent-store--header-timer nil
+  "Timer of the next header refresh, or nil.")
+
+(defun magent-store--refresh-deferred-headers ()
+  "Refresh the headers of the sessions magent asked to save later."
+  (let ((pending (nreverse magent-store--deferred-headers)))
+    (setq magent-store--deferred-headers nil
+          magent-store--header-timer nil)
+    (pcase-dolist (`(,session . ,scope) pending)
+      (magent-store--guarded "refreshing a header"
+        (magent-store--put-header session scope))
+      (magent-store--guarded "a deferred save"
+        (magent-store-request-flush
+         (magent-thread-session-id (magent-session-thread-ledger session)))))))
+
+(defun magent-store--save-scope (session scope)
+  "Return SCOPE, or the scope of SESSION's thread when SCOPE is nil."
+  (or scope (magent-thread-scope (magent-session-thread-ledger session))))
+
+(defun magent-store--around-save-deferred (_orig session &optional scope _delay)
+  "Replace magent's deferred save of SESSION under SCOPE.
+The events are flushed within `magent-store-flush-interval'; the header,
+whose fields change rarely but cost a little to build, is refreshed
+once per interval however often magent asks."
+  (magent-store--guarded "a deferred save"
+    (let ((thread (magent-session-thread-ledger session))
+          (pair (cons session (magent-store--save-scope session scope))))
+      (magent-store--open-thread thread)
+      (unless (cl-find-if (lambda (entry) (and (eq (car entry) session)
+                                               (equal (cdr entry) (cdr pair))))
+                          magent-store--deferred-headers)
+        (push pair magent-store--deferred-headers))
+      (unless magent-store--header-timer
+        (setq magent-store--header-timer
+              (run-at-time magent-store-flush-interval nil
+                           #'magent-store--refresh-deferred-headers)))
+      (magent-store-request-flush (magent-thread-session-id thread))))
+  nil)
 
 (defun magent-store--around-save (_orig session scope)
-  "Replace magent's synchronous save of SESSION under SCOPE."
-  (let* ((thread (magent-session-thread-ledger session))
-         (id (magent-thread-session-id thread)))
-    (magent-store--ensure-session id (magent-store--scope-arg scope))
-    (magent-store-put-header id (funcall magent-store-header-function
-                                         session scope))
-    (magent-store-flush id)))
+  "Replace magent's save of SESSION under SCOPE: header, then a durable flush."
+  (magent-store--guarded "a save's header"
+    (magent-store--put-header session scope))
+  (magent-store--guarded "a save"
+    (let ((thread (magent-session-thread-ledger session)))
+      (magent-store--open-thread thread)
+      (magent-store-flush (magent-thread-session-id thread))))
+  nil)
+
+;;;; Read side: magent's reads answered from the store
 
 (defun magent-store--before-load (filepath &rest _)
-  "Flush the session of FILEPATH, for magent to load all of it.
+  "Flush the session of FILEPATH, for magent to read all of it.
 The backend writes magent's own schema-7 files, so magent reads them
 itself; what it must not miss is what Emacs has not sent yet."
-  (let ((id (file-name-base filepath)))
-    (when (and magent-store--backend (gethash id magent-store--sessions))
-      (magent-store-flush id))))
+  (magent-store--guarded "a flush before magent reads"
+    (let ((id (file-name-base filepath)))
+      (when (and magent-store--backend (gethash id magent-store--sessions))
+        (magent-store-flush id)))))
 
-(defconst magent-store--advice
-  '((magent-thread-append-event :after magent-store--after-append-event)
-    (magent-thread-append-item-content
-     :after magent-store--after-append-item-content)
-    (magent-session-save-deferred-for-session
-     :around magent-store--around-save-deferred)
-    (magent-session-save-for-session :around magent-store--around-save)
-    (magent-session-load :before magent-store--before-load))
-  "The advice `magent-store-mode' installs: (FUNCTION HOW ADVICE).")
+;;;; The mode
 
 (defun magent-store--kill-emacs ()
   "Flush everything before Emacs exits."
@@ -123,20 +585,28 @@ itself; what it must not miss is what Emacs has not sent yet."
       (error (message "magent-store: flush at exit failed: %s"
                       (error-message-string err))))))
 
+(defun magent-store--magent-loaded ()
+  "Install the advice once magent's session module is loaded."
+  (magent-store--magent-install))
+
 ;;;###autoload
 (define-minor-mode magent-store-mode
   "Route magent's session persistence through the magent-store backend.
 Events and streamed chunks are forwarded as magent appends them, saves
-become flush requests, a session is flushed before magent loads it, and
-Emacs flushes everything before it exits."
+become header refreshes and flushes, a session is flushed before magent
+reads it, and Emacs flushes everything before it exits.  Only the
+functions the loaded magent has are advised; the mode says once what
+it lacks (see `magent-store-magent-functions')."
   :global t
   :group 'magent-store
-  (pcase-dolist (`(,function ,how ,advice) magent-store--advice)
-    (if magent-store-mode
-        (advice-add function how advice)
-      (advice-remove function advice)))
   (if magent-store-mode
-      (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+      (progn
+        (magent-store--magent-install)
+        (unless (featurep 'magent-session)
+          (with-eval-after-load 'magent-session
+            (magent-store--magent-loaded)))
+        (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
+    (magent-store--magent-uninstall)
     (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)))
 
 (provide 'magent-store-magent)

@@ -172,9 +172,11 @@ writing them to a file the backend reads."
 QUEUE holds entries not yet sent (newest first); INFLIGHT the batches
 sent but not yet acknowledged, oldest first, as (ID . ENTRIES).
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
-survives a crash of the backend); DURABLE-SEQ the last one fsync covers."
+survives a crash of the backend); DURABLE-SEQ the last one fsync covers.
+INITIAL is nil or the JSON text of the thread a session starts from
+when the backend has no files for it (no event carries that state)."
   id scope queue (queued-chars 0) inflight (durable-seq 0) (written-seq 0)
-  timer (flushes 0) header opened (deadline 0.0))
+  timer (flushes 0) header opened (deadline 0.0) initial)
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -576,10 +578,14 @@ were written before the crash and are skipped, so nothing is duplicated."
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
-  (list (magent-store--text (magent-store--root))
-        (magent-store--scope-json (magent-store--session-scope session))
-        (magent-store--session-id session)
-        (magent-store--options-json)))
+  (let ((args (list (magent-store--text (magent-store--root))
+                    (magent-store--scope-json
+                     (magent-store--session-scope session))
+                    (magent-store--session-id session)
+                    (magent-store--options-json))))
+    (if-let ((initial (magent-store--session-initial session)))
+        (append args (list initial))
+      args)))
 
 (defvar magent-store--recent nil
   "(SESSION-ID . SESSION) of the last lookup: streaming asks for one id.
@@ -597,10 +603,13 @@ Cleared whenever a session is forgotten.")
         (setq magent-store--recent (cons session-id session))
         session))))
 
-(defun magent-store--ensure-session (session-id scope)
-  "Return session SESSION-ID under SCOPE, opening it (without waiting) if needed."
+(defun magent-store--ensure-session (session-id scope &optional initial)
+  "Return session SESSION-ID under SCOPE, opening it (without waiting) if needed.
+INITIAL, JSON text of a thread snapshot, is the state the backend starts
+the session from when it has no files for it."
   (or (gethash session-id magent-store--sessions)
-      (let ((session (magent-store--session-make :id session-id :scope scope)))
+      (let ((session (magent-store--session-make :id session-id :scope scope
+                                                 :initial initial)))
         (puthash session-id session magent-store--sessions)
         (condition-case err
             (progn
@@ -916,6 +925,9 @@ megabytes never cross the EPC wire."
   "Return VALUE, a number of milliseconds or nil, as short text."
   (if (numberp value) (format "%.1f" value) "-"))
 
+(defvar magent-store-status-functions nil
+  "Functions of no argument returning more lines for `magent-store-status'.")
+
 (defun magent-store-status ()
   "Show the backend's state in a buffer."
   (interactive)
@@ -968,6 +980,8 @@ megabytes never cross the EPC wire."
                 (format "Backend log:        %s\n"
                         (expand-file-name "server.log"
                                           (magent-store--log-directory))))
+        (dolist (function magent-store-status-functions)
+          (insert (or (ignore-errors (funcall function)) "")))
         (special-mode))
       (display-buffer (current-buffer)))))
 

@@ -159,6 +159,31 @@ def test_invalid_ids_are_refused_before_any_path_is_built(root: Path, bad: str) 
     st = Store(root)
     with pytest.raises(InvalidSessionId):
         st.open(bad)
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "directory"),
+    [
+        ("review", "review"),
+        ("my action/ünï", "my-action-ünï"),
+        ("  padded\t\n", "padded"),
+        ("../x", "..-x"),
+        ("a//b", "a-b"),
+        ("nul\0x", "nul-x"),
+        ("é\u0301 Ⅻ² 😀", "é\u0301-Ⅻ-"),
+        ("nil", "nil"),
+    ],
+)
+def test_action_directories_are_named_as_magent_names_them(root: Path, events: Events, name: str, directory: str) -> None:
+    with Store(root).open("s1", Scope.action(name)) as s:
+        s.append_event(events.thread_started())
+    assert (root / "actions" / directory / "s1.json").exists()
+    assert orjson.loads((root / "actions" / directory / "s1.json").read_bytes())["action"] == name
+
+
+@pytest.mark.parametrize("bad", ["", " ", "..", " . ", "\t.\n", "x" * 256])
+def test_action_names_that_would_leave_the_actions_directory_are_refused(root: Path, bad: str) -> None:
     with pytest.raises(InvalidSessionId):
         Scope.action(bad)
     assert not root.exists()

@@ -53,6 +53,7 @@ from epc.handler import encode_message, unpack_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
+from magent_store.ledger import Thread, thread_from_json
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
 from magent_store.store import Scope, Session, Store, StoreError
@@ -273,8 +274,14 @@ class Service:
             raise CallError(f"session {session_id!r} is not open here: call open first")
         return entry.session
 
-    def open(self, root: Any, scope: Any, session_id: Any, options: Any = None) -> int:
-        """Open (create or load) a session; return its last seq.  Idempotent."""
+    def open(self, root: Any, scope: Any, session_id: Any, options: Any = None, initial: Any = None) -> int:
+        """Open (create or load) a session; return its last seq.  Idempotent.
+
+        INITIAL, JSON text of a thread snapshot, is the state a session with
+        no snapshot on disk starts from (its creation time and metadata are
+        in no event).  An unusable one is logged and left out: the session
+        still opens.
+        """
         root = _text(root, "root")
         session_id = _text(session_id, "session id")
         scope_json = _json(scope, "scope")
@@ -292,11 +299,25 @@ class Service:
             scope_obj = Scope.from_json(scope_json)
         except (ValueError, TypeError, KeyError) as err:
             raise CallError(f"invalid scope {scope_json!r}: {err}") from None
-        session = self._store(root, opts).open(session_id, scope_obj)
+        session = self._store(root, opts).open(session_id, scope_obj, self._initial(initial, session_id))
         session.after_flush = self._search_index(root, opts)
         self._open[session_id] = OpenSession(session, root, scope_json)
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)
         return session.last_seq
+
+    def _initial(self, initial: Any, session_id: str) -> Thread | None:
+        if not initial:
+            return None
+        try:
+            thread = thread_from_json(_json(initial, "initial state"), "initial state")
+            if thread.session_id != session_id:
+                raise CallError(f"initial state: session-id {thread.session_id!r:.80} is not {session_id!r}")
+            return thread
+        except (CallError, ValueError) as err:
+            message = f"session {session_id!r}: initial state left out: {err}"
+            self.stats.last_error = message[:500]
+            log.warning("%s", message[:500])
+            return None
 
     def _apply_batch(self, session: Session, batch: Any, *, allow: str) -> list[str]:
         """Apply BATCH's entries in order; return the rejected ones' errors.
@@ -305,8 +326,9 @@ class Service:
         An entry is an event (a JSON object, or JSON text of one) or a
         content chunk ``[item-id, chunk, output, created-at]``.  Emacs sends
         the batch as a list, a chunk's output as ``t`` or ``nil`` and its
-        created-at in integer milliseconds (Emacs prints an integer much
-        faster than a float), so chunks need no JSON at all.
+        created-at as float seconds (the time magent gave the item, to the
+        last digit) or integer milliseconds (cheaper to print, for callers
+        with no time of their own), so chunks need no JSON at all.
         A rejected entry changes nothing and does not stop the others: losing
         one bad event beats losing the batch.
         """
@@ -516,7 +538,11 @@ def _chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, floa
         raise CallError("chunk output must be true or false")
     if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
         raise CallError("chunk created-at must be a number")
-    return item_id, chunk, output, created_at / 1000.0 if millis else float(created_at)
+    # From Emacs an integer is milliseconds (cheap to print), a float seconds
+    # exactly as magent recorded them.
+    if millis and isinstance(created_at, int):
+        return item_id, chunk, output, created_at / 1000.0
+    return item_id, chunk, output, float(created_at)
 
 
 # --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -95,6 +96,39 @@ def check_session_id(session_id: object, what: str = "session id") -> str:
 # Scopes and paths
 
 
+# Emacs's [[:alnum:]] outside ASCII: letters, marks and decimal or letter numbers.
+_ALNUM_CATEGORIES: Final = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl"})
+
+
+def action_directory_name(name: object) -> str:
+    """The directory magent keeps action NAME's sessions in (SPEC §2).
+
+    Like magent: trim spaces, tabs, CRs and newlines at both ends, then
+    replace each run of characters outside ``[[:alnum:]_.-]`` by ``-``.
+    A name that would leave the ``actions`` directory ("", "." or "..")
+    is refused.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidSessionId(f"invalid action name {name!r:.80}: expected a non-empty string")
+    out: list[str] = []
+    in_run = False
+    for char in name.strip(" \t\n\r"):
+        if char in "_.-" or (
+            char.isalnum() if char.isascii() else unicodedata.category(char) in _ALNUM_CATEGORIES
+        ):
+            out.append(char)
+            in_run = False
+        elif not in_run:
+            out.append("-")
+            in_run = True
+    directory = "".join(out)
+    if directory in ("", ".", "..") or len(directory.encode()) > 255:
+        raise InvalidSessionId(
+            f"invalid action name {name!r:.80}: its directory {directory!r:.80} cannot hold sessions"
+        )
+    return directory
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     """Where a session lives: ``global/``, ``projects/<sha1>/`` or ``actions/<name>/``."""
@@ -114,7 +148,9 @@ class Scope:
 
     @classmethod
     def action(cls, name: str) -> Scope:
-        return cls("action", check_session_id(name, "action name"))
+        """An action session's scope; NAME is the action's name as magent has it."""
+        action_directory_name(name)
+        return cls("action", name)
 
     @classmethod
     def from_json(cls, obj: Any) -> Scope:
@@ -141,7 +177,7 @@ class Scope:
         assert self.value is not None
         if self.kind == "project":
             return root / "projects" / hashlib.sha1(self.value.encode()).hexdigest()
-        return root / "actions" / self.value
+        return root / "actions" / action_directory_name(self.value)
 
     def to_json(self) -> Any:
         """The thread's ``scope`` value in a snapshot."""
@@ -152,6 +188,7 @@ class Scope:
         return {"action": self.value}
 
     def header_fields(self) -> dict[str, Any]:
+        """The header fields this scope implies (an action's origin may be a project)."""
         return {
             "scope": "project" if self.kind == "project" else "global",
             "project-root": self.value if self.kind == "project" else None,
@@ -306,6 +343,8 @@ def normalize_header(obj: Any, session_id: str | None = None, scope: Scope | Non
         raise LedgerError(f"header.schema-version: expected {SCHEMA_VERSION}, got {version!r:.80}")
     if scope is not None:
         for key, value in scope.header_fields().items():
+            if scope.kind == "action" and key != "action" and header["scope"] is not None:
+                continue  # an action's scope and project-root are those of its origin
             if header[key] is None:
                 header[key] = value
             elif header[key] != value:
@@ -317,7 +356,7 @@ def normalize_header(obj: Any, session_id: str | None = None, scope: Scope | Non
     if header["scope"] == "project" and not isinstance(header["project-root"], str):
         raise LedgerError("header.project-root: required string for a project session")
     if header["action"] is not None:
-        check_session_id(header["action"], "action name")
+        action_directory_name(header["action"])
     for key in ("kind", "status", "title", "parent-session-id", "summary-title"):
         if header[key] is not None and not isinstance(header[key], str):
             raise LedgerError(f"header.{key}: expected a string or null, got {header[key]!r:.80}")
@@ -415,10 +454,15 @@ def scan_log(path: Path) -> LogScan:
     return LogScan(events, lines, len(data) - len(tail), torn)
 
 
-def replay_session(files: SessionFiles, scope: Scope | None, scan: LogScan) -> tuple[Thread, int | None]:
+def replay_session(
+    files: SessionFiles, scope: Scope | None, scan: LogScan, initial: Thread | None = None
+) -> tuple[Thread, int | None]:
     """The thread of FILES: its snapshot (if any) with the log replayed.
 
-    Returns the thread and the snapshot's last-event-seq (None: no snapshot).
+    Without a snapshot the log is replayed over INITIAL, the state the
+    writer created the thread in (no event carries it), else over an
+    empty thread.  Returns the thread and the snapshot's last-event-seq
+    (None: no snapshot).
     """
     try:
         snapshot_obj = _read_json(files.snapshot)
@@ -429,6 +473,8 @@ def replay_session(files: SessionFiles, scope: Scope | None, scan: LogScan) -> t
             thread = ledger.thread_from_json(snapshot_obj)
         except LedgerError as exc:
             raise CorruptSessionError(f"{files.snapshot}: {exc}") from None
+    elif initial is not None:
+        thread = initial
     else:
         thread = ledger.new_thread(files.id, (scope or Scope.global_()).to_json())
     base = thread.last_event_seq
@@ -529,7 +575,14 @@ class Session:
         log_max_events: int = LOG_MAX_EVENTS,
         log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
+        initial: Thread | None = None,
     ) -> None:
+        """Open FILES for writing under SCOPE.
+
+        INITIAL is the thread as its writer created it (creation time,
+        metadata, status, scope, any turns a fork copied): what the session
+        starts from when it has no snapshot yet, since no event carries it.
+        """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
         if log_max_events < 1:
@@ -552,18 +605,23 @@ class Session:
         make_private_dirs(files.directory)
         self._lock = SessionLock(files)
         try:
-            self._load()
+            self._load(initial)
         except BaseException:
             self._lock.release(remove=True)
             raise
 
     # -- opening ----------------------------------------------------------
 
-    def _load(self) -> None:
+    def _load(self, initial: Thread | None) -> None:
         files = self.files
+        if initial is not None and (initial.id is None or initial.session_id != files.id):
+            raise StoreError(
+                f"initial state of session {files.id!r} is for session {initial.session_id!r:.80}"
+            )
         try:
             self.header = read_header(files.header)
             self._header_on_disk: bytes | None = files.header.read_bytes()
+            self._header_given = True
         except SessionNotFound:
             if files.snapshot.exists():
                 raise CorruptSessionError(
@@ -573,6 +631,7 @@ class Session:
             # A new session, or one whose first flush stopped before its header.
             self.header = default_header(files.id, self.scope)
             self._header_on_disk = None
+            self._header_given = False
         else:
             header_scope = Scope.from_header(self.header)
             if header_scope != self.scope:
@@ -580,7 +639,7 @@ class Session:
                     f"{files.header}: session has scope {header_scope.label()}, not {self.scope.label()}"
                 )
         scan = scan_log(files.log)
-        self.thread, snapshot_seq = replay_session(files, self.scope, scan)
+        self.thread, snapshot_seq = replay_session(files, self.scope, scan, initial)
         self._snapshot_on_disk = snapshot_seq is not None
         after = [n for n, e in enumerate(scan.events) if (e.seq or 0) > (snapshot_seq or 0)]
         self._since_snapshot = len(after)
@@ -691,10 +750,13 @@ class Session:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
         self.header = normalize_header(header, self.files.id, self.scope)
+        self._header_given = True
 
     def _current_header(self) -> dict[str, Any]:
         header = self.header
-        if header["summary-title"] is None:
+        # A header its writer gave is theirs to the letter: magent leaves
+        # summary-title out when it has none.
+        if header["summary-title"] is None and not self._header_given:
             title = summary_title(self.thread)
             if title is not None:
                 header = {**header, "summary-title": title}
@@ -907,14 +969,17 @@ class Store:
     def files(self, session_id: str, scope: Scope) -> SessionFiles:
         return SessionFiles(scope.directory(self.root), check_session_id(session_id))
 
-    def open(self, session_id: str, scope: Scope | None = None) -> Session:
-        """Open (creating if needed) a session for writing; it holds the session's lock."""
+    def open(self, session_id: str, scope: Scope | None = None, initial: Thread | None = None) -> Session:
+        """Open (creating if needed) a session for writing; it holds the session's lock.
+
+        INITIAL is the thread a new session starts from (see `Session`).
+        """
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
         make_private_dirs(self.root)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
-            log_max_events=self.log_max_events, log_growth=self.log_growth,
+            log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
         )  # fmt: skip
 
     def load(self, session_id: str, scope: Scope | None = None) -> tuple[dict[str, Any], Thread]:

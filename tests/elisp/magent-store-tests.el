@@ -210,6 +210,11 @@ Timers run between chunks, as they do while a real reply streams."
 (defun magent-thread-event-to-alist (event) event)
 (defun magent-session-get-id (session) (plist-get session :id))
 (defun magent-session-thread-ledger (session) (plist-get session :thread))
+(defun magent-thread-turns (thread) (plist-get thread :turns))
+(defun magent-session-metadata (session) (plist-get session :metadata))
+(defun magent-session-agent-jobs (session) (plist-get session :agent-jobs))
+(defun magent-session-approval-overrides (session)
+  (plist-get session :approval-overrides))
 (defun magent-thread-append-event (_thread event)
   (push 'append-event magent-store-test--calls)
   event)
@@ -219,7 +224,7 @@ Timers run between chunks, as they do while a real reply streams."
   (push 'magent-deferred-save magent-store-test--calls))
 (defun magent-session-save-for-session (_session _scope)
   (push 'magent-save magent-store-test--calls))
-(defun magent-session-load (filepath)
+(defun magent-session-read-file (filepath)
   ;; magent reads the schema-7 files itself: read them as it would.
   (push 'magent-load magent-store-test--calls)
   (magent-store-test--show (file-name-base filepath)))
@@ -268,7 +273,7 @@ Timers run between chunks, as they do while a real reply streams."
                            "s-mode"))
             ;; A chunk nobody asked to save is on disk before magent loads.
             (magent-thread-append-item-content thread item "!")
-            (let* ((loaded (magent-session-load
+            (let* ((loaded (magent-session-read-file
                             (expand-file-name "global/s-mode.json"
                                               magent-store-root)))
                    (item (aref (alist-get 'items
@@ -276,8 +281,9 @@ Timers run between chunks, as they do while a real reply streams."
                                0)))
               (should (equal (alist-get 'content item) "Hello, world!"))))
         (magent-store-mode -1))
-      (dolist (entry magent-store--advice)
-        (should-not (advice-member-p (nth 2 entry) (nth 0 entry))))
+      (dolist (row magent-store-magent-functions)
+        (when (keywordp (nth 1 row))
+          (should-not (advice-member-p (nth 2 row) (nth 0 row)))))
       (should-not (memq #'magent-store--kill-emacs kill-emacs-hook))
       (setq magent-store-test--calls nil)
       (magent-thread-append-item-content thread item "not forwarded")
