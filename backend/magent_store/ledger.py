@@ -17,6 +17,7 @@ appending to one long in-progress item costs the chunk, not the content.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,17 @@ TURN_STATUSES: Final = frozenset(
     {"queued", "in-progress", "completed", "interrupted", "failed", "dropped"}
 )
 ITEM_STATUSES: Final = frozenset({"pending", "in-progress", "completed", "failed", "cancelled"})
+
+# The numbers magent can produce.  Timestamps are `float-time' values: not
+# before the epoch, not after the year 9999 (what Emacs's time functions
+# format).  Integers stay within 64 bits: JSON writers (ours, orjson) cannot
+# write more, and a value outside never comes from magent.
+TIMESTAMP_MIN: Final = 0.0
+TIMESTAMP_MAX: Final = 253402300799.0
+INT_MIN: Final = -(1 << 63)
+INT_MAX: Final = (1 << 63) - 1
+# Free-form JSON (usage, metadata...) may hold any integer orjson can write.
+JSON_INT_MAX: Final = (1 << 64) - 1
 
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SESSION_ID_MAX: Final = 200
@@ -286,9 +298,71 @@ def _number(value: Any, where: str, *, required: bool) -> float | None:
         if required:
             raise LedgerError(f"{where}: required timestamp (seconds since the epoch)")
         return None
+    return check_timestamp(value, where)
+
+
+def check_timestamp(value: Any, where: str) -> float:
+    """VALUE if it is a timestamp magent can produce, else raise `LedgerError`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise LedgerError(f"{where}: expected a number, got {value!r:.80}")
+        raise LedgerError(f"{where}: expected a number (seconds since the epoch), got {value!r:.80}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise LedgerError(f"{where}: expected a finite number, got {value!r}")
+    if not TIMESTAMP_MIN <= value <= TIMESTAMP_MAX:
+        raise LedgerError(
+            f"{where}: timestamp {short_number(value)} is outside {TIMESTAMP_MIN:.0f} .. "
+            f"{TIMESTAMP_MAX:.0f} (seconds since the epoch, up to the year 9999)"
+        )
     return value
+
+
+def check_integer(value: Any, where: str, *, minimum: int = INT_MIN) -> int:
+    """VALUE if it is an integer within 64 bits and ≥ MINIMUM, else raise `LedgerError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LedgerError(f"{where}: expected an integer, got {value!r:.80}")
+    if not minimum <= value <= INT_MAX:
+        raise LedgerError(f"{where}: integer {short_number(value)} is outside {minimum} .. {INT_MAX}")
+    return value
+
+
+def short_number(value: int | float) -> str:
+    """VALUE for a message: a 5,000-digit integer is named by its size, not printed."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'-' if value < 0 else ''}(an integer of about {digits} digits)"
+    return repr(value)
+
+
+def check_json_value(value: Any, where: str) -> Any:
+    """VALUE (free-form JSON) if every number in it can be written back exactly.
+
+    Non-finite floats would be written as ``null`` and integers beyond 64 bits
+    cannot be written at all: both are refused here, before anything changes.
+    """
+    if isinstance(value, str) or value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not INT_MIN <= value <= JSON_INT_MAX:
+            raise LedgerError(f"{where}: integer {short_number(value)} does not fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise LedgerError(f"{where}: expected a finite number, got {value!r}")
+        return value
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if isinstance(inner, str | bool) or inner is None:
+                continue
+            check_json_value(inner, f"{where}.{key}")
+        return value
+    if isinstance(value, list):
+        for index, inner in enumerate(value):
+            if isinstance(inner, str | bool) or inner is None:
+                continue
+            check_json_value(inner, f"{where}[{index}]")
+        return value
+    if isinstance(value, Text):
+        return value
+    raise LedgerError(f"{where}: {type(value).__name__} is not a JSON value")
 
 
 def _timestamp(obj: Mapping[str, Any], key: str, context: str, *, required: bool) -> float | None:
@@ -310,10 +384,12 @@ def _check_keys(obj: Any, keys: Iterable[str], context: str) -> Mapping[str, Any
     return obj
 
 
-def _value(obj: Mapping[str, Any], key: str) -> Any:
+def _value(obj: Mapping[str, Any], key: str, context: str = "") -> Any:
     """A free-form JSON value; schema 6's {} / [] mean absent."""
     value = obj.get(key)
-    return None if is_absent(value) else value
+    if is_absent(value):
+        return None
+    return check_json_value(value, _where(context, key))
 
 
 # ---------------------------------------------------------------------------
@@ -326,7 +402,7 @@ def item_from_json(obj: Any, context: str = "item", *, partial: bool = False) ->
     if partial:
         item_id = _opt_str(obj, "id", context) or ""
         item_type = _opt_str(obj, "type", context) or ""
-        status_value = _value(obj, "status")
+        status_value = _value(obj, "status", context)
         status = "" if status_value is None else _status(status_value, ITEM_STATUSES, f"{context}.status")
     else:
         item_id = _require_str(obj, "id", context)
@@ -337,15 +413,15 @@ def item_from_json(obj: Any, context: str = "item", *, partial: bool = False) ->
         turn_id=_opt_str(obj, "turn-id", context),
         type=item_type,
         status=status,
-        role=_value(obj, "role"),
-        content=_value(obj, "content"),
-        name=_value(obj, "name"),
-        call_id=_value(obj, "call-id"),
-        input=_value(obj, "input"),
-        output=_value(obj, "output"),
-        error=_value(obj, "error"),
-        phase=_value(obj, "phase"),
-        metadata=_value(obj, "metadata"),
+        role=_value(obj, "role", context),
+        content=_value(obj, "content", context),
+        name=_value(obj, "name", context),
+        call_id=_value(obj, "call-id", context),
+        input=_value(obj, "input", context),
+        output=_value(obj, "output", context),
+        error=_value(obj, "error", context),
+        phase=_value(obj, "phase", context),
+        metadata=_value(obj, "metadata", context),
         created_at=_timestamp(obj, "created-at", context, required=not partial),
         updated_at=_timestamp(obj, "updated-at", context, required=not partial),
         completed_at=_timestamp(obj, "completed-at", context, required=False),
@@ -363,24 +439,24 @@ def _items_from_json(value: Any, context: str) -> list[Item]:
 def turn_from_json(obj: Any, context: str = "turn", *, partial: bool = False) -> Turn:
     """A `Turn` from magent's JSON shape.  PARTIAL is for an event's payload turn."""
     obj = _check_keys(obj, TURN_KEYS, context)
-    status_value = _value(obj, "status")
+    status_value = _value(obj, "status", context)
     if partial and status_value is None:
         status = ""
     else:
         status = _status(status_value, TURN_STATUSES, f"{context}.status")
-    duration = _value(obj, "duration-ms")
-    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, int)):
-        raise LedgerError(f"{context}.duration-ms: expected an integer, got {duration!r:.80}")
+    duration = _value(obj, "duration-ms", context)
+    if duration is not None:
+        check_integer(duration, f"{context}.duration-ms")
     return Turn(
         id=(_opt_str(obj, "id", context) or "") if partial else _require_str(obj, "id", context),
         thread_id=_opt_str(obj, "thread-id", context),
         status=status,
-        op_id=_value(obj, "op-id"),
-        input=_value(obj, "input"),
+        op_id=_value(obj, "op-id", context),
+        input=_value(obj, "input", context),
         items=_items_from_json(obj.get("items"), f"{context}.items"),
-        error=_value(obj, "error"),
-        usage=_value(obj, "usage"),
-        metadata=_value(obj, "metadata"),
+        error=_value(obj, "error", context),
+        usage=_value(obj, "usage", context),
+        metadata=_value(obj, "metadata", context),
         # SPEC calls queued-at required, but magent's own turn-started leaves a
         # fresh turn without one: read it leniently.
         queued_at=_timestamp(obj, "queued-at", context, required=False),
@@ -407,8 +483,8 @@ def event_from_json(obj: Any, *, need_seq: bool = False) -> Event:
         if need_seq:
             raise LedgerError("event.seq: required positive integer")
         seq = None
-    elif isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-        raise LedgerError(f"event.seq: expected a positive integer, got {seq!r:.80}")
+    else:
+        check_integer(seq, "event.seq", minimum=1)
     thread_id = _require_str(obj, "thread-id", "event")
     turn_id = _require_str(obj, "turn-id", "event") if needs_turn else _opt_str(obj, "turn-id", "event")
     item_id = _require_str(obj, "item-id", "event") if needs_item else _opt_str(obj, "item-id", "event")
@@ -472,9 +548,9 @@ def _payload_from_json(
             raise LedgerError(f"{ctx}.item.id: {item.id!r} differs from event item-id {item_id!r}")
         out["item"] = item
         if "error" in keys:
-            out["error"] = _value(payload, "error")
+            out["error"] = _value(payload, "error", ctx)
     else:  # turn-completed / -failed / -interrupted / -dropped
-        out[keys[0]] = _value(payload, keys[0])
+        out[keys[0]] = _value(payload, keys[0], ctx)
     return out
 
 
@@ -489,17 +565,16 @@ def thread_from_json(obj: Any, context: str = "snapshot") -> Thread:
     seq = obj.get("last-event-seq")
     if is_absent(seq):
         seq = 0
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise LedgerError(f"{context}.last-event-seq: expected an integer ≥ 0, got {seq!r:.80}")
+    check_integer(seq, f"{context}.last-event-seq", minimum=0)
     thread = Thread(
         id=_require_str(obj, "id", context),
         session_id=_require_str(obj, "session-id", context),
-        scope=_value(obj, "scope") or "global",
+        scope=_value(obj, "scope", context) or "global",
         status=_status(obj.get("status"), THREAD_STATUSES, f"{context}.status"),
         created_at=_timestamp(obj, "created-at", context, required=False),
         updated_at=_timestamp(obj, "updated-at", context, required=False),
-        preview=_value(obj, "preview"),
-        metadata=_value(obj, "metadata"),
+        preview=_value(obj, "preview", context),
+        metadata=_value(obj, "metadata", context),
         turns=[turn_from_json(t, f"{context}.turns[{i}]") for i, t in enumerate(turns_value)],
         snapshot_created_at=_timestamp(obj, "snapshot-created-at", context, required=False),
         last_event_seq=seq,
@@ -600,6 +675,7 @@ def thread_to_json(thread: Thread) -> dict[str, Any]:
 
 def _check_applicable(thread: Thread, event: Event) -> None:
     """State-dependent checks, made before anything changes."""
+    check_timestamp(event.created_at, "event.created-at")
     if thread.id is not None and event.thread_id != thread.id:
         raise LedgerError(f"event.thread-id: {event.thread_id!r} is not this thread ({thread.id!r})")
     if event.type == "item-content-appended":
@@ -714,6 +790,10 @@ def _turn_ended(thread: Thread, event: Event) -> bool:
     if turn is None:
         return False
     now = event.created_at
+    # Everything that can fail is computed before the turn changes.
+    duration = None
+    if turn.started_at is not None:
+        duration = check_integer(round(1000 * (now - turn.started_at)), "turn.duration-ms")
     turn.status = _TURN_END_STATUS[event.type]
     turn.completed_at = now
     if event.type == "turn-completed":
@@ -721,8 +801,8 @@ def _turn_ended(thread: Thread, event: Event) -> bool:
             turn.usage = event.payload["usage"]
     elif event.payload["error"] is not None:
         turn.error = event.payload["error"]
-    if turn.started_at is not None:
-        turn.duration_ms = round(1000 * (now - turn.started_at))
+    if duration is not None:
+        turn.duration_ms = duration
     thread.status = "system-error" if event.type == "turn-failed" else "idle"
     return True
 

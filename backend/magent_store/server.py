@@ -29,12 +29,15 @@ arrive as a file in our private spool directory instead (``flush-file``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hmac
+import json
 import logging
 import logging.handlers
 import os
 import re
 import signal
+import socket
 import socketserver
 import statistics
 import sys
@@ -53,16 +56,30 @@ from epc.handler import encode_message, unpack_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
+from magent_store import ledger
 from magent_store.ledger import Thread, thread_from_json
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
-from magent_store.store import Scope, Session, Store, StoreError
+from magent_store.store import (
+    Scope,
+    Session,
+    Store,
+    StoreError,
+    make_private_dirs,
+    write_failed,
+)
 
 log = logging.getLogger("magent_store.server")
 
 TOKEN_ENV = "MAGENT_STORE_TOKEN"
 MIN_TOKEN_LENGTH = 16
 AUTH_TIMEOUT_S = 10.0
+# Before it authenticates, a connection may send one frame this small, this
+# soon; anything else closes it unread.  A stranger costs a thread, a few KB
+# and PREAUTH_TIMEOUT_S at most, and only PREAUTH_MAX_CONNECTIONS at a time.
+PREAUTH_MAX_FRAME = 4096
+PREAUTH_TIMEOUT_S = 5.0
+PREAUTH_MAX_CONNECTIONS = 16
 OWNER_TIMEOUT_S = 60.0
 # An EPC frame length has 6 hex digits: nothing larger can be framed at all.
 MAX_FRAME = 0xFFFFFF
@@ -88,7 +105,7 @@ def state_dir() -> Path:
     """Return the private state directory (created 0700)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     path = Path(base) / "magent-store"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path)
     os.chmod(path, 0o700)
     return path
 
@@ -169,13 +186,31 @@ def _percentile(samples: list[float], q: float) -> float | None:
     return ordered[index]
 
 
+_LONG_NUMBER = re.compile(r"\d{19,}")
+
+
 def _json(text: Any, what: str) -> Any:
     if not isinstance(text, str):
         raise CallError(f"{what} must be JSON text (a string), got {type(text).__name__}")
     try:
-        return orjson.loads(text)
+        value = orjson.loads(text)
     except orjson.JSONDecodeError as err:
         raise CallError(f"{what} is not valid JSON: {err}") from None
+    if _LONG_NUMBER.search(text):
+        # orjson reads an integer beyond 64 bits as an inexact float: read
+        # such text again exactly, so the ledger can refuse what it cannot keep.
+        value = _exact_json(text, what)
+    return value
+
+
+def _exact_json(text: str, what: str) -> Any:
+    def no_constant(name: str) -> Any:
+        raise CallError(f"{what} is not valid JSON: {name} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except ValueError as err:  # includes integers of more than 4,300 digits
+        raise CallError(f"{what} is not valid JSON: {str(err)[:200]}") from None
 
 
 def _text(value: Any, what: str) -> str:
@@ -385,21 +420,36 @@ class Service:
         session.put_header(obj)
         return True
 
-    def flush(self, session_id: Any, batch: Any = None, timings: Any = None) -> list[Any]:
+    def flush(
+        self, session_id: Any, batch: Any = None, timings: Any = None, ident: Any = None
+    ) -> list[Any]:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
         The reply is ``(durable-seq last-seq bytes-written milliseconds
         rejected)``: cheap for Emacs to read on every tick.  TIMINGS, when
         given, are lifecycle timing records riding the same message (see
-        `record_timings`); they never make the flush fail.
+        `record_timings`); they never make the flush fail.  IDENT, when given,
+        is ``(PRODUCER NUMBER)``: the batch's identity, which makes sending
+        it again harmless (a batch already in the log is not applied twice;
+        see `Session.begin_batch`).
         """
         if timings:
             self._record_timings(timings)
         session = self._session(session_id)
         rejected: list[str] = []
-        if batch:
-            rejected = self._apply_batch(session, batch, allow="any")
-        result = session.flush()
+        apply = True
+        if ident:
+            if not isinstance(ident, list) or len(ident) != 2:
+                raise CallError("a batch identity is (PRODUCER NUMBER)")
+            apply = session.begin_batch(*ident)
+        try:
+            if batch and apply:
+                rejected = self._apply_batch(session, batch, allow="any")
+            result = session.flush()
+        except BaseException:
+            if ident:
+                session.abort_batch()
+            raise
         self.stats.flushes += 1
         self.stats.bytes_written += result.bytes_written
         self.stats.compactions += int(result.compacted)
@@ -412,7 +462,9 @@ class Service:
             rejected,
         ]
 
-    def flush_file(self, session_id: Any, path: Any, timings: Any = None) -> list[Any]:
+    def flush_file(
+        self, session_id: Any, path: Any, timings: Any = None, ident: Any = None
+    ) -> list[Any]:
         """Like `flush`, the batch read from PATH in the spool; PATH is then removed.
 
         The file holds JSON text or an s-expression list, as `flush` takes.
@@ -441,7 +493,7 @@ class Service:
                 raise CallError("batch file is not a valid s-expression") from None
         else:
             batch = text
-        return self.flush(session_id, batch, timings)
+        return self.flush(session_id, batch, timings, ident)
 
     def record_timings(self, records: Any) -> int:
         """Append timing records (a list, or JSON text of an array) to the metrics.
@@ -474,7 +526,12 @@ class Service:
         body += session.snapshot_bytes() + b"}"
         fd, name = tempfile.mkstemp(prefix="load-", suffix=".json", dir=self.spool)
         try:
-            os.write(fd, body)
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            os.unlink(name)
+            raise write_failed(Path(name), exc, len(body), "; the session was not loaded") from None
         finally:
             os.close(fd)
         return name
@@ -539,14 +596,25 @@ def _chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, floa
     if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
         raise CallError("chunk created-at must be a number")
     # From Emacs an integer is milliseconds (cheap to print), a float seconds
-    # exactly as magent recorded them.
-    if millis and isinstance(created_at, int):
-        return item_id, chunk, output, created_at / 1000.0
-    return item_id, chunk, output, float(created_at)
+    # exactly as magent recorded them.  Bounds first: a 400-digit integer
+    # would overflow a float.
+    scale = 1000 if millis else 1
+    if isinstance(created_at, int) and not 0 <= created_at <= int(ledger.TIMESTAMP_MAX) * scale:
+        unit = "milliseconds" if millis else "seconds"
+        raise CallError(
+            f"chunk created-at: {ledger.short_number(created_at)} {unit} since the epoch is "
+            "outside what magent writes (up to the year 9999)"
+        )
+    seconds = created_at / 1000.0 if millis and isinstance(created_at, int) else float(created_at)
+    return item_id, chunk, output, ledger.check_timestamp(seconds, "chunk created-at")
 
 
 # --------------------------------------------------------------------------
 # The wire
+
+class PreAuthRefused(Exception):
+    """A frame we do not read before the connection authenticates."""
+
 
 class Connection(socketserver.StreamRequestHandler):
     """One EPC connection: read messages in order, reply to each."""
@@ -556,10 +624,28 @@ class Connection(socketserver.StreamRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.connection.settimeout(AUTH_TIMEOUT_S)
+        self.connection.settimeout(PREAUTH_TIMEOUT_S)
         self._write_lock = threading.Lock()
         self._held: list[bytes] = []  # replies to ticks, not yet written
         self._held_timer: threading.Timer | None = None
+        self._admitted = self.server.admit()
+        # A deadline for the whole first frame, not per read: a peer
+        # trickling a byte at a time is cut off all the same.
+        self._auth_timer = threading.Timer(PREAUTH_TIMEOUT_S, self._auth_expired)
+        self._auth_timer.daemon = True
+        self._auth_timer.start()
+
+    def _auth_expired(self) -> None:
+        if not self.authenticated:
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._auth_timer.cancel()
+        if not self.authenticated and self._admitted:
+            self.server.release_admission()
+        with contextlib.suppress(OSError, ValueError):
+            super().finish()
 
     def _send(self, *message: Any) -> None:
         data = encode_message(*message)
@@ -595,6 +681,8 @@ class Connection(socketserver.StreamRequestHandler):
             if len(head) < 6 or not re.fullmatch(rb"[0-9a-fA-F]{6}", head):
                 raise CallError("malformed EPC frame header")
             length = int(head, 16)
+            if not self.authenticated and length > PREAUTH_MAX_FRAME:
+                raise PreAuthRefused(f"a {length}-byte frame before auth (at most {PREAUTH_MAX_FRAME})")
             data = rfile.read(length)
             if len(data) < length:
                 raise CallError(f"EPC frame cut short ({len(data)} of {length} bytes)")
@@ -603,13 +691,20 @@ class Connection(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         peer = self.client_address
         log.info("connection from %s", peer)
+        if not self._admitted:
+            log.warning("connection %s: too many unauthenticated connections; closed", peer)
+            self._try_send("epc-error", [], "too many connections waiting to authenticate")
+            return
         try:
             for frame in self._frames(self.rfile):
                 if not self._handle_frame(frame):
                     break
         except TimeoutError:
-            log.warning("connection %s: no auth within %.0fs, closed", peer, AUTH_TIMEOUT_S)
+            log.warning("connection %s: no auth within %.0fs, closed", peer, PREAUTH_TIMEOUT_S)
             self._try_send("epc-error", [], "authentication timed out")
+        except PreAuthRefused as err:
+            log.warning("connection %s: %s; closed unread", peer, err)
+            self._try_send("epc-error", [], "not authenticated: call auth with the session token first")
         except CallError as err:
             log.warning("connection %s: %s; closed", peer, err)
             self._try_send(
@@ -643,7 +738,7 @@ class Connection(socketserver.StreamRequestHandler):
                     self._send("return", uid, [[Symbol(n), [], ""] for n in self.server.names()])
                     return True
                 if kind in ("return", "return-error", "epc-error"):
-                    return True  # we never call the peer
+                    return self.authenticated  # we never call the peer
                 raise CallError(f"unsupported EPC message {kind!r}")
             if len(args) != 2 or not isinstance(args[0], Symbol) or not isinstance(args[1], list):
                 raise CallError("a call is (call UID METHOD (ARGS...))")
@@ -658,13 +753,21 @@ class Connection(socketserver.StreamRequestHandler):
         except (CallError, StoreError, ValueError) as err:
             # StoreError and LedgerError (a ValueError) carry user-actionable messages.
             message = str(err) or type(err).__name__
-            self.server.service.stats.last_error = message[:500]
-            log.warning("call failed: %s", message[:500])
-            self._send("return-error", uid, message)
+            self._fail(uid, message)
+        except OSError as err:
+            where = f"{err.filename}: " if err.filename else ""
+            self._fail(uid, f"{where}{err.strerror or err}")
         except Exception as err:
             log.exception("unexpected error")
-            self._send("return-error", uid, f"internal error: {type(err).__name__}; see log")
-        return True
+            self._fail(uid, f"unexpected {type(err).__name__}: {str(err)[:200]} (see the backend log)")
+        # Before auth, one frame: whatever it was, a failure closes the connection.
+        return self.authenticated
+
+    def _fail(self, uid: Any, message: str) -> None:
+        if self.authenticated:
+            self.server.service.stats.last_error = message[:500]
+        log.warning("call failed: %s", message[:500])
+        self._send("return-error", uid, message)
 
     def _authenticate(self, uid: Any, name: str, args: list[Any]) -> bool:
         token = args[0] if name == "auth" and len(args) == 1 else None
@@ -672,6 +775,8 @@ class Connection(socketserver.StreamRequestHandler):
             token.encode(), self.server.token.encode()
         ):
             self.authenticated = True
+            self._auth_timer.cancel()
+            self.server.release_admission()
             self.connection.settimeout(None)
             self.server.claim_owner(self)
             self._send("return", uid, [str(self.server.service.spool), os.getpid()])
@@ -696,6 +801,19 @@ class Server(socketserver.ThreadingMixIn, EPCServer):  # type: ignore[misc]
         self._owner: Connection | None = None
         self._owner_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._waiting = 0  # connections not authenticated yet
+
+    def admit(self) -> bool:
+        """Count a new connection in, unless too many wait to authenticate."""
+        with self._owner_lock:
+            if self._waiting >= PREAUTH_MAX_CONNECTIONS:
+                return False
+            self._waiting += 1
+            return True
+
+    def release_admission(self) -> None:
+        with self._owner_lock:
+            self._waiting -= 1
 
     def names(self) -> list[str]:
         return sorted([*self.service.methods(), "shutdown"])
@@ -749,8 +867,10 @@ def serve(*, log_level: str = "INFO") -> int:
     token = _read_token()
     directory = state_dir()
     log_path = setup_logging(directory, log_level)
+    _remove_stale_spools(directory)
     spool = Path(tempfile.mkdtemp(prefix="spool-", dir=directory))
     os.chmod(spool, 0o700)
+    spool_lock = _lock_spool(spool)
     service = Service(spool)
     server = Server(token, service)
     port = server.server_address[1]
@@ -776,11 +896,52 @@ def serve(*, log_level: str = "INFO") -> int:
     finally:
         service.close_all()
         server.server_close()
-        for leftover in spool.iterdir():
-            leftover.unlink(missing_ok=True)
-        spool.rmdir()
+        _remove_spool(spool)
+        os.close(spool_lock)
         log.info("stopped")
     return 0
+
+
+SPOOL_LOCK = ".lock"
+SPOOL_GRACE_S = 60.0
+
+
+def _lock_spool(spool: Path) -> int:
+    """Hold SPOOL's lock while we live: a spool nobody holds is a dead server's."""
+    fd = os.open(spool / SPOOL_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _remove_spool(spool: Path) -> None:
+    for leftover in spool.iterdir():
+        leftover.unlink(missing_ok=True)
+    spool.rmdir()
+
+
+def _remove_stale_spools(directory: Path) -> None:
+    """Remove the spools of servers that were killed (their batch files were resent)."""
+    for spool in directory.glob("spool-*"):
+        try:
+            fd = os.open(spool / SPOOL_LOCK, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            # Being created right now, or left by a server without spool locks.
+            with contextlib.suppress(OSError):
+                if time.time() - spool.stat().st_mtime > SPOOL_GRACE_S:
+                    _remove_spool(spool)
+                    log.info("removed stale spool %s", spool.name)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live server's
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            _remove_spool(spool)
+            log.info("removed stale spool %s", spool.name)
 
 
 def main(argv: list[str] | None = None) -> int:

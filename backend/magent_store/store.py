@@ -17,6 +17,8 @@ Nothing else in the package opens a session file.
 from __future__ import annotations
 
 import contextlib
+import copy
+import errno
 import fcntl
 import hashlib
 import logging
@@ -53,6 +55,8 @@ LOG_TAIL_EVENTS: Final = 200
 LOG_TAIL_BYTES: Final = 1 << 20
 TITLE_SOURCE_CHARS: Final = 4096
 TITLE_MAX_CHARS: Final = 100
+PRODUCER_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PRODUCER_RECORD_BYTES: Final = 256
 
 FsyncMode = Literal["always", "interval", "never"]
 
@@ -75,6 +79,14 @@ class CorruptSessionError(StoreError):
 
 class SessionNotFound(StoreError, FileNotFoundError):
     """No header where one was expected."""
+
+
+class WriteFailed(StoreError, OSError):
+    """A write the disk refused (full, say); the message names the file and the space needed."""
+
+
+class BatchOutOfOrder(StoreError):
+    """A numbered batch that arrived before the one it follows."""
 
 
 class SimulatedCrash(BaseException):
@@ -228,6 +240,11 @@ class SessionFiles:
     def lock(self) -> Path:
         return self.directory / f"{self.id}.lock"
 
+    @property
+    def producer(self) -> Path:
+        """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
+        return self.directory / f"{self.id}.producer"
+
 
 # ---------------------------------------------------------------------------
 # Private files
@@ -263,6 +280,28 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
+def free_bytes(directory: Path) -> int | None:
+    """Bytes an unprivileged writer may still use in DIRECTORY's file system."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def write_failed(path: Path, exc: OSError, needed: int, what: str = "") -> WriteFailed:
+    """A `WriteFailed` naming PATH, the error and, for a full disk, the space needed."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = free_bytes(path.parent)
+        have = "" if free is None else f", {free} free"
+        why = f"no space left on device: {needed} bytes needed{have}"
+    else:
+        why = exc.strerror or str(exc)
+    error = WriteFailed(f"{path}: cannot write ({why}){what}")
+    error.errno = exc.errno
+    return error
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -272,27 +311,37 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], None] | None = None) -> None:
-    """Replace PATH by DATA: temp file in the same directory, fsync, rename, fsync the directory."""
+    """Replace PATH by DATA: temp file in the same directory, fsync, rename, fsync the directory.
+
+    A failed write (a full disk, say) leaves PATH as it was, removes the temp
+    file and raises `WriteFailed` naming PATH and the space it needs.
+    """
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
+        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            _write_all(fd, data)
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        if crash:
-            crash(f"{path.suffix[1:]}-temp-written")
-        os.replace(tmp, path)
-    except Exception:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            try:
+                _write_all(fd, data)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if crash:
+                crash(f"{path.suffix[1:]}-temp-written")
+            os.replace(tmp, path)
+        except Exception:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except WriteFailed:
         raise
+    except OSError as exc:
+        raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
     if crash:
         crash(f"{path.suffix[1:]}-renamed")
     if sync:
-        _fsync_dir(path.parent)
+        with contextlib.suppress(OSError):
+            _fsync_dir(path.parent)
 
 
 def dumps(obj: Any) -> bytes:
@@ -602,10 +651,16 @@ class Session:
         self._tail_bytes = 0
         self._log_fd = -1
         self._closed = False
+        self._producer_fd = -1
+        self._next_batch: tuple[str, int] | None = None
         make_private_dirs(files.directory)
         self._lock = SessionLock(files)
         try:
+            self._remove_stale_temps()
+            # Kept for `_reload`: replay without a snapshot starts from it, in place.
+            self._initial = copy.deepcopy(initial)
             self._load(initial)
+            self._load_producer()
         except BaseException:
             self._lock.release(remove=True)
             raise
@@ -654,6 +709,123 @@ class Session:
         self._durable_seq = self._written_seq = self.thread.last_event_seq
         self._last_sync = time.monotonic()
         self._unsynced = False
+
+    def _remove_stale_temps(self) -> None:
+        """Remove what an interrupted atomic write of this session left behind.
+
+        We hold the session's lock: nobody else is writing these files now.
+        """
+        for ext in ("json", "jsonl", "snapshot", "producer"):
+            for path in self.files.directory.glob(f".{self.files.id}.{ext}.tmp-*"):
+                if is_temp_file(path.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                        log.info("%s: removed the temp file of an interrupted write", path)
+
+    def _reload(self) -> None:
+        """Read the session back from disk, dropping what is in memory only (not the header)."""
+        header, given = self.header, self._header_given
+        self._pending = []
+        self._tail.clear()
+        self._tail_bytes = 0
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
+        self._load(copy.deepcopy(self._initial))
+        self.header, self._header_given = header, given
+
+    # -- batches: exactly once across crashes --------------------------------
+    #
+    # A writer (Emacs) numbers its batches and resends, after a crash of either
+    # side's connection, every batch it has no reply for.  The producer record
+    # (<id>.producer, one fixed-size line rewritten in place) says which batch
+    # of which writer the log holds last and up to which seq: it is written
+    # right after the batch's log lines, before anything else, so log lines
+    # past its seq are a batch whose writer never heard back.  magent never
+    # reads that file: its log and header stay exactly as magent writes them.
+
+    def _load_producer(self) -> None:
+        self._producer: str | None = None
+        self._batch = 0
+        self._commit_seq = self._written_seq
+        try:
+            obj = orjson.loads(self.files.producer.read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.warning("%s: unreadable (%s); the next writer starts afresh", self.files.producer, exc)
+            return
+        if (
+            isinstance(obj, dict)
+            and isinstance(obj.get("producer"), str)
+            and PRODUCER_RE.fullmatch(obj["producer"])
+            and isinstance(obj.get("batch"), int)
+            and isinstance(obj.get("seq"), int)
+        ):
+            self._producer, self._batch, self._commit_seq = obj["producer"], obj["batch"], obj["seq"]
+        else:
+            log.warning("%s: not a producer record; the next writer starts afresh", self.files.producer)
+
+    def begin_batch(self, producer: Any, batch: Any) -> bool:
+        """Get ready for batch number BATCH of writer PRODUCER; False: it is in the log already.
+
+        The next `flush` commits the batch.  A batch older than the last one
+        logged for PRODUCER is skipped; the next one is applied (after
+        dropping its own log lines that a killed backend wrote but never
+        committed); a later one is refused, so batches never change order.
+        """
+        self._check_open()
+        if not isinstance(producer, str) or PRODUCER_RE.fullmatch(producer) is None:
+            raise StoreError(f"batch producer must be 1 to 64 letters, digits, - or _, got {producer!r:.80}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= ledger.INT_MAX:
+            raise StoreError(f"batch number must be a positive 64-bit integer, got {batch!r:.80}")
+        if producer == self._producer:
+            if batch <= self._batch:
+                return False
+            if batch > self._batch + 1:
+                raise BatchOutOfOrder(
+                    f"session {self.files.id!r}: batch {batch} came before batch {self._batch + 1}; "
+                    f"send again from batch {self._batch + 1}"
+                )
+            if self.thread.last_event_seq > self._commit_seq and not self._pending:
+                self._drop_uncommitted()
+        self._next_batch = (producer, batch)
+        return True
+
+    def abort_batch(self) -> None:
+        """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
+        self._next_batch = None
+        if self._pending:
+            self._reload()
+
+    def _drop_uncommitted(self) -> None:
+        """Cut the log back to the last committed seq: its writer is sending those lines again."""
+        scan = scan_log(self.files.log)
+        offset = 0
+        for event, line in zip(scan.events, scan.lines, strict=True):
+            if event.seq is not None and event.seq > self._commit_seq:
+                break
+            offset += len(line) + 1
+        dropped = self.thread.last_event_seq - self._commit_seq
+        os.truncate(self.files.log, offset)
+        self._reload()
+        log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
+
+    def _commit(self) -> None:
+        """Write the producer record: the batch (if any) is in the log up to the written seq."""
+        if self._producer is None:
+            return
+        record = orjson.dumps({"producer": self._producer, "batch": self._batch, "seq": self._written_seq})
+        data = record.ljust(PRODUCER_RECORD_BYTES - 1) + b"\n"
+        if self._producer_fd < 0:
+            self._producer_fd = _open_private(self.files.producer, os.O_RDWR | os.O_CREAT)
+        try:
+            # One small write in place: a killed process writes all of it or none.
+            if os.pwrite(self._producer_fd, data, 0) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            raise write_failed(self.files.producer, exc, len(data)) from None
+        self._commit_seq = self._written_seq
 
     # -- state ------------------------------------------------------------
 
@@ -749,7 +921,9 @@ class Session:
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
-        self.header = normalize_header(header, self.files.id, self.scope)
+        normalized = normalize_header(header, self.files.id, self.scope)
+        ledger.check_json_value(normalized, "header")
+        self.header = normalized
         self._header_given = True
 
     def _current_header(self) -> dict[str, Any]:
@@ -769,14 +943,35 @@ class Session:
 
         COMPACT forces (True) or prevents (False) compaction; None means "when due".
         On a write error (a full disk, say) the log is cut back to its last
-        complete line and the events stay pending: nothing is lost, and the
-        next flush tries again.
+        complete line.  A batch begun with `begin_batch` is then forgotten
+        whole (its sender sends it again); other pending events stay pending
+        for the next flush.  Nothing is lost either way.
         """
         self._check_open()
         started = time.perf_counter()
         events_written = len(self._pending)
         written = self._pending
-        bytes_written = self._write_pending()
+        batch, self._next_batch = self._next_batch, None
+        if batch is None:
+            bytes_written = self._write_pending()
+            if self._written_seq != self._commit_seq:
+                self._commit()
+        else:
+            size = os.fstat(self._log_fd).st_size
+            try:
+                bytes_written = self._write_pending()
+                previous = self._producer, self._batch
+                self._producer, self._batch = batch
+                try:
+                    self._commit()
+                except BaseException:
+                    self._producer, self._batch = previous
+                    raise
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._log_fd, size)
+                self._reload()
+                raise WriteFailed(f"{exc}; nothing of batch {batch[1]} was kept: send it again") from None
         header_written = self._write_header_if_changed()
         due = not self._snapshot_on_disk or (
             self._since_snapshot >= self.log_max_events
@@ -812,9 +1007,9 @@ class Session:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._log_fd, size)
-            raise StoreError(
-                f"{self.files.log}: write failed ({exc.strerror}); {len(self._pending)} events "
-                "kept in memory for the next flush"
+            raise write_failed(
+                self.files.log, exc, len(data),
+                f"; {len(self._pending)} events kept in memory for the next flush",
             ) from None
         last = self._pending_first_seq + len(self._pending) - 1
         for line in self._pending:
@@ -834,7 +1029,10 @@ class Session:
             return
         now = time.monotonic()
         if force or self.fsync == "always" or now - self._last_sync >= self.fsync_interval:
-            os.fsync(self._log_fd)
+            try:
+                os.fsync(self._log_fd)
+            except OSError as exc:
+                raise write_failed(self.files.log, exc, 0, "; fsync failed") from None
             self._last_sync = now
             self._durable_seq = self._written_seq
             self._unsynced = False
@@ -890,6 +1088,7 @@ class Session:
             if self._log_fd >= 0:
                 os.close(self._log_fd)
                 self._log_fd = -1
+            self._close_producer()
             self._lock.release(remove=True)
 
     def abandon(self, *, remove_lock: bool = False) -> None:
@@ -903,7 +1102,13 @@ class Session:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+        self._close_producer()
         self._lock.release(remove=remove_lock)
+
+    def _close_producer(self) -> None:
+        if self._producer_fd >= 0:
+            os.close(self._producer_fd)
+            self._producer_fd = -1
 
     def __enter__(self) -> Session:
         return self
@@ -1030,7 +1235,7 @@ class Store:
             raise SessionNotFound(f"no session {session_id!r} in {files.directory}")
         lock = SessionLock(files)
         try:
-            for p in (files.header, files.log, files.snapshot):
+            for p in (files.header, files.log, files.snapshot, files.producer):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
         finally:
