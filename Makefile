@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-test: test-python test-elisp test-live test-magent-if-available
+test: lint test-python test-elisp test-live test-magent-if-available
 
 test-python: install
 	$(PY) -m pytest -q
@@ -62,15 +62,19 @@ bench-quick: install
 bench-migrate: install
 	$(PY) bench/migrate_bench.py
 
+# What MELPA checks, on every Elisp file: byte-compilation with warnings as
+# errors, then package-lint (magent-store.el is the main file), checkdoc and
+# lm-verify.  package-lint comes from Debian (elpa-package-lint).
+ELISP := $(sort $(wildcard elisp/*.el))
+
 lint: install
 	$(PY) -m ruff check backend tests bench
 	$(PY) -m mypy --strict backend/magent_store
 	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-error-on-warn t)' \
-	  -f batch-byte-compile elisp/magent-store.el elisp/magent-store-magent.el elisp/magent-store-timing.el
-	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store.el")'
-	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store-timing.el")'
-	$(EMACS) --batch -Q --eval '(checkdoc-file "elisp/magent-store-magent.el")'
+	  -f batch-byte-compile $(ELISP)
 	rm -f elisp/*.elc
+	$(EMACS) --batch -Q -l tests/elisp/magent-store-lint.el \
+	  -f magent-store-lint-batch-and-exit $(ELISP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info backend/*.egg-info .pytest_cache .mypy_cache \

@@ -3,6 +3,26 @@
 ;; Copyright (C) 2026 The magent-store authors
 ;; SPDX-License-Identifier: GPL-3.0-or-later
 
+;; Author: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Maintainer: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Keywords: tools, convenience
+;; URL: https://github.com/jamie-cui/magent
+
+;; This file is not part of GNU Emacs.
+
+;; This program is free software: you can redistribute it and/or modify
+;; it under the terms of the GNU General Public License as published by
+;; the Free Software Foundation, either version 3 of the License, or
+;; (at your option) any later version.
+
+;; This program is distributed in the hope that it will be useful,
+;; but WITHOUT ANY WARRANTY; without even the implied warranty of
+;; MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.  See the
+;; GNU General Public License for more details.
+
+;; You should have received a copy of the GNU General Public License
+;; along with this program.  If not, see <https://www.gnu.org/licenses/>.
+
 ;;; Commentary:
 
 ;; Everything that knows magent's internals lives here: which of magent's
@@ -17,6 +37,10 @@
 ;; Nothing here may signal into magent's own call: every advice body is
 ;; guarded, and what fails is logged once and shown by
 ;; `magent-store-status'.
+
+;;; Change Log:
+
+;; 0.1.0: first release.
 
 ;;; Code:
 

@@ -2,8 +2,26 @@
 
 ;; Copyright (C) 2026 The magent-store authors
 ;; SPDX-License-Identifier: GPL-3.0-or-later
-;; Package-Requires: ((emacs "28.1"))
+
+;; Author: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Maintainer: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
 ;; Keywords: tools, convenience
+;; URL: https://github.com/jamie-cui/magent
+
+;; This file is not part of GNU Emacs.
+
+;; This program is free software: you can redistribute it and/or modify
+;; it under the terms of the GNU General Public License as published by
+;; the Free Software Foundation, either version 3 of the License, or
+;; (at your option) any later version.
+
+;; This program is distributed in the hope that it will be useful,
+;; but WITHOUT ANY WARRANTY; without even the implied warranty of
+;; MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.  See the
+;; GNU General Public License for more details.
+
+;; You should have received a copy of the GNU General Public License
+;; along with this program.  If not, see <https://www.gnu.org/licenses/>.
 
 ;;; Commentary:
 
@@ -46,6 +64,10 @@
 ;; wall-minus-monotonic offset read when the batch arrives, so a clock
 ;; step between batches is corrected, and it flags the rare batch whose
 ;; offset moved (a step within the second before it was sent).
+
+;;; Change Log:
+
+;; 0.1.0: first release.
 
 ;;; Code:
 
@@ -353,11 +375,22 @@ Run by `magent-store-mode-hook', and again when magent loads later."
         (advice-add 'magent-agent-loop-apply-event :before
                     #'magent-store-timing--before-apply-event)
       (advice-remove 'magent-agent-loop-apply-event
-                     #'magent-store-timing--before-apply-event))))
+                     #'magent-store-timing--before-apply-event))
+    ;; Until both of magent's sources are loaded, look again after each
+    ;; load (the mode may be turned on before magent is).
+    (if (and on (not (and (fboundp 'magent-lifecycle-events-add-sink)
+                          (fboundp 'magent-agent-loop-apply-event))))
+        (add-hook 'after-load-functions #'magent-store-timing--after-load)
+      (remove-hook 'after-load-functions
+                   #'magent-store-timing--after-load))))
+
+(defun magent-store-timing--after-load (_file)
+  "Register with magent's timing sources loaded after the mode was turned on."
+  (when (or (featurep 'magent-lifecycle-events)
+            (featurep 'magent-agent-loop))
+    (magent-store-timing-mode-sync)))
 
 (add-hook 'magent-store-mode-hook #'magent-store-timing-mode-sync)
-(with-eval-after-load 'magent-lifecycle-events (magent-store-timing-mode-sync))
-(with-eval-after-load 'magent-agent-loop (magent-store-timing-mode-sync))
 
 (setq magent-store--flush-extra-args-function #'magent-store-timing--take
       magent-store--flushed-function #'magent-store-timing--flushed)
@@ -372,6 +405,7 @@ Run by `magent-store-mode-hook', and again when magent loads later."
   (when (and magent-store-timing--queue (magent-store-timing--live-backend))
     (magent-store--call "record-timings" (magent-store-timing--take))))
 
+;;;###autoload
 (defun magent-store-timing-report (&optional args)
   "Show `magent-store report' (with extra command-line ARGS) read-only.
 With a prefix argument, ask from when (--since)."
@@ -380,9 +414,7 @@ With a prefix argument, ask from when (--since)."
               (list "--since"
                     (read-string "Since (2026-11-29, 2026-11-29T14:00, 12h, 7d): ")))))
   (ignore-errors (magent-store-timing-flush))
-  (let ((command (append (if (listp magent-store-python)
-                             magent-store-python
-                           (list magent-store-python))
+  (let ((command (append (butlast (magent-store--command))
                          (cons "report" args)))
         (buffer (get-buffer-create "*magent-store-report*")))
     (with-current-buffer buffer

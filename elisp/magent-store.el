@@ -2,10 +2,28 @@
 
 ;; Copyright (C) 2026 The magent-store authors
 ;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;; Author: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Maintainer: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
 ;; Version: 0.1.0
 ;; Package-Requires: ((emacs "28.1") (epc "0.1.1"))
 ;; Keywords: tools, convenience
-;; URL: https://example.invalid/magent-store
+;; URL: https://github.com/jamie-cui/magent
+
+;; This file is not part of GNU Emacs.
+
+;; This program is free software: you can redistribute it and/or modify
+;; it under the terms of the GNU General Public License as published by
+;; the Free Software Foundation, either version 3 of the License, or
+;; (at your option) any later version.
+
+;; This program is distributed in the hope that it will be useful,
+;; but WITHOUT ANY WARRANTY; without even the implied warranty of
+;; MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.  See the
+;; GNU General Public License for more details.
+
+;; You should have received a copy of the GNU General Public License
+;; along with this program.  If not, see <https://www.gnu.org/licenses/>.
 
 ;;; Commentary:
 
@@ -33,6 +51,10 @@
 ;;
 ;; `magent-store-status' shows the backend's state; the backend logs to
 ;; $XDG_STATE_HOME/magent-store/server.log (~/.local/state/...).
+
+;;; Change Log:
+
+;; 0.1.0: first release.
 
 ;;; Code:
 
@@ -85,34 +107,61 @@ backend cannot read, so the text is decoded before it is sent.")
   "Signal `magent-store-error' with FORMAT-STRING applied to ARGS."
   (signal 'magent-store-error (list (apply #'format-message format-string args))))
 
+(defconst magent-store-version "0.1.0"
+  "The version of this package; the backend it talks to should match it.")
+
 (defconst magent-store--directory
   (and load-file-name (file-name-directory load-file-name))
-  "Directory this file was loaded from, to find a checkout's backend.")
+  "Directory this file was loaded from, to find a backend installed with it.")
 
-(defun magent-store--default-python ()
-  "Return the backend command the way a user installed it.
-That is `magent-store' on the variable `exec-path', else the .venv
-of the checkout this file was loaded from, else \"magent-store\"."
-  (or (executable-find "magent-store")
-      (and magent-store--directory
-           (let ((venv (expand-file-name "../.venv/bin/magent-store"
-                                         magent-store--directory)))
-             (and (file-executable-p venv) venv)))
-      "magent-store"))
+(defcustom magent-store-backend-directory
+  (locate-user-emacs-file "magent-store/venv/")
+  "The private virtualenv `magent-store-install-backend' installs into."
+  :type 'directory
+  :group 'magent-store)
 
-(defcustom magent-store-python (magent-store--default-python)
+(defcustom magent-store-python nil
   "Command that runs the backend, without the \"serve\" argument.
 A string (the program) or a list (the program and its first arguments),
-e.g. (\"python3\" \"-m\" \"magent_store\")."
-  :type '(choice (string :tag "Program")
+e.g. (\"python3\" \"-m\" \"magent_store\").  nil means find it: the
+virtualenv `magent-store-install-backend' made, else the virtualenv of a
+checkout or pip installation these Lisp files came from, else
+`magent-store' on the variable `exec-path'."
+  :type '(choice (const :tag "Find it" nil)
+                 (string :tag "Program")
                  (repeat :tag "Program and arguments" string))
   :group 'magent-store)
+
+(defun magent-store--find-backend ()
+  "Return the backend program `magent-store-python' nil stands for, or nil."
+  (or (cl-find-if
+       #'file-executable-p
+       (cons (expand-file-name "bin/magent-store"
+                               magent-store-backend-directory)
+             (and magent-store--directory
+                  (list
+                   ;; A checkout: elisp/ next to the .venv `make install' built.
+                   (expand-file-name "../.venv/bin/magent-store"
+                                     magent-store--directory)
+                   ;; A pip installation: .../lib/pythonX.Y/site-packages/
+                   ;; magent_store/elisp/, its program in .../bin/.
+                   (expand-file-name "../../../../../bin/magent-store"
+                                     magent-store--directory)))))
+      (executable-find "magent-store")))
+
+(defun magent-store--program ()
+  "Return the backend command as a list (program and first arguments).
+The program is nil when `magent-store-python' is nil and no backend
+is installed."
+  (cond ((null magent-store-python) (list (magent-store--find-backend)))
+        ((listp magent-store-python) magent-store-python)
+        (t (list magent-store-python))))
 
 (defcustom magent-store-root nil
   "Directory under which sessions are stored (magent's session root).
 nil means `magent-session-directory' when magent defines it (looked up
 when a session opens, so load order does not matter), else
-~/.emacs.d/magent/sessions."
+magent/sessions under `user-emacs-directory'."
   :type '(choice (const :tag "magent's session directory" nil) directory)
   :group 'magent-store)
 
@@ -409,11 +458,18 @@ buffer and sent from there: no string as large as the message is made."
 ;;;; Starting and stopping the backend
 
 (defun magent-store--command ()
-  "Return the backend command as a list, ending in \"serve\"."
-  (append (if (listp magent-store-python)
-              magent-store-python
-            (list magent-store-python))
-          (list "serve")))
+  "Return the backend command as a list, ending in \"serve\".
+Signal a `user-error' that says how to install the backend when
+there is none."
+  (let ((command (magent-store--program)))
+    (unless (and (car command)
+                 (if (file-name-absolute-p (car command))
+                     (file-executable-p (car command))
+                   (executable-find (car command))))
+      (user-error "The magent-store backend is not installed%s: \
+M-x magent-store-install-backend installs it"
+                  (if (car command) (format " (no %s)" (car command)) "")))
+    (append command (list "serve"))))
 
 (defun magent-store--token ()
   "Return a fresh random token (64 hex digits)."
@@ -470,10 +526,23 @@ and the backend log)"
     (condition-case err
         (let ((reply (magent-store--call "auth" (list token))))
           (setf (magent-store--backend-spool backend) (nth 0 reply)
-                (magent-store--backend-pid backend) (nth 1 reply)))
+                (magent-store--backend-pid backend) (nth 1 reply))
+          (magent-store--check-version (nth 2 reply) (car command)))
       (error (magent-store--kill-backend backend)
              (signal (car err) (cdr err))))
     backend))
+
+(defun magent-store--check-version (version program)
+  "Say so when the backend PROGRAM reports VERSION, not ours."
+  (unless (equal version magent-store-version)
+    (setq magent-store--last-error
+          (format "the backend (%s) %s, this package is version %s: \
+M-x magent-store-install-backend installs the matching backend"
+                  program
+                  (if version (format "is version %s" version)
+                    "is too old to report its version")
+                  magent-store-version))
+    (display-warning 'magent-store magent-store--last-error)))
 
 (defun magent-store--kill-backend (backend)
   "Forget BACKEND and make sure its processes are gone."
@@ -874,17 +943,31 @@ megabytes never cross the EPC wire."
 ;;;; Commands
 
 ;;;###autoload
-(defun magent-store-start ()
-  "Start the backend (if it is not running)."
-  (interactive)
+(defun magent-store-start (&optional offer-install)
+  "Start the backend (if it is not running) and return it.
+With OFFER-INSTALL (interactively, always), offer to install the
+backend when it is missing; return nil if the user accepts (the
+backend starts when the installation is done)."
+  (interactive (list t))
   (setq magent-store--gave-up nil)
-  (let ((backend (magent-store--ensure-backend)))
-    (when (called-interactively-p 'interactive)
-      (message "magent-store: backend pid %s on port %s"
-               (magent-store--backend-pid backend)
-               (magent-store--backend-port backend)))
-    backend))
+  (if (and offer-install
+           (not (car (magent-store--program)))
+           (y-or-n-p "The magent-store backend is not installed.  \
+Install it into a private virtualenv now? "))
+      (progn
+        (magent-store-install-backend
+         (lambda (failure) (unless failure (magent-store-start))))
+        (message "magent-store: installing the backend (see \
+*magent-store-install*); it starts when the installation is done")
+        nil)
+    (let ((backend (magent-store--ensure-backend)))
+      (when offer-install
+        (message "magent-store: backend pid %s on port %s"
+                 (magent-store--backend-pid backend)
+                 (magent-store--backend-port backend)))
+      backend)))
 
+;;;###autoload
 (defun magent-store-stop ()
   "Flush everything and stop the backend; sessions must be reopened after."
   (interactive)
@@ -901,6 +984,7 @@ megabytes never cross the EPC wire."
   (setq magent-store--recent nil)
   (clrhash magent-store--sessions))
 
+;;;###autoload
 (defun magent-store-restart ()
   "Restart the backend, reopening sessions and resending unsaved entries."
   (interactive)
@@ -928,6 +1012,7 @@ megabytes never cross the EPC wire."
 (defvar magent-store-status-functions nil
   "Functions of no argument returning more lines for `magent-store-status'.")
 
+;;;###autoload
 (defun magent-store-status ()
   "Show the backend's state in a buffer."
   (interactive)
@@ -986,6 +1071,8 @@ megabytes never cross the EPC wire."
       (display-buffer (current-buffer)))))
 
 ;;;; Lifecycle timing (magent-store-timing.el)
+
+(autoload 'magent-store-install-backend "magent-store-install" nil t)
 
 (autoload 'magent-store-record-timing "magent-store-timing")
 (autoload 'magent-store-timing-report "magent-store-timing" nil t)

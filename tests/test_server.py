@@ -157,6 +157,14 @@ def test_call_without_token_is_refused_and_connection_closed(backend: Backend) -
     assert not backend.root.exists()
 
 
+def test_auth_answers_with_spool_pid_and_the_backend_version(backend: Backend) -> None:
+    from magent_store import __version__
+
+    client = EPCClient(("127.0.0.1", backend.port))
+    spool, pid, version = client.call_sync("auth", [backend.token], timeout=TIMEOUT)
+    assert Path(spool).is_dir() and pid == backend.proc.pid and version == __version__
+
+
 def test_wrong_token_is_refused(backend: Backend) -> None:
     stranger = backend.client(auth=False)
     with pytest.raises(EPCError, match="not authenticated"):

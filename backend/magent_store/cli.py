@@ -359,6 +359,20 @@ def _index_progress() -> tuple[Callable[[int, int], None] | None, Callable[[], N
     return advance, bar.stop
 
 
+def elisp_dir() -> Path:
+    """Where the Emacs Lisp files are: in the installed package, or the checkout's elisp/."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "elisp", package.parent.parent / "elisp"):
+        if (candidate / "magent-store.el").is_file():
+            return candidate
+    raise CliError(f"the Emacs Lisp files are missing: neither {package / 'elisp'} nor a checkout's elisp/")
+
+
+def cmd_elisp_dir(args: argparse.Namespace) -> int:
+    sys.stdout.write(f"{elisp_dir()}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="magent-store",
@@ -404,7 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
         "show", "print a session's snapshot, header or log",
         "Print the materialized thread (the snapshot with the log replayed) as magent's\n"
         "JSON, or with --header the header, or with --log the logged events one per line.\n"
-        "Reads only: takes no lock and repairs nothing.",
+        "Reads only: takes no lock and repairs nothing.\n\n"
+        "examples:\n"
+        "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --pretty\n"
+        "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --header\n"
+        "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --log | tail -n 5",
     )  # fmt: skip
     p.add_argument("session", type=Path, metavar="SESSION.json")
     which = p.add_mutually_exclusive_group()
@@ -416,7 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "ls", "list the sessions under a root",
         "One line per session: id, scope, last update, size on disk, title.\n"
-        "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.",
+        "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.\n\n"
+        "examples:\n"
+        "  magent-store ls ~/.emacs.d/magent/sessions\n"
+        "  magent-store ls ~/.emacs.d/magent/sessions --turns\n"
+        "  magent-store ls ~/.emacs.d/magent/sessions --json > sessions.json",
     )  # fmt: skip
     p.add_argument("root", type=Path, metavar="ROOT")
     p.add_argument("--json", action="store_true", help="print one JSON array")
@@ -427,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compact", "write a snapshot now and cut the log to its tail",
         "Force a compaction: the snapshot is replaced atomically, then the log by a\n"
         "bounded tail of recent events.  Sessions compact by themselves every\n"
-        f"{LOG_MAX_EVENTS} events; this is for inspection and tests.",
+        f"{LOG_MAX_EVENTS} events; this is for inspection and tests.\n\n"
+        "examples:\n"
+        "  magent-store compact ~/.emacs.d/magent/sessions/global/s1.json\n"
+        "  magent-store compact --fsync never /tmp/scratch/global/s1.json",
     )  # fmt: skip
     p.add_argument("session", type=Path, metavar="SESSION.json")
     durability(p)
@@ -486,10 +511,27 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", "run the EPC server (started by the Emacs shim)",
         "Serve the store to Emacs over EPC on 127.0.0.1.  Started by elisp/magent-store.el,\n"
         "which hands it a token in the environment; it prints its port on stdout, logs to\n"
-        "$XDG_STATE_HOME/magent-store/, and exits when Emacs disconnects.",
+        "$XDG_STATE_HOME/magent-store/, and exits when Emacs disconnects.  It refuses every\n"
+        "call until the client authenticates with the token in MAGENT_STORE_TOKEN.\n\n"
+        "examples:\n"
+        "  magent-store serve                     # what M-x magent-store-start runs\n"
+        "  MAGENT_STORE_TOKEN=secret magent-store serve --log-level DEBUG   # by hand, to debug",
     )  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=cmd_serve)
+
+    p = add(
+        "elisp-dir", "print the directory holding the Emacs Lisp files",
+        "Print the directory holding magent-store.el and the other Emacs Lisp files that\n"
+        "came with this installation, for Emacs's load-path.\n\n"
+        "examples:\n"
+        "  magent-store elisp-dir\n"
+        "  emacs --eval \"(add-to-list 'load-path \\\"$(magent-store elisp-dir)\\\")\"\n\n"
+        "In your init file:\n"
+        "  (add-to-list 'load-path\n"
+        "               (string-trim (shell-command-to-string \"magent-store elisp-dir\")))",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_elisp_dir)
 
     p = add(
         "report", "where turns spend their time, from the lifecycle timing metrics",

@@ -56,7 +56,7 @@ from epc.handler import encode_message, unpack_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
-from magent_store import ledger
+from magent_store import __version__, ledger
 from magent_store.ledger import Thread, thread_from_json
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
@@ -779,7 +779,7 @@ class Connection(socketserver.StreamRequestHandler):
             self.server.release_admission()
             self.connection.settimeout(None)
             self.server.claim_owner(self)
-            self._send("return", uid, [str(self.server.service.spool), os.getpid()])
+            self._send("return", uid, [str(self.server.service.spool), os.getpid(), __version__])
             log.info("connection %s authenticated", self.client_address)
             return True
         why = "wrong token" if name == "auth" else f"{name!r} before auth"

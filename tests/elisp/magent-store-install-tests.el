@@ -1,0 +1,165 @@
+;;; magent-store-install-tests.el --- ERT: the backend installs itself, versions are checked  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; `magent-store-install-backend' for real: a package directory laid out
+;; as the MELPA recipe (recipes/magent-store) lays it out, a temporary
+;; `user-emacs-directory', python3 -m venv and pip install from the
+;; package index (about 30 s), then `magent-store-start' finds the new
+;; backend and a session round-trips through it.  The only stand-in is
+;; the user's answer to the y-or-n-p that offers the installation.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+
+(unless (locate-library "epc")
+  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
+    (add-to-list 'load-path dir)))
+(require 'magent-store)
+(require 'magent-store-install)
+
+(defvar magent-store-test-python nil
+  "The backend command under test; nil means the shim's default.")
+
+(defconst magent-store-install-test--checkout
+  (expand-file-name ".." (file-name-directory
+                          (directory-file-name
+                           (file-name-directory
+                            (or load-file-name buffer-file-name)))))
+  "The checkout these tests belong to.")
+
+(defun magent-store-install-test--package (dir)
+  "Lay out in DIR the package the MELPA recipe describes; return DIR.
+Each entry of the recipe's :files is a glob copied to the top level,
+or a directory copied whole, as package-build does."
+  (let* ((recipe (with-temp-buffer
+                   (insert-file-contents
+                    (expand-file-name "recipes/magent-store"
+                                      magent-store-install-test--checkout))
+                   (read (current-buffer))))
+         (default-directory magent-store-install-test--checkout))
+    (make-directory dir t)
+    (dolist (spec (plist-get (cdr recipe) :files))
+      (dolist (file (file-expand-wildcards spec))
+        (let ((to (expand-file-name (file-name-nondirectory file) dir)))
+          (if (file-directory-p file)
+              (copy-directory file to nil nil nil)
+            (copy-file file to)))))
+    dir))
+
+(defun magent-store-install-test--without-backends (path)
+  "Return PATH without the directories that hold a magent-store program."
+  (cl-remove-if (lambda (dir)
+                  (file-executable-p (expand-file-name "magent-store" dir)))
+                path))
+
+(ert-deftest magent-store-install-backend-from-the-package-then-start ()
+  "No backend: start offers the installation, which makes a virtualenv
+under `user-emacs-directory'; the backend then starts from there."
+  (let* ((tmp (make-temp-file "magent-store-install-test-" t))
+         (user-emacs-directory (file-name-as-directory
+                                (expand-file-name "emacs.d" tmp)))
+         (magent-store-backend-directory
+          (eval (car (get 'magent-store-backend-directory 'standard-value)) t))
+         (magent-store-install--directory
+          (magent-store-install-test--package
+           (expand-file-name "elpa/magent-store-0.1.0/" tmp)))
+         ;; As if loaded from the package: no checkout .venv beside it.
+         (magent-store--directory magent-store-install--directory)
+         (exec-path (magent-store-install-test--without-backends exec-path))
+         (magent-store-python nil)
+         (magent-store-root (expand-file-name "root" tmp))
+         (process-environment
+          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                process-environment))
+         (magent-store--sessions (make-hash-table :test #'equal))
+         (magent-store--recent nil)
+         (magent-store--backend nil)
+         (magent-store--last-error nil)
+         (offered nil))
+    (unwind-protect
+        (progn
+          (should (string-prefix-p user-emacs-directory
+                                   magent-store-backend-directory))
+          ;; Missing, the backend is named with the way to install it.
+          (should (equal (magent-store--program) '(nil)))
+          (should (string-match-p
+                   "not installed.*M-x magent-store-install-backend"
+                   (cadr (should-error (magent-store--command)
+                                       :type 'user-error))))
+          (cl-letf (((symbol-function 'y-or-n-p)
+                     (lambda (prompt) (setq offered prompt) t)))
+            (should-not (magent-store-start t)))
+          (should (string-match-p "not installed" offered))
+          (let ((deadline (+ (float-time) 600)))
+            (while (and (not magent-store--backend)
+                        (process-live-p magent-store-install--process)
+                        (< (float-time) deadline))
+              (accept-process-output nil 0.5))
+            ;; The last step's sentinel starts the backend.
+            (while (and (not magent-store--backend) (< (float-time) deadline)
+                        (not (with-current-buffer magent-store-install--buffer
+                               (save-excursion
+                                 (goto-char (point-min))
+                                 (search-forward "magent-store: " nil t)))))
+              (accept-process-output nil 0.2)))
+          (with-current-buffer magent-store-install--buffer
+            (should (string-match-p "Successfully installed.*magent-store-0.1.0"
+                                    (buffer-string))))
+          (let ((program (expand-file-name "bin/magent-store"
+                                           magent-store-backend-directory)))
+            (should (file-executable-p program))
+            (should (equal (magent-store--program) (list program)))
+            ;; The installed backend carries this package's Lisp files.
+            (should (file-exists-p
+                     (expand-file-name
+                      "magent-store.el"
+                      (string-trim
+                       (with-output-to-string
+                         (call-process program nil standard-output nil
+                                       "elisp-dir")))))))
+          (should magent-store--backend)
+          (should (equal (car (process-command (magent-store--backend-process
+                                                magent-store--backend)))
+                         (expand-file-name "bin/magent-store"
+                                           magent-store-backend-directory)))
+          (should-not magent-store--last-error)  ; versions agree
+          (magent-store-open "s1")
+          (magent-store-put-header "s1" '((id . "s1") (schema-version . 7)))
+          (magent-store-flush "s1")
+          (should (file-exists-p (expand-file-name "global/s1.json"
+                                                   magent-store-root))))
+      (ignore-errors (magent-store-stop))
+      (when (process-live-p magent-store-install--process)
+        (delete-process magent-store-install--process))
+      (delete-directory tmp t))))
+
+(ert-deftest magent-store-version-mismatch-is-said-at-start ()
+  "A backend of another version starts, and the user is told which."
+  (let* ((tmp (make-temp-file "magent-store-version-test-" t))
+         (magent-store-python (or magent-store-test-python magent-store-python))
+         (magent-store-version "0.0.1-other")
+         (process-environment
+          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                process-environment))
+         (magent-store--sessions (make-hash-table :test #'equal))
+         (magent-store--recent nil)
+         (magent-store--backend nil)
+         (magent-store--last-error nil)
+         (warning-minimum-log-level :emergency))
+    (unwind-protect
+        (progn
+          (magent-store-start)
+          (should magent-store--backend)
+          (should (string-match-p
+                   "is version 0\\.1\\.0, this package is version 0\\.0\\.1-other: M-x magent-store-install-backend"
+                   magent-store--last-error)))
+      (ignore-errors (magent-store-stop))
+      (delete-directory tmp t))))
+
+(provide 'magent-store-install-tests)
+;;; magent-store-install-tests.el ends here
