@@ -609,9 +609,13 @@ itself; what it must not miss is what Emacs has not sent yet."
       (error (message "magent-store: flush at exit failed: %s"
                       (error-message-string err))))))
 
-(defun magent-store--magent-loaded ()
-  "Install the advice once magent's session module is loaded."
-  (magent-store--magent-install))
+(defun magent-store--magent-loaded (_file)
+  "Install the advice once magent's session module is loaded.
+On `after-load-functions' while the mode waits for magent."
+  (when (featurep 'magent-session)
+    (remove-hook 'after-load-functions #'magent-store--magent-loaded)
+    (when magent-store-mode
+      (magent-store--magent-install))))
 
 ;;;###autoload
 (define-minor-mode magent-store-mode
@@ -627,9 +631,9 @@ it lacks (see `magent-store-magent-functions')."
       (progn
         (magent-store--magent-install)
         (unless (featurep 'magent-session)
-          (with-eval-after-load 'magent-session
-            (magent-store--magent-loaded)))
+          (add-hook 'after-load-functions #'magent-store--magent-loaded))
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
+    (remove-hook 'after-load-functions #'magent-store--magent-loaded)
     (magent-store--magent-uninstall)
     (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)))
 
