@@ -17,7 +17,10 @@ What it does, with nothing typed before it:
    stall);
 4. kills that daemon (only that one), even on failure.
 
-Options: --chunks N, --rate R, --large-mb MB, --no-large, --clean.
+The temporary root (sessions, backend log) is removed at the end unless
+--keep is given.
+
+Options: --chunks N, --rate R, --large-mb MB, --no-large, --keep.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from magent_store.stats import median
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -318,7 +323,8 @@ def elisp_string(text: str) -> str:
 
 
 def load_shim(daemon: Daemon, workdir: Path) -> str:
-    dirs = [str(d) for d in sorted(ELPA.glob("*-[0-9]*"))]
+    # The checkout's elisp/ too: magent-store.el requires its sibling files.
+    dirs = [str(d) for d in sorted(ELPA.glob("*-[0-9]*"))] + [str(CHECKOUT / "elisp")]
     driver = workdir / "demo-driver.el"
     driver.write_text(DRIVER_EL, encoding="utf-8")
     forms = "".join(f"(add-to-list 'load-path {elisp_string(d)})" for d in dirs)
@@ -367,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="runs with and without persistence")
     parser.add_argument("--large-mb", type=float, default=8.8)
     parser.add_argument("--no-large", action="store_true")
-    parser.add_argument("--clean", action="store_true", help="remove the temporary root after")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary root (sessions, backend log) to inspect it")
     ns = parser.parse_args(argv)
 
     if not shutil.which("emacs") or not shutil.which("emacsclient"):
@@ -427,7 +434,11 @@ def main(argv: list[str] | None = None) -> int:
                 " \"*magent-store-status*\" (buffer-string)))"))
         print("demo: daemon stopped (kill-emacs flushed and stopped the backend)")
     except BaseException:
-        print(f"demo: failed; files kept in {workdir}", file=sys.stderr)
+        if ns.keep:
+            print(f"demo: failed; files kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+            print("demo: failed (--keep keeps its files to inspect)", file=sys.stderr)
         raise
 
     print()
@@ -442,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         base_cpu = sorted(r["cpu"] for r in res["base"])
         on_cpu = sorted(r["cpu"] for r in res["on"])
         wall = sum(r["wall"] for r in res["on"]) / len(res["on"])
-        diff_median = on_cpu[len(on_cpu) // 2] - base_cpu[len(base_cpu) // 2]
+        diff_median = median(on_cpu) - median(base_cpu)
         diff_min = on_cpu[0] - base_cpu[0]
         flushes = [r["flushes"] for r in res["on"]]
         timed = res["timed"]
@@ -467,13 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     print("magent-store-status at the end of the stream:")
     print("  " + status.strip().replace("\n", "\n  "))
     print()
-    if ns.clean:
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"(removed {workdir})")
-    else:
+    if ns.keep:
         print(f"Inspect: {MAGENT_STORE} ls {root}")
         print(f"         {MAGENT_STORE} show {root / 'global' / (rows[0][1][0] + '.json')}")
         print(f"Remove:  rm -r {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"(removed {workdir}; --keep keeps it)")
     return 0
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from magent_store.stats import percentile
 from magent_store.store import FsyncMode, Scope, Session, Store, atomic_write, make_private_dirs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,10 +80,9 @@ class Config:
 # Statistics and reporting
 
 
-def pct(values: Sequence[float], p: float) -> float:
-    """The P-th percentile (nearest rank) of VALUES."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+def pct(values: Sequence[float], p: int) -> float:
+    """The P-th percentile of VALUES, as every figure magent-store prints computes it."""
+    return percentile(values, p)
 
 
 def ms(seconds: float) -> str:

@@ -544,6 +544,16 @@ M-x magent-store-install-backend installs the matching backend"
                   magent-store-version))
     (display-warning 'magent-store magent-store--last-error)))
 
+(defun magent-store--await-exit (backend)
+  "Give BACKEND, asked to shut down, up to 3 s to exit by itself.
+Its cleanup (closing sessions, removing its spool directory) runs
+just before it exits: killed earlier, it leaves the spool behind."
+  (let ((process (magent-store--backend-process backend))
+        (deadline (+ (float-time) 3)))
+    (while (and (process-live-p process) (< (float-time) deadline))
+      ;; JUST-THIS-ONE: no timers or other filters run while we wait.
+      (accept-process-output process 0.05 nil t))))
+
 (defun magent-store--kill-backend (backend)
   "Forget BACKEND and make sure its processes are gone."
   (when backend
@@ -971,18 +981,28 @@ Install it into a private virtualenv now? "))
 (defun magent-store-stop ()
   "Flush everything and stop the backend; sessions must be reopened after."
   (interactive)
-  (when magent-store--backend
-    (magent-store-flush-all)
-    (maphash (lambda (_id session)
-               (when-let ((timer (magent-store--session-timer session)))
-                 (cancel-timer timer)))
-             magent-store--sessions)
-    (let ((backend magent-store--backend))
-      (setf (magent-store--backend-stopping backend) t)
-      (ignore-errors (magent-store--call "shutdown" nil))
-      (magent-store--kill-backend backend)))
-  (setq magent-store--recent nil)
-  (clrhash magent-store--sessions))
+  (let ((running magent-store--backend)
+        (count (hash-table-count magent-store--sessions)))
+    (when running
+      (magent-store-flush-all)
+      (maphash (lambda (_id session)
+                 (when-let ((timer (magent-store--session-timer session)))
+                   (cancel-timer timer)))
+               magent-store--sessions)
+      (let ((backend magent-store--backend))
+        (setf (magent-store--backend-stopping backend) t)
+        (ignore-errors (magent-store--call "shutdown" nil))
+        (magent-store--await-exit backend)
+        (magent-store--kill-backend backend)))
+    (setq magent-store--recent nil
+          ;; What went wrong before a deliberate stop is no longer news.
+          magent-store--last-error nil)
+    (clrhash magent-store--sessions)
+    (message "magent-store: %s"
+             (if running
+                 (format "backend stopped, %d session%s flushed"
+                         count (if (= count 1) "" "s"))
+               "the backend was not running"))))
 
 ;;;###autoload
 (defun magent-store-restart ()
@@ -992,6 +1012,7 @@ Install it into a private virtualenv now? "))
     (when backend
       (setf (magent-store--backend-stopping backend) t)
       (ignore-errors (magent-store--call "shutdown" nil))
+      (magent-store--await-exit backend)
       (magent-store--kill-backend backend)))
   (setq magent-store--gave-up nil)
   (magent-store--ensure-backend)
@@ -999,11 +1020,19 @@ Install it into a private virtualenv now? "))
            magent-store--sessions)
   (message "magent-store: backend restarted"))
 
-(defun magent-store--median (numbers)
-  "Return the median of NUMBERS, or nil."
+(defun magent-store--percentile (numbers p)
+  "Return the P-th percentile (P an integer, 0 to 100) of NUMBERS, or nil.
+Linear interpolation between the closest ranks, as the backend and
+`magent-store report' compute it: the median is P = 50, and a higher
+P never gives less."
   (when numbers
-    (let ((sorted (sort (copy-sequence numbers) #'<)))
-      (nth (/ (length sorted) 2) sorted))))
+    (let* ((sorted (sort (copy-sequence numbers) #'<))
+           (rank (* (1- (length sorted)) p))
+           (low (nth (/ rank 100) sorted))
+           (rest (% rank 100)))
+      (if (zerop rest)
+          low
+        (+ low (/ (* (- (nth (1+ (/ rank 100)) sorted) low) rest) 100.0))))))
 
 (defun magent-store--ms (value)
   "Return VALUE, a number of milliseconds or nil, as short text."
@@ -1022,7 +1051,7 @@ Install it into a private virtualenv now? "))
                         (json-parse-string (magent-store--call "status" nil)
                                            :object-type 'alist
                                            :null-object nil))))
-         (ms (sort (copy-sequence magent-store--flush-ms) #'<)))
+         (ms magent-store--flush-ms))
     (with-current-buffer (get-buffer-create "*magent-store-status*")
       (let ((inhibit-read-only t))
         (erase-buffer)
@@ -1036,26 +1065,35 @@ Install it into a private virtualenv now? "))
                           (- (float-time)
                              (magent-store--backend-started-at backend)))
                   (format "Open sessions:      %s\n"
-                          (mapconcat #'identity
-                                     (alist-get 'open-sessions status) " "))
+                          (let ((open (alist-get 'open-sessions status)))
+                            (if (> (length open) 0)
+                                (mapconcat #'identity open " ")
+                              "none")))
                   (format "Pending events:     %s\n"
                           (alist-get 'pending-events status))
                   (format "Flushes:            %s\n"
                           (alist-get 'flushes status))
-                  (format "Bytes written:      %s\n"
-                          (alist-get 'bytes-written status))
-                  (format "Flush (backend) ms: last %s, median %s, p99 %s\n"
-                          (alist-get 'flush-ms-last status)
-                          (alist-get 'flush-ms-p50 status)
-                          (alist-get 'flush-ms-p99 status))
-                  ;; Tick replies are held back up to a second to save
-                  ;; Emacs wakeups, so this is not a latency.
-                  (format "Acknowledged after: last %s, median %s, p99 %s ms \
-(replies to ticks are held up to 1 s)\n"
-                          (magent-store--ms (car magent-store--flush-ms))
-                          (magent-store--ms (magent-store--median ms))
-                          (magent-store--ms
-                           (and ms (nth (floor (* 0.99 (1- (length ms)))) ms))))
+                  (let ((bytes (alist-get 'bytes-written status)))
+                    (format "Bytes written:      %s\n"
+                            (if (numberp bytes)
+                                (format "%d (%s)" bytes
+                                        (file-size-human-readable bytes 'iec " "))
+                              "-")))
+                  (if (alist-get 'flush-ms-last status)
+                      (format "Flush (backend):    last %s, median %s, p99 %s ms\n"
+                              (magent-store--ms (alist-get 'flush-ms-last status))
+                              (magent-store--ms (alist-get 'flush-ms-p50 status))
+                              (magent-store--ms (alist-get 'flush-ms-p99 status)))
+                    "Flush (backend):    no flush yet\n")
+                  ;; Replies to the flushes the timer sends are held back up
+                  ;; to a second to save Emacs wakeups: not a latency.
+                  (if ms
+                      (format "Acknowledged after: last %s, median %s, p99 %s ms \
+\(timed flushes are acknowledged within 1 s, together)\n"
+                              (magent-store--ms (car ms))
+                              (magent-store--ms (magent-store--percentile ms 50))
+                              (magent-store--ms (magent-store--percentile ms 99)))
+                    "Acknowledged after: no flush yet\n")
                   (format "Compactions:        %s\n"
                           (alist-get 'compactions status))))
         (insert (format "Last error:         %s\n"

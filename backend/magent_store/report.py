@@ -29,11 +29,12 @@ at least `LONG_HISTORY_MESSAGES` prompt messages, or `LONG_HISTORY_BYTES`),
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from magent_store.stats import median, percentile
 
 LONG_HISTORY_MESSAGES = 100
 LONG_HISTORY_BYTES = 256 * 1024
@@ -303,12 +304,6 @@ def build(records: Iterable[Record], **thresholds: int) -> list[Turn]:
     return sorted(turns, key=lambda t: t.wall_start)
 
 
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile Q (0..1) of non-empty SAMPLES."""
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def summarize(turns: Sequence[Turn]) -> dict[str, Any]:
     """Per kind: turn count and, per phase, n / median / p90 / max."""
     out: dict[str, Any] = {}
@@ -322,8 +317,8 @@ def summarize(turns: Sequence[Turn]) -> dict[str, Any]:
             scale = 1.0 if phase in COUNT_PHASES else 1000.0
             phases[phase] = {
                 "n": len(samples),
-                "median": round(statistics.median(samples) * scale, 3),
-                "p90": round(percentile(samples, 0.9) * scale, 3),
+                "median": round(median(samples) * scale, 3),
+                "p90": round(percentile(samples, 90) * scale, 3),
                 "max": round(max(samples) * scale, 3),
             }
         out[kind] = {"count": len(group), "phases": phases}

@@ -39,7 +39,6 @@ import re
 import signal
 import socket
 import socketserver
-import statistics
 import sys
 import tempfile
 import threading
@@ -60,6 +59,7 @@ from magent_store import __version__, ledger
 from magent_store.ledger import Thread, thread_from_json
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
+from magent_store.stats import median, percentile
 from magent_store.store import (
     Scope,
     Session,
@@ -176,14 +176,6 @@ class Stats:
     rejected: int = 0
     flush_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=FLUSH_SAMPLES))
     last_error: str | None = None
-
-
-def _percentile(samples: list[float], q: float) -> float | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 _LONG_NUMBER = re.compile(r"\d{19,}")
@@ -560,8 +552,8 @@ class Service:
             "flushes": self.stats.flushes,
             "bytes-written": self.stats.bytes_written,
             "flush-ms-last": _ms(samples[-1] if samples else None),
-            "flush-ms-p50": _ms(statistics.median(samples) if samples else None),
-            "flush-ms-p99": _ms(_percentile(samples, 0.99)),
+            "flush-ms-p50": _ms(median(samples) if samples else None),
+            "flush-ms-p99": _ms(percentile(samples, 99) if samples else None),
             "compactions": self.stats.compactions,
             "rejected-entries": self.stats.rejected,
             "last-error": self.stats.last_error,

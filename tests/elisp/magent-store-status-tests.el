@@ -1,0 +1,94 @@
+;;; magent-store-status-tests.el --- ERT: what the status buffer and stop say  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; The status buffer and `magent-store-stop' against a real backend:
+;; nothing blank or nil before the first flush, percentiles in order,
+;; and a stop that says what it did and leaves no stale error behind.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+
+(unless (locate-library "epc")
+  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
+    (add-to-list 'load-path dir)))
+(require 'magent-store)
+
+(defvar magent-store-test-python nil
+  "The backend command under test; nil means the shim's default.")
+
+(defun magent-store-status-test--text ()
+  "Return the status buffer's text after `magent-store-status'."
+  (save-window-excursion
+    (magent-store-status)
+    (with-current-buffer "*magent-store-status*" (buffer-string))))
+
+(ert-deftest magent-store-status-says-what-it-knows-and-stop-says-what-it-did ()
+  (let* ((tmp (make-temp-file "magent-store-status-test-" t))
+         (magent-store-root (expand-file-name "root" tmp))
+         (magent-store-python (or magent-store-test-python magent-store-python))
+         (process-environment
+          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                process-environment))
+         (magent-store--sessions (make-hash-table :test #'equal))
+         (magent-store--recent nil)
+         (magent-store--backend nil)
+         (magent-store--last-error nil)
+         (magent-store--flush-ms nil)
+         (messages nil))
+    (unwind-protect
+        (cl-letf (((symbol-function 'message)
+                   (lambda (format &rest args)
+                     (push (apply #'format-message format args) messages))))
+          (magent-store-start)
+          (let ((text (magent-store-status-test--text)))
+            (should (string-match-p "^Open sessions: +none$" text))
+            (should (string-match-p "^Flush (backend): +no flush yet$" text))
+            (should (string-match-p "^Acknowledged after: no flush yet$" text))
+            (should-not (string-match-p "\\_<nil\\_>" text)))
+          (magent-store-open "s1")
+          (magent-store-put-header "s1" '((id . "s1") (schema-version . 7)))
+          (dotimes (_ 3) (magent-store-flush "s1"))
+          (let ((text (magent-store-status-test--text)))
+            (should (string-match-p "^Open sessions: +s1$" text))
+            (should (string-match-p
+                     "^Bytes written: +[0-9]+ ([0-9.]+ \\(?:B\\|KiB\\|MiB\\)\\|[0-9]+ ([0-9.]+ KiB)"
+                     text))
+            (dolist (line '("Flush (backend): +" "Acknowledged after: "))
+              (should (string-match
+                       (concat "^" line "last \\([0-9.]+\\), median \\([0-9.]+\\), p99 \\([0-9.]+\\) ms")
+                       text))
+              (should (<= (string-to-number (match-string 2 text))
+                          (string-to-number (match-string 3 text))))))
+          ;; An error from before a deliberate stop is not shown after it.
+          (setq magent-store--last-error "an old error")
+          (setq messages nil)
+          (magent-store-stop)
+          (should (equal messages '("magent-store: backend stopped, 1 session flushed")))
+          ;; The backend exited by itself, its spool directory removed.
+          (should-not (file-expand-wildcards
+                       (expand-file-name "state/magent-store/spool-*" tmp)))
+          (let ((text (magent-store-status-test--text)))
+            (should (string-match-p "^Backend: not running$" text))
+            (should (string-match-p "^Last error: +none$" text)))
+          (setq messages nil)
+          (magent-store-stop)
+          (should (equal messages '("magent-store: the backend was not running"))))
+      (ignore-errors (magent-store-stop))
+      (delete-directory tmp t))))
+
+(ert-deftest magent-store-percentile-interpolates-and-never-falls-below-the-median ()
+  (should-not (magent-store--percentile nil 50))
+  (should (< (abs (- (magent-store--percentile '(6.2 4.9) 50) 5.55)) 1e-9))
+  (should (< (abs (- (magent-store--percentile '(4.9 6.2) 99) 6.187)) 1e-9))
+  (let ((numbers (number-sequence 101 1 -1)))  ; 1..101: the P-th is P + 1
+    (dolist (p '(0 1 50 89 90 91 99 100))
+      (should (= (magent-store--percentile numbers p) (1+ p))))
+    (should (equal numbers (number-sequence 101 1 -1))))) ; left as it was
+
+(provide 'magent-store-status-tests)
+;;; magent-store-status-tests.el ends here
