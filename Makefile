@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-python test-elisp test-live test-magent test-magent-if-available demo bench bench-quick bench-migrate lint clean
+.PHONY: install test test-python test-elisp test-live test-magent test-magent-if-available demo bench bench-quick bench-migrate bench-search lint clean
 
 install: $(STAMP)
 
@@ -61,6 +61,10 @@ bench-quick: install
 
 bench-migrate: install
 	$(PY) bench/migrate_bench.py
+
+# 10,000 generated sessions (>= 1 GB) in a temp dir; needs ~5 GB free in $$TMPDIR.
+bench-search: install
+	$(PY) bench/search_bench.py
 
 # What MELPA checks, on every Elisp file: byte-compilation with warnings as
 # errors, then package-lint (magent-store.el is the main file), checkdoc and

@@ -1108,6 +1108,10 @@ P never gives less."
         (special-mode))
       (display-buffer (current-buffer)))))
 
+;;;; Searching past sessions (magent-store-search.el)
+
+(autoload 'magent-store-search "magent-store-search" nil t)
+
 ;;;; Lifecycle timing (magent-store-timing.el)
 
 (autoload 'magent-store-install-backend "magent-store-install" nil t)

@@ -40,6 +40,10 @@ class Writer:
         self.events.setdefault(session_id, Events(thread_id=f"thread-{session_id}"))
         return session
 
+    def flush(self, session: Session) -> None:
+        session.flush()
+        self.index.wait()
+
     def say(self, session: Session, turn: str, item: str, text: str, role: str = "assistant",
             type: str = "message") -> None:  # fmt: skip
         ev = self.events[session.id]
@@ -68,13 +72,13 @@ def test_streamed_chunks_are_searchable_after_each_flush(root: Path) -> None:
     s = w.open("s1")
     ev = w.events["s1"]
     w.say(s, "t1", "a1", "")
-    s.flush()
+    w.flush(s)
     reader = SearchIndex(root)  # a search elsewhere, without catching up
     s.append_content("a1", "the flux capac", False, ev.now())
-    s.flush()
+    w.flush(s)
     assert ids(reader.search("flux capac")) == ["s1"]
     s.append_content("a1", "itor hums", False, ev.now())
-    s.flush()
+    w.flush(s)
     # A phrase cut between two flushes is found whole.
     assert ids(reader.search('"flux capacitor hums"')) == ["s1"]
     s.close()
@@ -85,10 +89,10 @@ def test_flush_indexes_what_it_wrote_without_rereading_items(root: Path) -> None
     s = w.open("s1")
     ev = w.events["s1"]
     w.say(s, "t1", "a1", "start ")
-    s.flush()
+    w.flush(s)
     for n in range(3 * PASSAGE_CHARS // 100):
         s.append_content("a1", f"{n:04d}" + "x" * 96, False, ev.now())
-        s.flush()
+        w.flush(s)
     rows = w.index.db.execute("SELECT length(text) FROM passages ORDER BY id").fetchall()
     # The item is cut into bounded passages (so a flush never rewrites more than one).
     assert len(rows) >= 3 and all(n <= PASSAGE_CHARS for (n,) in rows)
@@ -104,13 +108,13 @@ def test_final_item_event_repeating_the_stream_is_not_indexed_twice(root: Path) 
     w.say(s, "t1", "a1", "")
     for chunk in ("alpha ", "bravo ", "charlie"):
         s.append_content("a1", chunk, False, ev.now())
-        s.flush()
+        w.flush(s)
     s.append_event(ev.item_end("item-completed", "t1", "a1", content="alpha bravo charlie"))
-    s.flush()
+    w.flush(s)
     texts = [t for (t,) in w.index.db.execute("SELECT text FROM passages")]
     assert texts == ["alpha bravo charlie"]
     s.append_event(ev.item_end("item-completed", "t1", "a1", content="alpha bravo delta"))
-    s.flush()
+    w.flush(s)
     texts = [t for (t,) in w.index.db.execute("SELECT text FROM passages")]
     assert texts == ["alpha bravo delta"]
 
@@ -121,6 +125,7 @@ def test_an_index_error_never_fails_the_flush(root: Path, caplog: pytest.LogCapt
     w.say(s, "t1", "a1", "kept on disk whatever the index does")
     w.index.db.close()  # every index call now fails
     result = s.flush()
+    w.index.wait()
     assert result.events_written == 3
     assert "search index not updated" in caplog.text
     s.close()
@@ -135,7 +140,7 @@ def test_crash_between_log_write_and_index_write_loses_nothing(root: Path) -> No
     w = Writer(root)
     s = w.open("s1")
     w.say(s, "t1", "a1", "before the crash")
-    s.flush()
+    w.flush(s)
 
     def crash(point: str) -> None:
         if point == "log-written":
@@ -144,7 +149,7 @@ def test_crash_between_log_write_and_index_write_loses_nothing(root: Path) -> No
     s._crash = crash
     w.say(s, "t1", "a2", "written to the log, never to the index")
     with pytest.raises(SimulatedCrash):
-        s.flush()
+        w.flush(s)
     s.abandon()
     reader = SearchIndex(root)
     assert ids(reader.search("never to the index")) == []  # the index is behind
@@ -398,12 +403,28 @@ def test_concurrent_index_users_do_not_corrupt(root: Path) -> None:
     w = Writer(root)
     s = w.open("s1")
     w.say(s, "t1", "a1", "first")
-    s.flush()
+    w.flush(s)
     other = SearchIndex(root)
     other.catch_up()
     w.say(s, "t1", "a2", "second words")
-    s.flush()
+    w.flush(s)
     s.close()
     assert ids(other.search("second words")) == ["s1"]
     assert other.db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert isinstance(other.db, sqlite3.Connection)
+
+
+def test_session_recreated_with_fewer_events_is_reindexed(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    for n in range(5):
+        w.say(s, "t1", f"a{n}", f"old text number {n}")
+    s.close()
+    assert find(root, "old text") == ["s1"]
+    w.store.delete("s1")
+    w.events.clear()
+    s = w.open("s1")
+    w.say(s, "t1", "a0", "new text")
+    s.close()
+    assert find(root, "old text") == []
+    assert find(root, "new text") == ["s1"]

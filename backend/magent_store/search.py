@@ -29,8 +29,10 @@ import contextlib
 import hashlib
 import logging
 import os
+import queue
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ import orjson
 from magent_store import ledger
 from magent_store.ledger import Thread
 from magent_store.store import (
+    LogScan,
     Scope,
     SessionFiles,
     StoreError,
@@ -74,9 +77,11 @@ EXCERPT_CHARS: Final = 160
 ROLES: Final = ("user", "assistant", "tool")
 DEFAULT_ROLES: Final = ("user", "assistant")
 FIELDS: Final = ("content", "output", "input")
-# The live writer never waits long for a search's catch-up: a flush that finds
-# the index busy skips it, and the next catch-up fills the gap.
-LIVE_BUSY_MS: Final = 20
+# The live worker waits off the flush path for a search's catch-up; if that
+# takes too long it skips, and the next catch-up fills the gap.
+LIVE_BUSY_MS: Final = 2000
+# A catch-up commits after indexing this much text.
+BATCH_CHARS: Final = 32 << 20
 SEARCH_BUSY_MS: Final = 10_000
 
 SCHEMA: Final = f"""
@@ -296,10 +301,15 @@ def _item_role(item: ledger.Item | None) -> str | None:
 
 
 def _file_stamp(files: SessionFiles) -> str:
+    return _stamp((str(files.log), str(files.snapshot)))
+
+
+def _stamp(paths: tuple[str, str]) -> str:
+    """What tells a log or snapshot changed: size, mtime and inode of each (two stats)."""
     parts = []
-    for path in (files.log, files.snapshot):
+    for path in paths:
         try:
-            st = path.stat()
+            st = os.stat(path)
         except FileNotFoundError:
             parts.append("-")
             continue
@@ -313,14 +323,22 @@ class _Change:
 
     turn: str | None
     time: float | None
+    role: str = "assistant"
     replace: str | None = None
     replaced: bool = False
     appended: list[str] = field(default_factory=list)
 
 
-def _changes(events: Iterable[dict[str, Any]], after: int) -> tuple[dict[tuple[str, str], _Change], int]:
-    """Fold logged events (JSON objects) with seq > AFTER into per-field changes."""
-    changes: dict[tuple[str, str], _Change] = {}
+Changes = dict[tuple[str, str], _Change]
+
+
+def _changes(events: Iterable[dict[str, Any]], after: int,
+             items: dict[str, ledger.Item]) -> tuple[Changes, int]:  # fmt: skip
+    """Fold logged events (JSON objects) with seq > AFTER into per-field changes.
+
+    ITEMS (the thread's, after them) say each item's role; items of no role are left out.
+    """
+    changes: Changes = {}
     last = after
     for event in events:
         seq = event.get("seq")
@@ -351,7 +369,27 @@ def _changes(events: Iterable[dict[str, Any]], after: int) -> tuple[dict[tuple[s
                 continue
             change = changes.setdefault((item_id, name), _Change(turn, when))
             change.replace, change.replaced, change.appended, change.time = text, True, [], when
+    for key in list(changes):
+        role = _item_role(items.get(key[0]))
+        if role is None:
+            del changes[key]
+        else:
+            changes[key].role = role
     return changes, last
+
+
+@dataclass(slots=True)
+class _Job:
+    """One flush's worth of index work, handed to the live worker."""
+
+    path: str
+    session_id: str
+    scope: Scope
+    stamp: str
+    lines: list[bytes]
+    # The live thread's: read by the worker, which only looks up an item's type
+    # and role (set when the item starts, before its text can be logged).
+    items: dict[str, ledger.Item]
 
 
 # ---------------------------------------------------------------------------
@@ -377,7 +415,12 @@ class SearchIndex:
         # Hashes of what this process indexed per item field, so an item's final
         # event repeating the streamed text costs a hash, not a re-index.
         self._digests: dict[tuple[str, str, str], Any] = {}
+        self._names: dict[SessionFiles, tuple[str, str, str]] = {}
         self.db = self._connect()
+        self._queue: queue.Queue[_Job | None] | None = None
+        if live:
+            self._queue = queue.Queue()
+            threading.Thread(target=self._work, name="search-index", daemon=True).start()
 
     # -- opening -----------------------------------------------------------
 
@@ -431,6 +474,11 @@ class SearchIndex:
                 os.unlink(f"{self.path}{suffix}")
 
     def close(self) -> None:
+        """Write what the live worker still holds, then close."""
+        if self._queue is not None:
+            self._queue.put(None)
+            self.wait()
+            self._queue = None
         with contextlib.suppress(sqlite3.Error):
             self.db.close()
 
@@ -442,7 +490,11 @@ class SearchIndex:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction, or a part of the one a catch-up holds open."""
         db = self.db
+        if db.in_transaction:
+            yield db
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
@@ -462,32 +514,79 @@ class SearchIndex:
     # -- the flush path ----------------------------------------------------
 
     def record_flush(self, session: Session, lines: list[bytes]) -> None:
-        """Index what one flush of SESSION wrote (LINES, its log lines).  Never raises."""
-        try:
-            self._record_flush(session, lines)
-        except Exception as exc:  # the index is never worth a flush
-            log.warning("search index not updated for session %s (%s: %s); the next search catches up",
-                        session.id, type(exc).__name__, exc)  # fmt: skip
+        """Index what one flush of SESSION wrote (LINES, its log lines).  Never raises.
 
-    def _record_flush(self, session: Session, lines: list[bytes]) -> None:
-        files = session.files
-        path = self._relative(files)
-        if path is None:
-            return
-        events = [orjson.loads(line) for line in lines]
-        first = events[0].get("seq") if events else None
-        with self._transaction() as db:
-            row = db.execute("SELECT sid, seq FROM sessions WHERE path = ?", (path,)).fetchone()
-            done = row[1] if row else 0
-            if not isinstance(first, int) or first > done + 1:
-                # Behind (a crash, or written without the index): the next catch-up
-                # reads the files, here would be on the writer's time.
+        On the flush's own time the files are only stat'ed; a live index
+        decodes and writes the lines from its worker thread.
+        """
+        try:
+            names = self._names.get(session.files)
+            if names is None:
+                path = self._relative(session.files)
+                if path is None:
+                    return
+                files = session.files
+                names = self._names[files] = (path, str(files.log), str(files.snapshot))
+            if not lines:
                 return
-            sid = self._add_session(db, path, files.id, session.scope) if row is None else row[0]
-            changes, last = _changes(events, done)
-            self._apply(db, sid, changes, session.thread)
-            db.execute("UPDATE sessions SET seq = ?, stamp = ? WHERE sid = ?",
-                       (last, _file_stamp(files), sid))  # fmt: skip
+            job = _Job(names[0], session.id, session.scope, _stamp(names[1:]), lines,
+                       session.thread.item_index)  # fmt: skip
+            if self._queue is not None:
+                self._queue.put(job)
+            else:
+                self._write_job([job])
+        except Exception as exc:  # the index is never worth a flush
+            self._failed(session.id, exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        log.warning("search index not updated for session %s (%s: %s); the next search catches up",
+                    what, type(exc).__name__, exc)  # fmt: skip
+
+    def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            job = self._queue.get()
+            jobs = [job]
+            while job is not None and len(jobs) < 64:  # catching up: one transaction for many flushes
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                jobs.append(job)
+            todo = [j for j in jobs if j is not None]
+            try:
+                if todo:
+                    self._write_job(todo)
+            except Exception as exc:
+                self._failed(", ".join(sorted({j.session_id for j in todo})), exc)
+            finally:
+                for _ in jobs:
+                    self._queue.task_done()
+            if job is None:
+                return
+
+    def wait(self) -> None:
+        """Return once the live worker has written everything recorded so far."""
+        if self._queue is not None:
+            self._queue.join()
+
+    def _write_job(self, jobs: list[_Job]) -> None:
+        with self._transaction() as db:
+            for job in jobs:
+                row = db.execute("SELECT sid, seq FROM sessions WHERE path = ?", (job.path,)).fetchone()
+                done = row[1] if row else 0
+                events = [orjson.loads(line) for line in job.lines]
+                first = events[0].get("seq")
+                if not isinstance(first, int) or first > done + 1:
+                    # Behind (a crash, or written without the index): the next catch-up
+                    # reads the files, which here would be on the writer's time.
+                    continue
+                changes, last = _changes(events, done, job.items)
+                if last <= done:
+                    continue  # a catch-up got here first
+                sid = self._add_session(db, job.path, job.session_id, job.scope) if row is None else row[0]
+                self._apply(db, sid, changes)
+                db.execute("UPDATE sessions SET seq = ?, stamp = ? WHERE sid = ?", (last, job.stamp, sid))
 
     def _relative(self, files: SessionFiles) -> str | None:
         try:
@@ -504,15 +603,11 @@ class SearchIndex:
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
-    def _apply(self, db: sqlite3.Connection, sid: int, changes: dict[tuple[str, str], _Change],
-               thread: Thread) -> int:  # fmt: skip
-        """Write CHANGES of session SID (THREAD gives each item's type and role); return chars."""
+    def _apply(self, db: sqlite3.Connection, sid: int, changes: Changes) -> int:
+        """Write CHANGES of session SID; return how many characters were indexed."""
         total = 0
         for (item_id, name), change in changes.items():
-            item = thread.item_index.get(item_id)
-            role = _item_role(item)
-            if role is None:
-                continue
+            role = change.role
             key = (str(sid), item_id, name)
             if change.replaced:
                 assert change.replace is not None
@@ -588,30 +683,48 @@ class SearchIndex:
                  self.db.execute("SELECT sid, path, seq, stamp FROM sessions")}  # fmt: skip
         headers = list(self._headers())
         seen: set[str] = set()
-        for n, header in enumerate(headers, 1):
-            path = str(header.relative_to(self.root))
-            seen.add(path)
-            result.checked += 1
-            try:
-                files = SessionFiles.from_header_path(header)
-            except StoreError:
-                continue  # not a session file (fsck reports these)
-            entry = known.get(path)
-            if entry is None or entry[2] != _file_stamp(files):
+        batched = 0
+        try:
+            for n, header in enumerate(headers, 1):
+                path = str(header.relative_to(self.root))
+                seen.add(path)
+                result.checked += 1
                 try:
-                    result.bytes += self._catch_up_session(files, path, entry)
-                    result.updated += 1
-                except (StoreError, ValueError, OSError) as exc:
-                    result.skipped.append(f"{path}: {exc}")
-                    log.warning("search index: skipping %s: %s", path, exc)
-            if progress is not None:
-                progress(n, len(headers))
-        gone = [(entry[0],) for path, entry in known.items() if path not in seen]
-        if gone:
+                    files = SessionFiles.from_header_path(header)
+                except StoreError:
+                    continue  # not a session file (fsck reports these)
+                entry = known.get(path)
+                if entry is None or entry[2] != _file_stamp(files):
+                    try:
+                        read = self._read_session(files)
+                    except (StoreError, ValueError, OSError) as exc:
+                        result.skipped.append(f"{path}: {exc}")
+                        log.warning("search index: skipping %s: %s", path, exc)
+                    else:
+                        if not self.db.in_transaction:
+                            self.db.execute("BEGIN IMMEDIATE")
+                        chars = self._catch_up_session(files, path, *read)
+                        result.bytes += chars
+                        result.updated += 1
+                        batched += chars
+                        # Big transactions index several times faster; a live writer
+                        # waits for them off its flush path.
+                        if batched >= BATCH_CHARS:
+                            self.db.execute("COMMIT")
+                            batched = 0
+                if progress is not None:
+                    progress(n, len(headers))
+            gone = [(entry[0],) for path, entry in known.items() if path not in seen]
             with self._transaction() as db:
                 for (sid,) in gone:
                     self._drop_session(db, sid)
             result.removed = len(gone)
+            if self.db.in_transaction:
+                self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
         return result
 
     def _drop_session(self, db: sqlite3.Connection, sid: int) -> None:
@@ -620,25 +733,33 @@ class SearchIndex:
         db.execute("DELETE FROM passages WHERE sid = ?", (sid,))
         db.execute("DELETE FROM sessions WHERE sid = ?", (sid,))
 
-    def _catch_up_session(self, files: SessionFiles, path: str, entry: tuple[int, int, str] | None) -> int:
+    def _read_session(self, files: SessionFiles) -> tuple[str, Scope, LogScan, Thread]:
+        """What a catch-up needs of a session's files (raises when they cannot be read)."""
         stamp = _file_stamp(files)  # before reading: a later write shows as a change next time
-        header = read_header(files.header)
-        scope = Scope.from_header(header)
+        scope = Scope.from_header(read_header(files.header))
         scan = scan_log(files.log)
         thread, _ = replay_session(files, scope, scan)
-        done = entry[1] if entry else 0
-        # The log's lines are consecutive seqs: holding the first event not yet
-        # indexed, it holds every one after it.
-        incremental = entry is not None and (
-            done == thread.last_event_seq or any(e.seq == done + 1 for e in scan.events)
-        )
+        return stamp, scope, scan, thread
+
+    def _catch_up_session(self, files: SessionFiles, path: str, stamp: str, scope: Scope,
+                          scan: LogScan, thread: Thread) -> int:  # fmt: skip
         with self._transaction() as db:
+            # Read again here: a live writer may have indexed more since the listing.
+            entry = db.execute("SELECT sid, seq FROM sessions WHERE path = ?", (path,)).fetchone()
+            done = entry[1] if entry else 0
+            if done > thread.last_event_seq and _file_stamp(files) != stamp:
+                return 0  # written since it was read: a live writer is ahead, the next catch-up sees
+            # The log's lines are consecutive seqs: holding the first event not yet
+            # indexed, it holds every one after it.
+            incremental = entry is not None and (
+                done == thread.last_event_seq or any(e.seq == done + 1 for e in scan.events)
+            )
             if incremental:
                 assert entry is not None
                 sid = entry[0]
                 events = [orjson.loads(line) for line in scan.lines]
-                changes, _ = _changes(events, done)
-                chars = self._apply(db, sid, changes, thread)
+                changes, _ = _changes(events, done, thread.item_index)
+                chars = self._apply(db, sid, changes)
             else:
                 if entry is not None:
                     self._drop_session(db, entry[0])
@@ -700,7 +821,7 @@ class SearchIndex:
             top = self.db.execute("SELECT max(id) FROM passages").fetchone()[0] or 0
             where.append("p.id > ?")
             params.append(top - SHORT_SCAN_PASSAGES)
-            sql = (f"SELECT p.id, p.sid, 0.0 FROM passages p {join} WHERE {' AND '.join(where)} "
+            sql = (f"SELECT p.id, p.sid, 0.0, p.time FROM passages p {join} WHERE {' AND '.join(where)} "
                    "ORDER BY p.id DESC LIMIT ?")  # fmt: skip
             if top > SHORT_SCAN_PASSAGES:
                 notices.append(
@@ -709,29 +830,42 @@ class SearchIndex:
                 )
             rows = self.db.execute(sql, [*params, CANDIDATES]).fetchall()
         else:
-            sql = (f"SELECT p.id, p.sid, bm25(fts) FROM fts JOIN passages p ON p.id = fts.rowid {join} "
-                   f"WHERE fts MATCH ? AND {' AND '.join(where)} "
-                   "ORDER BY fts.rowid DESC LIMIT ?")  # fmt: skip
+            expression = query.match_expression()
             try:
-                rows = self.db.execute(sql, [query.match_expression(), *params, CANDIDATES]).fetchall()
+                # bm25 counts every match of each word first: affordable only when
+                # they are few.  Probing for one more than that costs one page or two.
+                ranked_by_bm25 = self.db.execute(
+                    "SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?)",
+                    (expression, CANDIDATES + 1),
+                ).fetchone()[0] <= CANDIDATES
+                score = "bm25(fts)" if ranked_by_bm25 else "0.0"
+                sql = (f"SELECT p.id, p.sid, {score}, p.time FROM fts JOIN passages p ON p.id = fts.rowid "
+                       f"{join} WHERE fts MATCH ? AND {' AND '.join(where)} "
+                       "ORDER BY fts.rowid DESC LIMIT ?")  # fmt: skip
+                rows = self.db.execute(sql, [expression, *params, CANDIDATES]).fetchall()
             except sqlite3.OperationalError as exc:
                 # Every term is a quoted string, so this is not the query's fault.
                 raise SearchError(f"search index {self.path}: {exc}") from None
-        if len(rows) == CANDIDATES and not query.short:
-            notices.append(f"more than {CANDIDATES} passages match: ranked among the newest {CANDIDATES}")
-        best: dict[int, list[tuple[float, int]]] = {}
-        for rowid, sid, score in rows:
-            best.setdefault(sid, []).append((score, rowid))
-        ranked = sorted(best.items(), key=lambda kv: (min(kv[1])[0], -max(r for _, r in kv[1])))[:limit]
-        hits: list[Hit] = []
+            if not ranked_by_bm25:
+                notices.append(
+                    f"more than {CANDIDATES} passages match: sessions are ranked by how many of the newest "
+                    f"{CANDIDATES} they hold, then by recency; add a word to rank by relevance"
+                )
+        best: dict[int, list[tuple[float, int, float | None]]] = {}
+        for rowid, sid, rank, when in rows:
+            best.setdefault(sid, []).append((rank, rowid, when))
+
+        def order(matches: list[tuple[float, int, float | None]]) -> tuple[float, int]:
+            newest = -max(m[1] for m in matches)
+            return (min(matches)[0], newest) if any(m[0] for m in matches) else (-len(matches), newest)
+
+        ranked = sorted(best.items(), key=lambda kv: order(kv[1]))[:limit]
         pattern = query.pattern()
-        for sid, matches in ranked:
-            hit = self._hit(sid, matches, pattern)
-            if hit is not None:
-                hits.append(hit)
+        hits = [hit for sid, matches in ranked if (hit := self._hit(sid, matches, pattern)) is not None]
         return SearchResult(hits, notices)
 
-    def _hit(self, sid: int, matches: list[tuple[float, int]], pattern: re.Pattern[str]) -> Hit | None:
+    def _hit(self, sid: int, matches: list[tuple[float, int, float | None]],
+             pattern: re.Pattern[str]) -> Hit | None:  # fmt: skip
         row = self.db.execute("SELECT path, id FROM sessions WHERE sid = ?", (sid,)).fetchone()
         if row is None:
             return None
@@ -741,25 +875,20 @@ class SearchIndex:
         except StoreError:
             return None  # gone since it was indexed: the next catch-up drops it
         scope = Scope.from_header(header)
-        top = sorted(matches)[:EXCERPTS]
+        top = sorted(matches, key=lambda m: (m[0], -m[1]))[:EXCERPTS]
         excerpts = []
-        newest = None
-        for _, rowid in top:
+        for _, rowid, _ in top:
             p = self.db.execute("SELECT turn, item, role, time, text FROM passages WHERE id = ?",
                                 (rowid,)).fetchone()  # fmt: skip
             if p is None:
                 continue
             text, spans = excerpt(p[4], pattern)
             excerpts.append(Excerpt(text, spans, p[0], p[1], p[2], p[3]))
-        times = self.db.execute(
-            f"SELECT max(time) FROM passages WHERE id IN ({', '.join('?' * len(matches))})",
-            [r for _, r in matches],
-        ).fetchone()
-        newest = times[0] if times else None
+        times = [m[2] for m in matches if m[2] is not None]
         return Hit(
             id=row[1], scope=scope.to_json(), scope_label=scope.label(),
             title=header.get("summary-title") or header.get("title"), header=header_path,
-            time=newest, score=min(matches)[0], matches=len(matches), excerpts=excerpts,
+            time=max(times, default=None), score=min(matches)[0], matches=len(matches), excerpts=excerpts,
         )  # fmt: skip
 
 

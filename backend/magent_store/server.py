@@ -567,6 +567,8 @@ class Service:
                     self.close(session_id)
                 except Exception:
                     log.exception("closing session %s failed", session_id)
+            for index in self._indexes.values():
+                index.close()  # writes what its worker still holds
 
 
 def _ms(seconds: float | None) -> float | None:

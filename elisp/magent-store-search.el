@@ -1,0 +1,309 @@
+;;; magent-store-search.el --- Find past magent sessions by what was said  -*- lexical-binding: t; -*-
+
+;; Copyright (C) 2026 The magent-store authors
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; M-x magent-store-search asks for words and lists the sessions in which
+;; they were said, best first: title, scope, when, and an excerpt with the
+;; match highlighted.  RET opens a session (through magent when magent is
+;; loaded, else as a read-only transcript), n and p move, g searches again.
+;;
+;; Each search is a separate `magent-store search --json' process: Emacs
+;; starts it and returns at once, and the results are drawn when it exits.
+;; That is the cheapest way to keep typing free of the backend: the
+;; process brings the index up to date and queries it on its own time, its
+;; bulk output never crosses the EPC connection (which serves flushes), and
+;; it works whether or not the backend is running.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'subr-x)
+(require 'tabulated-list)
+(require 'magent-store)
+
+(defgroup magent-store-search nil
+  "Search past magent sessions by what was said in them."
+  :group 'magent-store
+  :prefix "magent-store-search-")
+
+(defcustom magent-store-search-limit 50
+  "Most sessions a search lists."
+  :type 'natnum
+  :group 'magent-store-search)
+
+(defcustom magent-store-search-include-tools nil
+  "Non-nil means searches also look in tool input and output.
+By default only what the user and the assistant wrote is searched."
+  :type 'boolean
+  :group 'magent-store-search)
+
+(defcustom magent-store-search-open-function #'magent-store-search-open-default
+  "Function called with a hit (an alist from the search) to open its session.
+The default resumes it through magent when magent is loaded, else
+shows a read-only transcript."
+  :type 'function
+  :group 'magent-store-search)
+
+(defface magent-store-search-match '((t :inherit match))
+  "Face of the searched words inside excerpts."
+  :group 'magent-store-search)
+
+(defvar magent-store-search-history nil
+  "Queries given to `magent-store-search'.")
+
+(defvar-local magent-store-search--query nil
+  "The query this buffer shows.")
+
+(defvar-local magent-store-search--root nil
+  "The session root this buffer searched.")
+
+(defvar-local magent-store-search--process nil
+  "The search process whose results this buffer waits for, or nil.")
+
+(defvar-local magent-store-search--status nil
+  "What the header line says besides the query: searching, counts, errors.")
+
+;;;; Running a search
+
+(defun magent-store-search--command (&rest args)
+  "Return the backend command line followed by ARGS."
+  (append (ensure-list magent-store-python) args))
+
+(defun magent-store-search--start ()
+  "Start this buffer's search process; draw the results when it exits."
+  (when (process-live-p magent-store-search--process)
+    (delete-process magent-store-search--process))
+  (let* ((results (current-buffer))
+         (output (generate-new-buffer " *magent-store-search-output*"))
+         (process
+          (make-process
+           :name "magent-store-search"
+           :buffer output
+           ;; Notices and errors share the buffer: the JSON is its own line.
+           :command (apply #'magent-store-search--command
+                           "search" magent-store-search--query
+                           magent-store-search--root "--json"
+                           "--limit" (number-to-string magent-store-search-limit)
+                           (and magent-store-search-include-tools
+                                '("--role" "tool")))
+           :connection-type 'pipe
+           :noquery t
+           :sentinel #'magent-store-search--sentinel)))
+    (process-put process 'magent-store-search-results results)
+    (setq magent-store-search--process process
+          magent-store-search--status "searching…")
+    (setq tabulated-list-entries nil)
+    (tabulated-list-print)
+    (magent-store-search--header)
+    process))
+
+(defun magent-store-search--sentinel (process _event)
+  "Draw PROCESS's results in its results buffer once it has exited."
+  (unless (process-live-p process)
+    (let ((output (process-buffer process))
+          (results (process-get process 'magent-store-search-results)))
+      (unwind-protect
+          (when (and (buffer-live-p results) (buffer-live-p output))
+            (with-current-buffer results
+              (when (eq process magent-store-search--process)
+                (setq magent-store-search--process nil)
+                (magent-store-search--draw
+                 (with-current-buffer output (buffer-string))
+                 (process-exit-status process)))))
+        (when (buffer-live-p output)
+          (kill-buffer output))))))
+
+(defun magent-store-search--parse (text)
+  "Return the JSON reply in TEXT (the search's output) as an alist, or nil."
+  (when (string-match "^{\"query\".*$" text)
+    (json-parse-string (match-string 0 text)
+                       :object-type 'alist :array-type 'list
+                       :null-object nil :false-object nil)))
+
+(defun magent-store-search--draw (text status)
+  "Show the hits of the search output TEXT, which exited with STATUS."
+  (let* ((reply (and (memq status '(0 1)) (magent-store-search--parse text)))
+         (hits (alist-get 'hits reply)))
+    (setq magent-store-search--status
+          (cond
+           (reply (format "%d session%s%s" (length hits) (if (= (length hits) 1) "" "s")
+                          (if-let* ((notices (alist-get 'notices reply)))
+                              (concat "; " (string-join notices "; "))
+                            "")))
+           (t (string-trim
+               (replace-regexp-in-string "^magent-store: \\(error: \\)?" ""
+                                         (if (string-blank-p text)
+                                             (format "search failed (exit status %s)" status)
+                                           text))))))
+    (setq tabulated-list-entries
+          (mapcar (lambda (hit) (list hit (magent-store-search--row hit))) hits))
+    (tabulated-list-print)
+    (goto-char (point-min))
+    (magent-store-search--header)
+    (unless reply
+      (message "magent-store-search: %s" magent-store-search--status))))
+
+(defun magent-store-search--header ()
+  "Show the query and the search's status in the mode line."
+  (setq mode-line-process
+        (format " %S: %s" magent-store-search--query (or magent-store-search--status "")))
+  (force-mode-line-update))
+
+;;;; The list
+
+(defun magent-store-search--highlight (excerpt)
+  "Return EXCERPT's text, its matches in face `magent-store-search-match'."
+  (let ((text (copy-sequence (or (alist-get 'text excerpt) ""))))
+    (dolist (span (alist-get 'highlights excerpt))
+      (let ((start (nth 0 span)) (end (nth 1 span)))
+        (when (and (integerp start) (integerp end) (<= 0 start end (length text)))
+          (add-face-text-property start end 'magent-store-search-match nil text))))
+    text))
+
+(defun magent-store-search--when (time)
+  "Return TIME (seconds since the epoch, or nil) as a short date."
+  (if (numberp time) (format-time-string "%Y-%m-%d %H:%M" time) "-"))
+
+(defun magent-store-search--row (hit)
+  "Return the columns of HIT."
+  (vector (or (alist-get 'title hit) (alist-get 'id hit))
+          (or (alist-get 'scope-label hit) "")
+          (magent-store-search--when (alist-get 'time hit))
+          (magent-store-search--highlight (car (alist-get 'excerpts hit)))))
+
+(defvar magent-store-search-mode-map
+  (let ((map (make-sparse-keymap)))
+    (define-key map (kbd "RET") #'magent-store-search-open)
+    (define-key map "n" #'next-line)
+    (define-key map "p" #'previous-line)
+    map)
+  "Keys of `magent-store-search-mode'.")
+
+(define-derived-mode magent-store-search-mode tabulated-list-mode "Session search"
+  "Sessions found by `magent-store-search', best first.
+\\<magent-store-search-mode-map>\\[magent-store-search-open] opens the session at point, \
+\\[next-line] and \\[previous-line] move, \\[revert-buffer] searches again."
+  (setq tabulated-list-format [("Title" 40 t) ("Scope" 24 t) ("When" 16 t) ("Excerpt" 0 nil)])
+  (setq tabulated-list-padding 1)
+  (setq revert-buffer-function #'magent-store-search--revert)
+  (tabulated-list-init-header))
+
+(defun magent-store-search--revert (&rest _)
+  "Run this buffer's search again."
+  (magent-store-search--start))
+
+;;;###autoload
+(defun magent-store-search (query &optional root)
+  "List the sessions in which QUERY was said, best first.
+Every word of QUERY must appear (in any order, any case, even inside
+longer words); \"quoted words\" must appear together.  ROOT is the
+session root (default: the one magent-store uses).  Returns the
+results buffer at once; the results appear when the search is done."
+  (interactive
+   (list (read-string "Search sessions for: " nil 'magent-store-search-history)))
+  (when (string-blank-p (or query ""))
+    (user-error "Give a word or phrase to search for"))
+  (let ((root (expand-file-name (or root (magent-store--root)))))
+    (unless (file-directory-p root)
+      (user-error "No session root at %s" root))
+    (let ((buffer (get-buffer-create "*magent-store search*")))
+      (with-current-buffer buffer
+        (magent-store-search-mode)
+        (setq magent-store-search--query query
+              magent-store-search--root root)
+        (magent-store-search--start))
+      (when (called-interactively-p 'any)
+        (pop-to-buffer buffer))
+      buffer)))
+
+(defun magent-store-search-open ()
+  "Open the session at point."
+  (interactive)
+  (let ((hit (tabulated-list-get-id)))
+    (unless hit
+      (user-error "No session on this line"))
+    (funcall magent-store-search-open-function hit)))
+
+;;;; Opening a session
+
+;; What this section knows of magent: `magent-runtime-load-session-file' is
+;; how magent itself (its ACP session/load) brings a saved session back.
+(declare-function magent-runtime-load-session-file "ext:magent-runtime-api" (file))
+
+(defun magent-store-search-open-default (hit)
+  "Resume HIT's session through magent when it is loaded, else view it read-only."
+  (let ((header (alist-get 'header hit)))
+    (if (fboundp 'magent-runtime-load-session-file)
+        (condition-case err
+            (prog1 (magent-runtime-load-session-file header)
+              (message "Session %s is loaded in magent" (alist-get 'id hit)))
+          (error (user-error "Magent could not load %s: %s"
+                             (alist-get 'id hit) (error-message-string err))))
+      (magent-store-search-view hit))))
+
+(defun magent-store-search-view (hit)
+  "Show HIT's session as a read-only transcript (read by a separate process)."
+  (let* ((buffer (get-buffer-create (format "*magent-store session %s*" (alist-get 'id hit))))
+         (output (generate-new-buffer " *magent-store-show-output*")))
+    (with-current-buffer buffer
+      (let ((inhibit-read-only t))
+        (erase-buffer)
+        (special-mode)
+        (insert "Reading…\n")))
+    (make-process
+     :name "magent-store-show"
+     :buffer output
+     :command (magent-store-search--command "show" (alist-get 'header hit))
+     :connection-type 'pipe
+     :noquery t
+     :sentinel (lambda (process _event)
+                 (unless (process-live-p process)
+                   (unwind-protect
+                       (when (buffer-live-p buffer)
+                         (magent-store-search--fill-view
+                          buffer hit (with-current-buffer output (buffer-string))
+                          (process-exit-status process)))
+                     (kill-buffer output)))))
+    (pop-to-buffer buffer)
+    buffer))
+
+(defun magent-store-search--text (value)
+  "Return VALUE (an item's content, input or output) as text, or nil."
+  (cond ((null value) nil)
+        ((stringp value) (and (not (string-empty-p value)) value))
+        (t (json-serialize value :null-object nil :false-object :false))))
+
+(defun magent-store-search--fill-view (buffer hit text status)
+  "Fill BUFFER with HIT's transcript from TEXT.
+TEXT is the output of `magent-store show', which exited with STATUS."
+  (with-current-buffer buffer
+    (let ((inhibit-read-only t))
+      (erase-buffer)
+      (if (not (eq status 0))
+          (insert (format "Cannot read session %s:\n%s" (alist-get 'id hit) text))
+        (let ((thread (json-parse-string text :object-type 'alist :array-type 'list
+                                         :null-object nil :false-object nil)))
+          (insert (propertize (or (alist-get 'title hit) (alist-get 'id hit)) 'face 'bold)
+                  (format "\n%s  %s\n" (alist-get 'scope-label hit) (alist-get 'id hit)))
+          (dolist (turn (alist-get 'turns thread))
+            (dolist (item (alist-get 'items turn))
+              (let ((who (or (alist-get 'role item) (alist-get 'name item) (alist-get 'type item))))
+                (dolist (field '(content input output))
+                  (when-let* ((body (magent-store-search--text (alist-get field item))))
+                    (insert "\n" (propertize (format "── %s%s ──" who
+                                                     (if (eq field 'content) "" (format " (%s)" field)))
+                                             'face 'shadow)
+                            "\n" body "\n"))))))))
+      (goto-char (point-min))
+      (let* ((excerpt (car (alist-get 'excerpts hit)))
+             (span (car (alist-get 'highlights excerpt)))
+             (case-fold-search t))
+        (when (and span (search-forward (substring (alist-get 'text excerpt) (nth 0 span) (nth 1 span))
+                                        nil t))
+          (goto-char (match-beginning 0)))))))
+
+(provide 'magent-store-search)
+;;; magent-store-search.el ends here

@@ -1,0 +1,125 @@
+;;; magent-store-search-tests.el --- ERT tests for M-x magent-store-search  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; Sessions are written through the shim to a real backend (which indexes
+;; them as it flushes), then searched with the real `magent-store search'
+;; process, as a user's Emacs does.  magent is not loaded here, so RET shows
+;; the read-only transcript.
+
+;;; Code:
+
+(require 'ert)
+(require 'magent-store-tests)
+(require 'magent-store-search)
+
+(defun magent-store-search-test--write (session-id chunks)
+  "Write a session SESSION-ID whose assistant reply streams CHUNKS."
+  (magent-store-open session-id)
+  (magent-store-test--start-turn session-id)
+  (dolist (chunk chunks)
+    (magent-store-append-item-content session-id "item-1" chunk))
+  (magent-store-flush session-id))
+
+(defun magent-store-search-test--wait (buffer)
+  "Wait until the search of BUFFER has drawn its results."
+  (with-timeout (60 (error "The search did not finish"))
+    (while (buffer-local-value 'magent-store-search--process buffer)
+      (accept-process-output nil 0.05))))
+
+(defun magent-store-search-test--ids (buffer)
+  "Return the session ids listed in BUFFER, top to bottom."
+  (with-current-buffer buffer
+    (mapcar (lambda (entry) (alist-get 'id (car entry))) tabulated-list-entries)))
+
+(ert-deftest magent-store-search-lists-streamed-sessions-without-waiting ()
+  "A search returns at once, then lists the sessions holding the words."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-flux" '("the flux capa" "citor hums, 漢字も"))
+    (magent-store-search-test--write "s-other" '("nothing about that"))
+    (let ((buffer (magent-store-search "flux capacitor")))
+      ;; Asynchronous: the search runs in its own process.
+      (should (process-live-p (buffer-local-value 'magent-store-search--process buffer)))
+      (magent-store-search-test--wait buffer)
+      (should (equal (magent-store-search-test--ids buffer) '("s-flux")))
+      (with-current-buffer buffer
+        ;; Both words are highlighted in the excerpt, and nothing else.
+        (let (marked)
+          (dotimes (i (1- (point-max)))
+            (when (memq 'magent-store-search-match
+                        (ensure-list (get-text-property (1+ i) 'face)))
+              (push (char-after (1+ i)) marked)))
+          (should (equal (concat (nreverse marked)) "fluxcapacitor")))
+        (should (string-match-p "1 session" mode-line-process))))))
+
+(ert-deftest magent-store-search-keys-move-rerun-and-open ()
+  "n and p move between sessions, g searches again, RET shows the transcript."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-one" '("a shared needle, first"))
+    (magent-store-search-test--write "s-two" '("a shared needle, second"))
+    (let ((buffer (magent-store-search "shared needle")))
+      (magent-store-search-test--wait buffer)
+      (with-current-buffer buffer
+        (should (equal (sort (magent-store-search-test--ids buffer) #'string<)
+                       '("s-one" "s-two")))
+        (goto-char (point-min))
+        (let ((first (alist-get 'id (tabulated-list-get-id))))
+          (call-interactively (key-binding "n"))
+          (should-not (equal (alist-get 'id (tabulated-list-get-id)) first))
+          (call-interactively (key-binding "p"))
+          (should (equal (alist-get 'id (tabulated-list-get-id)) first)))
+        ;; g: a new process, the same answer (now including a new session).
+        (magent-store-search-test--write "s-three" '("one more shared needle"))
+        (call-interactively (key-binding "g"))
+        (should (buffer-local-value 'magent-store-search--process buffer)))
+      (magent-store-search-test--wait buffer)
+      (should (= (length (magent-store-search-test--ids buffer)) 3))
+      (with-current-buffer buffer
+        (goto-char (point-min))
+        (let* ((id (alist-get 'id (tabulated-list-get-id)))
+               (view (call-interactively (key-binding (kbd "RET")))))
+          (should (bufferp view))
+          (with-timeout (60 (error "The transcript did not appear"))
+            (while (with-current-buffer view
+                     (string-prefix-p "Reading" (buffer-string)))
+              (accept-process-output nil 0.05)))
+          (with-current-buffer view
+            (should buffer-read-only)
+            (should (string-match-p (regexp-quote id) (buffer-string)))
+            (should (looking-at-p "shared needle"))))))))
+
+(ert-deftest magent-store-search-bad-query-is-explained-not-signalled ()
+  "An unbalanced quote is reported in the results buffer; nothing breaks."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-q" '("some text"))
+    (let ((buffer (magent-store-search "\"open quote")))
+      (magent-store-search-test--wait buffer)
+      (should (null (magent-store-search-test--ids buffer)))
+      (with-current-buffer buffer
+        (should (string-match-p "unbalanced double quote" mode-line-process))
+        (should-not (string-match-p "sqlite\\|Traceback" mode-line-process))))
+    (should-error (magent-store-search "  ") :type 'user-error)))
+
+(ert-deftest magent-store-search-tool-output-only-when-asked ()
+  "Tool output is searched only with `magent-store-search-include-tools'."
+  (magent-store-test--with-backend
+    (magent-store-open "s-tool")
+    (magent-store-test--start-turn "s-tool")
+    (magent-store-append-event
+     "s-tool" (magent-store-test--event
+               "item-started" :turn-id "turn-1" :item-id "tool-1"
+               :payload `((item . ,(magent-store-test--item "tool-1" "turn-1" nil "tool")))))
+    (magent-store-append-item-content "s-tool" "tool-1" "grep found ZORBLAX_42 here" t)
+    (magent-store-flush "s-tool")
+    (let ((buffer (magent-store-search "zorblax_42")))
+      (magent-store-search-test--wait buffer)
+      (should (null (magent-store-search-test--ids buffer))))
+    (let* ((magent-store-search-include-tools t)
+           (buffer (magent-store-search "zorblax_42")))
+      (magent-store-search-test--wait buffer)
+      (should (equal (magent-store-search-test--ids buffer) '("s-tool"))))))
+
+(provide 'magent-store-search-tests)
+;;; magent-store-search-tests.el ends here
