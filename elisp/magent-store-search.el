@@ -3,6 +3,26 @@
 ;; Copyright (C) 2026 The magent-store authors
 ;; SPDX-License-Identifier: GPL-3.0-or-later
 
+;; Author: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Maintainer: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Keywords: tools, convenience
+;; URL: https://github.com/jamie-cui/magent
+
+;; This file is not part of GNU Emacs.
+
+;; This program is free software: you can redistribute it and/or modify
+;; it under the terms of the GNU General Public License as published by
+;; the Free Software Foundation, either version 3 of the License, or
+;; (at your option) any later version.
+
+;; This program is distributed in the hope that it will be useful,
+;; but WITHOUT ANY WARRANTY; without even the implied warranty of
+;; MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.  See the
+;; GNU General Public License for more details.
+
+;; You should have received a copy of the GNU General Public License
+;; along with this program.  If not, see <https://www.gnu.org/licenses/>.
+
 ;;; Commentary:
 
 ;; M-x magent-store-search asks for words and lists the sessions in which
@@ -16,6 +36,10 @@
 ;; process brings the index up to date and queries it on its own time, its
 ;; bulk output never crosses the EPC connection (which serves flushes), and
 ;; it works whether or not the backend is running.
+
+;;; Change Log:
+
+;; 0.1.0: first release.
 
 ;;; Code:
 
