@@ -1,0 +1,70 @@
+;;; magent-store-readme-tests.el --- ERT: the README's example runs as printed  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; The README's "Using the store from your own code" example, read from
+;; README.md and evaluated as it is against a real backend in a fresh
+;; session root; its value must be what the README says it is.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+
+(unless (locate-library "epc")
+  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
+    (add-to-list 'load-path dir)))
+(require 'magent-store)
+
+(defvar magent-store-test-python nil
+  "The backend command under test; nil means the shim's default.")
+
+(defconst magent-store-readme-test--file
+  (expand-file-name "../../README.md"
+                    (file-name-directory (or load-file-name buffer-file-name)))
+  "The README whose example is tested.")
+
+(defun magent-store-readme-test--example ()
+  "Return (FORMS . EXPECTED) of the README's example block."
+  (with-temp-buffer
+    (insert-file-contents magent-store-readme-test--file)
+    (set-syntax-table emacs-lisp-mode-syntax-table)
+    (goto-char (point-min))
+    (search-forward ";; Example: store a turn and read it back.")
+    (let ((start (line-beginning-position))
+          (end (progn (re-search-forward "^```$") (match-beginning 0)))
+          forms)
+      (goto-char start)
+      (while (progn (forward-comment (buffer-size)) (< (point) end))
+        (push (read (current-buffer)) forms))
+      (goto-char start)
+      (re-search-forward "^;; => \\(.*\\)$" end)
+      (cons (nreverse forms) (car (read-from-string (match-string 1)))))))
+
+(ert-deftest magent-store-readme-example-runs-as-printed ()
+  (let* ((example (magent-store-readme-test--example))
+         (tmp (make-temp-file "magent-store-readme-test-" t))
+         (magent-store-root (expand-file-name "root" tmp))
+         (magent-store-python (or magent-store-test-python magent-store-python))
+         (process-environment
+          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                process-environment))
+         (magent-store--sessions (make-hash-table :test #'equal))
+         (magent-store--recent nil)
+         (magent-store--backend nil))
+    (should (equal (cdr example) "Hello, world"))
+    (unwind-protect
+        (let (value)
+          (dolist (form (car example))
+            (setq value (eval form t)))
+          (should (equal value (cdr example)))
+          ;; It really went to disk, under the session root.
+          (should (file-exists-p (expand-file-name "global/example-session.jsonl"
+                                                   magent-store-root))))
+      (ignore-errors (magent-store-stop))
+      (delete-directory tmp t))))
+
+(provide 'magent-store-readme-tests)
+;;; magent-store-readme-tests.el ends here
