@@ -506,13 +506,14 @@ class Service:
             log.warning("timing records dropped: %s", err)
             return 0
 
-    def load(self, root: Any, scope: Any, session_id: Any, options: Any = None) -> str:
+    def load(self, root: Any, scope: Any, session_id: Any, options: Any = None, initial: Any = None) -> str:
         """Open the session and write header + snapshot JSON to a private file.
 
         Returns the file's path; the caller reads and deletes it.  Bulk stays
         off the wire: escaping megabytes into a sexp costs both sides dearly.
+        INITIAL is as for `open`.
         """
-        self.open(root, scope, session_id, options)
+        self.open(root, scope, session_id, options, initial)
         session = self._session(session_id)
         body = b'{"header":' + session.header_bytes() + b',"snapshot":'
         body += session.snapshot_bytes() + b"}"

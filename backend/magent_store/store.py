@@ -852,7 +852,8 @@ class Session:
         return len(self._pending)
 
     def header_bytes(self) -> bytes:
-        return dumps(self._current_header())
+        # magent leaves an absent field out rather than writing null.
+        return dumps({k: v for k, v in self._current_header().items() if v is not None})
 
     def snapshot_bytes(self) -> bytes:
         return dumps(ledger.thread_to_json(self.thread))
