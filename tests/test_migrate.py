@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schema6
-from magent_store import ledger, migrate
+from magent_store import ledger, migrate, store
 from magent_store.migrate import Migrator, loads_first_wins
 from magent_store.store import (
     Scope,
@@ -301,8 +301,54 @@ def test_integers_beyond_64_bits_are_never_rounded(root: Path) -> None:
     fits, huge = sorted(result.reports, key=lambda r: r.path.name)
     assert fits.outcome == migrate.MIGRATED
     assert read_header(fits.path)["metadata"]["tokens"] == 2**64 - 1
-    assert huge.outcome == migrate.CHANGED and "64-bit" in (huge.reason or "")
-    assert json.loads(huge.path.read_text())["metadata"]["tokens"] == 2**64, "left as it was"
+    # magent reads 2**64 as a bignum: schema 7 keeps it exact.
+    assert huge.outcome == migrate.MIGRATED, huge.reason
+    assert read_header(huge.path)["metadata"]["tokens"] == 2**64
+    assert b'"tokens":18446744073709551616' in huge.path.read_bytes()
+
+
+def test_integers_beyond_64_bits_in_the_log_stay_exact(root: Path) -> None:
+    fixture = schema6.session(random.Random(11), "s1", snapshot_lag=12)
+    obj = json.loads(fixture.data)
+    big = -(2**80) + 7
+    changed = 0
+    for event in obj["journal"]:
+        payload = event["payload"]
+        if event["seq"] > obj["snapshot"]["last-event-seq"] and isinstance(payload, dict):
+            for key in ("item", "turn"):
+                if isinstance(payload.get(key), dict):
+                    payload[key]["metadata"] = {"n": big}
+                    changed += 1
+    assert changed
+    (root / "global").mkdir(parents=True)
+    (root / fixture.relpath).write_text(json.dumps(obj))
+    result = Migrator(root).run()
+    assert result.count(migrate.MIGRATED) == 1, result.reports[0].reason
+    _, thread = load_session(SessionFiles(root / "global", "s1"))
+    assert str(big).encode() in store.dumps(ledger.thread_to_json(thread))
+    assert str(big).encode() in (root / "global" / "s1.jsonl").read_bytes()
+
+
+def test_an_action_session_in_the_directory_magent_sanitized_migrates(root: Path) -> None:
+    # magent stores action "my action/ünï" under actions/my-action-ünï/, the header
+    # keeping the name and the origin project, the thread its action scope plist.
+    fixture = schema6.session(random.Random(12), "s1", scope="action")
+    obj = json.loads(fixture.data)
+    name, project = "my action/ünï", "/home/u/src/proj"
+    obj.update({"action": name, "scope": "project", "project-root": project, "kind": "action"})
+    plist = {"kind": "action", "id": "s1", "action": name, "origin-scope": project}
+    obj["snapshot"]["scope"] = plist
+    directory = root / "actions" / "my-action-ünï"
+    directory.mkdir(parents=True)
+    (directory / "s1.json").write_text(json.dumps(obj, ensure_ascii=False))
+    result = Migrator(root).run()
+    assert result.count(migrate.MIGRATED) == 1, result.reports[0].reason
+    header, thread = load_session(SessionFiles(directory, "s1"))
+    assert header["action"] == name and header["scope"] == "project" and header["project-root"] == project
+    assert thread.scope == plist
+    # The backend takes it over where magent keeps it.
+    with Store(root).open("s1", Scope.action(name)) as s:
+        assert s.files.directory == directory and len(s.thread.turns) == len(thread.turns)
     assert loads_first_wins(b'{"n": 18446744073709551616}') == ({"n": 2**64}, 0)
 
 

@@ -51,6 +51,7 @@ from magent_store.store import (
     atomic_write,
     check_session_id,
     dumps,
+    loads,
     make_private_dirs,
     normalize_header,
     replay_session,
@@ -329,7 +330,7 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
         raise _Refused(INVALID, "header.id: missing")
     try:
         header = normalize_header({**fields, "schema-version": SCHEMA7}, session_id)
-        Scope.from_header(header)  # (an action name must be a valid id too)
+        Scope.from_header(header)  # (an action name must name a directory)
     except (LedgerError, StoreError) as exc:
         raise _Refused(INVALID, str(exc)) from None
     raw_snapshot = obj.get("snapshot")
@@ -401,10 +402,10 @@ def _verify(plan: _Plan) -> str | None:
     """Read the new log and snapshot back from disk and compare; the first difference or None."""
     files = plan.files
     try:
-        header = normalize_header(orjson.loads(plan.header_bytes), files.id)
+        header = normalize_header(loads(plan.header_bytes), files.id)
         scan = scan_log(files.log)
         thread, _ = replay_session(files, Scope.from_header(header), scan)
-    except (CorruptSessionError, LedgerError, StoreError, orjson.JSONDecodeError) as exc:
+    except (CorruptSessionError, LedgerError, StoreError, ValueError) as exc:
         return f"the new files do not load: {exc}"
     if scan.torn or len(scan.events) != len(plan.events):
         return f"log: {len(plan.events)} events written, {len(scan.events)} read back"

@@ -21,6 +21,7 @@ import copy
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -345,11 +346,35 @@ def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], 
 
 
 def dumps(obj: Any) -> bytes:
-    """Encode OBJ as magent writes it (keys in insertion order, `Text` as strings)."""
+    """Encode OBJ as magent writes it (keys in insertion order, `Text` as strings).
+
+    Integers beyond 64 bits (Emacs reads them as bignums) are written exactly,
+    by the standard library: orjson refuses them.
+    """
     try:
         return orjson.dumps(obj, default=ledger.json_default)
     except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        if "64-bit" not in str(exc):
+            raise LedgerError(f"cannot encode as JSON: {exc}") from None
+    try:
+        text = json.dumps(obj, default=ledger.json_default, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)  # fmt: skip
+    except (TypeError, ValueError) as exc:
         raise LedgerError(f"cannot encode as JSON: {exc}") from None
+    return text.encode("utf-8", "surrogatepass")
+
+
+# An integer of 19 digits or more standing as a JSON value: orjson would read
+# one beyond 64 bits as a float, silently.  A string holding such text only
+# costs the slower exact parser.
+_LONG_INTEGER: Final = re.compile(rb"[:,\[]\s*-?\d{19,}\s*[,\]}]")
+
+
+def loads(data: bytes) -> Any:
+    """Decode JSON DATA, keeping integers beyond 64 bits exact (`ValueError` if malformed)."""
+    if _LONG_INTEGER.search(data) is None:
+        return orjson.loads(data)
+    return json.loads(data)
 
 
 # ---------------------------------------------------------------------------
@@ -450,8 +475,8 @@ def _read_json(path: Path) -> Any:
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        return loads(data)
+    except ValueError as exc:
         raise CorruptSessionError(f"{path}: not valid JSON: {exc}") from None
 
 
@@ -490,10 +515,11 @@ def scan_log(path: Path) -> LogScan:
         log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
     events: list[Event] = []
     previous = 0
+    exact = _LONG_INTEGER.search(data) is not None
     for number, line in enumerate(lines, 1):
         try:
-            event = ledger.event_from_json(orjson.loads(line), need_seq=True)
-        except (orjson.JSONDecodeError, LedgerError) as exc:
+            event = ledger.event_from_json(loads(line) if exact else orjson.loads(line), need_seq=True)
+        except (ValueError, LedgerError) as exc:
             raise CorruptSessionError(f"{path}:{number}: {exc}") from None
         assert event.seq is not None
         if event.seq <= previous:
@@ -926,6 +952,10 @@ class Session:
         ledger.check_json_value(normalized, "header")
         self.header = normalized
         self._header_given = True
+
+    def current_header(self) -> dict[str, Any]:
+        """The header as the next flush writes it."""
+        return self._current_header()
 
     def _current_header(self) -> dict[str, Any]:
         header = self.header
