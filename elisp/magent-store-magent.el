@@ -98,8 +98,25 @@
      "the header's agent-jobs (else none)")
     ;; Read side.
     (magent-session-read-file
-     :before magent-store--before-load optional "0.1 (schema 6, 7)"
-     "a session is flushed before magent reads it"))
+     :around magent-store--around-read-file optional "0.1 (schema 6, 7)"
+     "a session is flushed, then read by magent (rendered for schema 6)")
+    (magent-session--read-file-metadata
+     :around magent-store--around-read-file-metadata optional
+     "0.1 (schema 6, 7)"
+     "the picker's metadata of a session (rendered for schema 6)")
+    (magent-session--file-display-time
+     :around magent-store--around-file-display-time optional
+     "0.1 (schema 6, 7)"
+     "the picker sorts a session by its last flush, not its last header")
+    (magent-session-list-files
+     :before magent-store--before-list optional "0.1 (schema 6, 7)"
+     "every session is flushed before magent lists them")
+    (magent-session-list-files-for-scope
+     :before magent-store--before-list optional "0.1 (schema 6, 7)"
+     "every session is flushed before magent lists a scope")
+    (magent-session-list-action-files
+     :before magent-store--before-list optional "0.1 (schema 6, 7)"
+     "every session is flushed before magent lists action sessions"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
 combinator (HANDLER is then the advice) or `call'; NEED is `required'
@@ -588,16 +605,229 @@ once per interval however often magent asks."
       (magent-store-flush (magent-thread-session-id thread))))
   nil)
 
-;;;; Read side: magent's reads answered from the store
+;;;; Read side: magent's listing and reader, answered from the store
 
-(defun magent-store--before-load (filepath &rest _)
-  "Flush the session of FILEPATH, for magent to read all of it.
-The backend writes magent's own schema-7 files, so magent reads them
-itself; what it must not miss is what Emacs has not sent yet."
-  (magent-store--guarded "a flush before magent reads"
-    (let ((id (file-name-base filepath)))
-      (when (and magent-store--backend (gethash id magent-store--sessions))
-        (magent-store-flush id)))))
+;; magent finds sessions by their `<id>.json' files, which are the
+;; store's headers.  A magent that reads schema 7 itself only needs what
+;; Emacs has not sent yet to be flushed first.  magent's current release
+;; (schema 6) cannot read them: for it the backend renders the session
+;; into a private file in exactly the shape that release reads, and
+;; magent's own reader builds the session object from it, so magent's
+;; semantics are used, not re-implemented here.
+
+(defvar magent-session-schema-version)
+(defvar magent-session--loaded-sessions)
+
+(defcustom magent-store-export-command nil
+  "Command (a list of strings) that runs the backend's command line.
+nil means `magent-store-python' without its \"serve\" argument."
+  :type '(choice (const :tag "The backend command" nil) (repeat string))
+  :group 'magent-store)
+
+(defvar magent-store--damage-told nil
+  "Session files whose damage the user was told about in this Emacs.")
+
+(defun magent-store--magent-schema ()
+  "Return the schema version of the loaded magent, or nil."
+  (and (boundp 'magent-session-schema-version)
+       magent-session-schema-version))
+
+(defun magent-store--file-schema (filepath)
+  "Return the schema-version FILEPATH declares, reading only its start.
+Both magent and the store write the version among the first fields, so
+a megabyte session costs a few hundred bytes here."
+  (condition-case nil
+      (with-temp-buffer
+        (let ((coding-system-for-read 'utf-8-unix))
+          (insert-file-contents filepath nil 0 512))
+        (goto-char (point-min))
+        (when (re-search-forward "\"schema-version\" *: *\\([0-9]+\\)" nil t)
+          (string-to-number (match-string 1))))
+    (file-error nil)))
+
+(defun magent-store--rendered-p (filepath)
+  "Non-nil when FILEPATH is a store header the loaded magent cannot read."
+  (and (eql (magent-store--magent-schema) 6)
+       (eql (magent-store--file-schema filepath) 7)))
+
+(defun magent-store--flush-pending (&optional id)
+  "Flush session ID (every session when nil) when Emacs has unsent entries."
+  (when magent-store--backend
+    (maphash (lambda (sid session)
+               (when (and (or (null id) (equal id sid))
+                          (or (magent-store--session-queue session)
+                              (magent-store--session-inflight session)
+                              (magent-store--session-timer session)))
+                 (condition-case err
+                     (magent-store-flush sid)
+                   (error (message "magent-store: %s"
+                                   (error-message-string err))))))
+             magent-store--sessions)))
+
+(defun magent-store--call-rendered (filepath hollow function)
+  "Call FUNCTION with FILEPATH's session rendered for magent, and its damage.
+HOLLOW renders the header fields only.  The rendered file is deleted
+afterwards, whatever FUNCTION does."
+  (magent-store--ensure-backend)
+  (let* ((reply (magent-store--call "render"
+                                    (list (expand-file-name filepath)
+                                          (and hollow t))))
+         (file (nth 0 reply)))
+    (unwind-protect (funcall function file (nth 1 reply))
+      (ignore-errors (delete-file file))
+      (ignore-errors (delete-directory (file-name-directory file))))))
+
+(defun magent-store--around-read-file (orig filepath)
+  "Answer magent's ORIG reader for FILEPATH from the store.
+What Emacs has not sent yet is flushed first; a schema-7 session is
+rendered for a magent that reads only schema 6.  Nothing here signals
+into magent's call: a session that cannot be read is nil, as for magent."
+  (magent-store--flush-pending (file-name-base filepath))
+  (if (not (magent-store--rendered-p filepath))
+      (funcall orig filepath)
+    (condition-case err
+        (magent-store--call-rendered
+         filepath nil
+         (lambda (file damage)
+           (when (and damage (not (member filepath magent-store--damage-told)))
+             (push filepath magent-store--damage-told)
+             (message "magent-store: session %s is damaged (%s); showing what \
+could be read.  `magent-store fsck --repair' repairs what it can"
+                      (file-name-base filepath) damage))
+           (let ((loaded (funcall orig file)))
+             (when-let ((session (plist-get loaded :session)))
+               ;; magent remembers where a session came from: the real file.
+               (puthash session filepath magent-session--loaded-sessions))
+             loaded)))
+      (error (magent-store--failed "reading a session for magent" err)
+             nil))))
+
+(defun magent-store--around-read-file-metadata (orig filepath)
+  "Answer magent's ORIG metadata reader for FILEPATH, for the session picker.
+A damaged session is listed, its title saying so, rather than hidden."
+  (if (not (magent-store--rendered-p filepath))
+      (funcall orig filepath)
+    (condition-case err
+        (magent-store--call-rendered
+         filepath t
+         (lambda (file damage)
+           (let ((meta (funcall orig file)))
+             (when (and damage (plist-get meta :valid))
+               (let ((label (format "[damaged: %s]" damage)))
+                 (setq meta (plist-put meta :status "damaged"))
+                 (setq meta (plist-put meta :damage damage))
+                 (setq meta (plist-put meta :summary-title
+                                       (string-trim
+                                        (concat label " "
+                                                (or (plist-get meta :summary-title)
+                                                    (file-name-base filepath))))))
+                 (when (plist-get meta :title)
+                   (setq meta (plist-put meta :title
+                                         (concat label " "
+                                                 (plist-get meta :title)))))))
+             meta)))
+      (error (magent-store--failed "listing a session for magent" err)
+             (funcall orig filepath)))))
+
+(defun magent-store--around-file-display-time (orig filepath)
+  "Return ORIG's time of FILEPATH, or of its log when that is newer.
+The store rewrites a header only when it changes; the log moves with
+every flush, and magent sorts its picker by this time."
+  (let ((time (funcall orig filepath))
+        (log (file-attribute-modification-time
+              (file-attributes (concat (file-name-sans-extension filepath)
+                                       ".jsonl")))))
+    (if (and log time (time-less-p time log)) log time)))
+
+(defun magent-store--before-list (&rest _)
+  "Flush what Emacs has not sent, so that magent lists every session as it is."
+  (magent-store--flush-pending))
+
+;;;; Leaving: sessions written back for magent's release
+
+(defun magent-store--schema7-headers ()
+  "Return the store's schema-7 headers under the session root."
+  (let ((root (magent-store--root)) found)
+    (dolist (pattern '("global" "projects/*" "actions/*"))
+      (dolist (dir (file-expand-wildcards (expand-file-name pattern root)))
+        (when (file-directory-p dir)
+          (dolist (file (directory-files dir t "\\.json\\'"))
+            (when (eql (magent-store--file-schema file) 7)
+              (push file found))))))
+    (nreverse found)))
+
+(defun magent-store--export-command ()
+  "Return the command line of an export to schema 6."
+  (append (or magent-store-export-command
+              (if (listp magent-store-python)
+                  magent-store-python
+                (list magent-store-python)))
+          (list "export" (magent-store--root) "--schema" "6")))
+
+;;;###autoload
+(defun magent-store-export-for-magent ()
+  "Write every session of the store back in the format of magent's release.
+Each session is checked value by value against the store before it
+replaces the store's files, which are copied to a backup first; running
+it again changes nothing.  Sessions open in magent-store are flushed and
+closed first.  Return the summary line."
+  (interactive)
+  (magent-store-stop)
+  (let* ((command (magent-store--export-command))
+         (reporter nil)
+         (output (generate-new-buffer " *magent-store-export*"))
+         (pending "")
+         (process
+          (make-process
+           :name "magent-store-export" :command command :buffer output
+           :connection-type 'pipe :noquery t
+           :stderr (make-pipe-process
+                    :name "magent-store-export-progress" :noquery t
+                    :filter
+                    (lambda (_proc text)
+                      (setq pending (concat pending text))
+                      (while (string-match "\\`\\([^\n]*\\)\n" pending)
+                        (let ((line (match-string 1 pending)))
+                          (setq pending (substring pending (match-end 0)))
+                          (when (string-match "\\`\\([0-9]+\\)/\\([0-9]+\\) " line)
+                            (let ((done (string-to-number (match-string 1 line)))
+                                  (total (string-to-number (match-string 2 line))))
+                              (unless reporter
+                                (setq reporter (make-progress-reporter
+                                                "magent-store: writing sessions back..."
+                                                0 total)))
+                              (progress-reporter-update reporter done))))))))))
+    (unwind-protect
+        (progn
+          (while (process-live-p process)
+            (accept-process-output process 0.1))
+          (when reporter (progress-reporter-done reporter))
+          (let ((summary (with-current-buffer output
+                           (string-trim (buffer-string)))))
+            (if (zerop (process-exit-status process))
+                (message "magent-store: %s" summary)
+              (message "magent-store: export incomplete: %s" summary))
+            summary))
+      (kill-buffer output))))
+
+(defvar magent-store--export-offered nil
+  "Non-nil once turning the mode off told the user about the export.")
+
+(defun magent-store--offer-export (interactive)
+  "Say once that schema-7 sessions need an export for this magent.
+When INTERACTIVE, offer to run it now."
+  (when (and (not magent-store--export-offered)
+             (eql (magent-store--magent-schema) 6))
+    (let ((count (length (magent-store--schema7-headers))))
+      (when (> count 0)
+        (setq magent-store--export-offered t)
+        (if (and interactive
+                 (y-or-n-p (format "%d sessions are stored in a format this \
+magent cannot read; write them back now? " count)))
+            (magent-store-export-for-magent)
+          (message "magent-store: %d sessions are stored in a format this \
+magent cannot read; M-x magent-store-export-for-magent writes them back"
+                   count))))))
 
 ;;;; The mode
 
@@ -635,7 +865,11 @@ it lacks (see `magent-store-magent-functions')."
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
     (remove-hook 'after-load-functions #'magent-store--magent-loaded)
     (magent-store--magent-uninstall)
-    (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)))
+    (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+    (magent-store--guarded "a flush as the mode turns off"
+      (magent-store--flush-pending))
+    (magent-store--guarded "looking for sessions magent cannot read"
+      (magent-store--offer-export (called-interactively-p 'interactive)))))
 
 (provide 'magent-store-magent)
 ;;; magent-store-magent.el ends here

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, fsck, ledger, migrate
+from magent_store import __version__, export, fsck, ledger, migrate
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
 from magent_store.store import (
@@ -219,6 +219,51 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 print(_report_line(report, root))
         if result.backup is not None:
             print(f"originals copied to {result.backup}")
+        print(result.summary())
+    return 0 if result.ok else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory")
+    if args.schema != export.SCHEMA6:
+        raise UsageError(f"--schema {args.schema}: only 6 (magent's current release) can be written")
+    exporter = export.Exporter(root, dry_run=args.dry_run, backup=not args.no_backup)
+    paths = exporter.files()
+    done = [0]
+    bar: Any = None
+    task: Any = None
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        bar = Progress(TextColumn("writing back"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                       console=Console(stderr=True), transient=True)  # fmt: skip
+        task = bar.add_task("export", total=len(paths))
+        bar.start()
+
+    def progress(report: export.ExportReport) -> None:
+        done[0] += 1
+        if bar is not None:
+            bar.update(task, advance=1)
+        else:  # one line per session: what Emacs reads for its progress bar
+            print(f"{done[0]}/{len(paths)} {report.outcome}: {report.path.relative_to(root)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    try:
+        result = exporter.run(progress)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
+    else:
+        for report in result.reports:
+            if report.outcome in (export.CHANGED, export.LOCKED, export.FAILED, export.SKIPPED):
+                print(f"{report.outcome}: {report.path.relative_to(root)}: {report.reason}")
+        if result.backup is not None:
+            print(f"the store's files copied to {result.backup}")
         print(result.summary())
     return 0 if result.ok else 1
 
@@ -485,6 +530,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
                    help="files migrated at a time (default: one per CPU, at most 4)")  # fmt: skip
     p.set_defaults(func=cmd_migrate)
+
+    p = add(
+        "export", "write every session back in the format magent's current release reads",
+        "Write every schema-7 session under ROOT's global/, projects/*/ and actions/*/ back\n"
+        "as one schema-6 <id>.json (header, snapshot and journal), the format magent's\n"
+        "current release reads: for leaving magent-store-mode.  Each file is read back and\n"
+        "compared with the store value by value before it replaces the header; any\n"
+        "difference leaves the session as it was and the exit status is 1.  Then the log\n"
+        "and snapshot are removed.  Unless --no-backup, the store's files are first copied\n"
+        "to ROOT/schema7-backup-<time>/.  Damaged sessions are left alone (run fsck\n"
+        "--repair first), as are sessions open in a running backend.  Running it again\n"
+        "changes nothing.\n\n"
+        "examples:\n"
+        "  magent-store export --dry-run ~/.emacs.d/magent/sessions --schema 6\n"
+        "  magent-store export ~/.emacs.d/magent/sessions --schema 6",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--schema", type=int, required=True, metavar="N", help="the format to write: 6")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
+    p.add_argument("--no-backup", action="store_true", help="do not copy the store's files first")
+    p.add_argument("--json", action="store_true", help="print the per-session report as JSON")
+    p.set_defaults(func=cmd_export)
 
     p = add(
         "fsck", "check every session under a root, and repair what is safe",

@@ -55,14 +55,15 @@ from epc.handler import encode_message, unpack_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
-from magent_store import __version__, ledger
-from magent_store.ledger import Thread, thread_from_json
+from magent_store import __version__, export, ledger
+from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
 from magent_store.stats import median, percentile
 from magent_store.store import (
     Scope,
     Session,
+    SessionFiles,
     Store,
     StoreError,
     make_private_dirs,
@@ -239,6 +240,7 @@ class Service:
             "tick": self.flush,
             "tick-file": self.flush_file,
             "load": self.load,
+            "render": self.render,
             "close": self.close,
             "list": self.list,
             "status": self.status,
@@ -528,6 +530,31 @@ class Service:
         finally:
             os.close(fd)
         return name
+
+    def render(self, path: Any, hollow: Any = None) -> list[Any]:
+        """Write the session whose header is PATH as magent's schema-6 file, in the spool.
+
+        Returns ``[file, damage]``: the caller reads the file (named
+        ``<id>.json`` in a directory of its own) and deletes both; DAMAGE is
+        nil or what could not be read.  HOLLOW (non-nil) leaves the turns out,
+        for a listing.  A session open here is flushed and read from memory.
+        """
+        header_path = Path(_text(path, "path"))
+        try:
+            files = SessionFiles.from_header_path(header_path)
+        except StoreError as err:
+            raise CallError(str(err)) from None
+        live = None
+        resolved = header_path.resolve()
+        for entry in self._open.values():
+            if entry.session.files.id == files.id and entry.session.files.header.resolve() == resolved:
+                entry.session.flush()
+                live = (entry.session.current_header(), entry.session.thread)
+        try:
+            name, damage = export.render(files, self.spool, hollow=bool(hollow), live=live)
+        except (StoreError, LedgerError) as err:
+            raise CallError(str(err)) from None
+        return [name, damage]
 
     def close(self, session_id: Any) -> bool:
         """Flush and close a session, releasing its lock.  Idempotent."""
