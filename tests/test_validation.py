@@ -114,7 +114,7 @@ def test_an_extreme_number_is_refused_by_name_and_the_thread_is_unchanged(
     thread = base_thread(events)
     before = snapshot(thread)
     bad = {"timestamp": BAD_TIMESTAMPS, "seq": [0, -1, *BAD_INTEGERS],
-           "integer": BAD_INTEGERS, "json": [math.inf, -math.inf, math.nan, 2**64, -(2**63) - 1, 10**400]}[kind]  # fmt: skip
+           "integer": BAD_INTEGERS, "json": [math.inf, -math.inf, math.nan, 2**14_001, -(10**5000)]}[kind]  # fmt: skip
     for value in bad:
         obj = with_value(event_of(events, event_type), path, value)
         with pytest.raises(LedgerError) as refused:
@@ -128,7 +128,7 @@ def test_an_extreme_number_is_refused_by_name_and_the_thread_is_unchanged(
 def test_numbers_at_the_edges_of_the_range_are_accepted(events: Events, event_type: str) -> None:
     for path, kind in numeric_fields(event_type):
         good = {"timestamp": GOOD_TIMESTAMPS, "seq": [1, ledger.INT_MAX], "integer": [0, ledger.INT_MAX, ledger.INT_MIN],
-                "json": [ledger.JSON_INT_MAX, ledger.INT_MIN, 1.7e308, 0]}[kind]  # fmt: skip
+                "json": [2**64, -(2**63) - 1, 10**400, ledger.INT_MIN, 1.7e308, 0]}[kind]  # fmt: skip
         for value in good:
             if kind == "timestamp" and path == ("payload", "turn", "started-at") and value == 0:
                 continue  # a turn started at the epoch and completed now has a duration: fine

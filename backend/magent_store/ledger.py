@@ -37,8 +37,11 @@ TIMESTAMP_MIN: Final = 0.0
 TIMESTAMP_MAX: Final = 253402300799.0
 INT_MIN: Final = -(1 << 63)
 INT_MAX: Final = (1 << 63) - 1
-# Free-form JSON (usage, metadata...) may hold any integer orjson can write.
-JSON_INT_MAX: Final = (1 << 64) - 1
+# Free-form JSON (usage, metadata...) may hold integers beyond 64 bits: magent
+# reads them as bignums, and the store writes them exactly.  The bound is far
+# below Emacs's own (`integer-width', 65536 bits) and within what Python
+# converts to and from text by default (4300 digits).
+JSON_INT_BITS: Final = 14_000
 
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SESSION_ID_MAX: Final = 200
@@ -335,14 +338,16 @@ def short_number(value: int | float) -> str:
 def check_json_value(value: Any, where: str) -> Any:
     """VALUE (free-form JSON) if every number in it can be written back exactly.
 
-    Non-finite floats would be written as ``null`` and integers beyond 64 bits
-    cannot be written at all: both are refused here, before anything changes.
+    Non-finite floats would be written as ``null``: they are refused here,
+    before anything changes, as are integers of more than `JSON_INT_BITS`
+    bits.  Integers beyond 64 bits are kept exactly (magent's bignums).
     """
     if isinstance(value, str) or value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
-        if not INT_MIN <= value <= JSON_INT_MAX:
-            raise LedgerError(f"{where}: integer {short_number(value)} does not fit in 64 bits")
+        if value.bit_length() > JSON_INT_BITS:
+            raise LedgerError(f"{where}: integer {short_number(value)} is too large "
+                              f"(more than {JSON_INT_BITS} bits)")  # fmt: skip
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
