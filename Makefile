@@ -24,14 +24,16 @@ test-python: install
 	$(PY) -m pytest -q
 
 # Every tests/elisp/*-tests.el runs here; tests against upstream magent's own
-# code live in tests/elisp/upstream/ and run with `make test-magent'.
+# code live in tests/elisp/upstream/ and run with `make test-magent'.  They are
+# loaded by `require' (each provides its file name): a test file may require
+# another, and Emacs 30's ERT refuses a test file loaded twice.
 ELISP_TESTS := $(sort $(wildcard tests/elisp/*-tests.el))
 UPSTREAM_TESTS := $(sort $(wildcard tests/elisp/upstream/*-tests.el))
 
 test-elisp: install
 	$(EMACS) --batch -Q -L elisp -L tests/elisp \
 	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
-	  $(addprefix -l ,$(ELISP_TESTS)) \
+	  $(foreach t,$(ELISP_TESTS),--eval "(require '$(basename $(notdir $(t))))") \
 	  -f ert-run-tests-batch-and-exit
 
 # MAGENT_LISP names upstream magent's lisp/ folder (see the README).
@@ -39,7 +41,7 @@ test-magent: install
 	@test -n "$(MAGENT_LISP)" || { echo "make test-magent: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)"; exit 2; }
 	$(EMACS) --batch -Q -L elisp -L tests/elisp -L tests/elisp/upstream \
 	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
-	  $(addprefix -l ,$(UPSTREAM_TESTS)) \
+	  $(foreach t,$(UPSTREAM_TESTS),--eval "(require '$(basename $(notdir $(t))))") \
 	  -f ert-run-tests-batch-and-exit
 
 test-magent-if-available:

@@ -112,24 +112,35 @@ package archive gave SOURCE; nothing is written into SOURCE."
     stage))
 
 (defun magent-store-install--commands (stage)
-  "Return the commands that install the backend staged in STAGE."
+  "Return how to install the backend staged in STAGE.
+That is a list of (WHAT-FAILED . COMMAND), WHAT-FAILED being what to
+tell the user if COMMAND fails."
   (let ((venv (directory-file-name
                (expand-file-name magent-store-backend-directory))))
-    (list (list magent-store-install-python "-c"
-                "import sys, venv; sys.exit(sys.version_info < (3, 11) and \
-'magent-store needs Python 3.11 or later, this is ' + sys.version.split()[0])")
-          (list magent-store-install-python "-m" "venv" venv)
-          (append (list (expand-file-name "bin/python" venv) "-m" "pip"
-                        "install" "--disable-pip-version-check")
-                  magent-store-install-pip-arguments
-                  (list stage)))))
+    (list (cons (format "%s is not Python 3.11 or later (see \
+`magent-store-install-python')" magent-store-install-python)
+                (list magent-store-install-python "-c"
+                      "import sys, venv; sys.exit(sys.version_info < (3, 11) \
+and 'magent-store needs Python 3.11 or later, this is ' \
++ sys.version.split()[0])"))
+          (cons "the virtualenv could not be made (on Debian, install \
+python3-venv)"
+                (list magent-store-install-python "-m" "venv" venv))
+          (cons "pip could not install the backend or its dependencies \
+\(is the Python package index reachable?)"
+                (append (list (expand-file-name "bin/python" venv) "-m" "pip"
+                              "install" "--disable-pip-version-check")
+                        magent-store-install-pip-arguments
+                        (list stage))))))
 
 (defun magent-store-install--run (commands buffer done)
   "Run COMMANDS in turn, their output in BUFFER; then call DONE.
-DONE gets nil on success, else what failed."
+COMMANDS are (WHAT-FAILED . COMMAND).  DONE gets nil on success,
+else the WHAT-FAILED of the command that failed."
   (if (null commands)
       (funcall done nil)
-    (let ((command (car commands)))
+    (let ((command (cdar commands))
+          (what-failed (caar commands)))
       (with-current-buffer buffer
         (let ((inhibit-read-only t))
           (goto-char (point-max))
@@ -148,9 +159,7 @@ DONE gets nil on success, else what failed."
                  (if (and (eq (process-status process) 'exit)
                           (zerop (process-exit-status process)))
                      (magent-store-install--run (cdr commands) buffer done)
-                   (funcall done (format "%s exited with status %s"
-                                         (car command)
-                                         (process-exit-status process)))))))))))
+                   (funcall done what-failed)))))))))
 
 ;;;###autoload
 (defun magent-store-install-backend (&optional callback)
@@ -186,7 +195,7 @@ into %s\n\n" magent-store-version source venv)))
        (ignore-errors (delete-directory stage t))
        (let ((text (if failure
                        (format "magent-store: installing the backend failed: \
-%s (see %s; Debian needs python3-venv)" failure magent-store-install--buffer)
+%s; see %s" failure magent-store-install--buffer)
                      (format "magent-store: the backend is installed in %s"
                              venv))))
          (with-current-buffer buffer

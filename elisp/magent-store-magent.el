@@ -395,7 +395,7 @@ faithful form JSON allows and noted for `magent-store-status'."
 (defun magent-store--action-scope-p (scope)
   "Return non-nil when SCOPE is magent's action scope plist."
   (and (consp scope) (plist-member scope :kind)
-       (memq (plist-get scope :kind) '(action "action"))
+       (member (plist-get scope :kind) '(action "action"))
        t))
 
 (defun magent-store--action-name (name)

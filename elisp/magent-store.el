@@ -40,14 +40,17 @@
 ;;
 ;; Setup:
 ;;
-;;   1. Install the backend so `magent-store' is on `exec-path'
-;;      (pip install magent-store), or load this file from a checkout
-;;      whose .venv holds it (`make install').
-;;   2. Install epc.el from MELPA (M-x package-install RET epc RET), or
-;;      your distribution's package (Debian: elpa-epc; under `emacs -Q'
-;;      add /usr/share/emacs/site-lisp/elpa/{epc,deferred,concurrent,ctable}-*
-;;      to `load-path' yourself).
-;;   3. (require 'magent-store) (magent-store-mode 1)
+;;   1. Install epc.el from MELPA (M-x package-install RET epc RET), or
+;;      your distribution's package (Debian: elpa-epc).
+;;   2. (require 'magent-store) (magent-store-mode 1)
+;;   3. M-x magent-store-install-backend, once: it installs the backend
+;;      that comes with this package into a private virtualenv under
+;;      `user-emacs-directory' (`magent-store-start' offers it too).
+;;      A backend installed with pip, or a checkout's .venv after
+;;      `make install', is found without it.
+;;
+;; magent-store has no repository of its own yet: the URL above is
+;; magent's, the agent whose sessions it stores.
 ;;
 ;; `magent-store-status' shows the backend's state; the backend logs to
 ;; $XDG_STATE_HOME/magent-store/server.log (~/.local/state/...).
