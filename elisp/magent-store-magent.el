@@ -759,9 +759,7 @@ every flush, and magent sorts its picker by this time."
 (defun magent-store--export-command ()
   "Return the command line of an export to schema 6."
   (append (or magent-store-export-command
-              (if (listp magent-store-python)
-                  magent-store-python
-                (list magent-store-python)))
+              (butlast (magent-store--command)))
           (list "export" (magent-store--root) "--schema" "6")))
 
 ;;;###autoload

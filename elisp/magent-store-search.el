@@ -94,7 +94,7 @@ shows a read-only transcript."
 
 (defun magent-store-search--command (&rest args)
   "Return the backend command line followed by ARGS."
-  (append (ensure-list magent-store-python) args))
+  (append (butlast (magent-store--command)) args))
 
 (defun magent-store-search--start ()
   "Start this buffer's search process; draw the results when it exits."
