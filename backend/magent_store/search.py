@@ -68,7 +68,7 @@ OVERLAP_CHARS: Final = 64
 # A search ranks at most this many of the newest matching passages: every
 # rare term is ranked over all its matches, and a term found everywhere still
 # answers in milliseconds (ranked among its most recent uses).
-CANDIDATES: Final = 2000
+CANDIDATES: Final = 1000
 # Queries shorter than a trigram cannot use the index: they scan this many of
 # the newest passages.
 SHORT_SCAN_PASSAGES: Final = 20000
@@ -669,9 +669,25 @@ class SearchIndex:
 
     # -- catching up from the files ----------------------------------------
 
-    def _headers(self) -> Iterator[Path]:
-        for pattern in ("global/*.json", "projects/*/*.json", "actions/*/*.json"):
-            yield from sorted(self.root.glob(pattern))
+    def _headers(self) -> list[tuple[str, str, str]]:
+        """(relative path, directory, id) of every header under the root.
+
+        Raw strings and scandir: a search runs this over every session first.
+        """
+        out: list[tuple[str, str, str]] = []
+        root = str(self.root)
+        directories = [("global", f"{root}/global")]
+        for kind in ("projects", "actions"):
+            with contextlib.suppress(OSError), os.scandir(f"{root}/{kind}") as entries:
+                directories += [(f"{kind}/{e.name}", e.path) for e in entries if e.is_dir()]
+        for relative, directory in sorted(directories):
+            try:
+                with os.scandir(directory) as entries:
+                    names = sorted(e.name for e in entries if e.name.endswith(".json"))
+            except OSError:
+                continue
+            out += [(f"{relative}/{name}", directory, name[:-5]) for name in names]
+        return out
 
     def catch_up(self, progress: Callable[[int, int], None] | None = None) -> CatchUp:
         """Bring every session's entries up to its files; drop sessions that are gone.
@@ -685,16 +701,17 @@ class SearchIndex:
         seen: set[str] = set()
         batched = 0
         try:
-            for n, header in enumerate(headers, 1):
-                path = str(header.relative_to(self.root))
+            for n, (path, directory, session_id) in enumerate(headers, 1):
                 seen.add(path)
                 result.checked += 1
-                try:
-                    files = SessionFiles.from_header_path(header)
-                except StoreError:
-                    continue  # not a session file (fsck reports these)
                 entry = known.get(path)
-                if entry is None or entry[2] != _file_stamp(files):
+                if entry is not None and entry[2] == _stamp((f"{directory}/{session_id}.jsonl",
+                                                              f"{directory}/{session_id}.snapshot")):
+                    pass  # unchanged since indexed
+                elif not ledger.valid_session_id(session_id):
+                    continue  # not a session file (fsck reports these)
+                else:
+                    files = SessionFiles(Path(directory), session_id)
                     try:
                         read = self._read_session(files)
                     except (StoreError, ValueError, OSError) as exc:
@@ -832,17 +849,24 @@ class SearchIndex:
         else:
             expression = query.match_expression()
             try:
-                # bm25 counts every match of each word first: affordable only when
-                # they are few.  Probing for one more than that costs one page or two.
-                ranked_by_bm25 = self.db.execute(
+
+                def candidates(score: str) -> list[Any]:
+                    sql = (f"SELECT p.id, p.sid, {score}, p.time FROM fts "
+                           f"JOIN passages p ON p.id = fts.rowid {join} "
+                           f"WHERE fts MATCH ? AND {' AND '.join(where)} "
+                           "ORDER BY fts.rowid DESC LIMIT ?")  # fmt: skip
+                    return self.db.execute(sql, [expression, *params, CANDIDATES]).fetchall()
+
+                rows = candidates("0.0")
+                # bm25 first counts every match of each word, whatever the filters:
+                # affordable only when they are few.  Counting one more than that
+                # stops early.
+                ranked_by_bm25 = len(rows) < CANDIDATES and self.db.execute(
                     "SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?)",
                     (expression, CANDIDATES + 1),
                 ).fetchone()[0] <= CANDIDATES
-                score = "bm25(fts)" if ranked_by_bm25 else "0.0"
-                sql = (f"SELECT p.id, p.sid, {score}, p.time FROM fts JOIN passages p ON p.id = fts.rowid "
-                       f"{join} WHERE fts MATCH ? AND {' AND '.join(where)} "
-                       "ORDER BY fts.rowid DESC LIMIT ?")  # fmt: skip
-                rows = self.db.execute(sql, [expression, *params, CANDIDATES]).fetchall()
+                if ranked_by_bm25 and rows:
+                    rows = candidates("bm25(fts)")
             except sqlite3.OperationalError as exc:
                 # Every term is a quoted string, so this is not the query's fault.
                 raise SearchError(f"search index {self.path}: {exc}") from None
@@ -860,36 +884,45 @@ class SearchIndex:
             return (min(matches)[0], newest) if any(m[0] for m in matches) else (-len(matches), newest)
 
         ranked = sorted(best.items(), key=lambda kv: order(kv[1]))[:limit]
-        pattern = query.pattern()
-        hits = [hit for sid, matches in ranked if (hit := self._hit(sid, matches, pattern)) is not None]
-        return SearchResult(hits, notices)
+        return SearchResult(self._hits(ranked, query.pattern()), notices)
 
-    def _hit(self, sid: int, matches: list[tuple[float, int, float | None]],
-             pattern: re.Pattern[str]) -> Hit | None:  # fmt: skip
-        row = self.db.execute("SELECT path, id FROM sessions WHERE sid = ?", (sid,)).fetchone()
-        if row is None:
-            return None
-        header_path = self.root / row[0]
-        try:
-            header = read_header(header_path)
-        except StoreError:
-            return None  # gone since it was indexed: the next catch-up drops it
-        scope = Scope.from_header(header)
-        top = sorted(matches, key=lambda m: (m[0], -m[1]))[:EXCERPTS]
-        excerpts = []
-        for _, rowid, _ in top:
-            p = self.db.execute("SELECT turn, item, role, time, text FROM passages WHERE id = ?",
-                                (rowid,)).fetchone()  # fmt: skip
-            if p is None:
+    def _hits(self, ranked: list[tuple[int, list[tuple[float, int, float | None]]]],
+              pattern: re.Pattern[str]) -> list[Hit]:  # fmt: skip
+        """The hits of RANKED sessions, with their best passages as excerpts."""
+        sids = [sid for sid, _ in ranked]
+        marks = ", ".join("?" * len(sids))
+        sessions = {row[0]: row[1:] for row in self.db.execute(
+            f"SELECT sid, path, id FROM sessions WHERE sid IN ({marks})", sids)}  # fmt: skip
+        tops = {sid: sorted(matches, key=lambda m: (m[0], -m[1]))[:EXCERPTS] for sid, matches in ranked}
+        rowids = [m[1] for top in tops.values() for m in top]
+        marks = ", ".join("?" * len(rowids))
+        passages = {row[0]: row[1:] for row in self.db.execute(
+            f"SELECT id, turn, item, role, time, text FROM passages WHERE id IN ({marks})",
+            rowids)}  # fmt: skip
+        hits = []
+        for sid, matches in ranked:
+            session = sessions.get(sid)
+            if session is None:
                 continue
-            text, spans = excerpt(p[4], pattern)
-            excerpts.append(Excerpt(text, spans, p[0], p[1], p[2], p[3]))
-        times = [m[2] for m in matches if m[2] is not None]
-        return Hit(
-            id=row[1], scope=scope.to_json(), scope_label=scope.label(),
-            title=header.get("summary-title") or header.get("title"), header=header_path,
-            time=max(times, default=None), score=min(matches)[0], matches=len(matches), excerpts=excerpts,
-        )  # fmt: skip
+            header_path = self.root / session[0]
+            try:
+                header = read_header(header_path)
+            except StoreError:
+                continue  # gone since it was indexed: the next catch-up drops it
+            scope = Scope.from_header(header)
+            excerpts = []
+            for _, rowid, _ in tops[sid]:
+                p = passages.get(rowid)
+                if p is not None:
+                    text, spans = excerpt(p[4], pattern)
+                    excerpts.append(Excerpt(text, spans, p[0], p[1], p[2], p[3]))
+            times = [m[2] for m in matches if m[2] is not None]
+            hits.append(Hit(
+                id=session[1], scope=scope.to_json(), scope_label=scope.label(),
+                title=header.get("summary-title") or header.get("title"), header=header_path,
+                time=max(times, default=None), score=min(matches)[0], matches=len(matches), excerpts=excerpts,
+            ))  # fmt: skip
+        return hits
 
 
 def excerpt(text: str, pattern: re.Pattern[str], width: int = EXCERPT_CHARS

@@ -7,7 +7,9 @@
 ;; Sessions are written through the shim to a real backend (which indexes
 ;; them as it flushes), then searched with the real `magent-store search'
 ;; process, as a user's Emacs does.  magent is not loaded here, so RET shows
-;; the read-only transcript.
+;; the read-only transcript; one test stands in for magent's loader
+;; (`magent-runtime-load-session-file', whose module needs yaml.el, which
+;; cannot be installed here) with a function of its name and signature.
 
 ;;; Code:
 
@@ -120,6 +122,21 @@
            (buffer (magent-store-search "zorblax_42")))
       (magent-store-search-test--wait buffer)
       (should (equal (magent-store-search-test--ids buffer) '("s-tool"))))))
+
+(ert-deftest magent-store-search-ret-resumes-through-magent-when-loaded ()
+  "With magent's loader defined, RET hands it the session's header file."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-resume" '("resume me please"))
+    (let ((buffer (magent-store-search "resume me"))
+          (loaded nil))
+      (magent-store-search-test--wait buffer)
+      (cl-letf (((symbol-function 'magent-runtime-load-session-file)
+                 (lambda (file) (push file loaded) 'runtime-session)))
+        (with-current-buffer buffer
+          (goto-char (point-min))
+          (should (eq (call-interactively (key-binding (kbd "RET"))) 'runtime-session))))
+      (should (equal loaded (list (expand-file-name "global/s-resume.json" magent-store-root))))
+      (should (file-exists-p (car loaded))))))
 
 (provide 'magent-store-search-tests)
 ;;; magent-store-search-tests.el ends here
