@@ -7,6 +7,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from conftest import Events
 from magent_store import search
 from magent_store.search import PASSAGE_CHARS, QueryError, SearchIndex, open_index, parse_query
 from magent_store.store import Scope, Session, SimulatedCrash, Store
+from test_server import TIMEOUT, Backend, _open, _start_item
+from test_server import backend as backend  # the real server, as a fixture here too
 
 
 @pytest.fixture
@@ -428,3 +431,22 @@ def test_session_recreated_with_fewer_events_is_reindexed(root: Path) -> None:
     s.close()
     assert find(root, "old text") == []
     assert find(root, "new text") == ["s1"]
+
+
+# --- through the real server --------------------------------------------------
+
+
+def test_server_indexes_each_flush_so_a_search_has_nothing_to_catch_up(backend: Backend) -> None:  # noqa: F811
+    client = backend.client()
+    _open(client, backend)
+    _start_item(client)
+    now = time.time()
+    chunks = [["item-1", "the quick brown ", False, now], ["item-1", "fox jumps", False, now]]
+    client.call_sync("flush", ["s1", orjson.dumps(chunks).decode()], timeout=TIMEOUT)
+    reader = SearchIndex(backend.root)  # no catch-up: only what the server wrote
+    deadline = time.monotonic() + TIMEOUT
+    while not ids(reader.search('"brown fox"')) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the server writes the index on its worker thread
+    assert ids(reader.search('"brown fox"')) == ["s1"]
+    assert reader.catch_up().updated == 0  # what the server indexed matches the files exactly
+    client.close()
