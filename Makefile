@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-python test-elisp test-live test-magent test-magent-if-available demo bench bench-quick bench-migrate bench-search lint clean
+.PHONY: install emacs-ready test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 demo bench bench-quick bench-migrate bench-search lint clean
 
 install: $(STAMP)
 
@@ -17,6 +17,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
+
+# GNU Emacs >= 28 with epc.el (what the tests load under `emacs -Q') and
+# package-lint (what `make lint' runs).  Root on Debian gets them installed;
+# anyone else is told the one command to run.
+EMACS_PACKAGES := emacs-nox elpa-epc elpa-package-lint
+EMACS_CHECK := (progn (dolist (d (file-expand-wildcards \
+  "/usr/share/emacs/site-lisp/elpa/*-[0-9]*")) (push d load-path)) \
+  (kill-emacs (if (and (version<= "28.1" emacs-version) (locate-library "epc") \
+  (locate-library "package-lint")) 0 1)))
+
+emacs-ready:
+	@if $(EMACS) --batch -Q --eval '$(EMACS_CHECK)' >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; then \
+	  echo "Installing $(EMACS_PACKAGES) (Emacs, epc.el, package-lint) with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q && apt-get install -y -q $(EMACS_PACKAGES) && \
+	  $(EMACS) --batch -Q --eval '$(EMACS_CHECK)'; \
+	else \
+	  echo "GNU Emacs >= 28 with epc.el and package-lint is needed; run:  sudo apt-get install $(EMACS_PACKAGES)"; exit 2; \
+	fi
 
 test: lint test-python test-elisp test-live test-magent-if-available
 
@@ -30,14 +50,14 @@ test-python: install
 ELISP_TESTS := $(sort $(wildcard tests/elisp/*-tests.el))
 UPSTREAM_TESTS := $(sort $(wildcard tests/elisp/upstream/*-tests.el))
 
-test-elisp: install
+test-elisp: install emacs-ready
 	$(EMACS) --batch -Q -L elisp -L tests/elisp \
 	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
 	  $(foreach t,$(ELISP_TESTS),--eval "(require '$(basename $(notdir $(t))))") \
 	  -f ert-run-tests-batch-and-exit
 
 # MAGENT_LISP names upstream magent's lisp/ folder (see the README).
-test-magent: install
+test-magent: install emacs-ready
 	@test -n "$(MAGENT_LISP)" || { echo "make test-magent: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)"; exit 2; }
 	$(EMACS) --batch -Q -L elisp -L tests/elisp -L tests/elisp/upstream \
 	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
@@ -48,10 +68,15 @@ test-magent-if-available:
 	@if [ -n "$(MAGENT_LISP)" ]; then $(MAKE) --no-print-directory test-magent; \
 	else echo "*** SKIPPED: the tests against upstream magent (MAGENT_LISP is not set; see the README) ***"; fi
 
-test-live: install
+test-live: install emacs-ready
 	$(PY) tests/live/smoke.py
 
-demo: install
+# The Elisp suites, the live test and the upstream tests (MAGENT_LISP) again
+# on Emacs 30, in a Debian trixie root built for the run (as root).
+test-emacs30: install
+	.ci/emacs30
+
+demo: install emacs-ready
 	$(PY) bench/demo.py
 
 # bench/emacs_bench.py runs bench/store_bench.py too (the backend table).
@@ -73,7 +98,7 @@ bench-search: install
 # lm-verify.  package-lint comes from Debian (elpa-package-lint).
 ELISP := $(sort $(wildcard elisp/*.el))
 
-lint: install
+lint: install emacs-ready
 	$(PY) -m ruff check backend tests bench
 	$(PY) -m mypy --strict backend/magent_store
 	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-error-on-warn t)' \

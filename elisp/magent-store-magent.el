@@ -307,11 +307,11 @@ other list an array, anything else its printed form."
 
 (defun magent-store--json-serialize (value)
   "Return VALUE (already safe) as JSON text, a multibyte string.
-With magent's sentinels: `:null' is null, `:json-false' false.  Since
-Emacs 30 `json-serialize' returns UTF-8 bytes: they are decoded here."
-  (let ((text (json-serialize value :null-object :null
-                              :false-object :json-false)))
-    (if (multibyte-string-p text) text (decode-coding-string text 'utf-8 t))))
+With magent's sentinels: `:null' is null, `:json-false' false.  What
+differs between Emacs versions (unibyte UTF-8 since Emacs 30) is the
+core's to handle: `magent-store--text'."
+  (magent-store--text (json-serialize value :null-object :null
+                                      :false-object :json-false)))
 
 (defun magent-store--unencodable-note (what stored-as)
   "Count a value of kind WHAT that JSON cannot hold, stored as STORED-AS."
