@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import THREAD, Events
@@ -254,6 +254,17 @@ def test_invalid_event_is_refused_and_thread_unchanged(case: str, obj: dict[str,
     assert encoded(th) == before
 
 
+@pytest.mark.parametrize("thread_id", [None, "", {}, 7], ids=["null", "empty", "schema6-absent", "number"])
+def test_first_event_of_a_fresh_thread_needs_its_thread_id(thread_id: Any) -> None:
+    # A fresh thread takes its id from its first event: nothing later can catch a missing one.
+    th = fresh()
+    before = encoded(th)
+    for obj in (Events().thread_started(), Events().turn("turn-started", "t1")):
+        with pytest.raises(LedgerError, match="event.thread-id"):
+            ledger.apply(th, ledger.event_from_json({**obj, "thread-id": thread_id}))
+        assert th.id is None and encoded(th) == before
+
+
 def test_logged_event_needs_seq(events: Events) -> None:
     with pytest.raises(LedgerError, match="event.seq"):
         ledger.event_from_json(events.thread_started(), need_seq=True)
@@ -341,8 +352,21 @@ def build(steps: list[tuple[Any, ...]]) -> list[ledger.Event]:
     return [ledger.event_from_json({**o, "seq": n}) for n, o in enumerate(objs, 1)]
 
 
-@settings(max_examples=150, deadline=None)
+# Replaying the event a snapshot ends with would apply it twice: these are the
+# events that show it (an append doubles its chunk, a second turn or item
+# appears), each right after what it needs, so a snapshot taken there catches it.
+@settings(max_examples=300, deadline=None)
 @given(st.lists(STEP, max_size=40))
+@example([("item-started", "a", "a", "message"), ("item-content-appended", "a", "a", "x", False)])
+@example([("turn-started", "a", None), ("item-started", "a", "a", "message"),
+          ("item-content-appended", "a", "a", "x", False)])  # fmt: skip
+@example([("turn-queued", "a", "q"), ("item-started", "a", "b", "tool"),
+          ("item-content-appended", "a", "b", "out", True), ("item-content-appended", "a", "b", "more", True)])  # fmt: skip
+@example([("turn-started", "a", None), ("turn-started", "b", "x")])
+@example([("thread-started",), ("turn-queued", "a", "q"), ("turn-started", "a", "q"),
+          ("item-started", "a", "a", "message"), ("item-content-appended", "a", "a", "1", False),
+          ("item-updated", "a", "a", "n"), ("item-content-appended", "a", "a", "2", False),
+          ("item-completed", "a", "a", None), ("turn-completed", "a", None)])  # fmt: skip
 def test_replay_from_any_snapshot_point_equals_applying_everything(steps: list[tuple[Any, ...]]) -> None:
     evs = build(steps)
     whole = fresh()
@@ -363,6 +387,20 @@ def test_event_encode_decode_is_identity(steps: list[tuple[Any, ...]]) -> None:
     for ev in build(steps):
         once = orjson.dumps(ledger.event_to_json(ev))
         assert orjson.dumps(ledger.event_to_json(ledger.event_from_json(orjson.loads(once)))) == once
+
+
+def test_replay_skips_exactly_the_events_the_snapshot_holds(events: Events) -> None:
+    objs = [events.turn("turn-started", "t1"), events.item_started("t1", "i1"),
+            events.content("t1", "i1", "a"), events.content("t1", "i1", "b")]  # fmt: skip
+    evs = [ledger.event_from_json({**o, "seq": n}) for n, o in enumerate(objs, 1)]
+    for k in range(1, len(evs) + 1):
+        part = fresh()
+        for ev in evs[:k]:
+            ledger.apply(part, ev)
+        snapshot = ledger.thread_from_json(orjson.loads(encoded(part)))
+        replayed = ledger.replay(snapshot, evs)
+        assert str(item(replayed, "i1").content) == "ab", f"snapshot after event {k}"
+        assert replayed.last_event_seq == len(evs)
 
 
 def test_an_item_id_in_two_turns_resolves_to_the_earlier_turn(events: Events) -> None:

@@ -10,15 +10,20 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import pytest
+import sexpdata
 from epc.client import EPCClient
-from epc.handler import EPCError, ReturnError
+from epc.handler import EPCError, ReturnError, encode_message
+from sexpdata import Symbol
+
+from magent_store import server
 
 MAGENT_STORE = str(Path(sys.executable).with_name("magent-store"))
 TIMEOUT = 10
@@ -184,48 +189,154 @@ def test_silent_stranger_does_not_block_the_owner(backend: Backend) -> None:
 # -- ordering, flush, lifecycle ---------------------------------------------
 
 
-def test_calls_of_one_connection_apply_in_order(backend: Backend) -> None:
+def _raw_authenticated(backend: Backend) -> tuple[socket.socket, str]:
+    """A second connection, authenticated by hand; the spool directory it was told."""
+    sock = backend.raw()
+    sock.sendall(_frame(f'(call 1 auth ("{backend.token}"))'.encode()))
+    reply = sexpdata.loads(_read_reply(sock).decode())
+    assert reply[0] == Symbol("return") and reply[1] == 1, reply
+    return sock, reply[2][0]
+
+
+def _call_frame(uid: int, method: str, *args: object) -> bytes:
+    return _frame(encode_message("call", uid, Symbol(method), list(args))[6:-1])
+
+
+def test_calls_of_one_connection_apply_in_order_when_a_big_call_comes_first(backend: Backend) -> None:
+    # A big message takes longest to decode: handled on their own threads, the
+    # small calls sent after it would overtake it.
     client = backend.client()
     _open(client, backend)
     _start_item(client)
-    replies: list[object] = []
-    for i in range(200):
-        chunk = orjson.dumps([["item-1", f"{i},", False, time.time()]]).decode()
-        client.call("append-content", ["s1", chunk], callback=replies.append)
-    durable, last, _bytes, _ms, rejected = client.call_sync("flush", ["s1", []], timeout=TIMEOUT)
-    assert (durable, last, rejected) == (203, 203, [])
-    assert len(replies) == 200
-    content = _show(backend)["turns"][0]["items"][0]["content"]
-    assert content == "".join(f"{i}," for i in range(200))
+    sock, _ = _raw_authenticated(backend)
+    big = "x" * (4 * 1024 * 1024)
+    frames, expected = [], ""
+    for round_ in range(3):
+        text = f"{round_}{big}"
+        frames.append(_call_frame(10 * round_ + 2, "append-content", "s1",
+                                  orjson.dumps([["item-1", text, False, 1.0]]).decode()))  # fmt: skip
+        expected += text
+        for k in range(3, 10):
+            frames.append(_call_frame(10 * round_ + k, "append-content", "s1",
+                                      orjson.dumps([["item-1", f"<{round_}.{k}>", False, 1.0]]).decode()))  # fmt: skip
+            expected += f"<{round_}.{k}>"
+    # And a burst of small ones: calls racing for the store lock would come out of order.
+    for k in range(100, 2100):
+        frames.append(_call_frame(k, "append-content", "s1", orjson.dumps([["item-1", f"{k},", False, 1.0]]).decode()))
+        expected += f"{k},"
+    sock.sendall(b"".join(frames))
+    uids = []
+    for _ in frames:
+        reply = sexpdata.loads(_read_reply(sock).decode())
+        assert reply[0] == Symbol("return"), reply
+        uids.append(reply[1])
+    assert uids == sorted(uids), "replies come in call order"
+    client.call_sync("flush", ["s1", []], timeout=TIMEOUT)
+    assert _show(backend)["turns"][0]["items"][0]["content"] == expected
+    sock.close()
+
+
+class DrivenTimer:
+    """Stands in for threading.Timer: it fires when the test says, never by itself."""
+
+    made: list[DrivenTimer] = []
+
+    def __init__(self, interval: float, function: Callable[[], None]) -> None:
+        self.interval, self.function, self.daemon, self.started = interval, function, False, False
+        DrivenTimer.made.append(self)
+
+    def start(self) -> None:
+        self.started = True
+
+    def cancel(self) -> None:
+        pass
+
+    def fire(self) -> None:
+        self.function()
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _nothing_to_read(sock: socket.socket) -> bool:
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    finally:
+        sock.settimeout(timeout)
+    return False
 
 
 def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
-    backend: Backend,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The real server in this process, its reply timer driven by the test: no
+    # assertion depends on how fast this machine is.
+    monkeypatch.setattr(threading, "Timer", DrivenTimer)
+    DrivenTimer.made = []
+    spool = tmp_path / "state" / "spool"
+    spool.mkdir(parents=True, mode=0o700)
+    token = secrets.token_hex(32)
+    srv = server.Server(token, server.Service(spool))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    backend = Backend(None, srv.server_address[1], token, tmp_path / "root", tmp_path / "state")  # type: ignore[arg-type]
+    try:
+        client = backend.client()
+        _open(client, backend)
+        _start_item(client)
+        sock, _ = _raw_authenticated(backend)
+        sock.settimeout(TIMEOUT)
+        sock.sendall(b"".join(_call_frame(10 + i, "tick", "s1", orjson.dumps([["item-1", f"{i},", False, 1.0]]).decode())
+                              for i in range(3)))  # fmt: skip
+        # Each tick is flushed at once...
+        _until(lambda: "2," in (_show(backend)["turns"][0]["items"][0]["content"] or ""), "ticks not flushed")
+        _until(lambda: bool(DrivenTimer.made), "no reply was held")
+        [timer] = DrivenTimer.made
+        assert timer.started and timer.daemon and timer.interval == server.ACK_DELAY_S
+        # ...and no reply has left: only the timer or another call sends them.
+        assert _nothing_to_read(sock)
+        sock.sendall(_call_frame(20, "flush", "s1", []))
+        replies = [sexpdata.loads(_read_reply(sock).decode()) for _ in range(4)]
+        assert [r[1] for r in replies] == [10, 11, 12, 20], "held replies first, in call order"
+        assert [r[2][:2] for r in replies] == [[4, 4], [5, 5], [6, 6], [6, 6]]
+        # With nothing else to carry it, a held reply leaves when the timer fires.
+        sock.sendall(_call_frame(21, "tick", "s1", orjson.dumps([["item-1", "3,", False, 1.0]]).decode()))
+        _until(lambda: "3," in (_show(backend)["turns"][0]["items"][0]["content"] or ""), "tick not flushed")
+
+        def fired_and_sent() -> bool:
+            for made in DrivenTimer.made:
+                made.fire()
+            return not _nothing_to_read(sock)
+
+        _until(fired_and_sent, "the timer did not send the held reply")
+        reply = sexpdata.loads(_read_reply(sock).decode())
+        assert reply[1] == 21 and reply[2][:2] == [7, 7]
+        sock.close()
+    finally:
+        srv.stop("test over")
+        srv.server_close()
+
+
+def test_tick_reply_arrives_without_another_call(backend: Backend) -> None:
+    # The held reply's release, by the real timer (its hold is tested with a driven one below).
     client = backend.client()
     _open(client, backend)
     _start_item(client)
     replies: list[object] = []
-    sent = time.monotonic()
-    for i in range(3):
-        chunk = orjson.dumps([["item-1", f"{i},", False, time.time()]]).decode()
-        client.call("tick", ["s1", chunk], callback=replies.append)
-    # Flushed already (a tick's reply is held back, never its flush)...
+    chunk = orjson.dumps([["item-1", "x", False, time.time()]]).decode()
+    client.call("tick", ["s1", chunk], callback=replies.append)
     deadline = time.monotonic() + TIMEOUT
-    while "2," not in (_show(backend)["turns"][0]["items"][0]["content"] or ""):
-        assert time.monotonic() < deadline
+    while not replies:
+        assert time.monotonic() < deadline, "a held tick reply never came"
         time.sleep(0.02)
-    if time.monotonic() - sent < 0.8:  # well within ACK_DELAY_S (1 s)
-        assert replies == []
-    # ...and the held replies come together, before any later reply.
-    durable, last, _bytes, _ms, rejected = client.call_sync("flush", ["s1", []], timeout=TIMEOUT)
-    assert (durable, last, rejected) == (6, 6, [])
-    assert [reply[1] for reply in replies] == [4, 5, 6]  # type: ignore[index]
-    # With nothing else to carry them, held replies leave within ACK_DELAY_S.
-    client.call("tick", ["s1", "[]"], callback=replies.append)
-    while len(replies) < 4:
-        assert time.monotonic() - sent < TIMEOUT
-        time.sleep(0.02)
+    assert replies[0][:2] == [4, 4]  # type: ignore[index]
 
 
 def test_owner_disconnect_flushes_releases_and_exits(backend: Backend) -> None:
@@ -313,6 +424,57 @@ def test_invalid_session_id_is_a_clear_error(ready: tuple[Backend, EPCClient]) -
         client.call_sync("open", [str(backend.root), SCOPE, "../../etc/passwd", ""],
                          timeout=TIMEOUT)
     assert not (backend.root.parent / "etc").exists()
+
+
+@pytest.mark.parametrize("where", ["outside", "dotdot", "symlink", "not-a-batch"])
+def test_flush_file_outside_the_spool_is_refused_and_left_alone(
+    ready: tuple[Backend, EPCClient], tmp_path: Path, where: str
+) -> None:
+    backend, client = ready
+    sock, spool_name = _raw_authenticated(backend)
+    sock.close()
+    spool = Path(spool_name)
+    victim = tmp_path / "elsewhere" / "batch-victim"
+    victim.parent.mkdir()
+    body = orjson.dumps([["item-1", "planted", False, 1.0]])
+    victim.write_bytes(body)
+    if where == "outside":
+        path = victim
+    elif where == "dotdot":
+        path = spool / os.path.relpath(victim, spool)
+        assert path.resolve() == victim.resolve()
+    elif where == "symlink":
+        path = spool / "batch-link"
+        path.symlink_to(victim)
+    else:
+        path = spool / "victim"
+        path.write_bytes(body)
+        victim = path
+    with pytest.raises(ReturnError, match="batch files must be|not a regular file of ours"):
+        client.call_sync("flush-file", ["s1", str(path)], timeout=TIMEOUT)
+    assert victim.read_bytes() == body, "neither read into the session nor deleted"
+    if where == "not-a-batch":
+        victim.unlink()
+
+
+def test_a_bad_entry_between_good_ones_is_rejected_alone(backend: Backend) -> None:
+    client = backend.client()
+    _open(client, backend)
+    _start_item(client)
+    batch = [["item-1", "a", False, 1.0], ["no-such-item", "b", False, 1.0], ["item-1", "c", False, 1.0],
+             {"type": "item-exploded"}, ["item-1", "d", False, 1.0]]  # fmt: skip
+    durable, last, _bytes, _ms, rejected = client.call_sync(
+        "flush", ["s1", orjson.dumps(batch).decode()], timeout=TIMEOUT)
+    assert (durable, last) == (6, 6)
+    assert [r.split(":")[0] for r in rejected] == ["entry 1", "entry 3"]
+    assert "no-such-item" in rejected[0] and "type" in rejected[1]
+    assert _show(backend)["turns"][0]["items"][0]["content"] == "acd"
+    good = {"seq": None, "type": "item-updated", "thread-id": "thread-1", "turn-id": "turn-1",
+            "item-id": "item-1", "payload": {"item": {"name": "n"}}, "created-at": 2.0}
+    last, rejected = client.call_sync(
+        "append-events", ["s1", orjson.dumps([good, {**good, "type": "nope"}, {**good, "created-at": 3.0}]).decode()],
+        timeout=TIMEOUT)  # fmt: skip
+    assert last == 8 and len(rejected) == 1 and rejected[0].startswith("entry 1:")
 
 
 def test_invalid_event_is_rejected_alone(ready: tuple[Backend, EPCClient]) -> None:

@@ -223,6 +223,69 @@ def test_fsync_always_and_never_report_everything_durable(root: Path, events: Ev
     s.close()
 
 
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every fsync the store makes, as (file name, its size at the time)."""
+    calls: list[tuple[str, int]] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        calls.append((name, os.fstat(fd).st_size))
+        real(fd)
+
+    monkeypatch.setattr(store.os, "fsync", recording)
+    return calls
+
+
+def test_fsync_always_syncs_the_log_after_writing_before_it_reports_durable(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]]
+) -> None:
+    s = Store(root, fsync="always", log_max_events=10_000).open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    fsyncs.clear()
+    s.append_content("a0", "x", False, events.now())
+    result = s.flush()
+    assert not result.compacted and not result.header_written
+    size = (root / "global/s1.jsonl").stat().st_size
+    assert fsyncs == [("s1.jsonl", size)], "the log, synced once, with the new line in it"
+    assert result.durable_seq == s.last_seq
+    s.close()
+
+
+def test_fsync_syncs_each_replaced_file_before_its_rename_and_then_the_directory(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]]
+) -> None:
+    s = Store(root, fsync="always").open("s1")
+    fill(s, events, turns=1)
+    s.put_header({"title": "t"})
+    s.compact()
+    names = [name for name, _ in fsyncs]
+    for final in ("s1.json", "s1.snapshot", "s1.jsonl"):
+        temp = names.index(f".{final}.tmp-{os.getpid()}")
+        assert "global" in names[temp + 1:], f"{final}: its directory is synced after the rename"
+        size = dict(fsyncs)[f".{final}.tmp-{os.getpid()}"]
+        assert size == (root / "global" / final).stat().st_size, f"{final}: synced whole"
+    s.close()
+
+
+def test_fsync_never_and_interval_do_not_sync_a_flush(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]]
+) -> None:
+    for mode in ("never", "interval"):
+        s = Store(root, fsync=mode, fsync_interval_ms=3_600_000, log_max_events=10_000).open(mode)  # type: ignore[arg-type]
+        fill(s, events, turns=1)
+        s.flush()
+        fsyncs.clear()
+        s.append_content("a0", "x", False, events.now())
+        s.flush()
+        assert fsyncs == []
+        s.sync()
+        assert fsyncs == ([] if mode == "never" else [(f"{mode}.jsonl", (root / f"global/{mode}.jsonl").stat().st_size)])
+        s.close()
+
+
 def test_unknown_fsync_mode_is_refused(root: Path) -> None:
     with pytest.raises(StoreError, match="fsync must be one of"):
         Store(root, fsync="sometimes")  # type: ignore[arg-type]
@@ -402,7 +465,8 @@ def test_crash_at_every_step_of_flush_and_compaction(root: Path, events: Events,
     s.flush()
     completed = strip_snapshot_time(state(s))
     s.put_header({"title": "changed"})  # so the header is rewritten too
-    for i in range(25):  # past log_max_events: this flush compacts
+    # More events than the tail a compaction keeps: the cut log no longer holds them all.
+    for i in range(store.LOG_TAIL_EVENTS + 101):
         s.append_content("a0", f"<{i}>", False, events.now())
     would_be = strip_snapshot_time(state(s))
     hits: list[str] = []
@@ -417,6 +481,8 @@ def test_crash_at_every_step_of_flush_and_compaction(root: Path, events: Events,
         s.flush()
     s.abandon()
     assert hits[-1] == point
+    if point == "jsonl-renamed":
+        assert len((root / "global/s1.jsonl").read_bytes().splitlines()) == store.LOG_TAIL_EVENTS
     after = strip_snapshot_time(loaded(st))
     assert after in (completed, would_be)
     if point != "log-written":
