@@ -319,29 +319,48 @@ core's to handle: `magent-store--text'."
     (if row
         (setcar (cdr row) (1+ (cadr row)))
       (push (list what 1 stored-as) magent-store--unencodable)
-      (message "magent-store: a %s cannot be written as JSON; it is stored \
+      (message "magent-store: %s cannot be written as JSON; it is stored \
 as %s (see M-x magent-store-status)" what stored-as))))
 
 (defun magent-store--bad-char-p (char)
-  "Return non-nil when CHAR cannot appear in JSON text (raw byte, not Unicode)."
-  (> char #x10FFFF))
+  "Return non-nil when CHAR cannot be JSON text.
+That is a raw byte or a character beyond Unicode, and a lone surrogate."
+  (or (> char #x10FFFF) (<= #xD800 char #xDFFF)))
+
+(defconst magent-store--reader-refuses-nul
+  (condition-case nil (progn (json-parse-string "\"\\u0000\"") nil) (error t))
+  "Non-nil when this Emacs cannot read JSON holding a NUL (Emacs 28).")
+
+(defconst magent-store--reader-refuses-bignum
+  (condition-case nil (progn (json-parse-string "[18446744073709551616]") nil)
+    (error t))
+  "Non-nil when this Emacs cannot read an integer beyond 64 bits (Emacs 28).")
+
+(defconst magent-store--int64-max (1- (expt 2 63))
+  "The largest integer every Emacs reads back from JSON.")
 
 (defun magent-store--repair (value)
   "Return safe VALUE with everything JSON cannot hold replaced, and noted.
 A string keeps every character, each one JSON cannot hold (a raw byte,
-a character beyond Unicode) becoming U+FFFD; a unibyte string is read
-as UTF-8 first; a NaN, an infinity or an integer out of JSON's range
-becomes its printed form, a string."
+a character beyond Unicode, a lone surrogate) becoming U+FFFD, and so
+does NUL where this Emacs cannot read it back; a unibyte string is
+read as UTF-8 first; a NaN or an infinity becomes its printed form, a
+string, and so does an integer beyond 64 bits where this Emacs cannot
+read it back."
   (cond
    ((stringp value)
     (let ((text (if (and (not (multibyte-string-p value))
                          (string-match-p "[^[:ascii:]]" value))
                     (decode-coding-string value 'utf-8)
                   value)))
+      (when (and magent-store--reader-refuses-nul (string-search "\0" text))
+        ;; JSON holds it, but this Emacs's reader would refuse the file.
+        (magent-store--unencodable-note "a NUL character" "U+FFFD")
+        (setq text (string-replace "\0" "\ufffd" text)))
       (if (cl-some #'magent-store--bad-char-p text)
           (progn
             (magent-store--unencodable-note
-             "string with raw bytes" "text with U+FFFD in their place")
+             "a string with raw bytes" "text with U+FFFD in their place")
             (apply #'string
                    (mapcar (lambda (c)
                              (if (magent-store--bad-char-p c) #xFFFD c))
@@ -350,15 +369,16 @@ becomes its printed form, a string."
    ((floatp value)
     (if (or (isnan value) (= value 1.0e+INF) (= value -1.0e+INF))
         (progn (magent-store--unencodable-note
-                "NaN or infinite number" "its printed form, a string")
+                "a NaN or infinite number" "its printed form, a string")
                (format "%S" value))
       value))
    ((integerp value)
-    (if (or (> value most-positive-fixnum) (< value most-negative-fixnum))
-        (progn (magent-store--unencodable-note
-                "integer too large" "its digits, a string")
-               (number-to-string value))
-      value))
+    (if (or (not magent-store--reader-refuses-bignum)
+            (<= (- -1 magent-store--int64-max) value magent-store--int64-max))
+        value
+      (magent-store--unencodable-note "an integer beyond 64 bits"
+                                      "its digits, a string")
+      (number-to-string value)))
    ((vectorp value) (vconcat (mapcar #'magent-store--repair value)))
    ((hash-table-p value)
     (let ((table (make-hash-table :test #'equal)))
@@ -369,26 +389,40 @@ becomes its printed form, a string."
       table))
    ((magent-store--plist-p value)
     (cl-loop for (k v) on value by #'cddr
-             nconc (list k (magent-store--repair v))))
+             nconc (list (magent-store--repair-key k)
+                         (magent-store--repair v))))
    ((consp value)
     (if (proper-list-p value)
         (mapcar (lambda (entry)
                   (if (and (consp entry) (symbolp (car entry)))
-                      (cons (car entry) (magent-store--repair (cdr entry)))
+                      (cons (magent-store--repair-key (car entry))
+                            (magent-store--repair (cdr entry)))
                     (magent-store--repair entry)))
                 value)
-      (magent-store--unencodable-note "dotted list" "its printed form")
+      (magent-store--unencodable-note "a dotted list" "its printed form")
       (format "%S" value)))
    (t value)))
+
+(defun magent-store--repair-key (key)
+  "Return KEY, a symbol, with a name JSON can hold."
+  (let ((name (symbol-name key)))
+    (if (cl-some #'magent-store--bad-char-p name)
+        (intern (magent-store--repair name))
+      key)))
 
 (defun magent-store--encode (value)
   "Return VALUE as JSON text, exactly as magent's writer would encode it.
 A value JSON cannot hold does not fail: it is stored in the most
 faithful form JSON allows and noted for `magent-store-status'."
-  (let ((safe (magent-store--safe-value value)))
-    (condition-case nil
-        (magent-store--json-serialize safe)
-      (error (magent-store--json-serialize (magent-store--repair safe))))))
+  (let* ((safe (magent-store--safe-value value))
+         (text (condition-case nil
+                   (magent-store--json-serialize safe)
+                 (error nil))))
+    ;; A NUL is JSON, but Emacs 28 cannot read it back.
+    (if (and text (not (and magent-store--reader-refuses-nul
+                            (string-search "\\u0000" text))))
+        text
+      (magent-store--json-serialize (magent-store--repair safe)))))
 
 ;;;;; Where a magent session lives
 
@@ -469,6 +503,9 @@ is now, which already holds CHUNK."
       (let ((session (magent-store--known-session thread)))
         (if (not session)
             (magent-store--open-thread thread)
+          (when (and magent-store--reader-refuses-nul
+                     (string-search "\0" chunk))
+            (setq chunk (magent-store--repair chunk)))
           (magent-store--push
            session
            (list (magent-thread-item-id item) chunk (and output-p t)
@@ -863,6 +900,9 @@ it lacks (see `magent-store-magent-functions')."
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
     (remove-hook 'after-load-functions #'magent-store--magent-loaded)
     (magent-store--magent-uninstall)
+    (when magent-store--header-timer
+      (cancel-timer magent-store--header-timer))
+    (magent-store--refresh-deferred-headers)
     (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)
     (magent-store--guarded "a flush as the mode turns off"
       (magent-store--flush-pending))

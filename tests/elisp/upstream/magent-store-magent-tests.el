@@ -54,11 +54,27 @@
   (locate-library "magent-session.el" t)
   "The release's magent-session.el, to load it back after schema 7.")
 
+(defconst magent-store-magent-test--release-functions
+  (let (names)
+    (mapatoms (lambda (symbol)
+                (when (and (fboundp symbol)
+                           (string-prefix-p "magent-session"
+                                            (symbol-name symbol)))
+                  (push symbol names))))
+    names)
+  "The session functions of the release, to forget schema 7's after it.")
+
 (defun magent-store-magent-test--use-magent (schema)
   "Load magent's session module of SCHEMA (6 or 7); return SCHEMA or nil.
 nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
   (cond ((= schema 6)
          (load magent-store-magent-test--release-session nil t t)
+         (mapatoms (lambda (symbol)
+                     (when (and (fboundp symbol)
+                                (string-prefix-p "magent-session"
+                                                 (symbol-name symbol))
+                                (not (memq symbol magent-store-magent-test--release-functions)))
+                       (fmakunbound symbol))))
          6)
         (magent-store-upstream-session7
          (load (expand-file-name "magent-session.el"
@@ -88,6 +104,8 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
           (magent-store--last-error nil)
           (magent-store--adapter-failures nil)
           (magent-store--unencodable nil)
+          (magent-store--deferred-headers nil)
+          (magent-store--header-timer nil)
           (magent-store-persistence-enabled t))
      (unwind-protect
          (progn (magent-store-mode 1) ,@body)
@@ -152,7 +170,7 @@ After SAVE-AFTER chunks (if given), save SESSION under SCOPE synchronously."
     (dolist (chunk chunks)
       (magent-thread-append-item-content thread item chunk output-p)
       (magent-session-save-deferred-for-session session scope)
-      (when (eql (cl-incf n) save-after)
+      (when (and (eql (cl-incf n) save-after) magent-store-mode)
         (magent-session-save-for-session session scope)
         ;; Mid-stream, the item's and the thread's times are the last
         ;; chunk's: the backend must hold them to the last digit.
@@ -414,6 +432,296 @@ own snapshot functions, with history no event of the fork carries."
           (magent-store-magent-test--check-sessions sessions)
           (should-not magent-store--adapter-failures)))
     (magent-store-magent-test--use-magent 6)))
+
+;;;; 4: the schema-7 reader reads every session back as magent holds it
+
+(defun magent-store-magent-test--content-event-valid (orig alist)
+  "Validate ALIST as ORIG does, and `item-content-appended' as SPEC says."
+  (let ((type (cdr (assq 'type alist))))
+    (if (not (member type '("item-content-appended" item-content-appended)))
+        (funcall orig alist)
+      (let ((payload (cdr (assq 'payload alist))))
+        (dolist (key '(turn-id item-id))
+          (unless (and (stringp (cdr (assq key alist)))
+                       (not (string-empty-p (cdr (assq key alist)))))
+            (error "Invalid journal event %s: %s is required" type key)))
+        (unless (and (listp payload)
+                     (equal (sort (mapcar #'car payload) #'string<)
+                            '(chunk output)))
+          (error "Invalid %s payload: %S" type payload))
+        (unless (and (stringp (cdr (assq 'chunk payload)))
+                     (not (string-empty-p (cdr (assq 'chunk payload)))))
+          (error "Invalid %s chunk" type))
+        (unless (memq (cdr (assq 'output payload)) '(t :json-false))
+          (error "Invalid %s output" type))
+        alist))))
+
+(defun magent-store-magent-test--content-event-apply (orig thread event)
+  "Apply EVENT to THREAD as ORIG does, and `item-content-appended' as SPEC says."
+  (if (not (eq (magent-thread-event-type event) 'item-content-appended))
+      (funcall orig thread event)
+    (let* ((payload (magent-thread-event-payload event))
+           (now (magent-thread-event-created-at event))
+           (output-p (eq (cdr (assq 'output payload)) t))
+           (chunk (cdr (assq 'chunk payload))))
+      (when-let ((item (magent-thread--find-item
+                        thread (magent-thread-event-item-id event))))
+        (if output-p
+            (setf (magent-thread-item-output item)
+                  (concat (or (magent-thread-item-output item) "") chunk))
+          (setf (magent-thread-item-content item)
+                (concat (or (magent-thread-item-content item) "") chunk)))
+        (setf (magent-thread-item-updated-at item) now
+              (magent-thread-updated-at thread) now))
+      thread)))
+
+(defmacro magent-store-magent-test--with-content-event (&rest body)
+  "Run BODY with the release's ledger standing in for `item-content-appended'.
+See the Commentary: upstream's ledger with that event is not public."
+  (declare (indent 0) (debug t))
+  `(let ((magent-journal-event-types
+          (cons 'item-content-appended magent-journal-event-types)))
+     (advice-add 'magent-thread--validate-event-alist :around
+                 #'magent-store-magent-test--content-event-valid)
+     (advice-add 'magent-thread-apply-event :around
+                 #'magent-store-magent-test--content-event-apply)
+     (unwind-protect (progn ,@body)
+       (advice-remove 'magent-thread--validate-event-alist
+                      #'magent-store-magent-test--content-event-valid)
+       (advice-remove 'magent-thread-apply-event
+                      #'magent-store-magent-test--content-event-apply))))
+
+(defun magent-store-magent-test--read-back (sessions)
+  "Read SESSIONS back with magent's schema-7 reader; check them whole."
+  (let ((schema (if (fboundp 'magent-session--read-validated-data) 7 6)))
+    (unwind-protect
+        (progn
+          (magent-store-magent-test--use-magent 7)
+          (magent-store-magent-test--with-content-event
+            (pcase-dolist (`(,session . ,scope) sessions)
+              (ert-info ((format "schema-7 reader, session %s"
+                                 (magent-session-get-id session)))
+                (magent-store-flush (magent-session-get-id session))
+                (let* ((file (magent-store-magent-test--header-file
+                              session scope))
+                       (read (magent-session--read-validated-data file))
+                       (state (plist-get read :state))
+                       (thread (magent-thread-replay (plist-get state :snapshot)
+                                                     (plist-get state :events))))
+                  (should (equal (plist-get read :id)
+                                 (magent-session-get-id session)))
+                  ;; Some events came after the snapshot: the log is read too.
+                  (should (plist-get state :events))
+                  (magent-store-magent-test--should-equal
+                   (magent-store-magent-test--without
+                    (magent-store-magent-test--parse
+                     (magent-json-encode (magent-thread-snapshot-to-alist thread)))
+                    'snapshot-created-at 'last-event-seq)
+                   (magent-store-magent-test--magent-snapshot session))
+                  (should (equal (mapcar #'magent-agent-job-to-alist
+                                         (plist-get state :agent-jobs))
+                                 (mapcar (lambda (job)
+                                           (magent-store-magent-test--job
+                                            job))
+                                         (magent-session-agent-jobs session))))
+                  (should (equal (plist-get state :approval-overrides)
+                                 (magent-session-approval-overrides
+                                  session))))))))
+      (magent-store-magent-test--use-magent schema))))
+
+(defun magent-store-magent-test--job (job)
+  "JOB as it reads back from JSON: `magent-agent-job-to-alist' of the parse."
+  (magent-agent-job-to-alist
+   (magent-agent-job-from-alist
+    (json-parse-string (magent-json-encode (magent-agent-job-to-alist job))
+                       :object-type 'alist :array-type 'array
+                       :null-object nil :false-object :json-false))))
+
+(ert-deftest magent-store-magent-schema-7-reader-reads-every-session-back ()
+  "Every session written passes the schema-7 reader and reads back whole."
+  (skip-unless magent-store-upstream-session7)
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let ((magent-store-log-max-events 40))
+      (magent-store-magent-test--read-back (magent-store-magent-test--play))
+      (should-not magent-store--adapter-failures))))
+
+;;;; 3: never an error into magent, whatever magent holds
+
+(cl-defstruct (magent-store-magent-test--record (:copier nil)) a b)
+
+(defun magent-store-magent-test--shapes ()
+  "Every JSON shape magent can hold, each one a tool input."
+  (let ((table (make-hash-table :test #'equal)))
+    (puthash "k" [1 :json-false :null] table)
+    (puthash "empty" (make-hash-table :test #'equal) table)
+    (list
+     nil t :json-false :null 0 -1 most-positive-fixnum 1.5 -0.0 1e300 ""
+     "plain" "quote \" backslash \\ tab \t end" "é😀\u2028\u200f"
+     'a-symbol :a-keyword [] [nil t :json-false :null] (vector "a" [1 [2]])
+     '(:a 1 :b nil :c :json-false :d :null :e [] :f (:g "h"))
+     '((a . 1) (b) (c . :json-false) (d . [1 2]) (e . ((f . "g"))))
+     '(("string-key" . 1) ("other" . "v"))
+     '(1 "two" three :four nil)
+     table
+     (list :records (make-magent-store-magent-test--record :a 1 :b "x")
+           :buffer (get-buffer-create " *magent-store-shape*")
+           :function #'car))))
+
+(defun magent-store-magent-test--unencodable ()
+  "Values JSON cannot hold, as magent may still hold them."
+  (list 0.0e+NaN 1.0e+INF -1.0e+INF (expt 2 70) (- (expt 2 66))
+        (concat "raw " (string (unibyte-char-to-multibyte #xff)) " byte")
+        (string-to-unibyte "\377\376 not UTF-8")
+        (encode-coding-string "unibyte ü UTF-8" 'utf-8)
+        (string #xD800 ?x) "nul \0 end"
+        (list :nested (list :nan 0.0e+NaN :ok "fine"))))
+
+(ert-deftest magent-store-magent-never-signals-into-magent ()
+  "Every shape magent holds is persisted; what JSON cannot hold is noted once."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let* ((session (magent-store-magent-test--session "s-shapes" 'global))
+           (thread (magent-session-thread-ledger session))
+           (turn-id (magent-thread-turn-id
+                     (magent-thread-create-turn thread "shapes")))
+           (shapes (magent-store-magent-test--shapes))
+           (bad (magent-store-magent-test--unencodable))
+           (messages-before (with-current-buffer (messages-buffer)
+                              (buffer-string)))
+           (n 0))
+      ;; magent's own calls: none of them may signal.
+      (dolist (value (append shapes bad))
+        (let ((item (magent-thread-start-item
+                     thread turn-id 'tool :id (format "call-%d" (cl-incf n))
+                     :name "shape" :input value :metadata value)))
+          (magent-thread-append-item-content thread item "out" t)
+          (magent-thread-complete-item thread item :output value)
+          (magent-session-save-deferred-for-session session 'global)))
+      (magent-thread-complete-turn thread turn-id (car bad))
+      (magent-session-save-for-session session 'global)
+      (should-not magent-store--adapter-failures)
+      ;; Every encodable shape is stored exactly as magent's writer has it.
+      (let* ((store (magent-store-magent-test--store-snapshot session 'global))
+             (store-items (alist-get 'items (aref (alist-get 'turns store) 0)))
+             (magent-items (magent-thread-turn-items
+                            (car (magent-thread-turns thread)))))
+        (should (= (length store-items) (+ (length shapes) (length bad))))
+        (dotimes (i (length shapes))
+          (ert-info ((format "shape %S" (nth i shapes)))
+            (let ((magent (magent-store-magent-test--parse
+                           (magent-json-encode (magent-thread-item-to-alist
+                                                (nth i magent-items))))))
+              ;; A whole field that is [] or {} reads back as absent (the
+              ;; ledger's rule, from schema 6): the README says so.
+              (when (member (magent-json-encode (nth i shapes)) '("[]" "{}"))
+                (setf (alist-get 'input magent) nil
+                      (alist-get 'metadata magent) nil))
+              ;; Completing with such an output keeps the streamed one, as
+              ;; magent's own reader has it (its memory holds `:null').
+              (when (member (magent-json-encode (nth i shapes))
+                            '("null" "[]" "{}"))
+                (setf (alist-get 'output magent) "out"))
+              (magent-store-magent-test--should-equal (aref store-items i)
+                                                      magent))))
+        ;; What JSON cannot hold is stored in its most faithful form.
+        (let ((stored (mapcar (lambda (i)
+                                (alist-get 'input (aref store-items i)))
+                              (number-sequence (length shapes)
+                                               (1- (length store-items))))))
+          ;; Integers beyond 64 bits and NUL are JSON: kept exactly where
+          ;; this Emacs reads them back (30), else stored as text (28).
+          (should (equal (butlast stored 1)
+                         (list "0.0e+NaN" "1.0e+INF" "-1.0e+INF"
+                               (if magent-store--reader-refuses-bignum
+                                   (number-to-string (expt 2 70))
+                                 (expt 2 70))
+                               (if magent-store--reader-refuses-bignum
+                                   (number-to-string (- (expt 2 66)))
+                                 (- (expt 2 66)))
+                               "raw \ufffd byte" "\ufffd\ufffd not UTF-8"
+                               "unibyte ü UTF-8" "\ufffdx"
+                               (if magent-store--reader-refuses-nul
+                                   "nul \ufffd end"
+                                 "nul \0 end"))))
+          (should (equal (car (last stored))
+                         '((nested . ((nan . "0.0e+NaN") (ok . "fine"))))))))
+      ;; Noted once each, and shown by `magent-store-status'.
+      (should (= (length magent-store--unencodable)
+                 (if magent-store--reader-refuses-nul 4 2)))
+      (let ((said (with-current-buffer (messages-buffer)
+                    (substring (buffer-string) (length messages-before)))))
+        (should (= (cl-count-if (lambda (line)
+                                  (string-match-p "cannot be written as JSON"
+                                                  line))
+                                (split-string said "\n"))
+                   (length magent-store--unencodable))))
+      (magent-store-status)
+      (with-current-buffer "*magent-store-status*"
+        (should (string-match-p "Not JSON: +a NaN or infinite number, [0-9]+ times"
+                                (buffer-string)))))))
+
+;;;; 5: with the mode off, magent is untouched
+
+(defun magent-store-magent-test--own-save (session)
+  "SESSION as magent's own save writes it (global), without volatile fields."
+  (let ((file (magent-session-save-for-session session 'global)))
+    (with-temp-buffer
+      (insert-file-contents file)
+      (let ((data (magent-store-magent-test--parse (buffer-string))))
+        (setf (alist-get 'snapshot data)
+              (magent-store-magent-test--without (alist-get 'snapshot data)
+                                                 'snapshot-created-at))
+        data))))
+
+(ert-deftest magent-store-magent-mode-off-leaves-magent-untouched ()
+  "Off, magent saves by itself, as before the mode was ever on; no advice
+is put on a function magent lacks, and the mode says so once."
+  (magent-store-magent-test--use-magent 6)
+  (should-not (fboundp 'magent-session-load))
+  (should-not (assq 'magent-session-load magent-store-magent-functions))
+  (let* ((tmp (make-temp-file "magent-store-off-" t))
+         (magent-session-directory tmp)
+         (session (magent-store-magent-test--session "s-off" 'global))
+         before)
+    (unwind-protect
+        (progn
+          (magent-store-magent-test--turn session 'global "Hi" 'completed)
+          (setq before (magent-store-magent-test--own-save session))
+          (magent-store-mode 1)
+          (magent-store-mode -1)
+          (dolist (row magent-store-magent-functions)
+            (when (keywordp (nth 1 row))
+              (should-not (advice-member-p (nth 2 row) (nth 0 row)))))
+          (should (equal (magent-store-magent-test--own-save session) before))
+          (should (= (hash-table-count magent-store--sessions) 0))
+          ;; A magent without `magent-session-read-file': not advised, said once.
+          (let ((definition (symbol-function 'magent-session-read-file))
+                (magent-store--magent-reported 'never)
+                (messages-before (with-current-buffer (messages-buffer)
+                                   (buffer-string))))
+            (fmakunbound 'magent-session-read-file)
+            (unwind-protect
+                (progn
+                  (dotimes (_ 2)
+                    (magent-store-mode 1)
+                    (should-not (fboundp 'magent-session-read-file))
+                    (should (advice-member-p
+                             #'magent-store--after-append-item-content
+                             'magent-thread-append-item-content))
+                    (magent-store-mode -1))
+                  (should (= 1 (cl-count-if
+                                (lambda (line)
+                                  (string-match-p
+                                   "lacks .*magent-session-read-file" line))
+                                (split-string
+                                 (with-current-buffer (messages-buffer)
+                                   (substring (buffer-string)
+                                              (length messages-before)))
+                                 "\n")))))
+              (fset 'magent-session-read-file definition))))
+      (magent-store-mode -1)
+      (delete-directory tmp t))))
 
 (provide 'magent-store-magent-tests)
 ;;; magent-store-magent-tests.el ends here
