@@ -328,11 +328,11 @@ That is a raw byte or a character beyond Unicode, and a lone surrogate."
   (or (> char #x10FFFF) (<= #xD800 char #xDFFF)))
 
 (defconst magent-store--reader-refuses-nul
-  (condition-case nil (progn (json-parse-string "\"\\u0000\"") nil) (error t))
+  (condition-case nil (ignore (json-parse-string "\"\\u0000\"")) (error t))
   "Non-nil when this Emacs cannot read JSON holding a NUL (Emacs 28).")
 
 (defconst magent-store--reader-refuses-bignum
-  (condition-case nil (progn (json-parse-string "[18446744073709551616]") nil)
+  (condition-case nil (ignore (json-parse-string "[18446744073709551616]"))
     (error t))
   "Non-nil when this Emacs cannot read an integer beyond 64 bits (Emacs 28).")
 
