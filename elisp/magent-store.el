@@ -288,11 +288,14 @@ symbol as a value, say) is written by `json-encode'."
                (json-encode object)))))))
 
 (defun magent-store--json-native (object)
-  "Return OBJECT as JSON by `json-serialize', or nil if it cannot."
-  (and magent-store--native-json
-       (condition-case nil
-           (json-serialize object)
-         ((wrong-type-argument json-error) nil))))
+  "Return OBJECT as JSON text by `json-serialize', or nil if it cannot."
+  (when-let ((json (and magent-store--native-json
+                        (condition-case nil
+                            (json-serialize object)
+                          ((wrong-type-argument json-error) nil)))))
+    (if magent-store--json-unibyte
+        (decode-coding-string json 'utf-8-unix t)
+      json)))
 
 (defun magent-store--textify (object)
   "Return a copy of OBJECT whose strings are text (see `magent-store--text')."
