@@ -856,13 +856,14 @@ When INTERACTIVE, offer to run it now."
     (let ((count (length (magent-store--schema7-headers))))
       (when (> count 0)
         (setq magent-store--export-offered t)
-        (if (and interactive
-                 (y-or-n-p (format "%d sessions are stored in a format this \
-magent cannot read; write them back now? " count)))
-            (magent-store-export-for-magent)
-          (message "magent-store: %d sessions are stored in a format this \
-magent cannot read; M-x magent-store-export-for-magent writes them back"
-                   count))))))
+        (let ((what (if (= count 1) "1 session is"
+                      (format "%d sessions are" count))))
+          (if (and interactive
+                   (y-or-n-p (format "%s stored in a format this magent \
+cannot read; write them back now? " what)))
+              (magent-store-export-for-magent)
+            (message "magent-store: %s stored in a format this magent cannot \
+read; M-x magent-store-export-for-magent writes them back" what)))))))
 
 ;;;; The mode
 

@@ -513,3 +513,53 @@ def test_store_lists_and_opens_a_migrated_tree(root: Path, corpus: list[schema6.
     header = read_header(root / fixture.relpath)
     with Store(root).open(header["id"], Scope.from_header(header)) as session:
         assert plain(session.thread) == fixture.expected
+
+
+# --- the backend takes over a session magent wrote --------------------------------------
+
+
+def test_the_backend_takes_over_a_schema6_session_at_its_first_open(root: Path, events: Any) -> None:
+    fixture = schema6.session(random.Random(21), "s1", scope="project", turns=2)
+    path = fixture.write(root)
+    original = path.read_bytes()
+    scope = Scope.from_header(read_header_any(path))
+    st = Store(root)
+    with st.open("s1", scope) as s:
+        assert s.header["schema-version"] == 7
+        assert plain_thread(s.thread) == fixture.expected
+        old_turns = len(s.thread.turns)
+        # magent continues the conversation: a new turn on top of the old ones.
+        thread_id = s.thread.id
+        s.append_event({"seq": None, "type": "turn-queued", "thread-id": thread_id, "turn-id": "new-turn",
+                        "item-id": None, "payload": {"turn": {"id": "new-turn", "input": "and now?"}},
+                        "created-at": 1_800_000_000.0})  # fmt: skip
+    backups = list(root.glob("schema6-backup-*"))
+    assert len(backups) == 1
+    assert (backups[0] / fixture.relpath).read_bytes() == original
+    with st.open("s1", scope) as s:  # after a restart: every old and new turn
+        assert [t.id for t in s.thread.turns][-1] == "new-turn"
+        assert len(s.thread.turns) == old_turns + 1
+    assert len(list(root.glob("schema6-backup-*"))) == 1, "taken over once"
+
+
+def test_a_session_that_would_not_migrate_identically_is_refused_unchanged(root: Path) -> None:
+    fixture = schema6.session(random.Random(22), "s1")
+    obj = json.loads(fixture.data)
+    obj["snapshot"]["scope"] = {}  # a value the migration would change
+    path = root / fixture.relpath
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(obj))
+    before = path.read_bytes()
+    with pytest.raises(store.StoreError, match="cannot be taken over.*left as it was"):
+        Store(root).open("s1")
+    assert path.read_bytes() == before
+    assert not (root / "global" / "s1.jsonl").exists()
+
+
+def read_header_any(path: Path) -> dict[str, Any]:
+    obj = json.loads(path.read_bytes())
+    return {"scope": obj["scope"], "project-root": obj.get("project-root"), "action": obj.get("action")}
+
+
+def plain_thread(thread: ledger.Thread) -> dict[str, Any]:
+    return json.loads(store.dumps(ledger.thread_to_json(thread)))

@@ -1178,6 +1178,8 @@ class SessionInfo:
         }
 
 
+# The version a session file declares first (magent and the store write it second).
+_SCHEMA_HEAD: Final = re.compile(rb'"schema-version"\s*:\s*(\d+)')
 _HEADER_GLOBS: Final = ("global/*.json", "projects/*/*.json", "actions/*/*.json")
 _TEMP_RE: Final = re.compile(r"^\..*\.tmp-\d+$")
 
@@ -1213,10 +1215,40 @@ class Store:
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
         make_private_dirs(self.root)
+        self._take_over(files)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
         )  # fmt: skip
+
+    def _take_over(self, files: SessionFiles) -> None:
+        """Migrate FILES in place when magent wrote them (schema 6): verified, backed up.
+
+        A session magent wrote before the store was in use is continued
+        where it is; a session that would not migrate value-identical is
+        refused, its file unchanged.
+        """
+        try:
+            with files.header.open("rb") as f:
+                head = f.read(1024)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
+        declared = _SCHEMA_HEAD.search(head)
+        if declared is None or declared.group(1) != b"6":
+            return
+        from magent_store import migrate  # migrate builds on this module
+
+        migrator = migrate.Migrator(self.root, sync=self.fsync != "never")
+        report = migrator.migrate_file(files.header)
+        if report.outcome != migrate.MIGRATED:
+            raise StoreError(
+                f"{files.header}: this session, written by magent, cannot be taken over "
+                f"({report.outcome}: {report.reason}); it is left as it was"
+            )
+        log.info("took over %s (schema 6, %d events); original in %s", files.header, report.events,
+                 migrator.backup_path)  # fmt: skip
 
     def load(self, session_id: str, scope: Scope | None = None) -> tuple[dict[str, Any], Thread]:
         """Header and materialized thread of a session, read without locking."""

@@ -172,5 +172,181 @@ Return the id of the last turn."
                               (magent-session-thread-ledger after)))))
         (should (equal (gethash after magent-session--loaded-sessions) file))))))
 
+;;;; Emacs killed in the middle of a streamed reply
+
+(defun magent-store-resume-test--wait (predicate seconds)
+  "Wait up to SECONDS for PREDICATE to return non-nil; return its value."
+  (let ((deadline (+ (float-time) seconds)) value)
+    (while (and (not (setq value (funcall predicate)))
+                (< (float-time) deadline))
+      (accept-process-output nil 0.05))
+    value))
+
+(defun magent-store-resume-test--progress (file)
+  "Return the chunks the child recorded in FILE, as (INDEX . TIME), in order."
+  (when (file-exists-p file)
+    (with-temp-buffer
+      (insert-file-contents file)
+      (let (out)
+        (while (re-search-forward "^\\([0-9]+\\) \\([0-9.]+\\)$" nil t)
+          (push (cons (string-to-number (match-string 1))
+                      (string-to-number (match-string 2)))
+                out))
+        (nreverse out)))))
+
+(ert-deftest magent-store-resume-after-emacs-is-killed-mid-stream ()
+  "A fresh Emacs resumes everything up to the last flush; magent reconciles the rest."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((progress (expand-file-name "progress" (file-name-directory
+                                                   magent-session-directory)))
+           (file (expand-file-name "global/20261130-130000-crash.json"
+                                   magent-session-directory))
+           (lock (concat (file-name-sans-extension file) ".lock"))
+           (process-environment
+            (append (list (concat "RESUME_ROOT=" magent-session-directory)
+                          (concat "RESUME_PROGRESS=" progress)
+                          (concat "RESUME_PYTHON=" magent-store-python))
+                    process-environment))
+           (child (make-process
+                   :name "magent-store-resume-child" :noquery t
+                   :buffer (generate-new-buffer " *resume-child*")
+                   :command (list (expand-file-name invocation-name
+                                                    invocation-directory)
+                                  "--batch" "-Q" "-L" (expand-file-name
+                                                       "../../../elisp"
+                                                       magent-store-resume-test--here)
+                                  "-L" (expand-file-name ".." magent-store-resume-test--here)
+                                  "-l" (expand-file-name
+                                        "magent-store-resume-crash-child.el"
+                                        magent-store-resume-test--here))))
+           killed-at)
+      (unwind-protect
+          (progn
+            (should (magent-store-resume-test--wait
+                     (lambda () (>= (length (magent-store-resume-test--progress
+                                             progress))
+                                    60))
+                     120))
+            (signal-process child 'SIGKILL)
+            (setq killed-at (float-time))
+            (should (magent-store-resume-test--wait
+                     (lambda () (not (process-live-p child))) 10)))
+        (when (process-live-p child) (kill-process child))
+        (kill-buffer (process-buffer child)))
+      ;; The dead Emacs's backend sees its Emacs gone and exits.
+      (should (magent-store-resume-test--wait
+               (lambda () (not (file-exists-p lock))) 30))
+      (let* ((sent (magent-store-resume-test--progress progress))
+             (loaded (magent-session-read-file file))
+             (session (plist-get loaded :session))
+             (thread (magent-session-thread-ledger session))
+             (turn (cadr (magent-thread-turns thread)))
+             (item (car (magent-thread-turn-items turn)))
+             (content (magent-thread-item-content item))
+             (chunks (/ (length content) (length "chunk 0000 é\n")))
+             (expected (mapconcat (lambda (n) (format "chunk %04d é\n" n))
+                                  (number-sequence 0 (1- chunks)) "")))
+        (message "Killed mid-stream: %d of the %d chunks sent came back"
+                 chunks (length sent))
+        (should (= 2 (length (magent-thread-turns thread))))
+        (should (eq (magent-thread-turn-status turn) 'in-progress))
+        ;; None corrupted: exactly the first CHUNKS chunks, whole.
+        (should (equal content expected))
+        ;; None lost but the last flush interval's (plus the time a loaded
+        ;; machine takes to answer a flush).
+        (should (>= chunks (length (cl-remove-if
+                                    (lambda (entry)
+                                      (> (cdr entry)
+                                         (- killed-at (* 2 magent-store-flush-interval)
+                                            0.5)))
+                                    sent))))
+        (should (<= chunks (length sent)))
+        ;; magent's own reconciliation handles the interrupted turn, as for
+        ;; its own files, and its save goes to the store.
+        (magent-session-install 'global session)
+        (should (eq (magent-thread-turn-status turn) 'interrupted))
+        (should (eq (magent-thread-item-status item) 'cancelled))
+        (magent-store-resume-test--restart)
+        (let* ((again (plist-get (magent-session-read-file file) :session))
+               (turn (cadr (magent-thread-turns
+                            (magent-session-thread-ledger again)))))
+          (should (eq (magent-thread-turn-status turn) 'interrupted))
+          (should (equal (magent-thread-item-content
+                          (car (magent-thread-turn-items turn)))
+                         expected))
+          (should (equal (magent-thread-turn-input
+                          (car (magent-thread-turns
+                                (magent-session-thread-ledger again))))
+                         "First question")))))))
+
+;;;; Continuing a session magent wrote before the mode was on
+
+(defun magent-store-resume-test--turn-inputs (session)
+  "Return the inputs of SESSION's turns, in order."
+  (mapcar #'magent-thread-turn-input
+          (magent-thread-turns (magent-session-thread-ledger session))))
+
+(ert-deftest magent-store-resume-continues-a-session-magent-wrote ()
+  "An old schema-6 session resumes, continues, and is taken over at the first write."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((root magent-session-directory)
+           (old-file (expand-file-name "global/20261129-090000-old.json" root))
+           (new-file (expand-file-name "global/20261130-090000-new.json" root))
+           old-bytes)
+      ;; Written by magent itself, before the mode was turned on.
+      (magent-store-mode -1)
+      (magent-store-resume-test--new-session "20261129-090000-old")
+      (magent-store-mode 1)
+      (setq old-bytes (with-temp-buffer
+                        (set-buffer-multibyte nil)
+                        (insert-file-contents-literally old-file)
+                        (buffer-string)))
+      (should (eql (magent-store--file-schema old-file) 6))
+      (magent-store-resume-test--new-session "20261130-090000-new")
+      (magent-store-resume-test--restart)
+      ;; Both kinds are listed together.
+      (should (equal (sort (magent-session-list-files) #'string<)
+                     (list old-file new-file)))
+      ;; Resume the old one through magent, and continue it.
+      (let* ((loaded (magent-session-read-file old-file))
+             (session (plist-get loaded :session)))
+        (should (equal (magent-store-resume-test--turn-inputs session)
+                       '("Question 0: what is ünïcode? 🧪"
+                         "Question 1: what is ünïcode? 🧪")))
+        (magent-session-install (plist-get loaded :scope) session)
+        (magent-store-resume-test--converse session 1 3)
+        (magent-session-save-for-session session 'global))
+      ;; The backend took it over: migrated in place, the original kept.
+      (should (eql (magent-store--file-schema old-file) 7))
+      (let ((backup (car (file-expand-wildcards
+                          (expand-file-name
+                           "schema6-backup-*/global/20261129-090000-old.json"
+                           root)))))
+        (should backup)
+        (should (equal (with-temp-buffer
+                         (set-buffer-multibyte nil)
+                         (insert-file-contents-literally backup)
+                         (buffer-string))
+                       old-bytes)))
+      (magent-store-resume-test--restart)
+      ;; After another restart: every old and new turn.
+      (let ((session (plist-get (magent-session-read-file old-file) :session)))
+        (should (equal (magent-store-resume-test--turn-inputs session)
+                       '("Question 0: what is ünïcode? 🧪"
+                         "Question 1: what is ünïcode? 🧪"
+                         "Question 0: what is ünïcode? 🧪")))
+        (should (equal (magent-thread-item-content
+                        (car (magent-thread-turn-items
+                              (car (last (magent-thread-turns
+                                          (magent-session-thread-ledger
+                                           session)))))))
+                       "chunk 0 \"quoted\"\nchunk 1 \"quoted\"\nchunk 2 \"quoted\"\n"))
+        (should (equal (magent-session-approval-overrides session)
+                       '((shell . allow)))))
+      (should (equal (sort (magent-session-list-files) #'string<)
+                     (list old-file new-file))))))
+
 (provide 'magent-store-resume-tests)
 ;;; magent-store-resume-tests.el ends here
