@@ -815,9 +815,10 @@ closed first.  Return the summary line."
          (process
           (make-process
            :name "magent-store-export" :command command :buffer output
-           :connection-type 'pipe :noquery t
+           :connection-type 'pipe :noquery t :sentinel #'ignore
            :stderr (make-pipe-process
                     :name "magent-store-export-progress" :noquery t
+                    :sentinel #'ignore
                     :filter
                     (lambda (_proc text)
                       (setq pending (concat pending text))
@@ -837,8 +838,9 @@ closed first.  Return the summary line."
           (while (process-live-p process)
             (accept-process-output process 0.1))
           (when reporter (progress-reporter-done reporter))
-          (let ((summary (with-current-buffer output
-                           (string-trim (buffer-string)))))
+          (let* ((lines (with-current-buffer output
+                          (split-string (buffer-string) "\n" t)))
+                 (summary (or (car (last lines)) "no output")))
             (if (zerop (process-exit-status process))
                 (message "magent-store: %s" summary)
               (message "magent-store: export incomplete: %s" summary))

@@ -31,6 +31,7 @@
 (defvar magent-session--loaded-sessions)
 (defvar magent-session--scoped-sessions)
 (defvar magent-session-schema-version)
+(defvar magent-session--current-scope)
 
 (defconst magent-store-resume-test--here
   (file-name-directory (or load-file-name buffer-file-name))
@@ -95,7 +96,8 @@ Return the id of the last turn."
 (defun magent-store-resume-test--new-session (id &optional scope)
   "Return a new magent session ID, saved under SCOPE through magent."
   (let ((session (magent-session-create
-                  :id id :metadata '((title . "Résumé test")))))
+                  :id id :metadata '((title . "Résumé test"))))
+        (magent-session--current-scope (or scope 'global)))
     (magent-session-thread-ledger session)
     (magent-store-resume-test--converse session 2)
     (magent-session-set-approval-override session 'shell 'allow)
@@ -279,6 +281,126 @@ Return the id of the last turn."
                           (car (magent-thread-turns
                                 (magent-session-thread-ledger again))))
                          "First question")))))))
+
+;;;; Damaged sessions
+
+(defun magent-store-resume-test--file-lines (file)
+  "Return FILE's lines, each with its newline."
+  (with-temp-buffer
+    (insert-file-contents-literally file)
+    (split-string (buffer-string) "^" t)))
+
+(ert-deftest magent-store-resume-damaged-sessions-are-listed-and-read ()
+  "A torn log, a missing snapshot, a header alone: listed as damaged, read as far as can be."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let ((files (mapcar (lambda (id)
+                           (magent-store-resume-test--new-session id)
+                           (cons id (expand-file-name (concat "global/" id ".json")
+                                                      magent-session-directory)))
+                         '("torn" "gone" "bare" "fine"))))
+      (magent-store-resume-test--restart)
+      (let ((base (lambda (id) (file-name-sans-extension (cdr (assoc id files))))))
+        ;; The last write cut off by a crash.
+        (write-region "{\"seq\":99,\"type\":\"turn-q" nil
+                      (concat (funcall base "torn") ".jsonl") t 'silent)
+        ;; The snapshot lost, and the log no longer starting at the beginning.
+        (delete-file (concat (funcall base "gone") ".snapshot"))
+        (let ((log (concat (funcall base "gone") ".jsonl")))
+          (with-temp-file log
+            (set-buffer-multibyte nil)
+            (apply #'insert (nthcdr 3 (magent-store-resume-test--file-lines log)))))
+        ;; Only the header.
+        (delete-file (concat (funcall base "bare") ".snapshot"))
+        (delete-file (concat (funcall base "bare") ".jsonl")))
+      (should (equal (sort (magent-session-list-files) #'string<)
+                     (sort (mapcar #'cdr files) #'string<)))
+      (pcase-dolist (`(,id ,label ,turns)
+                     '(("torn" "[damaged: torn log] Résumé test" 2)
+                       ("gone" "[damaged: snapshot missing, earliest events gone] Résumé test" 0)
+                       ("bare" "[damaged: no conversation saved] Résumé test" 0)
+                       ("fine" "Résumé test" 2)))
+        (ert-info ((format "session %s" id))
+          (let* ((file (cdr (assoc id files)))
+                 (meta (magent-session--read-file-metadata-cached file))
+                 (loaded (magent-session-read-file file)))
+            (should (plist-get meta :valid))
+            (should (equal (plist-get meta :summary-title) label))
+            (should (equal (plist-get meta :status)
+                           (and (not (equal id "fine")) "damaged")))
+            (should (equal (plist-get loaded :id) id))
+            (should (= turns (length (magent-thread-turns
+                                      (magent-session-thread-ledger
+                                       (plist-get loaded :session))))))))))))
+
+;;;; Leaving: sessions written back for magent's release
+
+(defvar magent-store-resume-test--messages nil
+  "Messages shown while a test runs.")
+
+(defun magent-store-resume-test--record-message (format-string &rest args)
+  "Record the message of FORMAT-STRING and ARGS."
+  (when format-string
+    (push (apply #'format-message format-string args)
+          magent-store-resume-test--messages)))
+
+(ert-deftest magent-store-resume-leaving-writes-sessions-back-for-magent ()
+  "Turning the mode off says so once; the export gives magent its own files back."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((project (file-truename (file-name-directory magent-session-directory)))
+           (a (magent-store-resume-test--new-session "20261130-140000-a"))
+           (b (magent-store-resume-test--new-session "20261130-140000-b" project))
+           (own (list (magent-store-resume-test--own-save a 'global)
+                      (magent-store-resume-test--own-save b project)))
+           (files (list (expand-file-name "global/20261130-140000-a.json"
+                                          magent-session-directory)
+                        (magent-session--scope-storage-directory project)))
+           (magent-store-resume-test--messages nil))
+      (setcar (cdr files) (expand-file-name "20261130-140000-b.json" (cadr files)))
+      (magent-store-resume-test--restart)
+      (advice-add 'message :before #'magent-store-resume-test--record-message)
+      (unwind-protect
+          (progn
+            (magent-store-mode -1)
+            (magent-store-mode 1)
+            (magent-store-mode -1))
+        (advice-remove 'message #'magent-store-resume-test--record-message))
+      (should (equal (cl-remove-if-not
+                      (lambda (m) (string-match-p "format this magent cannot read" m))
+                      magent-store-resume-test--messages)
+                     '("magent-store: 2 sessions are stored in a format this magent \
+cannot read; M-x magent-store-export-for-magent writes them back")))
+      ;; With the mode off, magent cannot read them.
+      (should-not (magent-session-list-files))
+      (let ((summary (magent-store-export-for-magent)))
+        (should (string-match-p "2 written back and value-identical" summary)))
+      (dolist (file files)
+        (should (eql (magent-store--file-schema file) 6))
+        (should-not (file-exists-p (concat (file-name-sans-extension file) ".jsonl"))))
+      (should (= 2 (length (file-expand-wildcards
+                            (expand-file-name "schema7-backup-*/*/*.json*"
+                                              magent-session-directory)))))
+      ;; magent reads its own files again: the sessions it held.
+      (clrhash magent-session--metadata-cache)
+      (should (equal (sort (magent-session-list-files) #'string<)
+                     (sort (copy-sequence files) #'string<)))
+      (cl-loop for file in files for own-file in own
+               do (should (equal (magent-store-resume-test--state
+                                  (plist-get (magent-session-read-file file) :session))
+                                 (magent-store-resume-test--state
+                                  (plist-get (magent-store-resume-test--own-read
+                                              own-file)
+                                             :session)))))
+      ;; Again: nothing to do, nothing changed.
+      (let ((before (mapcar (lambda (f) (file-attribute-modification-time
+                                         (file-attributes f)))
+                            files)))
+        (should (string-match-p "0 written back"
+                                (magent-store-export-for-magent)))
+        (should (equal before (mapcar (lambda (f) (file-attribute-modification-time
+                                                   (file-attributes f)))
+                                      files)))))))
 
 ;;;; Continuing a session magent wrote before the mode was on
 
