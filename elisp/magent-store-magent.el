@@ -64,6 +64,9 @@
     (magent-session-save-for-session
      :around magent-store--around-save required "0.1 (schema 6, 7)"
      "a save becomes a header refresh and a flush that waits")
+    (magent-session-clear
+     :around magent-store--around-clear optional "0.1 (schema 6, 7)"
+     "a session magent clears is removed from the store too")
     (magent-thread-session-id call nil required "0.1 (schema 6, 7)"
      "which session a thread belongs to")
     (magent-thread-scope call nil required "0.1 (schema 6, 7)"
@@ -641,6 +644,40 @@ once per interval however often magent asks."
       (magent-store--open-thread thread)
       (magent-store-flush (magent-thread-session-id thread))))
   nil)
+
+(declare-function magent-session-id "ext:magent-session" (session))
+(defvar magent-session--current-scope)
+
+(defun magent-store--forget (id)
+  "Forget session ID in Emacs: its queue, its timer, its header."
+  (when-let ((session (gethash id magent-store--sessions)))
+    (when-let ((timer (magent-store--session-timer session)))
+      (cancel-timer timer))
+    (remhash id magent-store--sessions))
+  (remhash id magent-store--headers-sent)
+  (setq magent-store--recent nil))
+
+(defun magent-store--around-clear (orig session &optional scope)
+  "Remove SESSION's files under SCOPE from the store, then let ORIG clear it.
+magent deletes its own file of the session; the store's log and
+snapshot go too, or the next turn of that id would be added to the
+cleared conversation."
+  (magent-store--guarded "clearing a session"
+    (when-let ((id (and session (magent-session-id session))))
+      (let* ((open (gethash id magent-store--sessions))
+             (target (or scope (bound-and-true-p magent-session--current-scope)))
+             (store-scope (if open
+                              (magent-store--session-scope open)
+                            (magent-store--store-scope target))))
+        (setq magent-store--deferred-headers
+              (cl-remove session magent-store--deferred-headers :key #'car))
+        (magent-store--forget id)
+        (magent-store--ensure-backend)
+        (magent-store--call "delete"
+                            (list (magent-store--text (magent-store--root))
+                                  (magent-store--scope-json store-scope)
+                                  id)))))
+  (funcall orig session scope))
 
 ;;;; Read side: magent's listing and reader, answered from the store
 

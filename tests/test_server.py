@@ -535,3 +535,39 @@ def test_50mb_chunk_is_a_clear_error(ready: tuple[Backend, EPCClient]) -> None:
     assert b"epc-error" in replies or b"return-error" in replies
     assert b"framing lost" in replies or b"not a valid EPC" in replies
     sock.close()
+
+
+# -- what magent-store-mode needs ------------------------------------------------
+
+
+def test_a_new_session_starts_from_the_initial_state_its_writer_gives(backend: Backend) -> None:
+    client = backend.client()
+    initial = {
+        "id": "thread-1", "session-id": "s1", "scope": "global", "status": "idle",
+        "created-at": 1764400000.1234567, "updated-at": 1764400000.1234567, "preview": None,
+        "metadata": {"source": "magent", "session-metadata": {"title": "t"}}, "turns": [],
+        "snapshot-created-at": 1764400000.2, "last-event-seq": 0,
+    }  # fmt: skip
+    args = [str(backend.root), SCOPE, "s1", "", orjson.dumps(initial).decode()]
+    assert client.call_sync("open", args, timeout=TIMEOUT) == 0
+    _start_item(client)
+    client.call_sync("flush", ["s1", []], timeout=TIMEOUT)
+    snapshot = _show(backend)
+    assert snapshot["created-at"] == 1764400000.1234567
+    assert snapshot["metadata"] == initial["metadata"]
+    # An unusable initial state is left out; the session still opens.
+    bad = [str(backend.root), SCOPE, "s2", "", '{"id": "x"}']
+    assert client.call_sync("open", bad, timeout=TIMEOUT) == 0
+    assert "initial state left out" in _status(client)["last-error"]
+
+
+def test_delete_removes_an_open_sessions_files_and_the_id_starts_afresh(backend: Backend) -> None:
+    client = backend.client()
+    _open(client, backend)
+    _start_item(client)
+    client.call_sync("flush", ["s1", []], timeout=TIMEOUT)
+    assert (backend.root / "global/s1.jsonl").exists()
+    assert client.call_sync("delete", [str(backend.root), SCOPE, "s1"], timeout=TIMEOUT) is True
+    assert not list((backend.root / "global").glob("s1.*"))
+    assert client.call_sync("delete", [str(backend.root), SCOPE, "s1"], timeout=TIMEOUT) == []
+    assert _open(client, backend) == 0

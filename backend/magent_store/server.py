@@ -64,6 +64,7 @@ from magent_store.store import (
     Scope,
     Session,
     SessionFiles,
+    SessionNotFound,
     Store,
     StoreError,
     make_private_dirs,
@@ -242,6 +243,7 @@ class Service:
             "load": self.load,
             "render": self.render,
             "close": self.close,
+            "delete": self.delete,
             "list": self.list,
             "status": self.status,
             "record-timings": self.record_timings,
@@ -555,6 +557,29 @@ class Service:
         except (StoreError, LedgerError) as err:
             raise CallError(str(err)) from None
         return [name, damage]
+
+    def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
+        """Remove a session's files (closing it here first); False if it had none.
+
+        What magent does when it clears a session: the next turn of that id
+        starts afresh.
+        """
+        root = _text(root, "root")
+        session_id = _text(session_id, "session id")
+        scope_json = _json(scope, "scope")
+        try:
+            scope_obj = Scope.from_json(scope_json)
+        except (ValueError, TypeError, KeyError) as err:
+            raise CallError(f"invalid scope {scope_json!r}: {err}") from None
+        entry = self._open.pop(session_id, None)
+        if entry is not None:
+            entry.session.abandon(remove_lock=True)
+        try:
+            self._store(root, {}).delete(session_id, scope_obj)
+        except SessionNotFound:
+            return False
+        log.info("deleted session %s", session_id)
+        return True
 
     def close(self, session_id: Any) -> bool:
         """Flush and close a session, releasing its lock.  Idempotent."""

@@ -661,6 +661,39 @@ See the Commentary: upstream's ledger with that event is not public."
         (should (string-match-p "Not JSON: +a NaN or infinite number, [0-9]+ times"
                                 (buffer-string)))))))
 
+;;;; A session magent clears starts afresh in the store too
+
+(ert-deftest magent-store-magent-a-cleared-session-starts-afresh ()
+  "magent clears a session: the store's files go; its next turn is alone."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let* ((root (magent-store-magent-test--project "cleared"))
+           (session (magent-store-magent-test--session "s-clear" root))
+           (file (lambda (ext)
+                   (concat (file-name-sans-extension
+                            (magent-store-magent-test--header-file session root))
+                           ext))))
+      (magent-store-magent-test--turn session root "Before" 'completed)
+      (magent-session-save-for-session session root)
+      (should (file-exists-p (funcall file ".snapshot")))
+      (let ((magent-session--current-scope root))
+        (magent-session-clear session root))
+      (dolist (ext '(".json" ".jsonl" ".snapshot" ".lock"))
+        (should-not (file-exists-p (funcall file ext))))
+      ;; magent makes the cleared session's new thread in its scope.
+      (let ((magent-session--current-scope root))
+        (magent-session-thread-ledger session))
+      (magent-store-magent-test--turn session root "After" 'completed)
+      (magent-session-save-for-session session root)
+      (let ((store (magent-store-magent-test--store-snapshot session root)))
+        (should (= (length (alist-get 'turns store)) 1))
+        (magent-store-magent-test--should-equal
+         store (magent-store-magent-test--magent-snapshot session)))
+      (magent-store-magent-test--should-equal
+       (magent-store-magent-test--store-header session root)
+       (magent-store-magent-test--magent-header session root))
+      (should-not magent-store--adapter-failures))))
+
 ;;;; 5: with the mode off, magent is untouched
 
 (defun magent-store-magent-test--own-save (session)
