@@ -494,10 +494,13 @@ the thread as it was before EVENT."
           (magent-store--push session text (length text)))))
     appended))
 
+(declare-function magent-thread-item-updated-at "ext:magent-ledger" (item))
+
 (defun magent-store--after-append-item-content (thread item chunk
                                                        &optional output-p)
   "Queue CHUNK, just appended to ITEM of THREAD (to its output if OUTPUT-P).
-The chunk's time is the one magent gave the item, to the last digit.
+The chunk's time is the one magent gave the item, to the last digit: a
+float magent already made, so no clock is read and nothing allocated.
 A session this Emacs has not opened is opened from the thread as it
 is now, which already holds CHUNK."
   (when (and thread item (stringp chunk) (> (length chunk) 0)
@@ -509,13 +512,11 @@ is now, which already holds CHUNK."
           (when (and magent-store--reader-refuses-nul
                      (string-search "\0" chunk))
             (setq chunk (magent-store--repair chunk)))
-          (magent-store--push
-           session
-           (list (magent-thread-item-id item) chunk (and output-p t)
-                 (or (and (fboundp 'magent-thread-item-updated-at)
-                          (magent-thread-item-updated-at item))
-                     (float-time)))
-           (length chunk)))))))
+          (let ((time (and (fboundp 'magent-thread-item-updated-at)
+                           (magent-thread-item-updated-at item))))
+            (magent-store--push-chunk session (magent-thread-item-id item)
+                                      chunk output-p
+                                      (if (floatp time) time (float-time)))))))))
 
 ;;;;; Headers and saves
 

@@ -254,7 +254,7 @@ may come after the next turn began."
        'session-save turn (+ sent (/ ms 1000.0))
        (magent-store-timing--props
         (list :duration-ms ms
-              :items (length (cdr record))
+              :items (/ (nth 2 record) magent-store--entry-slots)
               :bytes (nth 2 reply)))))))
 
 ;;;; magent's lifecycle events and provider events

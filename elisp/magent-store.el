@@ -32,10 +32,10 @@
 ;; JSONL journal and snapshot compaction; this file owns Emacs and nothing
 ;; else: it forwards, buffers and schedules.
 ;;
-;; The hot path is cheap by construction: appending a chunk pushes one
-;; small list onto a per-session queue and, at most once per
-;; `magent-store-flush-interval', an elapsed-time timer sends the whole
-;; queue as ONE message.  Replies are read by our own process filter, with
+;; The hot path is cheap by construction: appending a chunk stores four
+;; references in a reused per-session vector (it allocates nothing) and,
+;; at most once per `magent-store-flush-interval', the whole batch goes
+;; out as ONE message, printed straight from that vector.  Replies are read by our own process filter, with
 ;; no deferred chains.  Nothing on the chunk path waits for the backend.
 ;;
 ;; Setup:
@@ -221,14 +221,18 @@ writing them to a file the backend reads."
 (cl-defstruct (magent-store--session (:constructor magent-store--session-make)
                                      (:copier nil))
   "What Emacs holds for one open session.
-QUEUE holds entries not yet sent (newest first); INFLIGHT the batches
-sent but not yet acknowledged, oldest first, as (ID . ENTRIES).
+BATCH is a vector whose first FILL slots hold the entries not yet sent,
+oldest first, `magent-store--entry-slots' slots each (see
+`magent-store--enqueue'); INFLIGHT the batches sent but not yet
+acknowledged, oldest first, as (ID BATCH FILL).
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
 survives a crash of the backend); DURABLE-SEQ the last one fsync covers.
+DEADLINE is when the scheduled flush is due (a float), nil when none is;
+TIMER the timer that sends it if no chunk or reply does first.
 INITIAL is nil or the JSON text of the thread a session starts from
 when the backend has no files for it (no event carries that state)."
-  id scope queue (queued-chars 0) inflight (durable-seq 0) (written-seq 0)
-  timer (flushes 0) header opened (deadline 0.0) initial)
+  id scope batch (fill 0) (queued-chars 0) inflight (durable-seq 0)
+  (written-seq 0) timer (flushes 0) header opened deadline initial)
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -334,12 +338,16 @@ no bytes costs one search."
         (print-escape-control-characters nil)
         (print-length nil)
         (print-level nil)
-        (case-fold-search nil)
-        (start (point))
-        after)
+        (start (point)))
     (prin1 sexp (current-buffer))
-    ;; Positions, not `save-excursion': no marker per message.
-    (setq after (- (point-max) (point)))
+    (magent-store--unescape-bytes start)))
+
+(defun magent-store--unescape-bytes (start)
+  "Turn the octal escapes `prin1' wrote after START back into text.
+Point stays where it is (at the end of what was printed)."
+  (let ((case-fold-search nil)
+        ;; Positions, not `save-excursion': no marker per message.
+        (after (- (point-max) (point))))
     (goto-char start)
     (while (re-search-forward "\\\\[0-7]" nil t)
       (let ((escape (- (point) 2)))
@@ -369,19 +377,25 @@ no bytes costs one search."
 (defmacro magent-store--with-send-buffer (&rest body)
   "Run BODY in the emptied send buffer."
   (declare (indent 0) (debug t))
+  ;; No buffer hooks: each insert would otherwise cons for the change
+  ;; functions, and nothing watches this buffer.
   `(with-current-buffer
        (if (buffer-live-p magent-store--send-buffer)
            magent-store--send-buffer
          (setq magent-store--send-buffer
                (generate-new-buffer " *magent-store-send*" t)))
-     (erase-buffer)
-     ,@body))
+     (let ((inhibit-modification-hooks t))
+       (erase-buffer)
+       (set-buffer-multibyte t)
+       ,@body)))
 
-(defun magent-store--send (method args &optional on-reply on-error)
+(defun magent-store--send (method args &optional on-reply on-error printer)
   "Call METHOD with ARGS on the backend without waiting.
 ON-REPLY gets the value, ON-ERROR the error message.  Signal an error
 when there is no live backend.  The message is printed into a reused
-buffer and sent from there: no string as large as the message is made."
+buffer and sent from there: no string as large as the message is made.
+PRINTER, when non-nil, is called with ARGS to print them at point
+instead of `prin1' (a batch prints itself from its vector)."
   (let* ((backend (or magent-store--backend
                       (error "The magent-store backend is not running")))
          (id (cl-incf (magent-store--backend-next-id backend))))
@@ -389,13 +403,21 @@ buffer and sent from there: no string as large as the message is made."
       (puthash id (cons on-reply on-error)
                (magent-store--backend-replies backend)))
     (magent-store--with-send-buffer
-      (magent-store--print (list 'call id (intern method) args))
+      (if (not printer)
+          (magent-store--print (list 'call id (intern method) args))
+        (insert "(call ")
+        (prin1 id (current-buffer))
+        (insert " " method " ")
+        (funcall printer args)
+        (insert ")"))
       (insert "\n")
-      ;; The connection encodes to UTF-8 as it sends, so the frame length
-      ;; is the text's size in bytes, which Emacs keeps: no encoding pass.
-      ;; `magent-store--print' leaves no raw bytes, whose sizes differ.
+      ;; Emacs keeps text as UTF-8, raw bytes aside, and printing left
+      ;; none: made unibyte, the buffer holds the message's UTF-8 bytes
+      ;; and is sent from where it lies.  Encoding instead, or sending
+      ;; multibyte text, would copy the whole message first.
+      (set-buffer-multibyte nil)
       (goto-char (point-min))
-      (insert (format "%06x" (1- (position-bytes (point-max)))))
+      (insert (format "%06x" (buffer-size)))
       (process-send-region (magent-store--backend-connection backend)
                            (point-min) (point-max)))
     id))
@@ -625,21 +647,14 @@ The backend reports how far the log on disk goes; entries up to there
 were written before the crash and are skipped, so nothing is duplicated."
   (let* ((last-seq (magent-store--call "open" (magent-store--open-args
                                                 session)))
-         (pending (append (apply #'append
-                                 (mapcar #'cdr (magent-store--session-inflight
-                                                session)))
-                          (reverse (magent-store--session-queue session))))
+         (pending (magent-store--pending-entries session))
          (skip (max 0 (- last-seq (magent-store--session-written-seq
                                    session)))))
     (setq pending (nthcdr (min skip (length pending)) pending))
     (setf (magent-store--session-opened session) t
           (magent-store--session-inflight session) nil
-          (magent-store--session-queue session) (reverse pending)
-          (magent-store--session-queued-chars session)
-          (apply #'+ (mapcar (lambda (entry)
-                               (length (if (stringp entry) entry (nth 1 entry))))
-                             pending))
           (magent-store--session-written-seq session) last-seq)
+    (magent-store--requeue session pending)
     (when-let ((header (magent-store--session-header session)))
       (magent-store--call "put-header"
                           (list (magent-store--session-id session) header)))
@@ -711,30 +726,187 @@ the session from when it has no files for it."
           (error (magent-store--give-up (error-message-string err))))
         session)))
 
-(defsubst magent-store--due (session)
-  "Schedule SESSION's flush, or send it now if its time has come.
+(defsubst magent-store--due (session now)
+  "Schedule SESSION's flush, or send it now (NOW, a float) if its time has come.
 While chunks stream, the flush goes out with the first one after its
 deadline: that chunk already woke Emacs up, a timer would wake it
-again.  The timer only catches a stream that stopped."
-  (if (not (magent-store--session-timer session))
-      (magent-store--schedule session)
-    (when (>= (float-time) (magent-store--session-deadline session))
-      (magent-store--tick session))))
+again.  See `magent-store--schedule' for what catches a stream that
+stopped."
+  (let ((deadline (magent-store--session-deadline session)))
+    (cond ((not deadline) (magent-store--schedule session now))
+          ((>= now deadline) (magent-store--tick session)))))
 
-(defsubst magent-store--push (session entry size)
-  "Queue ENTRY of SIZE characters for SESSION; make sure a flush is scheduled."
-  (push entry (magent-store--session-queue session))
+;;;; Batches: entries in a reused vector
+
+;; Streaming appends a chunk many times a second, and whatever it
+;; allocates becomes garbage collections in the user's Emacs.  So a
+;; session's unsent entries live in a vector, four slots each, that is
+;; reused once the backend acknowledged it: appending a chunk stores
+;; references and allocates nothing.  A chunk's time is the float the
+;; caller already has (magent's own, through the mode), at full precision.
+
+(defconst magent-store--entry-slots 4
+  "Slots an entry takes in a batch vector.
+A chunk is ITEM-ID CHUNK OUTPUT-P TIME (TIME in seconds, a float); an
+event is its JSON TEXT, then nil in the other three.")
+
+(defconst magent-store--batch-pool-max 8
+  "Acknowledged batch vectors kept for reuse.")
+
+(defvar magent-store--batch-pool nil
+  "Cleared batch vectors, ready for reuse.")
+
+(defun magent-store--grow (session)
+  "Give SESSION a batch vector with room for more entries; return it."
+  (let* ((old (magent-store--session-batch session))
+         (batch (cond (old (vconcat old (make-vector (length old) nil)))
+                      ((pop magent-store--batch-pool))
+                      (t (make-vector 128 nil)))))
+    (setf (magent-store--session-batch session) batch)))
+
+(defsubst magent-store--enqueue (session a b c d)
+  "Append the entry A B C D to SESSION's batch."
+  (let ((batch (magent-store--session-batch session))
+        (fill (magent-store--session-fill session)))
+    (when (> (+ fill magent-store--entry-slots) (length batch))
+      (setq batch (magent-store--grow session)))
+    (aset batch fill a)
+    (aset batch (+ fill 1) b)
+    (aset batch (+ fill 2) c)
+    (aset batch (+ fill 3) d)
+    (setf (magent-store--session-fill session)
+          (+ fill magent-store--entry-slots))))
+
+(defun magent-store--recycle (batch)
+  "Clear BATCH, a vector the backend has acknowledged, and keep it for reuse."
+  (when (and batch (<= (length batch) 4096)
+             (< (length magent-store--batch-pool) magent-store--batch-pool-max))
+    (fillarray batch nil)
+    (push batch magent-store--batch-pool)))
+
+(defun magent-store--batch-entries (batch fill)
+  "Return the entries in BATCH's first FILL slots as a list, oldest first.
+An event is its JSON text, a chunk (ITEM-ID CHUNK OUTPUT-P TIME)."
+  (let ((entries nil) (i 0))
+    (while (< i fill)
+      (push (if (aref batch (1+ i))
+                (list (aref batch i) (aref batch (1+ i)) (aref batch (+ i 2))
+                      (aref batch (+ i 3)))
+              (aref batch i))
+            entries)
+      (setq i (+ i magent-store--entry-slots)))
+    (nreverse entries)))
+
+(defun magent-store--pending-entries (session)
+  "Return SESSION's entries the backend has not acknowledged, oldest first."
+  (append (apply #'append
+                 (mapcar (lambda (record)
+                           (magent-store--batch-entries (nth 1 record)
+                                                        (nth 2 record)))
+                         (magent-store--session-inflight session)))
+          (magent-store--batch-entries (magent-store--session-batch session)
+                                       (magent-store--session-fill session))))
+
+(defun magent-store--requeue (session entries)
+  "Make ENTRIES, listed as by `magent-store--batch-entries', SESSION's queue."
+  (setf (magent-store--session-batch session) nil
+        (magent-store--session-fill session) 0
+        (magent-store--session-queued-chars session) 0)
+  (dolist (entry entries)
+    (if (stringp entry)
+        (magent-store--enqueue session entry nil nil nil)
+      (apply #'magent-store--enqueue session entry))
+    (cl-incf (magent-store--session-queued-chars session)
+             (length (if (stringp entry) entry (nth 1 entry))))))
+
+(defsubst magent-store--push (session text size)
+  "Queue the event TEXT of SIZE characters for SESSION; schedule a flush."
+  (magent-store--enqueue session text nil nil nil)
   (cl-incf (magent-store--session-queued-chars session) size)
-  (magent-store--due session))
+  (magent-store--due session (float-time)))
 
-(defun magent-store--schedule (session)
-  "Schedule SESSION's flush one interval from now.
-The timer waits a little longer, for a chunk to send it first."
+(defsubst magent-store--push-chunk (session item-id chunk output-p time)
+  "Queue CHUNK appended to ITEM-ID (its output if OUTPUT-P) at TIME.
+TIME is a float, seconds since the epoch.  Schedule SESSION's flush."
+  (magent-store--enqueue session item-id chunk (and output-p t) time)
+  (cl-incf (magent-store--session-queued-chars session) (length chunk))
+  (magent-store--due session time))
+
+(defsubst magent-store--print-string (string)
+  "Print STRING at point, without its text properties."
+  (prin1 (if (or (text-properties-at 0 string)
+                 (next-property-change 0 string))
+             (substring-no-properties string)
+           string)
+         (current-buffer)))
+
+(defun magent-store--print-batch (batch fill)
+  "Print the entries of BATCH's first FILL slots at point, as one list.
+Bytes in strings are turned into text as by `magent-store--print'."
+  ;; t: print strings as they are; the default copies each one first.
+  (let ((print-charset-text-property t)
+        (print-escape-newlines nil)
+        (print-escape-nonascii nil)
+        (print-escape-multibyte nil)
+        (print-escape-control-characters nil)
+        (buffer (current-buffer))
+        (start (point))
+        (i 0))
+    (insert "(")
+    (while (< i fill)
+      (let ((chunk (aref batch (1+ i))))
+        (if (not chunk)
+            (magent-store--print-string (aref batch i))
+          (insert "(")
+          (magent-store--print-string (aref batch i))
+          (insert " ")
+          (magent-store--print-string chunk)
+          (insert (if (aref batch (+ i 2)) " t " " nil "))
+          (prin1 (aref batch (+ i 3)) buffer)
+          (insert ")")))
+      (insert " ")
+      (setq i (+ i magent-store--entry-slots)))
+    (insert ")")
+    (magent-store--unescape-bytes start)))
+
+(defun magent-store--print-flush-args (args)
+  "Print ARGS, (SESSION-ID RECORD . EXTRA), as a flush's arguments at point."
+  (let ((buffer (current-buffer))
+        (record (nth 1 args)))
+    (insert "(")
+    (prin1 (car args) buffer)
+    (insert " ")
+    (magent-store--print-batch (nth 1 record) (nth 2 record))
+    (dolist (arg (nthcdr 2 args))
+      (insert " ")
+      (magent-store--print arg))
+    (insert ")")))
+
+(defun magent-store--schedule (session now)
+  "Schedule SESSION's flush one interval after NOW.
+A chunk after the deadline sends it.  Should the stream stop, a timer
+sends it, a little after the deadline; but while a batch of SESSION
+awaits its reply, that reply comes within a second (the backend holds
+a tick's reply at most that long) and sends what queued meanwhile
+\(`magent-store--after-reply'): no timer is pending while chunks
+stream.  A pending timer is not free: Emacs copies and decodes every
+pending timer each time it wakes up, on every chunk of a stream."
   (setf (magent-store--session-deadline session)
-        (+ (float-time) magent-store-flush-interval)
-        (magent-store--session-timer session)
-        (run-at-time (* 1.4 magent-store-flush-interval) nil
-                     #'magent-store--tick session)))
+        (+ now magent-store-flush-interval))
+  (unless (or (magent-store--session-timer session)
+              (magent-store--session-inflight session))
+    (setf (magent-store--session-timer session)
+          (run-at-time (* 1.4 magent-store-flush-interval) nil
+                       #'magent-store--tick session))))
+
+(defun magent-store--after-reply (session)
+  "Send what SESSION queued while its last batch awaited this reply.
+Called when a batch of SESSION is answered.  While another batch
+awaits its reply, that reply will come and call this again."
+  (when (and (null (magent-store--session-inflight session))
+             (magent-store--session-deadline session)
+             (not (magent-store--session-timer session)))
+    (magent-store--tick session)))
 
 (defun magent-store--tick (session)
   "Send SESSION's queued entries: the flush timer's function.
@@ -743,27 +915,32 @@ The backend may hold the reply back and send it with later ones
   (when-let ((timer (magent-store--session-timer session)))
     (cancel-timer timer)
     (setf (magent-store--session-timer session) nil))
+  (setf (magent-store--session-deadline session) nil)
   (magent-store--flush-now session t))
 
 (defun magent-store--flush-now (session &optional tick)
   "Send SESSION's queue as one batch, to be applied and flushed.
-Chunks travel as (ITEM-ID CHUNK OUTPUT-P MILLISECONDS) lists (an
-integer prints much faster than a float) and events as their JSON
-text, all printed once into the message: no per-chunk JSON.  With
-TICK, send it as a tick, whose reply the backend may hold back."
+Chunks travel as (ITEM-ID CHUNK OUTPUT-P TIME) lists and events as their
+JSON text, printed straight from the batch vector into the message: no
+per-chunk JSON, no list built.  With TICK, send it as a tick, whose
+reply the backend may hold back."
   (let ((backend magent-store--backend))
     (when (and backend
                (not (magent-store--backend-stopping backend))
                (process-live-p (magent-store--backend-connection backend)))
-      (let* ((entries (nreverse (magent-store--session-queue session)))
+      (let* ((fill (magent-store--session-fill session))
+             (batch (and (> fill 0) (magent-store--session-batch session)))
              (large (> (magent-store--session-queued-chars session)
                        magent-store-file-threshold))
-             (record (cons nil entries))
+             (record (list nil batch fill))
              (sent (float-time))
              (id (magent-store--session-id session))
              (extra (and magent-store--flush-extra-args-function
                          (funcall magent-store--flush-extra-args-function))))
-        (setf (magent-store--session-queue session) nil
+        (when batch
+          (setf (magent-store--session-batch session)
+                (pop magent-store--batch-pool)))
+        (setf (magent-store--session-fill session) 0
               (magent-store--session-queued-chars session) 0)
         (setf (magent-store--session-inflight session)
               (nconc (magent-store--session-inflight session) (list record)))
@@ -773,28 +950,30 @@ TICK, send it as a tick, whose reply the backend may hold back."
                     (if large
                         (magent-store--send (if tick "tick-file" "flush-file")
                                             (cl-list* id (magent-store--spool-file
-                                                          backend entries)
+                                                          backend batch fill)
                                                       extra)
                                             (magent-store--on-flushed
                                              session record sent)
                                             (magent-store--on-refused
                                              session record))
                       (magent-store--send (if tick "tick" "flush")
-                                          (cl-list* id entries extra)
+                                          (cl-list* id record extra)
                                           (magent-store--on-flushed
                                            session record sent)
                                           (magent-store--on-refused
-                                           session record))))
+                                           session record)
+                                          #'magent-store--print-flush-args)))
           ;; The connection is gone: the sentinel restarts and resends.
           (error nil))))))
 
-(defun magent-store--spool-file (backend entries)
-  "Write ENTRIES to a fresh private file in BACKEND's spool; return its name."
+(defun magent-store--spool-file (backend batch fill)
+  "Write BATCH's first FILL slots to a new private file in BACKEND's spool.
+Return the file's name."
   (let ((file (make-temp-file
                (expand-file-name "batch-" (magent-store--backend-spool backend))))
         (coding-system-for-write 'utf-8-unix))
     (magent-store--with-send-buffer
-      (magent-store--print entries)
+      (magent-store--print-batch batch fill)
       (with-file-modes #o600
         (write-region (point-min) (point-max) file nil 'silent)))
     file))
@@ -806,6 +985,7 @@ TICK, send it as a tick, whose reply the backend may hold back."
           (delq record (magent-store--session-inflight session))
           (magent-store--session-durable-seq session) (nth 0 reply)
           (magent-store--session-written-seq session) (nth 1 reply))
+    (magent-store--recycle (nth 1 record))
     (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
     (when (nthcdr 256 magent-store--flush-ms)
       (setcdr (nthcdr 127 magent-store--flush-ms) nil))
@@ -815,7 +995,8 @@ TICK, send it as a tick, whose reply the backend may hold back."
       (setq magent-store--last-error (car rejected))
       (message "magent-store: session %s: %d entries rejected (%s)"
                (magent-store--session-id session) (length rejected)
-               (car rejected)))))
+               (car rejected)))
+    (magent-store--after-reply session)))
 
 (defun magent-store--on-refused (session record)
   "Return the error handler of the batch RECORD of SESSION."
@@ -823,8 +1004,10 @@ TICK, send it as a tick, whose reply the backend may hold back."
     ;; A refused batch was not applied and would be refused again.
     (setf (magent-store--session-inflight session)
           (delq record (magent-store--session-inflight session)))
+    (magent-store--recycle (nth 1 record))
     (message "magent-store: session %s: flush refused: %s"
-             (magent-store--session-id session) why)))
+             (magent-store--session-id session) why)
+    (magent-store--after-reply session)))
 
 (defun magent-store--scope-arg (scope)
   "Return SCOPE normalized for `magent-store--session-make'."
@@ -862,13 +1045,12 @@ Nothing waits for the backend."
                                                     &optional output-p)
   "Queue CHUNK appended to ITEM-ID's content in SESSION-ID.
 With OUTPUT-P, CHUNK is appended to the item's output.  This is the
-streaming hot path: it conses one small list and returns."
+streaming hot path: it takes the time (one float) and allocates nothing
+else."
   (when (and magent-store-persistence-enabled (stringp chunk)
              (> (length chunk) 0))
-    (magent-store--push (magent-store--get session-id)
-                        (list item-id chunk (and output-p t)
-                              (truncate (float-time) 0.001))
-                        (length chunk))))
+    (magent-store--push-chunk (magent-store--get session-id)
+                              item-id chunk output-p (float-time))))
 
 (defun magent-store-put-header (session-id header)
   "Queue HEADER as the header of SESSION-ID, sent before its next flush.
@@ -891,8 +1073,8 @@ The first request schedules the flush; later ones join it."
          (session (if (and recent (eq session-id (car recent)))
                       (cdr recent)
                     (gethash session-id magent-store--sessions))))
-    (when (and session (not (magent-store--session-timer session)))
-      (magent-store--schedule session))))
+    (when (and session (not (magent-store--session-deadline session)))
+      (magent-store--schedule session (float-time)))))
 
 (defun magent-store-flush (session-id)
   "Flush SESSION-ID now and return its durable seq once the backend has it."
@@ -903,6 +1085,7 @@ The first request schedules the flush; later ones join it."
     (when-let ((timer (magent-store--session-timer session)))
       (cancel-timer timer)
       (setf (magent-store--session-timer session) nil))
+    (setf (magent-store--session-deadline session) nil)
     (magent-store--flush-now session)
     (while (and (magent-store--session-inflight session)
                 (process-live-p process)

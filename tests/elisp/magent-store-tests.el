@@ -288,8 +288,8 @@ Timers run between chunks, as they do while a real reply streams."
       (setq magent-store-test--calls nil)
       (magent-thread-append-item-content thread item "not forwarded")
       (should (equal magent-store-test--calls '(append-content)))
-      (should-not (magent-store--session-queue
-                   (gethash "s-mode" magent-store--sessions))))))
+      (should (zerop (magent-store--session-fill
+                      (gethash "s-mode" magent-store--sessions)))))))
 
 (ert-deftest magent-store-backend-killed-mid-stream-loses-nothing ()
   "kill -9 of the backend mid-stream: restarted, every chunk once."

@@ -126,7 +126,10 @@
         (magent-store-timing--last-turn '("t1" 100.0 150.0))
         (reply '(3 3 100 2.5 nil)))
     (dolist (sent '(149.0 201.0 151.5 160.0 90.0))
-      (magent-store-timing--flushed sent (cons 1 '(a b)) reply))
+      (magent-store-timing--flushed
+       sent (list 1 (make-vector (* 2 magent-store--entry-slots) nil)
+                  (* 2 magent-store--entry-slots))
+       reply))
     (let ((records (reverse magent-store-timing--queue)))
       (should (equal (mapcar (lambda (r) (nth 1 r)) records) '("t1" "t2" "t1")))
       (should (equal (nth 2 (car records)) 149002500))
@@ -261,9 +264,9 @@ enough that no flush falls inside them."
                     n (lambda ()
                         (magent-store-record-timing
                          'acp-update :duration-ms 1.5 :count 1))))
-      (setf (magent-store--session-queue
+      (setf (magent-store--session-fill
              (gethash "s-cost" magent-store--sessions))
-            nil)
+            0)
       (setq magent-store-timing--queue nil)
       (message "per call: chunk %.2f us, lifecycle event %.2f us, \
 record-timing %.2f us" chunk sink record)
