@@ -484,6 +484,7 @@ the thread as it was before EVENT."
     (magent-store--guarded "opening a session"
       (unless (magent-store--known-session thread)
         (magent-store--open-thread thread))))
+  (setq magent-store--chunk-thread nil)
   (let ((appended (funcall orig thread event)))
     (when (and thread event magent-store-persistence-enabled)
       (magent-store--guarded "forwarding an event"
@@ -494,7 +495,11 @@ the thread as it was before EVENT."
           (magent-store--push session text (length text)))))
     appended))
 
-(declare-function magent-thread-item-updated-at "ext:magent-ledger" (item))
+
+(defvar magent-store--chunk-thread nil
+  "The thread a chunk was just queued for, until its next event or save.
+magent asks for a deferred save after every streamed chunk; that save
+has nothing to add (see `magent-store--around-save-deferred').")
 
 (defun magent-store--after-append-item-content (thread item chunk
                                                        &optional output-p)
@@ -516,7 +521,8 @@ is now, which already holds CHUNK."
                            (magent-thread-item-updated-at item))))
             (magent-store--push-chunk session (magent-thread-item-id item)
                                       chunk output-p
-                                      (if (floatp time) time (float-time)))))))))
+                                      (if (floatp time) time (float-time)))
+            (setq magent-store--chunk-thread thread)))))))
 
 ;;;;; Headers and saves
 
@@ -620,21 +626,33 @@ Return the store session."
   "Replace magent's deferred save of SESSION under SCOPE.
 The events are flushed within `magent-store-flush-interval'; the header,
 whose fields change rarely but cost a little to build, is refreshed
-once per interval however often magent asks."
+once per interval however often magent asks, except after a chunk."
   (magent-store--guarded "a deferred save"
-    (let ((thread (magent-session-thread-ledger session))
-          (pair (cons session (magent-store--save-scope session scope))))
-      (magent-store--open-thread thread)
-      (unless (cl-find-if (lambda (entry) (and (eq (car entry) session)
-                                               (equal (cdr entry) (cdr pair))))
-                          magent-store--deferred-headers)
-        (push pair magent-store--deferred-headers))
-      (unless magent-store--header-timer
-        (setq magent-store--header-timer
-              (run-at-time magent-store-flush-interval nil
-                           #'magent-store--refresh-deferred-headers)))
-      (magent-store-request-flush (magent-thread-session-id thread))))
+    (if (eq (magent-session-thread-ledger session) magent-store--chunk-thread)
+        ;; The save magent asks for after each streamed chunk: the chunk
+        ;; is queued and its flush scheduled, and no header field changes
+        ;; with a chunk (the title comes from the first message, recorded
+        ;; before the reply streams; the next event's save refreshes the
+        ;; header anyway).  Building the header per interval, and its
+        ;; pending timer, would cost a streaming Emacs more than the chunk.
+        (setq magent-store--chunk-thread nil)
+      (magent-store--deferred-save session scope)))
   nil)
+
+(defun magent-store--deferred-save (session scope)
+  "Queue a refresh of SESSION's header under SCOPE and request a flush."
+  (let ((thread (magent-session-thread-ledger session))
+        (pair (cons session (magent-store--save-scope session scope))))
+    (magent-store--open-thread thread)
+    (unless (cl-find-if (lambda (entry) (and (eq (car entry) session)
+                                             (equal (cdr entry) (cdr pair))))
+                        magent-store--deferred-headers)
+      (push pair magent-store--deferred-headers))
+    (unless magent-store--header-timer
+      (setq magent-store--header-timer
+            (run-at-time magent-store-flush-interval nil
+                         #'magent-store--refresh-deferred-headers)))
+    (magent-store-request-flush (magent-thread-session-id thread))))
 
 (defun magent-store--around-save (_orig session scope)
   "Replace magent's save of SESSION under SCOPE: header, then a durable flush."

@@ -761,7 +761,7 @@ event is its JSON TEXT, then nil in the other three.")
   (let* ((old (magent-store--session-batch session))
          (batch (cond (old (vconcat old (make-vector (length old) nil)))
                       ((pop magent-store--batch-pool))
-                      (t (make-vector 128 nil)))))
+                      (t (make-vector 256 nil)))))
     (setf (magent-store--session-batch session) batch)))
 
 (defsubst magent-store--enqueue (session a b c d)

@@ -34,15 +34,15 @@
                   (thread turn-id type &rest args))
 (declare-function magent-thread-append-item-content "ext:magent-ledger"
                   (thread item chunk &optional output-p))
-(declare-function magent-thread-complete-item "ext:magent-ledger"
-                  (thread item &rest args))
+(declare-function magent-thread-record-user-message-if-needed
+                  "ext:magent-ledger" (thread turn-id content &optional phase metadata))
 (declare-function magent-session-create "ext:magent-session" (&rest args))
 (declare-function magent-session-save-deferred-for-session "ext:magent-session"
                   (session &optional scope delay))
 (declare-function magent-session-save-for-session "ext:magent-session"
                   (session scope))
 (declare-function magent-store-mode "magent-store-magent" (&optional arg))
-(declare-function magent-store--thread-session "magent-store-magent" (thread))
+(declare-function magent-store--open-thread "magent-store-magent" (thread))
 (defvar magent-store-mode)
 (defvar magent-session-directory)
 (defvar magent-session--pending-saves)
@@ -140,13 +140,16 @@ the thread's id).  ROOT is the session root.  Return a plist: :bytes
     (when (and magent (eq strategy 'store)) (magent-store-mode 1))
     (when magent
       (magent-thread-start-turn thread (concat sid "-turn"))
-      (setq turn (concat sid "-turn")
-            item (magent-thread-start-item thread turn 'message
+      (setq turn (concat sid "-turn"))
+      ;; magent records the prompt first; the title comes from it.
+      (magent-thread-record-user-message-if-needed
+       thread turn "Refactor the store so that a save costs the chunk")
+      (setq item (magent-thread-start-item thread turn 'message
                                            :id (concat sid "-item")
                                            :role 'assistant))
       (when (eq strategy 'store)
         ;; The session is open before the stream, as after a turn's events.
-        (magent-store--thread-session thread)
+        (magent-store--open-thread thread)
         (magent-store-flush sid)))
     (unless magent
       (when (eq strategy 'store)
