@@ -748,9 +748,9 @@ a megabyte session costs a few hundred bytes here."
   (when magent-store--backend
     (maphash (lambda (sid session)
                (when (and (or (null id) (equal id sid))
-                          (or (magent-store--session-queue session)
+                          (or (> (magent-store--session-fill session) 0)
                               (magent-store--session-inflight session)
-                              (magent-store--session-timer session)))
+                              (magent-store--session-deadline session)))
                  (condition-case err
                      (magent-store-flush sid)
                    (error (message "magent-store: %s"
