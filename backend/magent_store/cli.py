@@ -338,6 +338,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         query = search.parse_query(args.query)
         scope = search.ScopeFilter.parse(args.scope) if args.scope else None
         roles = search.role_filter(args.role)
+        if not search.index_path(root).exists():
+            print(f"magent-store: indexing every session under {root} first (once; "
+                  "later searches index only what changed)", file=sys.stderr)  # fmt: skip
         index, caught = search.open_index(root)
         with index:
             result = index.search(query, scope=scope, since=args.since, roles=roles, limit=args.limit)
