@@ -459,11 +459,32 @@ faithful form JSON allows and noted for `magent-store-status'."
         (setq magent-store--recent (cons id session))
         session))))
 
+(defun magent-store--scope-directory (scope)
+  "Return the directory of the store's sessions under SCOPE, as magent names it."
+  (expand-file-name
+   (pcase scope
+     ('global "global")
+     (`(action . ,name)
+      (concat "actions/"
+              (replace-regexp-in-string "[^[:alnum:]_.-]+" "-"
+                                        (string-trim name))))
+     (_ (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))))
+   (magent-store--root)))
+
 (defun magent-store--initial-state (thread)
-  "Return THREAD's materialized state as JSON text, or nil if magent lacks it.
+  "Return THREAD's materialized state as JSON text, or nil.
 No event carries a thread's creation time, metadata or first status:
-the backend starts a session it has no files for from this."
-  (when (fboundp 'magent-thread-snapshot-to-alist)
+the backend starts a session that has no snapshot yet from this.  nil
+when the session has one on disk (the backend would not use it, and a
+long conversation would cost Emacs its encoding) or magent lacks
+`magent-thread-snapshot-to-alist'."
+  (when (and (fboundp 'magent-thread-snapshot-to-alist)
+             (not (file-exists-p
+                   (expand-file-name
+                    (concat (magent-thread-session-id thread) ".snapshot")
+                    (magent-store--scope-directory
+                     (magent-store--store-scope
+                      (magent-thread-scope thread)))))))
     (magent-store--encode (magent-thread-snapshot-to-alist thread))))
 
 (defun magent-store--open-thread (thread)

@@ -694,6 +694,29 @@ See the Commentary: upstream's ledger with that event is not public."
        (magent-store-magent-test--magent-header session root))
       (should-not magent-store--adapter-failures))))
 
+;;;; A session the store already has is not sent again
+
+(ert-deftest magent-store-magent-a-known-session-is-opened-without-its-state ()
+  "After a restart, a session with a snapshot on disk opens without its
+thread's state (Emacs would pay for encoding it), and stays exact."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let* ((action (magent-store-magent-test--action
+                    "s-again" " my action/ünï " 'global))
+           (session (car action))
+           (scope (cdr action)))
+      (magent-store-magent-test--turn session scope "One" 'completed)
+      (magent-session-save-for-session session scope)
+      (should (magent-store--session-initial
+               (gethash "s-again" magent-store--sessions)))
+      (magent-store-stop)
+      (magent-store-magent-test--turn session scope "Two" 'completed)
+      (should-not (magent-store--session-initial
+                   (gethash "s-again" magent-store--sessions)))
+      (magent-store-magent-test--should-equal
+       (magent-store-magent-test--store-snapshot session scope)
+       (magent-store-magent-test--magent-snapshot session)))))
+
 ;;;; 5: with the mode off, magent is untouched
 
 (defun magent-store-magent-test--own-save (session)
