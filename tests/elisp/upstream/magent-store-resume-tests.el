@@ -32,6 +32,7 @@
 (defvar magent-session--scoped-sessions)
 (defvar magent-session-schema-version)
 (defvar magent-session--current-scope)
+(defvar magent-session-log-max-events)
 
 (defconst magent-store-resume-test--here
   (file-name-directory (or load-file-name buffer-file-name))
@@ -173,6 +174,82 @@ Return the id of the last turn."
         (should (= 2 (length (magent-thread-turns
                               (magent-session-thread-ledger after)))))
         (should (equal (gethash after magent-session--loaded-sessions) file))))))
+
+;;;; A magent that reads schema 7 itself
+
+;; The schema-7 design's magent-session.el (MAGENT_SESSION7) reads the
+;; store's files itself: the mode only flushes first.  Its ledger is not
+;; public: the stand-in of magent-store-magent-tests.el teaches the
+;; release's ledger `item-content-appended', and
+;; `magent-thread-journal-tail' (the last cons of the journal, where the
+;; schema-7 reader notes what is already on disk) is defined while the
+;; test runs when the release lacks it, as is the setting
+;; `magent-session-log-max-events' (magent's default, 2000) its writer reads.
+
+(ert-deftest magent-store-resume-under-schema-7-magent-reads-itself-after-a-flush ()
+  "With magent reading schema 7, magent reads the files; the mode flushes first."
+  (skip-unless (and (magent-store-upstream-available-p)
+                    magent-store-upstream-session7))
+  (require 'magent-store-magent-tests)
+  (let ((tail-standin (not (fboundp 'magent-thread-journal-tail)))
+        (magent-session-log-max-events
+         (if (boundp 'magent-session-log-max-events)
+             magent-session-log-max-events
+           2000)))
+   (when tail-standin
+     (defalias 'magent-thread-journal-tail
+       (lambda (thread) (last (magent-thread-journal thread)))))
+   (unwind-protect
+      (progn
+        (magent-store-magent-test--use-magent 7)
+        (should (eql magent-session-schema-version 7))
+        (magent-store-magent-test--with-content-event
+          (magent-store-resume-test--with-magent
+            (let* ((id "20261130-160000-s7")
+                   (session (magent-store-resume-test--new-session id))
+                   (file (expand-file-name (concat "global/" id ".json")
+                                           magent-session-directory))
+                   (thread (magent-session-thread-ledger session))
+                   (renders 0)
+                   (count (lambda (&rest _) (cl-incf renders))))
+              ;; A reply still streaming: chunks Emacs has not sent yet.
+              (let* ((turn (magent-thread-queue-turn thread "Still streaming?"))
+                     (turn-id (magent-thread-turn-id turn)))
+                (magent-thread-start-turn thread turn-id)
+                (magent-thread-append-item-content
+                 thread (magent-thread-start-item thread turn-id 'message
+                                                  :role 'assistant)
+                 "not sent yet"))
+              (should (magent-store--session-queue
+                       (gethash id magent-store--sessions)))
+              (let ((own (magent-store-resume-test--own-save session 'global)))
+                (advice-add 'magent-store--call-rendered :before count)
+                (unwind-protect
+                    (progn
+                      (should (equal (magent-session-list-files) (list file)))
+                      (let ((meta (magent-session--read-file-metadata-cached file)))
+                        (should (plist-get meta :valid))
+                        (should (equal (plist-get meta :summary-title)
+                                       "Résumé test")))
+                      (let ((after (plist-get (magent-session-read-file file)
+                                              :session)))
+                        (should after)
+                        (should (equal (magent-store-resume-test--state after)
+                                       (magent-store-resume-test--state
+                                        (plist-get
+                                         (magent-store-resume-test--own-read own)
+                                         :session))))
+                        (should (equal (magent-thread-item-content
+                                        (car (magent-thread-turn-items
+                                              (car (last (magent-thread-turns
+                                                          (magent-session-thread-ledger
+                                                           after)))))))
+                                       "not sent yet"))))
+                  (advice-remove 'magent-store--call-rendered count)))
+              ;; magent read the files itself: nothing was rendered for it.
+              (should (= renders 0))))))
+    (magent-store-magent-test--use-magent 6)
+    (when tail-standin (fmakunbound 'magent-thread-journal-tail)))))
 
 ;;;; Emacs killed in the middle of a streamed reply
 
