@@ -881,9 +881,14 @@ every flush, and magent sorts its picker by this time."
   "Write every session of the store back in the format of magent's release.
 Each session is checked value by value against the store before it
 replaces the store's files, which are copied to a backup first; running
-it again changes nothing.  Sessions open in magent-store are flushed and
-closed first.  Return the summary line."
+it again changes nothing.  `magent-store-mode' is turned off, and the
+sessions open in magent-store are flushed and closed, first.  Return
+the summary line."
   (interactive)
+  (when magent-store-mode
+    ;; Left on, the mode would take each session over again at its next save.
+    (magent-store-mode -1)
+    (message "magent-store-mode turned off: magent saves its own files again"))
   (magent-store-stop)
   (let* ((command (magent-store--export-command))
          (reporter nil)
