@@ -220,8 +220,9 @@ Return the id of the last turn."
                  thread (magent-thread-start-item thread turn-id 'message
                                                   :role 'assistant)
                  "not sent yet"))
-              (should (magent-store--session-queue
-                       (gethash id magent-store--sessions)))
+              (should (> (magent-store--session-fill
+                          (gethash id magent-store--sessions))
+                         0))
               (let ((own (magent-store-resume-test--own-save session 'global)))
                 (advice-add 'magent-store--call-rendered :before count)
                 (unwind-protect
