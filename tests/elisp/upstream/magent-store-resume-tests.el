@@ -175,6 +175,58 @@ Return the id of the last turn."
                               (magent-session-thread-ledger after)))))
         (should (equal (gethash after magent-session--loaded-sessions) file))))))
 
+(defvar magent-action-session-directory)
+
+(ert-deftest magent-store-resume-every-scope-reads-back-as-magent-shows-it ()
+  "A project and an action session list and read as magent's own files do."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((magent-action-session-directory nil)
+           (project (file-truename (file-name-directory magent-session-directory)))
+           (action-id "20261130-170000-act")
+           (action (magent-session-action-scope action-id "my action/ünï" project))
+           (p (magent-store-resume-test--new-session "20261130-170000-prj" project))
+           (a (let ((session (magent-session-create :id action-id))
+                    (magent-session--current-scope action))
+                (dolist (entry `((kind . "action") (action . "my action/ünï")
+                                 (title . "Review") (status . "running")
+                                 (origin-scope . ,project)))
+                  (magent-session-set-metadata-value session (car entry) (cdr entry)))
+                (magent-session-thread-ledger session)
+                (magent-store-resume-test--converse session 1)
+                (magent-session-save-for-session session action)
+                session))
+           (own (list (magent-store-resume-test--own-save p project)
+                      (magent-store-resume-test--own-save a action)))
+           (files (list (expand-file-name "20261130-170000-prj.json"
+                                          (magent-session--scope-storage-directory
+                                           project))
+                        (expand-file-name (concat "actions/my-action-ünï/"
+                                                  action-id ".json")
+                                          magent-session-directory))))
+      (magent-store-resume-test--restart)
+      (should (eql (magent-store--file-schema (cadr files)) 7))
+      (should (equal (magent-session-list-files) (list (car files))))
+      (should (equal (magent-session-list-files-for-scope project)
+                     (list (car files))))
+      (should (equal (magent-session-list-action-files) (list (cadr files))))
+      (should (equal (magent-session-list-action-files "my action/ünï")
+                     (list (cadr files))))
+      (cl-loop for file in files for own-file in own
+               do (ert-info ((file-name-base file))
+                    (let ((meta (magent-session--read-file-metadata-cached file)))
+                      (should (plist-get meta :valid))
+                      (should (equal meta (magent-store-resume-test--own-metadata
+                                           own-file))))
+                    (let ((ours (magent-session-read-file file))
+                          (theirs (magent-store-resume-test--own-read own-file)))
+                      (should (equal (plist-get ours :scope)
+                                     (plist-get theirs :scope)))
+                      (should (equal (magent-store-resume-test--state
+                                      (plist-get ours :session))
+                                     (magent-store-resume-test--state
+                                      (plist-get theirs :session))))))))))
+
 ;;;; A magent that reads schema 7 itself
 
 ;; The schema-7 design's magent-session.el (MAGENT_SESSION7) reads the
