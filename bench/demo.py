@@ -322,26 +322,45 @@ def elisp_string(text: str) -> str:
     return json.dumps(text)  # a JSON string literal is a valid Elisp string here
 
 
+def compile_shim(workdir: Path) -> Path:
+    """Byte-compile a copy of elisp/ into WORKDIR, as installing does; return it.
+
+    The copy keeps the checkout free of .elc files; users load compiled
+    code (package.el compiles, and make install does), so we measure it.
+    """
+    out = workdir / "elisp-compiled"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    sources = sorted((CHECKOUT / "elisp").glob("*.el"))
+    for source in sources:
+        shutil.copy2(source, out / source.name)
+    dirs = [str(d) for d in sorted(ELPA.glob("*-[0-9]*"))]
+    subprocess.run(
+        ["emacs", "--batch", "-Q", *[a for d in dirs for a in ("-L", d)], "-L", str(out),
+         "-f", "batch-byte-compile", *[str(out / s.name) for s in sources]],
+        check=True, capture_output=True, timeout=600,
+    )
+    return out
+
+
 def load_shim(daemon: Daemon, workdir: Path) -> str:
-    # The checkout's elisp/ too: magent-store.el requires its sibling files.
-    dirs = [str(d) for d in sorted(ELPA.glob("*-[0-9]*"))] + [str(CHECKOUT / "elisp")]
+    compiled = compile_shim(workdir)
+    dirs = [str(d) for d in sorted(ELPA.glob("*-[0-9]*"))] + [str(compiled)]
     driver = workdir / "demo-driver.el"
     driver.write_text(DRIVER_EL, encoding="utf-8")
     forms = "".join(f"(add-to-list 'load-path {elisp_string(d)})" for d in dirs)
-    shim = CHECKOUT / "elisp" / "magent-store.el"
-    # Loaded from source, then byte-compiled in memory (as package.el would
-    # compile an installed copy) without writing an .elc into the checkout.
+    # The byte-compiled shim, as users load it; the driver compiled too.
     daemon.eval(
-        f"(progn {forms} (load {elisp_string(str(shim))} nil t)"
+        f"(progn {forms} (require 'magent-store)"
         f" (load {elisp_string(str(driver))} nil t)"
         " (mapatoms (lambda (s) (when (and (fboundp s) (not (macrop s))"
         " (not (byte-code-function-p (symbol-function s)))"
-        " (string-match-p \"\\\\`magent-store\" (symbol-name s)))"
+        " (string-match-p \"\\\\`magent-store-demo\" (symbol-name s)))"
         " (byte-compile s)))) t)"
     )
     loaded = json.loads(daemon.eval("(symbol-file 'magent-store-open)"))
-    if Path(loaded).resolve().with_suffix(".el") != shim.resolve():
-        raise RuntimeError(f"the daemon loaded {loaded}, not this checkout's {shim}")
+    if Path(loaded).resolve() != (compiled / "magent-store.elc").resolve():
+        raise RuntimeError(f"the daemon loaded {loaded}, not the compiled {compiled}")
     return loaded
 
 

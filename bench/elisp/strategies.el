@@ -17,7 +17,7 @@
 ;;   the log passes its bound.
 ;; - `store': the magent-store shim and backend as shipped.
 ;; - `floor': no persistence logic at all: the chunks of one tick sent
-;;   with one bare `process-send-string' to a pipe.
+;;   as one JSON line with one bare `process-send-string' to a pipe.
 ;; - `none': the same stream with persistence off (the baseline).
 ;;
 ;; Every strategy does the same in-memory work magent does (apply the
@@ -343,10 +343,11 @@ The list is (TRAVERSE ENCODE WRITE BYTES).")
   (push chunk msb--floor-queue))
 
 (defun msb-floor-save (_thread)
-  "Send the queued chunks with one `process-send-string'."
+  "Send the queued chunks as one JSON line with one `process-send-string'."
   (when msb--floor-queue
-    (process-send-string msb--floor-process
-                         (apply #'concat (nreverse msb--floor-queue)))
+    (process-send-string
+     msb--floor-process
+     (concat (json-serialize (vconcat (nreverse msb--floor-queue))) "\n"))
     (setq msb--floor-queue nil)))
 
 (defun msb-floor-process ()
