@@ -10,7 +10,20 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: install emacs-ready test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 demo bench bench-quick bench-migrate bench-search lint clean
 
-install: $(STAMP)
+# Users load compiled Lisp (package.el byte-compiles what it installs, and
+# native-compiles it where Emacs can), so a checkout does too; every file is
+# rebuilt when any changes, as one inlines another's functions.
+ELISP_SOURCES := $(sort $(wildcard elisp/*.el))
+ELISP_COMPILED := $(ELISP_SOURCES:.el=.elc)
+NATIVE := (when (and (fboundp 'native-comp-available-p) (native-comp-available-p)) \
+  (native-compile (expand-file-name (car command-line-args-left))))
+
+$(ELISP_COMPILED): elisp/%.elc: elisp/%.el $(ELISP_SOURCES)
+	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-warnings nil)' \
+	  -f batch-byte-compile $<
+	-$(EMACS) --batch -Q -L elisp --eval "$(NATIVE)" $< >/dev/null 2>&1
+
+install: $(STAMP) $(ELISP_COMPILED)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

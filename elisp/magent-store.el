@@ -178,7 +178,10 @@ magent/sessions under `user-emacs-directory'."
 
 (defcustom magent-store-flush-interval 0.25
   "Seconds between a flush request and the flush it causes.
-Requests made while a flush is scheduled join it without postponing it."
+Requests made while a flush is scheduled join it without postponing it.
+While chunks stream, the first chunk after that time sends it; if they
+stop while an earlier flush awaits its reply (at most a second), that
+reply sends it, else a timer does."
   :type 'number
   :group 'magent-store)
 
