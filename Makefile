@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 demo bench bench-quick bench-migrate bench-search lint clean
+.PHONY: install emacs-ready test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick demo bench bench-quick bench-migrate bench-search lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -51,7 +51,7 @@ emacs-ready:
 	  echo "GNU Emacs >= 28 with epc.el and package-lint is needed; run:  sudo apt-get install $(EMACS_PACKAGES)"; exit 2; \
 	fi
 
-test: lint test-python test-elisp test-live test-magent-if-available
+test: lint test-python test-elisp test-live test-magent-if-available test-faults-quick
 
 test-python: install
 	$(PY) -m pytest -q
@@ -80,6 +80,16 @@ test-magent: install emacs-ready
 test-magent-if-available:
 	@if [ -n "$(MAGENT_LISP)" ]; then $(MAKE) --no-print-directory test-magent; \
 	else echo "*** SKIPPED: the tests against upstream magent (MAGENT_LISP is not set; see the README) ***"; fi
+
+# A real Emacs streams through the shim while its backend is SIGKILLed, its
+# disk fills, a second Emacs writes the same session; strangers fuzz the port.
+test-faults: install emacs-ready
+	$(PY) tests/faults/faults.py
+	$(PY) tests/faults/fuzz.py
+
+test-faults-quick: install emacs-ready
+	$(PY) tests/faults/faults.py --quick
+	$(PY) tests/faults/fuzz.py --quick
 
 test-live: install emacs-ready
 	$(PY) tests/live/smoke.py

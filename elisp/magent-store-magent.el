@@ -766,6 +766,10 @@ a megabyte session costs a few hundred bytes here."
 
 (defun magent-store--flush-pending (&optional id)
   "Flush session ID (every session when nil) when Emacs has unsent entries."
+  (when (and (null id) magent-store--header-timer)
+    ;; Now, not from a timer that would outlive the flush (and the mode).
+    (cancel-timer magent-store--header-timer)
+    (magent-store--refresh-deferred-headers))
   (when magent-store--backend
     (maphash (lambda (sid session)
                (when (and (or (null id) (equal id sid))

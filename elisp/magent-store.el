@@ -65,14 +65,10 @@
 (require 'json)
 (require 'subr-x)
 
-;; epc.el is loaded when the backend starts, so that this file loads (and
-;; byte-compiles) without it and a missing epc.el is reported clearly.
-(declare-function epc:start-epc "epc" (server-prog server-args))
-(declare-function epc:stop-epc "epc" (mngr))
-(declare-function epc:connection-process "epc" (connection))
-(declare-function epc:manager-connection "epc" (mngr))
-(declare-function epc:manager-server-process "epc" (mngr))
-(declare-function epc:manager-port "epc" (mngr))
+;; epc.el is checked for when the backend starts, so that this file loads
+;; (and byte-compiles) without it and a missing epc.el is reported clearly.
+;; The shim speaks EPC's framing itself: starting through `epc:start-epc'
+;; would block Emacs while the backend starts.
 
 ;;;; What this Emacs provides (checked once, at load)
 
@@ -215,11 +211,20 @@ writing them to a file the backend reads."
 
 (cl-defstruct (magent-store--backend (:constructor magent-store--backend-make)
                                      (:copier nil))
-  "One running backend and our connection to it."
-  manager process connection pid port spool started-at
+  "One backend and our connection to it.
+PROCESS is the backend's process, CONNECTION our socket to it (nil
+until it announced its port), READY non-nil once it took our TOKEN,
+FAILURE why it could not start, OUTPUT what it printed before its port."
+  process connection pid port spool started-at token output ready failure
+  program
   (next-id 0)
   (replies (make-hash-table :test #'eql))
   stopping)
+
+(defun magent-store--new-producer ()
+  "Return a fresh writer name, unique to this Emacs: its pid and randomness."
+  (format "%x-%x-%x" (emacs-pid) (random most-positive-fixnum)
+          (truncate (float-time))))
 
 (cl-defstruct (magent-store--session (:constructor magent-store--session-make)
                                      (:copier nil))
@@ -227,7 +232,12 @@ writing them to a file the backend reads."
 BATCH is a vector whose first FILL slots hold the entries not yet sent,
 oldest first, `magent-store--entry-slots' slots each (see
 `magent-store--enqueue'); INFLIGHT the batches sent but not yet
-acknowledged, oldest first, as (ID BATCH FILL).
+acknowledged, oldest first, as (NUMBER BATCH FILL): batches are
+numbered per PRODUCER (this session object), so that the backend
+applies a batch sent again only if its log does not hold it yet.
+NUMBER is the last number given.  OPENING is non-nil while the backend
+opens the session, RETRY the timer that sends refused batches again,
+REFUSAL what the backend last said when it refused one.
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
 survives a crash of the backend); DURABLE-SEQ the last one fsync covers.
 DEADLINE is when the scheduled flush is due (a float), nil when none is;
@@ -235,7 +245,8 @@ TIMER the timer that sends it if no chunk or reply does first.
 INITIAL is nil or the JSON text of the thread a session starts from
 when the backend has no files for it (no event carries that state)."
   id scope batch (fill 0) (queued-chars 0) inflight (durable-seq 0)
-  (written-seq 0) timer (flushes 0) header opened deadline initial)
+  (written-seq 0) timer (flushes 0) header opened deadline initial
+  (producer (magent-store--new-producer)) (number 0) opening retry refusal)
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -251,6 +262,11 @@ when the backend has no files for it (no event carries that state)."
 
 (defvar magent-store--gave-up nil
   "Non-nil once the shim told the user it could not keep the backend up.")
+
+(defvar magent-store--recovering nil
+  "When the backend last died, until every session is saved again; or nil.")
+
+
 
 (defvar magent-store--flush-ms nil
   "Recent flush round-trip times in milliseconds, newest first.")
@@ -466,10 +482,10 @@ instead of `prin1' (a batch prints itself from its vector)."
            (message "magent-store: %s" text)))))))
 
 (defun magent-store--call (method args)
-  "Call METHOD with ARGS and wait for the value; signal on error."
+  "Call METHOD with ARGS and wait for the value; signal on error.
+No timers run while it waits: nothing re-enters the shim."
   (let* ((done nil) value failure
-         (backend (or magent-store--backend
-                      (user-error "The magent-store backend is not running")))
+         (backend (magent-store--ready-backend))
          (process (magent-store--backend-connection backend))
          (deadline (+ (float-time) magent-store-call-timeout)))
     (magent-store--send method args
@@ -477,8 +493,8 @@ instead of `prin1' (a batch prints itself from its vector)."
                         (lambda (e) (setq failure e done t)))
     (while (and (not done) (process-live-p process)
                 (< (float-time) deadline))
-      ;; JUST-THIS-ONE: run no timers or other filters while we wait.
-      (accept-process-output process 0.05 nil t))
+      ;; JUST-THIS-ONE an integer: no timers, no other process's output.
+      (accept-process-output process 0.05 nil 1))
     (cond (failure (magent-store--error "%s: %s" method failure))
           (done value)
           ((not (process-live-p process))
@@ -502,65 +518,152 @@ M-x magent-store-install-backend installs it"
                   (if (car command) (format " (no %s)" (car command)) "")))
     (append command (list "serve"))))
 
+(defvar magent-store--token-key nil
+  "Secret bytes (hex) read from /dev/urandom once; tokens are derived from it.")
+
+(defvar magent-store--token-count 0
+  "Tokens derived so far: each one differs.")
+
 (defun magent-store--token ()
-  "Return a fresh random token (64 hex digits)."
-  (let ((bytes (with-temp-buffer
-                 (set-buffer-multibyte nil)
-                 (ignore-errors
-                   (let ((coding-system-for-read 'binary))
-                     (call-process "head" "/dev/urandom" t nil "-c" "32")))
-                 (buffer-string))))
-    (if (= (length bytes) 32)
-        (mapconcat (lambda (byte) (format "%02x" byte)) bytes "")
-      ;; No /dev/urandom: Emacs's own generator, seeded from the system.
-      (secure-hash 'sha256 (format "%s %s %s %s" (random t) (random)
-                                   (float-time) (emacs-pid))))))
+  "Return a fresh token (64 hex digits) that no other process can guess.
+The system's randomness is read once, by a subprocess; every later
+token (a restart) is a hash of it and a counter, so that restarting
+never waits for a subprocess."
+  (unless magent-store--token-key
+    (let ((bytes (with-temp-buffer
+                   (set-buffer-multibyte nil)
+                   (ignore-errors
+                     (let ((coding-system-for-read 'binary))
+                       (call-process "head" "/dev/urandom" t nil "-c" "64")))
+                   (buffer-string))))
+      (setq magent-store--token-key
+            (if (= (length bytes) 64)
+                (mapconcat (lambda (byte) (format "%02x" byte)) bytes "")
+              ;; No /dev/urandom: Emacs's own generator, seeded from the system.
+              (secure-hash 'sha256 (format "%s %s %s %s" (random t) (random)
+                                           (float-time) (emacs-pid)))))))
+  (secure-hash 'sha256 (format "%s %d %s" magent-store--token-key
+                               (cl-incf magent-store--token-count)
+                               (float-time))))
 
 (defun magent-store--start-backend ()
-  "Start the backend, connect and authenticate; return the backend."
+  "Start the backend without waiting for it; return the backend.
+The backend announces its port on stdout; our filter then connects and
+authenticates, and once the token is accepted every open session is
+reopened and what it had not saved is sent again.  Nothing here waits:
+chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
   (unless (require 'epc nil t)
     (user-error "Magent-store needs epc.el: M-x package-install RET epc \
 \(MELPA), or your distribution's package (Debian: elpa-epc)"))
   (let* ((command (magent-store--command))
          (token (magent-store--token))
+         (backend (magent-store--backend-make :started-at (float-time)
+                                              :token token
+                                              :program (car command)))
          (process-environment
           (cons (concat "MAGENT_STORE_TOKEN=" token) process-environment))
-         ;; A pipe, not a pty: the backend never reads a terminal.
-         (process-connection-type nil)
-         (manager
+         (server
           (condition-case err
-              (epc:start-epc (car command) (cdr command))
+              (make-process
+               :name "magent-store" :command command :noquery t
+               ;; A pipe, not a pty: the backend never reads a terminal.
+               :connection-type 'pipe :coding 'utf-8-unix
+               :filter (lambda (process output)
+                         (magent-store--server-output backend process output))
+               :sentinel #'magent-store--sentinel)
             (error
-             (user-error "Could not start %s: %s (see `magent-store-python' \
-and the backend log)"
+             (user-error "Could not start %s: %s (see `magent-store-python')"
                          (mapconcat #'identity command " ")
-                         (error-message-string err)))))
-         (connection (epc:connection-process
-                      (epc:manager-connection manager)))
-         (server (epc:manager-server-process manager))
-         (backend (magent-store--backend-make
-                   :manager manager :process server :connection connection
-                   :port (epc:manager-port manager)
-                   :started-at (float-time))))
-    ;; Take the connection over from epc.el's deferred-based dispatch.
-    (with-current-buffer (process-buffer connection)
-      (erase-buffer)
-      (set-buffer-multibyte nil))
-    (set-process-coding-system connection 'binary 'utf-8-unix)
-    (set-process-filter connection #'magent-store--filter)
-    (set-process-sentinel connection #'magent-store--sentinel)
-    (set-process-sentinel server #'magent-store--sentinel)
-    (set-process-query-on-exit-flag connection nil)
-    (set-process-query-on-exit-flag server nil)
+                         (error-message-string err))))))
+    (setf (magent-store--backend-process backend) server)
     (setq magent-store--backend backend)
     (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
-    (condition-case err
-        (let ((reply (magent-store--call "auth" (list token))))
-          (setf (magent-store--backend-spool backend) (nth 0 reply)
-                (magent-store--backend-pid backend) (nth 1 reply))
-          (magent-store--check-version (nth 2 reply) (car command)))
-      (error (magent-store--kill-backend backend)
-             (signal (car err) (cdr err))))
+    backend))
+
+(defun magent-store--server-output (backend process output)
+  "Read BACKEND's port from PROCESS's OUTPUT, then connect and authenticate."
+  (unless (magent-store--backend-connection backend)
+    (setf (magent-store--backend-output backend)
+          (concat (magent-store--backend-output backend) output))
+    (let ((text (magent-store--backend-output backend)))
+      (if (string-match "^\\([0-9]+\\)\n" text)
+          (condition-case err
+              (magent-store--connect backend
+                                     (string-to-number (match-string 1 text)))
+            (error
+             (setf (magent-store--backend-failure backend)
+                   (format "cannot connect to the backend: %s"
+                           (error-message-string err)))
+             (delete-process process)))
+        (when (> (length text) 4096)
+          ;; Not a port: say what it printed (a traceback, say) and stop.
+          (setf (magent-store--backend-failure backend)
+                (format "the backend printed no port: %s"
+                        (substring text 0 200)))
+          (delete-process process))))))
+
+(defun magent-store--connect (backend port)
+  "Connect to BACKEND on 127.0.0.1:PORT and send the token."
+  (let ((connection
+         (make-network-process
+          :name "magent-store-connection" :host "127.0.0.1" :service port
+          :buffer (generate-new-buffer " *magent-store-connection*" t)
+          :coding '(binary . utf-8-unix) :noquery t
+          :filter #'magent-store--filter :sentinel #'magent-store--sentinel)))
+    (with-current-buffer (process-buffer connection)
+      (set-buffer-multibyte nil))
+    (setf (magent-store--backend-connection backend) connection
+          (magent-store--backend-port backend) port)
+    (magent-store--send
+     "auth" (list (magent-store--backend-token backend))
+     (lambda (reply)
+       (setf (magent-store--backend-spool backend) (nth 0 reply)
+             (magent-store--backend-pid backend) (nth 1 reply)
+             (magent-store--backend-token backend) nil
+             (magent-store--backend-ready backend) t)
+       (magent-store--check-version (nth 2 reply)
+                                    (magent-store--backend-program backend))
+       (magent-store--backend-ready-hook backend))
+     (lambda (why)
+       (setf (magent-store--backend-failure backend)
+             (format "the backend refused the token: %s" why))
+       (delete-process connection)))))
+
+(defun magent-store--backend-ready-hook (backend)
+  "BACKEND took our token: open every session it does not hold yet."
+  (when (eq backend magent-store--backend)
+    (maphash (lambda (_id session)
+               (unless (or (magent-store--session-opened session)
+                           (magent-store--session-opening session))
+                 (magent-store--reopen session)))
+             magent-store--sessions)))
+
+(defun magent-store--ready-p (backend)
+  "Non-nil when BACKEND is authenticated and not stopping."
+  (and backend (magent-store--backend-ready backend)
+       (not (magent-store--backend-stopping backend))
+       (process-live-p (magent-store--backend-connection backend))))
+
+(defun magent-store--wait-ready (backend)
+  "Wait until BACKEND is ready, running no timers; signal if it cannot be."
+  (let ((deadline (+ (float-time) magent-store-call-timeout)))
+    (while (and (not (magent-store--backend-ready backend))
+                (not (magent-store--backend-stopping backend))
+                (< (float-time) deadline))
+      (let ((connection (magent-store--backend-connection backend)))
+        ;; JUST-THIS-ONE an integer: no timers run, nothing re-enters us.
+        (accept-process-output (if (process-live-p connection)
+                                   connection
+                                 (magent-store--backend-process backend))
+                               0.05 nil 1)))
+    (unless (magent-store--ready-p backend)
+      (magent-store--error
+       "The backend did not start: %s (see `magent-store-python' and %s)"
+       (or (magent-store--backend-failure backend)
+           (if (magent-store--backend-stopping backend)
+               "it exited"
+             (format "no answer within %ss" magent-store-call-timeout)))
+       (expand-file-name "server.log" (magent-store--log-directory))))
     backend))
 
 (defun magent-store--check-version (version program)
@@ -582,8 +685,8 @@ just before it exits: killed earlier, it leaves the spool behind."
   (let ((process (magent-store--backend-process backend))
         (deadline (+ (float-time) 3)))
     (while (and (process-live-p process) (< (float-time) deadline))
-      ;; JUST-THIS-ONE: no timers or other filters run while we wait.
-      (accept-process-output process 0.05 nil t))))
+      ;; JUST-THIS-ONE an integer: no timers or other filters run.
+      (accept-process-output process 0.05 nil 1))))
 
 (defun magent-store--kill-backend (backend)
   "Forget BACKEND and make sure its processes are gone."
@@ -591,15 +694,24 @@ just before it exits: killed earlier, it leaves the spool behind."
     (setf (magent-store--backend-stopping backend) t)
     (when (eq magent-store--backend backend)
       (setq magent-store--backend nil))
-    (ignore-errors (epc:stop-epc (magent-store--backend-manager backend)))))
+    (let ((connection (magent-store--backend-connection backend)))
+      (when (processp connection)
+        (delete-process connection)
+        (when (buffer-live-p (process-buffer connection))
+          (kill-buffer (process-buffer connection)))))
+    (when (process-live-p (magent-store--backend-process backend))
+      (delete-process (magent-store--backend-process backend)))))
 
 (defun magent-store--ensure-backend ()
-  "Return the live backend, starting it when needed."
-  (if (and magent-store--backend
-           (process-live-p (magent-store--backend-connection
-                            magent-store--backend)))
-      magent-store--backend
-    (magent-store--start-backend)))
+  "Return the backend, starting it (without waiting) when there is none."
+  (let ((backend magent-store--backend))
+    (if (and backend (not (magent-store--backend-stopping backend)))
+        backend
+      (magent-store--start-backend))))
+
+(defun magent-store--ready-backend ()
+  "Return the backend once it is ready, starting it and waiting if needed."
+  (magent-store--wait-ready (magent-store--ensure-backend)))
 
 (defun magent-store--sentinel (process _event)
   "Notice that PROCESS, part of the backend, went away."
@@ -610,58 +722,155 @@ just before it exits: killed earlier, it leaves the spool behind."
                                    (magent-store--backend-process backend)))
                (not (process-live-p process)))
       (setf (magent-store--backend-stopping backend) t)
-      ;; Recover outside the sentinel: it may need to wait for a new process.
+      ;; Outside the sentinel, which may run inside a send of ours.
       (run-at-time 0 nil #'magent-store--recover backend))))
 
+(defcustom magent-store-restart-limit 3
+  "Automatic restarts of the backend allowed within a minute.
+Past that the shim stops restarting it and says so; unsaved changes
+stay in Emacs until \\[magent-store-restart]."
+  :type 'natnum
+  :group 'magent-store)
+
+(defcustom magent-store-retry-interval 5
+  "Seconds between attempts to send again a batch the backend refused.
+A refused batch (a full disk, say) stays in Emacs until it is saved."
+  :type 'number
+  :group 'magent-store)
+
 (defun magent-store--recover (backend)
-  "Restart after BACKEND died, once, and resend what was not durable."
+  "Start a new backend after BACKEND died; reopen and resend asynchronously.
+Every timer of every session is cancelled first: nothing is sent until
+the new backend has reopened the session and taken what it had not
+saved, in order; chunks keep queueing meanwhile."
   (magent-store--kill-backend backend)
+  (maphash (lambda (_id session) (magent-store--session-detach session))
+           magent-store--sessions)
   (let ((recent (cl-remove-if (lambda (time) (< time (- (float-time) 60)))
                               magent-store--restarts)))
-    (if (or recent magent-store--gave-up)
-        (magent-store--give-up "the backend died again within a minute")
+    (setq magent-store--restarts recent)
+    (if (or magent-store--gave-up
+            (>= (length recent) magent-store-restart-limit))
+        (magent-store--give-up
+         (format "the backend stopped %d times within a minute"
+                 (1+ (length recent))))
       (push (float-time) magent-store--restarts)
+      (setq magent-store--recovering (float-time))
       (condition-case err
-          (progn
-            (magent-store--ensure-backend)
-            (maphash (lambda (_id session) (magent-store--resume session))
-                     magent-store--sessions)
-            (message "magent-store: the backend died and was restarted; \
-nothing was lost"))
+          (magent-store--start-backend)
         (error (magent-store--give-up (error-message-string err)))))))
+
+(defun magent-store--session-detach (session)
+  "Forget that SESSION is open on a backend; cancel its timers."
+  (dolist (timer (list (magent-store--session-timer session)
+                       (magent-store--session-retry session)))
+    (when timer (cancel-timer timer)))
+  (setf (magent-store--session-timer session) nil
+        (magent-store--session-retry session) nil
+        (magent-store--session-opened session) nil
+        (magent-store--session-opening session) nil))
+
+(defun magent-store--maybe-recovered ()
+  "Say so once every session has everything saved after a restart."
+  (when (and magent-store--recovering
+             (magent-store--ready-p magent-store--backend)
+             (catch 'pending
+               (maphash (lambda (_id session)
+                          (when (or (not (magent-store--session-opened session))
+                                    (magent-store--session-inflight session))
+                            (throw 'pending nil)))
+                        magent-store--sessions)
+               t))
+    (setq magent-store--recovering nil)
+    (message "magent-store: the backend stopped and was restarted; \
+everything it had not saved was sent again and is saved")))
 
 (defun magent-store--give-up (why)
   "Tell the user once that persistence stopped, because of WHY."
-  (setq magent-store--last-error why)
+  (setq magent-store--last-error why
+        magent-store--recovering nil)
   (unless magent-store--gave-up
     (setq magent-store--gave-up t)
-    (message "magent-store: %s; unsaved changes are kept in Emacs, \
-\\[magent-store-restart] retries (backend log in %s)"
-             why (magent-store--log-directory))))
+    (message "%s" (substitute-command-keys
+                   (format "magent-store: %s; unsaved changes are kept in \
+Emacs, \\[magent-store-restart] retries (backend log in %s)"
+                           why (magent-store--log-directory))))))
 
 (defun magent-store--log-directory ()
   "Return where the backend logs."
   (expand-file-name "magent-store"
                     (or (getenv "XDG_STATE_HOME") "~/.local/state")))
 
-(defun magent-store--resume (session)
-  "Reopen SESSION on a new backend and resend what it had not made durable.
-The backend reports how far the log on disk goes; entries up to there
-were written before the crash and are skipped, so nothing is duplicated."
-  (let* ((last-seq (magent-store--call "open" (magent-store--open-args
-                                                session)))
-         (pending (magent-store--pending-entries session))
-         (skip (max 0 (- last-seq (magent-store--session-written-seq
-                                   session)))))
-    (setq pending (nthcdr (min skip (length pending)) pending))
-    (setf (magent-store--session-opened session) t
-          (magent-store--session-inflight session) nil
-          (magent-store--session-written-seq session) last-seq)
-    (magent-store--requeue session pending)
-    (when-let ((header (magent-store--session-header session)))
-      (magent-store--call "put-header"
-                          (list (magent-store--session-id session) header)))
-    (magent-store--flush-now session)))
+(defun magent-store--reopen (session)
+  "Open SESSION on the backend, then send again what it has not saved.
+Each unacknowledged batch goes again under its own number: the backend
+skips the ones already in its log.  Then the queue follows."
+  (setf (magent-store--session-opening session) t)
+  (magent-store--send
+   "open" (magent-store--open-args session)
+   (lambda (last-seq)
+     (setf (magent-store--session-opening session) nil
+           (magent-store--session-opened session) t)
+     (unless (magent-store--session-inflight session)
+       (setf (magent-store--session-durable-seq session) last-seq
+             (magent-store--session-written-seq session) last-seq))
+     (when-let ((header (magent-store--session-header session)))
+       (magent-store--send "put-header"
+                           (list (magent-store--session-id session) header)
+                           nil #'ignore))
+     (magent-store--resend session))
+   (lambda (why)
+     (setf (magent-store--session-opening session) nil)
+     (magent-store--refused session why))))
+
+(defun magent-store--resend (session)
+  "Send SESSION's unacknowledged batches again, in order, then its queue."
+  (dolist (record (magent-store--session-inflight session))
+    (magent-store--send-batch session record nil))
+  (if (> (magent-store--session-fill session) 0)
+      (magent-store--flush-now session)
+    (magent-store--maybe-recovered)))
+
+(defun magent-store--refused (session why)
+  "The backend refused a batch or the opening of SESSION because of WHY.
+Nothing is dropped: everything stays in Emacs and is sent again after
+`magent-store-retry-interval' seconds, until the backend has it."
+  (unless (string-match-p "came before batch" why)
+    ;; That one only follows another refusal: the first says why.
+    (setq magent-store--last-error why))
+  (unless (or (string-match-p "came before batch" why)
+              ;; The same refusal with other numbers (bytes needed) is news
+              ;; to nobody: say it once.
+              (equal (magent-store--refusal-kind why)
+                     (magent-store--refusal-kind
+                      (magent-store--session-refusal session))))
+    (setf (magent-store--session-refusal session) why)
+    (message "magent-store: session %s is not saved: %s; its %d unsaved \
+entries stay in Emacs and are sent again every %ss"
+             (magent-store--session-id session) why
+             (magent-store--unsaved session) magent-store-retry-interval))
+  (when (string-match-p "is not open here" why)
+    (setf (magent-store--session-opened session) nil))
+  (unless (magent-store--session-retry session)
+    (setf (magent-store--session-retry session)
+          (run-at-time magent-store-retry-interval nil
+                       #'magent-store--retry session))))
+
+(defun magent-store--refusal-kind (why)
+  "Return WHY, a refusal's text, without its numbers, or nil."
+  (and why (replace-regexp-in-string "[0-9]+" "N" why t t)))
+
+(defun magent-store--retry (session)
+  "Send SESSION's unsaved entries again, reopening it first if needed."
+  (setf (magent-store--session-retry session) nil)
+  (let ((backend magent-store--backend))
+    (when (and (magent-store--ready-p backend)
+               (eq session (gethash (magent-store--session-id session)
+                                    magent-store--sessions)))
+      (cond ((magent-store--session-opening session))
+            ((not (magent-store--session-opened session))
+             (magent-store--reopen session))
+            (t (magent-store--resend session))))))
 
 ;;;; Sessions and batches
 
@@ -715,17 +924,10 @@ the session from when it has no files for it."
                                                  :initial initial)))
         (puthash session-id session magent-store--sessions)
         (condition-case err
-            (progn
-              (magent-store--ensure-backend)
-              (magent-store--send
-               "open" (magent-store--open-args session)
-               (lambda (last-seq)
-                 (setf (magent-store--session-opened session) t
-                       (magent-store--session-durable-seq session) last-seq
-                       (magent-store--session-written-seq session) last-seq))
-               (lambda (why)
-                 (message "magent-store: cannot open session %s: %s"
-                          session-id why))))
+            (let ((backend (magent-store--ensure-backend)))
+              ;; A backend still starting opens it once it is ready.
+              (when (magent-store--ready-p backend)
+                (magent-store--reopen session)))
           (error (magent-store--give-up (error-message-string err))))
         session)))
 
@@ -787,40 +989,12 @@ event is its JSON TEXT, then nil in the other three.")
     (fillarray batch nil)
     (push batch magent-store--batch-pool)))
 
-(defun magent-store--batch-entries (batch fill)
-  "Return the entries in BATCH's first FILL slots as a list, oldest first.
-An event is its JSON text, a chunk (ITEM-ID CHUNK OUTPUT-P TIME)."
-  (let ((entries nil) (i 0))
-    (while (< i fill)
-      (push (if (aref batch (1+ i))
-                (list (aref batch i) (aref batch (1+ i)) (aref batch (+ i 2))
-                      (aref batch (+ i 3)))
-              (aref batch i))
-            entries)
-      (setq i (+ i magent-store--entry-slots)))
-    (nreverse entries)))
-
-(defun magent-store--pending-entries (session)
-  "Return SESSION's entries the backend has not acknowledged, oldest first."
-  (append (apply #'append
-                 (mapcar (lambda (record)
-                           (magent-store--batch-entries (nth 1 record)
-                                                        (nth 2 record)))
-                         (magent-store--session-inflight session)))
-          (magent-store--batch-entries (magent-store--session-batch session)
-                                       (magent-store--session-fill session))))
-
-(defun magent-store--requeue (session entries)
-  "Make ENTRIES, listed as by `magent-store--batch-entries', SESSION's queue."
-  (setf (magent-store--session-batch session) nil
-        (magent-store--session-fill session) 0
-        (magent-store--session-queued-chars session) 0)
-  (dolist (entry entries)
-    (if (stringp entry)
-        (magent-store--enqueue session entry nil nil nil)
-      (apply #'magent-store--enqueue session entry))
-    (cl-incf (magent-store--session-queued-chars session)
-             (length (if (stringp entry) entry (nth 1 entry))))))
+(defun magent-store--unsaved (session)
+  "Return the number of entries of SESSION the backend has not saved."
+  (/ (+ (magent-store--session-fill session)
+        (apply #'+ (mapcar (lambda (record) (nth 2 record))
+                           (magent-store--session-inflight session))))
+     magent-store--entry-slots))
 
 (defsubst magent-store--push (session text size)
   "Queue the event TEXT of SIZE characters for SESSION; schedule a flush."
@@ -921,96 +1095,119 @@ The backend may hold the reply back and send it with later ones
   (setf (magent-store--session-deadline session) nil)
   (magent-store--flush-now session t))
 
+(defun magent-store--sendable-p (session)
+  "Non-nil when a batch of SESSION may go to the backend now.
+Not while the backend starts, the session is being reopened, or a
+refused batch waits for its retry: batches never overtake each other."
+  (and (magent-store--ready-p magent-store--backend)
+       (magent-store--session-opened session)
+       (not (magent-store--session-retry session))))
+
 (defun magent-store--flush-now (session &optional tick)
   "Send SESSION's queue as one batch, to be applied and flushed.
 Chunks travel as (ITEM-ID CHUNK OUTPUT-P TIME) lists and events as their
 JSON text, printed straight from the batch vector into the message: no
 per-chunk JSON, no list built.  With TICK, send it as a tick, whose
-reply the backend may hold back."
-  (let ((backend magent-store--backend))
-    (when (and backend
-               (not (magent-store--backend-stopping backend))
-               (process-live-p (magent-store--backend-connection backend)))
-      (let* ((fill (magent-store--session-fill session))
-             (batch (and (> fill 0) (magent-store--session-batch session)))
-             (large (> (magent-store--session-queued-chars session)
-                       magent-store-file-threshold))
-             (record (list nil batch fill))
-             (sent (float-time))
-             (id (magent-store--session-id session))
-             (extra (and magent-store--flush-extra-args-function
-                         (funcall magent-store--flush-extra-args-function))))
-        (when batch
-          (setf (magent-store--session-batch session)
-                (pop magent-store--batch-pool)))
-        (setf (magent-store--session-fill session) 0
-              (magent-store--session-queued-chars session) 0)
-        (setf (magent-store--session-inflight session)
-              (nconc (magent-store--session-inflight session) (list record)))
-        (cl-incf (magent-store--session-flushes session))
-        (condition-case nil
-            (setcar record
-                    (if large
-                        (magent-store--send (if tick "tick-file" "flush-file")
-                                            (cl-list* id (magent-store--spool-file
-                                                          backend batch fill)
-                                                      extra)
-                                            (magent-store--on-flushed
-                                             session record sent)
-                                            (magent-store--on-refused
-                                             session record))
-                      (magent-store--send (if tick "tick" "flush")
-                                          (cl-list* id record extra)
-                                          (magent-store--on-flushed
-                                           session record sent)
-                                          (magent-store--on-refused
-                                           session record)
-                                          #'magent-store--print-flush-args)))
-          ;; The connection is gone: the sentinel restarts and resends.
-          (error nil))))))
+reply the backend may hold back.  The batch gets the session's next
+number and stays in INFLIGHT until the backend says it is in the log;
+an empty batch still flushes (the header, say).  While the session
+cannot send, its entries stay queued."
+  (when (magent-store--sendable-p session)
+    (let* ((fill (magent-store--session-fill session))
+           (batch (and (> fill 0) (magent-store--session-batch session)))
+           (large (> (magent-store--session-queued-chars session)
+                     magent-store-file-threshold))
+           (record (list (cl-incf (magent-store--session-number session))
+                         batch fill large)))
+      (when batch
+        (setf (magent-store--session-batch session)
+              (pop magent-store--batch-pool)))
+      (setf (magent-store--session-fill session) 0
+            (magent-store--session-queued-chars session) 0)
+      (setf (magent-store--session-inflight session)
+            (nconc (magent-store--session-inflight session) (list record)))
+      (cl-incf (magent-store--session-flushes session))
+      (magent-store--send-batch
+       session record tick
+       (and magent-store--flush-extra-args-function
+            (funcall magent-store--flush-extra-args-function))))))
+
+(defun magent-store--send-batch (session record tick &optional extra)
+  "Send the batch RECORD, (NUMBER BATCH FILL LARGE), of SESSION.
+With TICK as a tick; EXTRA is the list of extra arguments (timing
+records).  A LARGE batch travels as a file, or in the message when
+the file cannot be written (a full disk)."
+  (let* ((backend magent-store--backend)
+         (id (magent-store--session-id session))
+         (ident (list (magent-store--session-producer session) (car record)))
+         (sent (float-time))
+         (file (and (nth 3 record)
+                    (ignore-errors
+                      (magent-store--spool-file backend (nth 1 record)
+                                                (nth 2 record))))))
+    (condition-case nil
+        (if file
+            (magent-store--send (if tick "tick-file" "flush-file")
+                                (list id file (car extra) ident)
+                                (magent-store--on-flushed session record sent)
+                                (magent-store--on-refused session record))
+          (magent-store--send (if tick "tick" "flush")
+                              (list id record (car extra) ident)
+                              (magent-store--on-flushed session record sent)
+                              (magent-store--on-refused session record)
+                              #'magent-store--print-flush-args))
+      ;; The connection is gone: the sentinel restarts and resends.
+      (error nil))))
 
 (defun magent-store--spool-file (backend batch fill)
   "Write BATCH's first FILL slots to a new private file in BACKEND's spool.
-Return the file's name."
+Return the file's name; signal (and leave no file) if it cannot be written."
   (let ((file (make-temp-file
                (expand-file-name "batch-" (magent-store--backend-spool backend))))
         (coding-system-for-write 'utf-8-unix))
     (magent-store--with-send-buffer
       (magent-store--print-batch batch fill)
-      (with-file-modes #o600
-        (write-region (point-min) (point-max) file nil 'silent)))
+      (condition-case err
+          (with-file-modes #o600
+            (write-region (point-min) (point-max) file nil 'silent))
+        (error (ignore-errors (delete-file file))
+               (signal (car err) (cdr err)))))
     file))
 
 (defun magent-store--on-flushed (session record sent)
   "Return the reply handler of the batch RECORD of SESSION sent at SENT."
   (lambda (reply)
-    (setf (magent-store--session-inflight session)
-          (delq record (magent-store--session-inflight session))
-          (magent-store--session-durable-seq session) (nth 0 reply)
-          (magent-store--session-written-seq session) (nth 1 reply))
-    (magent-store--recycle (nth 1 record))
-    (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
-    (when (nthcdr 256 magent-store--flush-ms)
-      (setcdr (nthcdr 127 magent-store--flush-ms) nil))
-    (when magent-store--flushed-function
-      (funcall magent-store--flushed-function sent record reply))
-    (when-let ((rejected (nth 4 reply)))
-      (setq magent-store--last-error (car rejected))
-      (message "magent-store: session %s: %d entries rejected (%s)"
-               (magent-store--session-id session) (length rejected)
-               (car rejected)))
-    (magent-store--after-reply session)))
+    ;; A batch sent again may be answered twice: the first answer counts.
+    (when (memq record (magent-store--session-inflight session))
+      (setf (magent-store--session-inflight session)
+            (delq record (magent-store--session-inflight session))
+            (magent-store--session-durable-seq session) (nth 0 reply)
+            (magent-store--session-written-seq session) (nth 1 reply))
+      (magent-store--recycle (nth 1 record))
+      (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
+      (when (nthcdr 256 magent-store--flush-ms)
+        (setcdr (nthcdr 127 magent-store--flush-ms) nil))
+      (when magent-store--flushed-function
+        (funcall magent-store--flushed-function sent record reply))
+      (when-let ((rejected (nth 4 reply)))
+        (setq magent-store--last-error (car rejected))
+        (message "magent-store: session %s: %d entries rejected (%s)"
+                 (magent-store--session-id session) (length rejected)
+                 (car rejected)))
+      (unless (magent-store--session-inflight session)
+        (when (magent-store--session-refusal session)
+          (setf (magent-store--session-refusal session) nil)
+          (message "magent-store: session %s is saved again; nothing was lost"
+                   (magent-store--session-id session)))
+        (magent-store--maybe-recovered))
+      (magent-store--after-reply session))))
 
 (defun magent-store--on-refused (session record)
   "Return the error handler of the batch RECORD of SESSION."
   (lambda (why)
-    ;; A refused batch was not applied and would be refused again.
-    (setf (magent-store--session-inflight session)
-          (delq record (magent-store--session-inflight session)))
-    (magent-store--recycle (nth 1 record))
-    (message "magent-store: session %s: flush refused: %s"
-             (magent-store--session-id session) why)
-    (magent-store--after-reply session)))
+    ;; The backend has none of it: keep it and send it again.
+    (when (memq record (magent-store--session-inflight session))
+      (magent-store--refused session why))))
 
 (defun magent-store--scope-arg (scope)
   "Return SCOPE normalized for `magent-store--session-make'."
@@ -1025,7 +1222,7 @@ SCOPE is `global' (the default), a project root directory, or
   (let ((session (or (gethash session-id magent-store--sessions)
                      (magent-store--session-make
                       :id session-id :scope (magent-store--scope-arg scope)))))
-    (magent-store--ensure-backend)
+    (magent-store--ready-backend)
     (unless (magent-store--session-opened session)
       (let ((last-seq (magent-store--call "open"
                                           (magent-store--open-args session))))
@@ -1061,9 +1258,8 @@ HEADER is an alist or its JSON text, as for `magent-store-append-event'."
   (let ((session (magent-store--get session-id))
         (text (magent-store--json-arg header)))
     (setf (magent-store--session-header session) text)
-    (when (and magent-store--backend
-               (process-live-p (magent-store--backend-connection
-                                magent-store--backend)))
+    ;; Otherwise the session's reopening sends it.
+    (when (magent-store--sendable-p session)
       (magent-store--send "put-header" (list session-id text) nil
                           (lambda (why)
                             (message "magent-store: header of %s refused: %s"
@@ -1080,29 +1276,45 @@ The first request schedules the flush; later ones join it."
       (magent-store--schedule session (float-time)))))
 
 (defun magent-store-flush (session-id)
-  "Flush SESSION-ID now and return its durable seq once the backend has it."
+  "Flush SESSION-ID now and return its durable seq once the backend has it.
+Signal an error naming why when the backend cannot save it yet (its
+entries stay in Emacs and are sent again)."
   (let* ((session (magent-store--get session-id))
-         (backend (magent-store--ensure-backend))
+         (backend (magent-store--ready-backend))
          (process (magent-store--backend-connection backend))
          (deadline (+ (float-time) magent-store-call-timeout)))
     (when-let ((timer (magent-store--session-timer session)))
       (cancel-timer timer)
       (setf (magent-store--session-timer session) nil))
     (setf (magent-store--session-deadline session) nil)
+    (unless (or (magent-store--session-opened session)
+                (magent-store--session-opening session))
+      (magent-store--reopen session))
     (magent-store--flush-now session)
-    (while (and (magent-store--session-inflight session)
-                (process-live-p process)
+    (while (and (or (magent-store--session-inflight session)
+                    (> (magent-store--session-fill session) 0)
+                    (not (magent-store--session-opened session)))
+                (not (magent-store--session-retry session))
+                (magent-store--ready-p backend)
                 (< (float-time) deadline))
-      (accept-process-output process 0.05 nil t))
-    (when (magent-store--session-inflight session)
-      (magent-store--error "Flush of %s did not complete" session-id))
+      ;; JUST-THIS-ONE an integer: no timers run while we wait.
+      (accept-process-output process 0.05 nil 1)
+      ;; The session may just have been reopened.
+      (when (> (magent-store--session-fill session) 0)
+        (magent-store--flush-now session)))
+    (when (or (magent-store--session-inflight session)
+              (> (magent-store--session-fill session) 0))
+      (magent-store--error "Flush of %s did not complete%s" session-id
+                           (if-let ((why (magent-store--session-refusal session)))
+                               (concat ": " why)
+                             "")))
     (magent-store--session-durable-seq session)))
 
 (defun magent-store-load (session-id &optional scope)
   "Open SESSION-ID under SCOPE and return (:header ALIST :snapshot ALIST).
 The backend writes the JSON to a private file, read here and deleted:
 megabytes never cross the EPC wire."
-  (magent-store--ensure-backend)
+  (magent-store--ready-backend)
   (when (gethash session-id magent-store--sessions)
     ;; What Emacs still holds must be in the snapshot it gets back.
     (magent-store-flush session-id))
@@ -1162,31 +1374,47 @@ Install it into a private virtualenv now? "))
         (message "magent-store: installing the backend (see \
 *magent-store-install*); it starts when the installation is done")
         nil)
-    (let ((backend (magent-store--ensure-backend)))
+    (let ((backend (magent-store--ready-backend)))
       (when offer-install
         (message "magent-store: backend pid %s on port %s"
                  (magent-store--backend-pid backend)
                  (magent-store--backend-port backend)))
       backend)))
 
+(defun magent-store--shutdown (backend)
+  "Ask BACKEND to stop, and wait (a few seconds at most) until it has exited.
+It closes every session and removes its spool itself: it is killed only
+if it does not exit in time."
+  (setf (magent-store--backend-stopping backend) t)
+  (when (magent-store--backend-ready backend)
+    (ignore-errors (magent-store--send "shutdown" nil #'ignore #'ignore)))
+  (magent-store--await-exit backend)
+  (magent-store--kill-backend backend))
+
 ;;;###autoload
-(defun magent-store-stop ()
-  "Flush everything and stop the backend; sessions must be reopened after."
-  (interactive)
+(defun magent-store-stop (&optional discard)
+  "Flush everything and stop the backend; sessions must be reopened after.
+When some entries could not be saved (a full disk, say), nothing is
+stopped and an error says so; with DISCARD (a prefix argument) the
+backend is stopped all the same and those entries are dropped."
+  (interactive "P")
   (let ((running magent-store--backend)
         (count (hash-table-count magent-store--sessions)))
     (when running
       (magent-store-flush-all)
-      (maphash (lambda (_id session)
-                 (when-let ((timer (magent-store--session-timer session)))
-                   (cancel-timer timer)))
+      (let ((unsaved 0))
+        (maphash (lambda (_id session)
+                   (cl-incf unsaved (magent-store--unsaved session)))
+                 magent-store--sessions)
+        (when (and (> unsaved 0) (not discard))
+          (user-error "%d entries are not saved yet (%s); not stopped: \
+C-u M-x magent-store-stop drops them" unsaved
+                      (or magent-store--last-error "see the backend log"))))
+      (maphash (lambda (_id session) (magent-store--session-detach session))
                magent-store--sessions)
-      (let ((backend magent-store--backend))
-        (setf (magent-store--backend-stopping backend) t)
-        (ignore-errors (magent-store--call "shutdown" nil))
-        (magent-store--await-exit backend)
-        (magent-store--kill-backend backend)))
+      (magent-store--shutdown magent-store--backend))
     (setq magent-store--recent nil
+          magent-store--recovering nil
           ;; What went wrong before a deliberate stop is no longer news.
           magent-store--last-error nil)
     (clrhash magent-store--sessions)
@@ -1198,19 +1426,19 @@ Install it into a private virtualenv now? "))
 
 ;;;###autoload
 (defun magent-store-restart ()
-  "Restart the backend, reopening sessions and resending unsaved entries."
+  "Restart the backend, reopening sessions and resending unsaved entries.
+Emacs does not wait: the sessions are reopened once the backend is up."
   (interactive)
-  (let ((backend magent-store--backend))
-    (when backend
-      (setf (magent-store--backend-stopping backend) t)
-      (ignore-errors (magent-store--call "shutdown" nil))
-      (magent-store--await-exit backend)
-      (magent-store--kill-backend backend)))
-  (setq magent-store--gave-up nil)
-  (magent-store--ensure-backend)
-  (maphash (lambda (_id session) (magent-store--resume session))
+  (maphash (lambda (_id session) (magent-store--session-detach session))
            magent-store--sessions)
-  (message "magent-store: backend restarted"))
+  (when magent-store--backend
+    (magent-store--shutdown magent-store--backend))
+  (setq magent-store--gave-up nil
+        magent-store--restarts nil
+        magent-store--recovering (float-time))
+  (magent-store--start-backend)
+  (message "magent-store: backend restarting; unsaved entries are sent \
+again once it is up"))
 
 (defun magent-store--percentile (numbers p)
   "Return the P-th percentile (P an integer, 0 to 100) of NUMBERS, or nil.

@@ -112,13 +112,20 @@ def state_dir() -> Path:
     return path
 
 
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotated log whose every file is 0600, the ones rotation creates too."""
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
 def _private_file_handler(path: Path) -> logging.Handler:
     # Create the file 0600 before logging opens it, whatever the umask.
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
     os.chmod(path, 0o600)
-    handler = logging.handlers.RotatingFileHandler(
-        path, maxBytes=1_000_000, backupCount=3, encoding="utf-8"
-    )
+    handler = _PrivateRotatingFileHandler(path, maxBytes=1_000_000, backupCount=3, encoding="utf-8")
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
     )
@@ -266,6 +273,9 @@ class Service:
     # -- sessions --------------------------------------------------------------
 
     def _store(self, root: str, options: JsonDict) -> Store:
+        if not Path(root).expanduser().is_absolute():
+            # Relative to what?  Our working directory is nobody's session root.
+            raise CallError(f"root must be an absolute directory, got {root!r:.200}")
         fsync = options.get("fsync", "always")
         if fsync not in ("always", "interval", "never"):
             raise CallError(f"options.fsync must be always, interval or never, got {fsync!r}")
@@ -282,6 +292,7 @@ class Service:
                 fsync=fsync,
                 fsync_interval_ms=interval,
                 log_max_events=max_events,
+                crash=_pause_hook(),
             )
             self._stores[store_key] = store
         return store
@@ -622,6 +633,38 @@ class Service:
                     log.exception("closing session %s failed", session_id)
             for index in self._indexes.values():
                 index.close()  # writes what its worker still holds
+
+
+PAUSE_ENV = "MAGENT_STORE_TEST_PAUSE_AT"
+
+
+def _pause_hook() -> Callable[[str], None] | None:
+    """For the fault-injection tests only: stop at a named point of a write.
+
+    With MAGENT_STORE_TEST_PAUSE_AT=POINT (``snapshot-temp-written``, say)
+    the first session write of this process to reach POINT creates
+    ``paused-POINT`` in the state directory and waits while it exists, so
+    that a test can kill the backend right there (a ``pause-off`` file
+    there turns the pauses off).  Unset (always, outside tests), there is
+    no hook at all.
+    """
+    point = os.environ.get(PAUSE_ENV)
+    if not point:
+        return None
+    done = threading.Event()
+
+    def pause(where: str) -> None:
+        directory = state_dir()
+        if where != point or done.is_set() or (directory / "pause-off").exists():
+            return
+        done.set()
+        flag = directory / f"paused-{where}"
+        flag.touch()
+        deadline = time.monotonic() + 60
+        while flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    return pause
 
 
 def _ms(seconds: float | None) -> float | None:

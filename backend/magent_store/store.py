@@ -982,7 +982,7 @@ class Session:
         started = time.perf_counter()
         events_written = len(self._pending)
         written = self._pending
-        batch, self._next_batch = self._next_batch, None
+        batch = self._next_batch
         if batch is None:
             bytes_written = self._write_pending()
             if self._written_seq != self._commit_seq:
@@ -991,6 +991,7 @@ class Session:
             size = os.fstat(self._log_fd).st_size
             try:
                 bytes_written = self._write_pending()
+                self._next_batch = None
                 previous = self._producer, self._batch
                 self._producer, self._batch = batch
                 try:
@@ -999,10 +1000,11 @@ class Session:
                     self._producer, self._batch = previous
                     raise
             except OSError as exc:
+                self._next_batch = None
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._log_fd, size)
                 self._reload()
-                raise WriteFailed(f"{exc}; nothing of batch {batch[1]} was kept: send it again") from None
+                raise WriteFailed(f"{exc}; the batch was not written: send it again") from None
         header_written = self._write_header_if_changed()
         due = not self._snapshot_on_disk or (
             self._since_snapshot >= self.log_max_events
@@ -1038,10 +1040,9 @@ class Session:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._log_fd, size)
-            raise write_failed(
-                self.files.log, exc, len(data),
-                f"; {len(self._pending)} events kept in memory for the next flush",
-            ) from None
+            kept = (f"; {len(self._pending)} events kept in memory for the next flush"
+                    if self._next_batch is None else "")  # fmt: skip
+            raise write_failed(self.files.log, exc, len(data), kept) from None
         last = self._pending_first_seq + len(self._pending) - 1
         for line in self._pending:
             self._remember(line)
@@ -1195,6 +1196,7 @@ class Store:
         fsync_interval_ms: int = 1000,
         log_max_events: int = LOG_MAX_EVENTS,
         log_growth: float = LOG_GROWTH,
+        crash: Callable[[str], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -1203,6 +1205,7 @@ class Store:
         self.fsync_interval_ms = fsync_interval_ms
         self.log_max_events = log_max_events
         self.log_growth = log_growth
+        self.crash = crash  # a test's fault hook, given to every session
 
     def files(self, session_id: str, scope: Scope) -> SessionFiles:
         return SessionFiles(scope.directory(self.root), check_session_id(session_id))
@@ -1219,6 +1222,7 @@ class Store:
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
+            crash=self.crash,
         )  # fmt: skip
 
     def _take_over(self, files: SessionFiles) -> None:

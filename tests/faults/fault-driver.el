@@ -1,0 +1,190 @@
+;;; fault-driver.el --- One Emacs streaming through the shim while faults strike  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; Run by tests/faults/faults.py in `emacs --batch': the real shim, its real
+;; backend, real timers.  The harness kills backends, fills disks and
+;; frees them; this file only streams and reports.  Settings come from
+;; the environment (FAULT_*), the result goes to FAULT_OUT as JSON:
+;; chunks sent, restarts seen, the longest any shim function ran while
+;; recovering and the longest Emacs stalled, the shim's messages.
+;;
+;; Each chunk is "<N>" plus filler, N counting from 0: the harness
+;; reads the content back and counts lost, duplicated and reordered N.
+
+;;; Code:
+
+(require 'cl-lib)
+(unless (locate-library "epc")
+  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
+    (add-to-list 'load-path dir)))
+(require 'magent-store)
+
+(defun fault--env (name &optional default)
+  "Return environment variable NAME, or DEFAULT."
+  (let ((value (getenv name)))
+    (if (and value (not (string-empty-p value))) value default)))
+
+(defun fault--num (name default)
+  "Return environment variable NAME as a number, or DEFAULT."
+  (let ((value (fault--env name)))
+    (if value (string-to-number value) default)))
+
+(defvar fault--messages nil "The shim's messages, newest first.")
+(defvar fault--max-call-ms 0.0
+  "Longest single call of a recovery function, its garbage collection excluded.")
+(defvar fault--slowest nil "Which function that was.")
+(defvar fault--max-gc-ms 0.0 "Longest garbage collection inside one such call.")
+(defvar fault--max-raw-ms 0.0 "Longest such call, garbage collection included.")
+(defvar fault--recoveries 0 "How many times the shim started a new backend after a death.")
+(defvar fault--calls (make-hash-table :test #'eq)
+  "Function -> longest call in ms, once the first backend was up.")
+
+(defun fault--capture (format-string &rest args)
+  "Keep what `message' shows with FORMAT-STRING and ARGS."
+  (when (and (stringp format-string) (string-prefix-p "magent-store" format-string))
+    (push (apply #'format-message format-string args) fault--messages))
+  (when (and (equal format-string "%s") (stringp (car args))
+             (string-prefix-p "magent-store" (car args)))
+    (push (car args) fault--messages)))
+
+(defun fault--timed (name)
+  "Return advice timing each call of the function NAME."
+  (lambda (orig &rest args)
+    (let ((start (float-time))
+          (gc gc-elapsed))
+      (prog1 (apply orig args)
+        (let* ((gc-ms (* 1000 (- gc-elapsed gc)))
+               (ms (* 1000 (- (float-time) start))))
+          (when (> gc-ms fault--max-gc-ms)
+            (setq fault--max-gc-ms gc-ms))
+          ;; The first start (loading epc.el, say) is not a restart.  A
+          ;; garbage collection may strike in any call, ours or not: the
+          ;; baseline run shows its pauses, so it is counted apart.
+          (when (> fault--recoveries 0)
+            (puthash name (max (- ms gc-ms) (gethash name fault--calls 0)) fault--calls)
+            (setq fault--max-raw-ms (max ms fault--max-raw-ms))
+            (when (> (- ms gc-ms) fault--max-call-ms)
+              (setq fault--max-call-ms (- ms gc-ms) fault--slowest name))))))))
+
+(defun fault--event (type &rest fields)
+  "A journal event alist of TYPE with FIELDS (a plist)."
+  `((seq) (type . ,type) (thread-id . "thread-1")
+    (turn-id . ,(plist-get fields :turn-id))
+    (item-id . ,(plist-get fields :item-id))
+    (payload . ,(plist-get fields :payload))
+    (created-at . ,(float-time))))
+
+(defun fault--start-turn (sid item)
+  "Journal a thread, a turn and an assistant ITEM in SID."
+  (let ((now (float-time)))
+    (magent-store-append-event sid (fault--event "thread-started"))
+    (magent-store-append-event
+     sid (fault--event "turn-started" :turn-id "turn-1"
+                       :payload `((turn . ((id . "turn-1") (input . "go")
+                                           (status . "in-progress")
+                                           (queued-at . ,now) (items . []))))))
+    (magent-store-append-event
+     sid (fault--event "item-started" :turn-id "turn-1" :item-id item
+                       :payload `((item . ((id . ,item) (turn-id . "turn-1")
+                                           (type . "message") (role . "assistant")
+                                           (status . "in-progress")
+                                           (created-at . ,now)
+                                           (updated-at . ,now))))))))
+
+(defun fault--progress (file text)
+  "Write TEXT to FILE (the harness polls it)."
+  (let ((coding-system-for-write 'utf-8-unix))
+    (write-region text nil file nil 'silent)))
+
+(defun fault--saved-p (sid)
+  "Non-nil once every entry of SID is saved (the backend said so)."
+  (let ((session (gethash sid magent-store--sessions)))
+    (and session
+         (zerop (magent-store--session-fill session))
+         (null (magent-store--session-inflight session)))))
+
+(defun fault-run ()
+  "Stream FAULT_CHUNKS chunks into FAULT_SESSION, then save and stop."
+  (let* ((sid (fault--env "FAULT_SESSION" "s-fault"))
+         (item (fault--env "FAULT_ITEM" "item-1"))
+         (chunks (fault--num "FAULT_CHUNKS" 1000))
+         (interval (fault--num "FAULT_INTERVAL" 0.005))
+         (filler (make-string (fault--num "FAULT_FILLER" 40) ?x))
+         (progress (fault--env "FAULT_PROGRESS"))
+         (out (fault--env "FAULT_OUT"))
+         (settle (fault--num "FAULT_SETTLE" 60))
+         (max-stall 0.0)
+         (start (float-time))
+         stopped-cleanly stop-error)
+    (setq magent-store-root (fault--env "FAULT_ROOT")
+          magent-store-python (fault--env "FAULT_PYTHON" magent-store-python)
+          magent-store-restart-limit 100000
+          magent-store-retry-interval (fault--num "FAULT_RETRY" 0.3)
+          magent-store-log-max-events (fault--num "FAULT_LOG_MAX" 2000)
+          magent-store-call-timeout 30)
+    (advice-add 'message :before #'fault--capture)
+    (advice-add 'magent-store--recover :before
+                (lambda (&rest _) (cl-incf fault--recoveries)))
+    (dolist (name '(magent-store--recover magent-store--start-backend
+                    magent-store--server-output magent-store--filter
+                    magent-store--retry magent-store--tick
+                    magent-store--sentinel magent-store--flush-now
+                    magent-store--reopen magent-store--resend))
+      (advice-add name :around (fault--timed name)))
+    (if (fault--env "FAULT_ASYNC_OPEN")
+        ;; As the mode opens sessions: without waiting, whatever the backend says.
+        (magent-store--ensure-session sid 'global)
+      (magent-store-open sid))
+    (fault--start-turn sid item)
+    (when progress (fault--progress progress "0"))
+    (dotimes (i chunks)
+      (magent-store-append-item-content sid item (format "<%d>%s" i filler))
+      (magent-store-request-flush sid)
+      (let ((before (float-time)))
+        (sleep-for interval)
+        (setq max-stall (max max-stall (- (float-time) before interval))))
+      (when (and progress (zerop (% i 50)))
+        (fault--progress progress (number-to-string i))))
+    (when progress (fault--progress progress "done"))
+    ;; Let retries and restarts finish: timers run while we sleep.
+    (let ((deadline (+ (float-time) settle)))
+      (while (and (not (fault--saved-p sid)) (< (float-time) deadline))
+        (when (and (magent-store--ready-p magent-store--backend)
+                   (not (magent-store--session-retry
+                         (gethash sid magent-store--sessions))))
+          (ignore-errors (magent-store-flush sid)))
+        (sleep-for 0.1)))
+    (let ((saved (fault--saved-p sid))
+          (backend magent-store--backend))
+      (let ((server (and backend (magent-store--backend-process backend))))
+        (condition-case err
+            (progn (magent-store-stop)
+                   (setq stopped-cleanly
+                         (and server (memq (process-status server) '(exit signal))
+                              (list (process-status server) (process-exit-status server)))))
+          (error (setq stop-error (error-message-string err)))))
+      (with-temp-file out
+        (insert (json-encode
+                 `((chunks . ,chunks)
+                   (saved . ,(if saved t :json-false))
+                   (recoveries . ,fault--recoveries)
+                   (max-call-ms . ,fault--max-call-ms)
+                   (slowest . ,(format "%s" fault--slowest))
+                   (max-gc-ms . ,fault--max-gc-ms)
+                   (max-raw-ms . ,fault--max-raw-ms)
+                   (gcs . ,gcs-done)
+                   (gc-seconds . ,gc-elapsed)
+                   (calls . ,(let (l) (maphash (lambda (k v) (push (format "%s %.1f" k v) l))
+                                               fault--calls)
+                                   (vconcat l)))
+                   (max-stall-ms . ,(* 1000 max-stall))
+                   (seconds . ,(- (float-time) start))
+                   (stop . ,(format "%S" stopped-cleanly))
+                   (stop-error . ,stop-error)
+                   (messages . ,(vconcat (seq-take (delete-dups (reverse fault--messages)) 40))))))))))
+
+(provide 'fault-driver)
+;;; fault-driver.el ends here

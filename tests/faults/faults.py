@@ -1,0 +1,355 @@
+"""Fault injection: a real Emacs streams through the shim while its backend is hurt.
+
+Every scenario runs `emacs --batch` with tests/faults/fault-driver.el (the
+real shim, the real backend it starts, real timers), injects faults from
+outside, then reads the session back with `magent-store show` and counts
+the chunk markers: lost, duplicated and reordered must all be 0, `fsck`
+must find nothing, the backend must stop by itself (no SIGKILL) and leave
+no spool behind.
+
+    python tests/faults/faults.py            # the full suite (make test-faults)
+    python tests/faults/faults.py --quick    # the bounded one (make test)
+
+Scenarios: SIGKILL of the backend at random moments of a stream; SIGKILL
+while a compaction writes (the backend paused there by a test-only hook);
+a full disk (a small tmpfs when run as root, else skipped: the store-level
+fault hook is tests/test_exactly_once.py) with a SIGKILL while a batch is
+refused; two Emacs writing one session.  Hostile peers: tests/faults/fuzz.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+BACKEND = CHECKOUT / ".venv" / "bin" / "magent-store"
+DRIVER = CHECKOUT / "tests" / "faults" / "fault-driver.el"
+EMACS = os.environ.get("EMACS", "emacs")
+MARKER = re.compile(r"<(\d+)>")
+
+
+@dataclass
+class Outcome:
+    name: str
+    chunks: int
+    kills: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    recoveries: int = 0
+    max_call_ms: float = 0.0
+    max_stall_ms: float = 0.0
+    max_raw_ms: float = 0.0
+    slowest: str = ""
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.reordered or self.problems)
+
+    def line(self) -> str:
+        status = "ok  " if self.ok else "FAIL"
+        return (f"{status} {self.name:<28} chunks {self.chunks:5d}  kills {self.kills:3d}  "
+                f"lost {self.lost}  duplicated {self.duplicated}  reordered {self.reordered}  "
+                f"restarts {self.recoveries:3d}  longest shim call {self.max_call_ms:4.1f} ms "
+                f"(with GC {self.max_raw_ms:4.1f})  "
+                f"longest stall {self.max_stall_ms:5.1f} ms  ({self.seconds:.1f} s)")  # fmt: skip
+
+
+class Run:
+    """One Emacs running the driver, with its own root and state directory."""
+
+    def __init__(self, base: Path, name: str, root: Path | None = None, **env: Any) -> None:
+        self.dir = base / name
+        self.dir.mkdir(parents=True)
+        self.root = root or self.dir / "root"
+        self.state = self.dir / "state" / "magent-store"
+        self.out = self.dir / "out.json"
+        self.progress = self.dir / "progress"
+        self.session = env.pop("session", "s-fault")
+        environ = {**os.environ, "XDG_STATE_HOME": str(self.dir / "state"),
+                   "FAULT_ROOT": str(self.root), "FAULT_OUT": str(self.out),
+                   "FAULT_PROGRESS": str(self.progress), "FAULT_PYTHON": str(BACKEND),
+                   "FAULT_SESSION": self.session}  # fmt: skip
+        environ.update({k: str(v) for k, v in env.items()})
+        self.proc = subprocess.Popen(
+            [EMACS, "--batch", "-Q", "-L", str(CHECKOUT / "elisp"), "-l", str(DRIVER), "-f", "fault-run"],
+            env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.dir,
+        )  # fmt: skip
+
+    def backends(self) -> list[int]:
+        """Pids of this Emacs's live backend processes."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == self.proc.pid and fields[0] != "Z" and b"serve" in cmdline:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def chunks_sent(self) -> int:
+        try:
+            text = self.progress.read_text()
+        except OSError:
+            return -1
+        return 1 << 30 if text == "done" else int(text or -1)
+
+    def kill_backend(self, wait: float = 3.0) -> bool:
+        """SIGKILL the live backend (waiting up to WAIT s for one); True if one was killed."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            for pid in self.backends():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def finish(self, timeout: float = 300) -> dict[str, Any]:
+        try:
+            output, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            output, _ = self.proc.communicate()
+        if self.proc.returncode != 0 or not self.out.exists():
+            raise RuntimeError(f"{self.dir.name}: Emacs failed ({self.proc.returncode}):\n"
+                               f"{output.decode(errors='replace')[:6000]}")  # fmt: skip
+        result: dict[str, Any] = json.loads(self.out.read_text())
+        return result
+
+
+def markers(root: Path, session: str, item: int = 0) -> list[int]:
+    shown = subprocess.run([str(BACKEND), "show", str(root / "global" / f"{session}.json")],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    if shown.returncode != 0:
+        raise RuntimeError(f"show failed: {shown.stderr.strip()}")
+    snapshot = json.loads(shown.stdout)
+    content = snapshot["turns"][0]["items"][item]["content"] or ""
+    return [int(m) for m in MARKER.findall(content)]
+
+
+def judge(outcome: Outcome, run: Run, result: dict[str, Any], *, item: int = 0) -> Outcome:
+    """Count what came back and check what the run left behind."""
+    seen = markers(run.root, run.session, item)
+    distinct = set(seen)
+    outcome.lost = len(set(range(outcome.chunks)) - distinct)
+    outcome.duplicated = len(seen) - len(distinct)
+    outcome.reordered = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b < a)
+    outcome.recoveries = result["recoveries"]
+    outcome.max_call_ms = result["max-call-ms"]
+    outcome.max_stall_ms = result["max-stall-ms"]
+    outcome.seconds = result["seconds"]
+    outcome.slowest = result["slowest"]
+    outcome.max_raw_ms = result["max-raw-ms"]
+    if outcome.max_call_ms > 50:
+        outcome.problems.append(f"{result['slowest']} blocked Emacs {outcome.max_call_ms:.1f} ms while recovering")
+    outcome.notes.append("longest calls while recovering, garbage collection excluded (ms): " + ", ".join(result["calls"]) +
+                         f"; the longest garbage collection inside one: {result['max-gc-ms']:.1f} ms, "
+                         f"{result['gcs']} collections, {result['gc-seconds']:.2f} s in all")  # fmt: skip
+    if result["saved"] is not True:
+        outcome.problems.append("the shim did not get everything saved")
+    if not str(result["stop"]).startswith("(exit 0)"):
+        outcome.problems.append(f"the backend did not exit by itself on stop: {result['stop']} "
+                                f"{result.get('stop-error')}")  # fmt: skip
+    fsck = subprocess.run([str(BACKEND), "fsck", str(run.root)], capture_output=True, text=True, check=False)
+    if fsck.returncode != 0:
+        outcome.problems.append(f"fsck: {fsck.stdout.strip()[-500:]}")
+    spools = list(run.state.glob("spool-*"))
+    if spools:
+        outcome.problems.append(f"{len(spools)} spool directories left behind")
+    log = (run.state / "server.log").read_text(errors="replace")
+    if not log.rstrip().endswith("stopped"):
+        outcome.problems.append("the last backend did not log 'stopped'")
+    for bad in ("internal error", "Traceback", "unexpected "):
+        if bad in log:
+            outcome.problems.append(f"server.log mentions {bad!r}")
+    messages = result["messages"]
+    outcome.notes.extend(messages[:6])
+    if any("\\[" in m for m in messages):
+        outcome.problems.append("a message shows a raw \\[command] key")
+    if outcome.lost and any("nothing was lost" in m or "is saved" in m for m in messages):
+        outcome.problems.append("a message said nothing was lost, and something was")
+    return outcome
+
+
+# --------------------------------------------------------------------------
+# Scenarios
+
+
+def random_kills(base: Path, rng: random.Random, kills: int, chunks: int, interval: float) -> Outcome:
+    """SIGKILL the backend at KILLS random moments of a stream of CHUNKS (0: the baseline)."""
+    outcome = Outcome(f"SIGKILL x{kills} mid-stream" if kills else "no fault (baseline)", chunks)
+    run = Run(base, "kills", FAULT_CHUNKS=chunks, FAULT_INTERVAL=interval, FAULT_LOG_MAX=300)
+    # Random chunk counts to kill at, plus a random delay inside the flush cycle.
+    points = sorted(rng.sample(range(20, chunks - 20), kills))
+    for point in points:
+        while run.chunks_sent() < point and run.proc.poll() is None:
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 0.3))
+        outcome.kills += run.kill_backend()
+    return judge(outcome, run, run.finish())
+
+
+COMPACTION_POINTS = ("snapshot-temp-written", "before-log-replace", "jsonl-temp-written", "log-written")
+
+
+def kill_while_paused(base: Path, point: str, kills: int, chunks: int) -> Outcome:
+    """SIGKILL the backend while a write stands at POINT (compaction or log append)."""
+    outcome = Outcome(f"SIGKILL at {point}", chunks)
+    run = Run(base, f"pause-{point}", FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.005, FAULT_LOG_MAX=20,
+              MAGENT_STORE_TEST_PAUSE_AT=point)  # fmt: skip
+    flag = run.state / f"paused-{point}"
+    deadline = time.monotonic() + 60
+    while outcome.kills < kills and time.monotonic() < deadline and run.proc.poll() is None:
+        if flag.exists():
+            outcome.kills += run.kill_backend()
+            flag.unlink()
+        time.sleep(0.005)
+    run.state.mkdir(parents=True, exist_ok=True)
+    (run.state / "pause-off").touch()
+    with contextlib.suppress(FileNotFoundError):
+        flag.unlink()
+    if outcome.kills < kills:
+        outcome.problems.append(f"only {outcome.kills} of {kills} kills at {point}")
+    return judge(outcome, run, run.finish())
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    directory.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def full_disk(base: Path, chunks: int) -> Outcome:
+    """Fill the session root's disk mid-stream, SIGKILL the backend while a batch is refused, free it."""
+    outcome = Outcome("full disk + SIGKILL refused", chunks)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        outcome.notes.append("SKIPPED: not root, no tmpfs (the store-level fault hook runs in pytest)")
+        return outcome
+    with tmpfs(base / "tmpfs", "1m") as disk:
+        root = disk / "root"
+        filler = disk / "filler"
+        # Leave room for the first few hundred chunks only.
+        free = shutil.disk_usage(disk).free
+        filler.write_bytes(b"\0" * (free - 160 * 1024))
+        run = Run(base, "fulldisk", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004,
+                  FAULT_FILLER=200, FAULT_LOG_MAX=150, FAULT_SETTLE=120)  # fmt: skip
+        log = run.state / "server.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.proc.poll() is None:
+            if log.exists() and "no space left on device" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.02)
+        else:
+            outcome.problems.append("the disk never filled")
+        time.sleep(0.5)
+        outcome.kills += run.kill_backend()  # while batches are refused
+        time.sleep(1.5)
+        outcome.kills += run.kill_backend()
+        time.sleep(1.0)
+        filler.unlink()  # space returns: everything must follow
+        result = run.finish()
+        judge(outcome, run, result)
+        text = log.read_text(errors="replace")
+        match = re.search(r"cannot write \(no space left on device: (\d+) bytes needed, (\d+) free\)", text)
+        if not match:
+            outcome.problems.append("no message naming the space needed")
+        else:
+            outcome.notes.append(f"backend said: {match.group(0)}")
+        if not any("not saved" in m and "space" in m for m in result["messages"]):
+            outcome.problems.append("Emacs was not told the disk was full")
+        if not any("saved again; nothing was lost" in m for m in result["messages"]):
+            outcome.problems.append("Emacs was not told the session was saved again")
+    return outcome
+
+
+def two_writers(base: Path, chunks: int) -> Outcome:
+    """Two Emacs stream into one session: the second waits for the lock, then saves all of its own."""
+    outcome = Outcome("two writers, one session", chunks)
+    root = base / "shared-root"
+    first = Run(base, "writer-1", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004)
+    while first.chunks_sent() < 50 and first.proc.poll() is None:
+        time.sleep(0.01)
+    second = Run(base, "writer-2", root=root, FAULT_CHUNKS=chunks // 4, FAULT_INTERVAL=0.004,
+                 FAULT_ASYNC_OPEN=1, FAULT_ITEM="item-2", FAULT_SETTLE=120)  # fmt: skip
+    result = first.finish()
+    judge(outcome, first, result)
+    second_result = second.finish()
+    theirs = Outcome("second writer", chunks // 4)
+    judge(theirs, second, second_result, item=1)
+    outcome.problems.extend(f"second writer: {p}" for p in theirs.problems)
+    outcome.lost += theirs.lost
+    outcome.duplicated += theirs.duplicated
+    outcome.reordered += theirs.reordered
+    if not any("open for writing by another process" in m for m in second_result["messages"]):
+        outcome.problems.append("the second writer was not told the session is open elsewhere")
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the bounded suite `make test` runs")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=None, help="streams with random kills (default 3, quick 1)")
+    ns = parser.parse_args(argv)
+    seed = ns.seed if ns.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"fault injection, seed {seed}, {'quick' if ns.quick else 'full'}", flush=True)
+    outcomes: list[Outcome] = []
+    base = Path(tempfile.mkdtemp(prefix="magent-store-faults-"))
+    try:
+        runs = ns.runs or (1 if ns.quick else 3)
+        # The same stream without faults: what the machine's load alone stalls.
+        outcomes.append(random_kills(base / "baseline", rng, kills=0, chunks=1200, interval=0.004))
+        print(outcomes[-1].line(), flush=True)
+        for i in range(runs):
+            outcomes.append(random_kills(base / f"r{i}", rng, kills=30, chunks=1200 if ns.quick else 2500,
+                                         interval=0.004))  # fmt: skip
+            print(outcomes[-1].line(), flush=True)
+        points = COMPACTION_POINTS[:2] if ns.quick else COMPACTION_POINTS
+        for point in points:
+            outcomes.append(kill_while_paused(base, point, kills=2 if ns.quick else 4, chunks=300))
+            print(outcomes[-1].line(), flush=True)
+        outcomes.append(full_disk(base, chunks=900 if ns.quick else 1500))
+        print(outcomes[-1].line(), flush=True)
+        outcomes.append(two_writers(base, chunks=400 if ns.quick else 1000))
+        print(outcomes[-1].line(), flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    for outcome in outcomes:
+        for problem in outcome.problems:
+            print(f"  {outcome.name}: PROBLEM: {problem}")
+        for note in outcome.notes:
+            print(f"  {outcome.name}: {note}")
+    total = {k: sum(getattr(o, k) for o in outcomes) for k in ("chunks", "kills", "lost", "duplicated", "reordered")}
+    print("total: " + ", ".join(f"{k} {v}" for k, v in total.items()) +
+          f"; longest shim call {max(o.max_call_ms for o in outcomes):.1f} ms")  # fmt: skip
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
