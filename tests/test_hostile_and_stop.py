@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from magent_store.server import PREAUTH_MAX_FRAME, _private_file_handler
 
-BACKEND = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "magent-store"
+SERVE = [sys.executable, "-m", "magent_store", "serve"]
 TOKEN = "t" * 32
 
 
@@ -25,7 +26,7 @@ class Served:
     def __init__(self, state: Path, umask: int = 0o022) -> None:
         self.state = state / "magent-store"
         env = {**os.environ, "XDG_STATE_HOME": str(state), "MAGENT_STORE_TOKEN": TOKEN}
-        self.proc = subprocess.Popen([str(BACKEND), "serve"], env=env, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(SERVE, env=env, stdout=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(umask))  # fmt: skip
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())

@@ -37,7 +37,10 @@ from pathlib import Path
 from typing import Any
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+# The checkout's backend (make install), else the one installed on PATH.
 BACKEND = CHECKOUT / ".venv" / "bin" / "magent-store"
+if not BACKEND.exists():
+    BACKEND = Path(shutil.which("magent-store") or BACKEND)
 DRIVER = CHECKOUT / "tests" / "faults" / "fault-driver.el"
 EMACS = os.environ.get("EMACS", "emacs")
 MARKER = re.compile(r"<(\d+)>")

@@ -36,7 +36,10 @@ from epc.handler import encode_message, unpack_message
 from sexpdata import Symbol
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+# The checkout's backend (make install), else the one installed on PATH.
 BACKEND = CHECKOUT / ".venv" / "bin" / "magent-store"
+if not BACKEND.exists():
+    BACKEND = Path(shutil.which("magent-store") or BACKEND)
 # What a failure the server did not foresee looks like (it must name what was wrong instead).
 INTERNAL = re.compile(r"internal error|unexpected [A-Z]\w*(Error|Exception)\b|Traceback")
 TOKEN = "f" * 16 + os.urandom(16).hex()
