@@ -660,29 +660,38 @@ once per interval however often magent asks, except after a chunk."
       (magent-store--deferred-save session scope)))
   nil)
 
+(defun magent-store--unwritten-p (session)
+  "Return non-nil when magent would not write SESSION and the store has none.
+magent writes a session once it has a turn or an agent job: an empty
+one must not appear in its listing."
+  (not (or (magent-store--known-session (magent-session-thread-ledger session))
+           (magent-store--magent-has-content-p session))))
+
 (defun magent-store--deferred-save (session scope)
   "Queue a refresh of SESSION's header under SCOPE and request a flush."
   (let ((thread (magent-session-thread-ledger session))
         (pair (cons session (magent-store--save-scope session scope))))
-    (magent-store--open-thread thread)
-    (unless (cl-find-if (lambda (entry) (and (eq (car entry) session)
-                                             (equal (cdr entry) (cdr pair))))
-                        magent-store--deferred-headers)
-      (push pair magent-store--deferred-headers))
-    (unless magent-store--header-timer
-      (setq magent-store--header-timer
-            (run-at-time magent-store-flush-interval nil
-                         #'magent-store--refresh-deferred-headers)))
-    (magent-store-request-flush (magent-thread-session-id thread))))
+    (unless (magent-store--unwritten-p session)
+      (magent-store--open-thread thread)
+      (unless (cl-find-if (lambda (entry) (and (eq (car entry) session)
+                                               (equal (cdr entry) (cdr pair))))
+                          magent-store--deferred-headers)
+        (push pair magent-store--deferred-headers))
+      (unless magent-store--header-timer
+        (setq magent-store--header-timer
+              (run-at-time magent-store-flush-interval nil
+                           #'magent-store--refresh-deferred-headers)))
+      (magent-store-request-flush (magent-thread-session-id thread)))))
 
 (defun magent-store--around-save (_orig session scope)
   "Replace magent's save of SESSION under SCOPE: header, then a durable flush."
-  (magent-store--guarded "a save's header"
-    (magent-store--put-header session scope))
-  (magent-store--guarded "a save"
-    (let ((thread (magent-session-thread-ledger session)))
-      (magent-store--open-thread thread)
-      (magent-store-flush (magent-thread-session-id thread))))
+  (unless (magent-store--guarded "a save" (magent-store--unwritten-p session))
+    (magent-store--guarded "a save's header"
+      (magent-store--put-header session scope))
+    (magent-store--guarded "a save"
+      (let ((thread (magent-session-thread-ledger session)))
+        (magent-store--open-thread thread)
+        (magent-store-flush (magent-thread-session-id thread)))))
   nil)
 
 (declare-function magent-session-id "ext:magent-session" (session))

@@ -717,6 +717,23 @@ thread's state (Emacs would pay for encoding it), and stays exact."
        (magent-store-magent-test--store-snapshot session scope)
        (magent-store-magent-test--magent-snapshot session)))))
 
+;;;; A session magent would not write is not written
+
+(ert-deftest magent-store-magent-an-empty-session-is-not-written ()
+  "magent writes a session once it has a turn or a job; so does the store."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let ((session (magent-store-magent-test--session "s-empty" 'global)))
+      (magent-session-save-deferred-for-session session 'global)
+      (magent-session-save-for-session session 'global)
+      (sleep-for (* 2 magent-store-flush-interval))
+      (should-not (file-exists-p (magent-store-magent-test--header-file
+                                  session 'global)))
+      (magent-store-magent-test--turn session 'global "Now" 'completed)
+      (magent-store-magent-test--should-equal
+       (magent-store-magent-test--store-header session 'global)
+       (magent-store-magent-test--magent-header session 'global)))))
+
 ;;;; 5: with the mode off, magent is untouched
 
 (defun magent-store-magent-test--own-save (session)
