@@ -3,11 +3,50 @@
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import pytest
 
 THREAD = "thread-1"
+
+# What the tests that could not run were missing: one loud line each at the end.
+MISSING: set[str] = set()
+
+
+def examples(n: int) -> int:
+    """N generated cases for a property test; a few under `make mutation`, which runs
+    every test once per mutant (the @examples always run)."""
+    return 15 if os.environ.get("MAGENT_STORE_MUTATION") else n
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need(present: object, what: str, how: str) -> None:
+    """Go on when PRESENT is true; else fail under CI=true, or skip loudly here.
+
+    WHAT names the missing thing, HOW says how to get it.
+    """
+    if present:
+        return
+    message = f"{what} is missing ({how})"
+    if under_ci():
+        pytest.fail(f"{message}: under CI every test must run", pytrace=False)
+    MISSING.add(message)
+    pytest.skip(message)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = [str(report.longrepr) for report in terminalreporter.stats.get("skipped", [])]
+    for message in MISSING:
+        count = sum(message in text for text in skipped)
+        terminalreporter.write_line(
+            f"*** SKIPPED: {count} test(s): {message}; with CI=true this fails the run ***",
+            yellow=True, bold=True,
+        )
 
 
 class Events:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import Events
+from conftest import Events, need
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 
@@ -116,8 +116,7 @@ def test_every_subcommand_has_help_that_teaches(command: str) -> None:
 
 def test_console_script_matches_python_m(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "magent-store"
-    if not script.exists():
-        pytest.skip("console script not installed in this environment")
+    need(script.exists(), "the magent-store console script", "pip install -e . in this environment")
     done = subprocess.run([script, "--version"], capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith(b"magent-store ")
     assert os.access(script, os.X_OK)

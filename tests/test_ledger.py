@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conftest import THREAD, Events
+from conftest import THREAD, Events, examples
 from magent_store import ledger
 from magent_store.ledger import LedgerError, Thread
 
@@ -355,7 +355,7 @@ def build(steps: list[tuple[Any, ...]]) -> list[ledger.Event]:
 # Replaying the event a snapshot ends with would apply it twice: these are the
 # events that show it (an append doubles its chunk, a second turn or item
 # appears), each right after what it needs, so a snapshot taken there catches it.
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(STEP, max_size=40))
 @example([("item-started", "a", "a", "message"), ("item-content-appended", "a", "a", "x", False)])
 @example([("turn-started", "a", None), ("item-started", "a", "a", "message"),
@@ -381,7 +381,7 @@ def test_replay_from_any_snapshot_point_equals_applying_everything(steps: list[t
         assert encoded(ledger.replay(snapshot, evs)) == expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(STEP, max_size=30))
 def test_event_encode_decode_is_identity(steps: list[tuple[Any, ...]]) -> None:
     for ev in build(steps):

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schema6
+from conftest import examples
 from magent_store import ledger, migrate, store
 from magent_store.migrate import Migrator, loads_first_wins
 from magent_store.store import (
@@ -233,7 +234,7 @@ def encode_pairs(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(json_values)
 def test_first_wins_parse_agrees_with_a_reference_parser(value: Any) -> None:
     text = encode_pairs(value).encode()

@@ -6,6 +6,7 @@ allow-list, clock steps, the size bound, the wire, the CLI."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -21,6 +22,7 @@ import pytest
 from epc.client import EPCClient
 from sexpdata import Symbol
 
+from conftest import need
 from magent_store import metrics, report
 from magent_store.metrics import MetricsLog, sanitize, turn_key
 
@@ -47,8 +49,7 @@ def _report(directory: Path, *args: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run the stand-in magent's four turns in emacs --batch; return the tmp dir."""
-    if EMACS is None:
-        pytest.skip("emacs is not installed")
+    need(EMACS, "GNU Emacs", "apt-get install emacs-nox elpa-epc, or make emacs-ready")
     tmp = tmp_path_factory.mktemp("timing")
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), MAGENT_STORE_TEST_ROOT=str(tmp / "root"),
                MAGENT_STORE_TEST_PYTHON=MAGENT_STORE)  # fmt: skip
@@ -268,7 +269,7 @@ def test_report_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_plot_draws_a_file(standin: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    need(importlib.util.find_spec("matplotlib"), "matplotlib", "pip install -e '.[plot]'; make test does it")
     out = tmp_path / "turns.png"
     subprocess.run([MAGENT_STORE, "report", "--dir", str(standin / "state" / "magent-store"),
                     "--plot", str(out)], check=True, capture_output=True)  # fmt: skip
@@ -276,12 +277,8 @@ def test_plot_draws_a_file(standin: Path, tmp_path: Path) -> None:
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(standin: Path, tmp_path: Path) -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("matplotlib is installed")
-    run = subprocess.run([MAGENT_STORE, "report", "--dir", str(standin / "state" / "magent-store"),
+    # The command as it runs where matplotlib cannot be imported (None in sys.modules blocks it).
+    without = "import sys; sys.modules['matplotlib'] = None; from magent_store.cli import main; sys.exit(main())"
+    run = subprocess.run([sys.executable, "-c", without, "report", "--dir", str(standin / "state" / "magent-store"),
                           "--plot", str(tmp_path / "x.png")], capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 1 and "pip install 'magent-store[plot]'" in run.stderr

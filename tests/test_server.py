@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +23,11 @@ import pytest
 import sexpdata
 from epc.client import EPCClient
 from epc.handler import EPCError, ReturnError, encode_message
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from sexpdata import Symbol
 
+from conftest import examples
 from magent_store import server
 
 MAGENT_STORE = str(Path(sys.executable).with_name("magent-store"))
@@ -109,8 +113,8 @@ def _open(client: EPCClient, backend: Backend, session_id: str = "s1") -> int:
     return result
 
 
-def _start_item(client: EPCClient, session_id: str = "s1") -> None:
-    now = time.time()
+def _thread_with_item(now: float = 1.0) -> list[dict[str, object]]:
+    """A thread-started, turn-started turn-1 and item-started item-1, as Emacs sends them."""
     item = {
         "id": "item-1", "turn-id": "turn-1", "type": "message", "status": "in-progress",
         "role": "assistant", "content": None, "name": None, "call-id": None, "input": None,
@@ -127,11 +131,15 @@ def _start_item(client: EPCClient, session_id: str = "s1") -> None:
         return {"seq": None, "type": type_, "thread-id": "thread-1", "turn-id": turn_id,
                 "item-id": item_id, "payload": payload, "created-at": now}
 
-    events = [
+    return [
         event("thread-started", None, None, None),
         event("turn-started", "turn-1", None, {"turn": turn}),
         event("item-started", "turn-1", "item-1", {"item": item}),
     ]
+
+
+def _start_item(client: EPCClient, session_id: str = "s1") -> None:
+    events = _thread_with_item(time.time())
     last, rejected = client.call_sync(
         "append-events", [session_id, orjson.dumps(events).decode()], timeout=TIMEOUT
     )
@@ -487,6 +495,51 @@ def test_a_bad_entry_between_good_ones_is_rejected_alone(backend: Backend) -> No
         "append-events", ["s1", orjson.dumps([good, {**good, "type": "nope"}, {**good, "created-at": 3.0}]).decode()],
         timeout=TIMEOUT)  # fmt: skip
     assert last == 8 and len(rejected) == 1 and rejected[0].startswith("entry 1:")
+
+
+# Entries of a batch, each good or bad in its own way (what `ENTRY` draws).
+def _entry(kind: str, text: str) -> object:
+    event = {"seq": None, "type": "item-updated", "thread-id": "thread-1", "turn-id": "turn-1",
+             "item-id": "item-1", "payload": {"item": {"name": text}}, "created-at": 5.0}  # fmt: skip
+    return {
+        "chunk": ["item-1", text, False, 2.0],
+        "output": ["item-1", text, True, 3.0],
+        "event": event,
+        "event-text": orjson.dumps(event).decode(),
+        "unknown-item": ["item-9", text, False, 2.0],
+        "empty-chunk": ["item-1", "", False, 2.0],
+        "short-chunk": ["item-1", text],
+        "bad-event": {**event, "type": "item-exploded"},
+        "not-an-entry": 7,
+    }[kind]
+
+
+GOOD = ("chunk", "output", "event", "event-text")
+ENTRY = st.tuples(st.sampled_from([*GOOD, "unknown-item", "empty-chunk", "short-chunk", "bad-event", "not-an-entry"]),
+                  st.text(min_size=1, max_size=6))  # fmt: skip
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(st.lists(ENTRY, max_size=12))
+@example([("chunk", "a"), ("unknown-item", "b"), ("chunk", "c")])
+@example([("event", "a"), ("bad-event", "b"), ("event-text", "c"), ("short-chunk", "d"), ("output", "e")])
+def test_a_batch_applies_exactly_its_good_entries(entries: list[tuple[str, str]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        spool = Path(tmp) / "state" / "spool"
+        spool.mkdir(parents=True)
+        service = server.Service(spool)
+        turns = {}
+        for session_id, batch in (("mixed", entries), ("clean", [e for e in entries if e[0] in GOOD])):
+            service.open(str(Path(tmp) / "root"), SCOPE, session_id, '{"fsync": "never", "search-index": false}')
+            service.append_events(session_id, orjson.dumps(_thread_with_item()).decode())
+            durable, last, _bytes, _ms, rejected = service.flush(
+                session_id, orjson.dumps([_entry(*e) for e in batch]).decode())
+            assert durable == last == 3 + sum(e[0] in GOOD for e in entries)
+            assert [r.split(":")[0] for r in rejected] == [
+                f"entry {i}" for i, e in enumerate(batch) if e[0] not in GOOD]
+            turns[session_id] = orjson.loads(service._session(session_id).snapshot_bytes())["turns"]
+        service.close_all()
+        assert turns["mixed"] == turns["clean"]
 
 
 def test_invalid_event_is_rejected_alone(ready: tuple[Backend, EPCClient]) -> None:

@@ -309,5 +309,34 @@ Timers run between chunks, as they do while a real reply streams."
       (should (equal (magent-store-test--content (magent-store-load "s-kill"))
                      (apply #'concat chunks))))))
 
+;; What the backend held only in memory when it died must come back from
+;; Emacs: the header is written at the next flush, so a crash before it
+;; loses the title unless the restarted backend is given it again.
+(ert-deftest magent-store-header-put-before-a-backend-crash-is-kept ()
+  "A header put but not yet flushed when the backend dies is on disk after."
+  (magent-store-test--with-backend
+    (magent-store-open "s-header")
+    (magent-store-test--start-turn "s-header")
+    (magent-store-flush "s-header")
+    (let ((first-pid (magent-store--backend-pid magent-store--backend)))
+      (magent-store-put-header "s-header" '((title . "Kept across a crash")))
+      (signal-process first-pid 'SIGKILL)
+      (with-timeout (10 (ert-fail "the backend was not restarted"))
+        (while (or (null magent-store--backend)
+                   (equal (magent-store--backend-pid magent-store--backend)
+                          first-pid))
+          (accept-process-output nil 0.05)))
+      (magent-store-append-item-content "s-header" "item-1" "after the crash")
+      (magent-store-flush "s-header")
+      (should (equal (alist-get 'title (plist-get (magent-store-load "s-header")
+                                                  :header))
+                     "Kept across a crash"))
+      (should (equal (magent-store-test--content (magent-store-load "s-header"))
+                     "after the crash")))
+    (magent-store-stop)
+    (should (equal (alist-get 'title (magent-store-test--show "s-header"
+                                                              "--header"))
+                   "Kept across a crash"))))
+
 (provide 'magent-store-tests)
 ;;; magent-store-tests.el ends here

@@ -41,7 +41,11 @@ def check(condition: bool, what: str) -> None:
 
 def main() -> int:
     if not shutil.which("emacs") or not shutil.which("emacsclient"):
-        print("test-live: SKIPPED: emacs/emacsclient not installed")
+        # Under CI every test must run; here, one line nobody can miss.
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            print("test-live: FAILED: emacs/emacsclient not installed (CI=true: every test must run)")
+            return 1
+        print("*** test-live: SKIPPED: emacs/emacsclient not installed (make emacs-ready) ***")
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="magent-store-live-"))
     root = workdir / "sessions"
