@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import orjson
@@ -293,6 +294,77 @@ def test_schema6_empty_objects_read_as_absent(events: Events) -> None:
     i = item(th, "i1")
     assert i.content == "c" and i.name is None and i.status == "completed"
     assert turn(th, "t1").usage is None
+
+
+# Every field set, each to its own value: a field dropped or swapped on the way shows.
+FULL_ITEM = {
+    "id": "i1", "turn-id": "t1", "type": "tool", "status": "completed", "role": "user", "content": "c",
+    "name": "n", "call-id": "k", "input": {"a": 1}, "output": "o", "error": {"e": 2}, "phase": "p",
+    "metadata": {"m": 3}, "created-at": 1.0, "updated-at": 2.0, "completed-at": 3.0,
+}  # fmt: skip
+FULL_TURN = {
+    "id": "t1", "thread-id": "th", "op-id": "op", "status": "completed", "input": "in", "items": [FULL_ITEM],
+    "error": {"x": 4}, "usage": {"u": 5}, "metadata": {"m": 6}, "queued-at": 4.0, "started-at": 5.0,
+    "completed-at": 6.0, "duration-ms": 1000,
+}  # fmt: skip
+FULL_SNAPSHOT = {
+    "id": "th", "session-id": "s1", "scope": "/project", "status": "idle", "created-at": 7.0, "updated-at": 8.0,
+    "preview": "pre", "metadata": {"m": 7}, "turns": [FULL_TURN], "snapshot-created-at": 9.0, "last-event-seq": 9,
+}  # fmt: skip
+
+
+def test_decoding_keeps_every_field() -> None:
+    for partial in (False, True):
+        assert ledger.item_to_json(ledger.item_from_json(FULL_ITEM, partial=partial)) == FULL_ITEM
+        assert ledger.turn_to_json(ledger.turn_from_json(FULL_TURN, partial=partial)) == FULL_TURN
+    assert ledger.thread_to_json(ledger.thread_from_json(FULL_SNAPSHOT)) == FULL_SNAPSHOT
+    started = ledger.event_from_json({"seq": 3, "type": "item-started", "thread-id": "th", "turn-id": "t1",
+                                      "item-id": "i1", "payload": {"item": FULL_ITEM}, "created-at": 1.5})  # fmt: skip
+    assert ledger.event_to_json(started)["payload"] == {"item": FULL_ITEM}
+
+
+def _snapshot_with(where: str, key: str, value: Any) -> dict[str, Any]:
+    """FULL_SNAPSHOT with two turns of two items; KEY set to VALUE in the second of WHERE."""
+    snap = copy.deepcopy(FULL_SNAPSHOT)
+    snap["turns"] = [copy.deepcopy(FULL_TURN) for _ in range(2)]
+    for t, turn_obj in enumerate(snap["turns"]):
+        turn_obj["id"] = f"t{t}"
+        turn_obj["items"] = [{**FULL_ITEM, "id": f"i{t}{i}", "turn-id": f"t{t}"} for i in range(2)]
+    target = {"snapshot": snap, "turn": snap["turns"][1], "item": snap["turns"][1]["items"][1]}[where]
+    target[key] = value
+    return snap
+
+
+INF = float("inf")
+BAD_FIELDS = [
+    ("item", key, value) for key, value in [
+        ("id", ""), ("turn-id", 5), ("type", None), ("status", "done"), ("role", {"r": INF}),
+        ("content", [INF]), ("name", INF), ("call-id", INF), ("input", {"i": [INF]}), ("output", INF),
+        ("error", INF), ("phase", INF), ("metadata", {"m": INF}), ("created-at", None), ("updated-at", "now"),
+        ("completed-at", True), ("colour", 1),
+    ]
+] + [
+    ("turn", key, value) for key, value in [
+        ("id", None), ("thread-id", 7), ("op-id", INF), ("status", "idle"), ("input", INF), ("items", {"a": 1}),
+        ("error", INF), ("usage", {"u": INF}), ("metadata", INF), ("queued-at", "x"), ("started-at", "x"),
+        ("completed-at", "x"), ("duration-ms", 1.5), ("colour", 1),
+    ]
+] + [
+    ("snapshot", key, value) for key, value in [
+        ("id", None), ("session-id", ""), ("scope", INF), ("status", "asleep"), ("created-at", "x"),
+        ("updated-at", "x"), ("preview", INF), ("metadata", INF), ("turns", {"t": 1}),
+        ("snapshot-created-at", "x"), ("last-event-seq", -1), ("colour", 1),
+    ]
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "key", "value"), BAD_FIELDS, ids=[f"{w}.{k}" for w, k, _ in BAD_FIELDS])
+def test_a_bad_snapshot_field_is_named_by_its_full_path(where: str, key: str, value: Any) -> None:
+    path = {"snapshot": "snapshot", "turn": "snapshot.turns[1]", "item": "snapshot.turns[1].items[1]"}[where]
+    with pytest.raises(LedgerError) as info:
+        ledger.thread_from_json(_snapshot_with(where, key, value))
+    message = str(info.value)
+    assert message.startswith(f"{path}.{key}") or message == f"{path}: unknown key {key!r}", message
 
 
 def test_snapshot_decode_encode_is_identity(events: Events) -> None:
