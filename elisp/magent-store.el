@@ -379,19 +379,24 @@ Point stays where it is (at the end of what was printed)."
     (goto-char (- (point-max) after))))
 
 (defun magent-store--decode-octal (start)
-  "Replace the octal escapes from START by the text their bytes encode."
+  "Replace the run of octal escapes at START by the text its bytes encode."
   (goto-char start)
-  (let (bytes)
-    (while (looking-at "\\\\\\([0-7][0-7]?[0-7]?\\)")
-      (push (string-to-number (match-string 1) 8) bytes)
-      (goto-char (match-end 0)))
-    (delete-region start (point))
-    (insert (apply #'string
-                   (mapcar (lambda (char)
-                             (if (eq (char-charset char) 'eight-bit) #xfffd char))
-                           (decode-coding-string
-                            (apply #'unibyte-string (nreverse bytes))
-                            'utf-8-unix))))))
+  (looking-at "\\(?:\\\\[0-7][0-7]?[0-7]?\\)+")
+  (let* ((end (match-end 0))
+         ;; The reader makes the bytes of the run at C speed.
+         (bytes (car (read-from-string
+                      (concat "\"" (buffer-substring-no-properties start end)
+                              "\""))))
+         (text (decode-coding-string bytes 'utf-8-unix)))
+    (delete-region start end)
+    (insert (if (string-match-p "[\200-\377]" text) ; bytes that were not UTF-8
+                (apply #'string
+                       (mapcar (lambda (char)
+                                 (if (eq (char-charset char) 'eight-bit)
+                                     #xfffd
+                                   char))
+                               text))
+              text))))
 
 (defmacro magent-store--with-send-buffer (&rest body)
   "Run BODY in the emptied send buffer."
