@@ -112,13 +112,13 @@
      "0.1 (schema 6, 7)"
      "the picker sorts a session by its last flush, not its last header")
     (magent-session-list-files
-     :before magent-store--before-list optional "0.1 (schema 6, 7)"
+     :around magent-store--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists them")
     (magent-session-list-files-for-scope
-     :before magent-store--before-list optional "0.1 (schema 6, 7)"
+     :around magent-store--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists a scope")
     (magent-session-list-action-files
-     :before magent-store--before-list optional "0.1 (schema 6, 7)"
+     :around magent-store--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists action sessions"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
@@ -856,19 +856,32 @@ A damaged session is listed, its title saying so, rather than hidden."
       (error (magent-store--failed "listing a session for magent" err)
              (funcall orig filepath)))))
 
+(defvar magent-store--listing-times nil
+  "While magent lists sessions: a table of file -> display time, or nil.
+magent's sort asks for each file's time at every comparison.")
+
 (defun magent-store--around-file-display-time (orig filepath)
   "Return ORIG's time of FILEPATH, or of its log when that is newer.
 The store rewrites a header only when it changes; the log moves with
 every flush, and magent sorts its picker by this time."
-  (let ((time (funcall orig filepath))
-        (log (file-attribute-modification-time
-              (file-attributes (concat (file-name-sans-extension filepath)
-                                       ".jsonl")))))
-    (if (and log time (time-less-p time log)) log time)))
+  (let ((cache magent-store--listing-times))
+    (or (and cache (gethash filepath cache))
+        (let* ((time (funcall orig filepath))
+               (log (file-attribute-modification-time
+                     (file-attributes (concat (file-name-sans-extension filepath)
+                                              ".jsonl"))))
+               (newest (if (and log time (time-less-p time log)) log time)))
+          (when (and cache newest) (puthash filepath newest cache))
+          newest))))
 
-(defun magent-store--before-list (&rest _)
-  "Flush what Emacs has not sent, so that magent lists every session as it is."
-  (magent-store--flush-pending))
+(defun magent-store--around-list (orig &rest args)
+  "Call ORIG, magent's listing, with ARGS after a flush of what Emacs has.
+Each file's time is looked up once per listing, however often the sort
+compares it."
+  (magent-store--guarded "a flush before magent lists"
+    (magent-store--flush-pending))
+  (let ((magent-store--listing-times (make-hash-table :test #'equal)))
+    (apply orig args)))
 
 ;;;; Leaving: sessions written back for magent's release
 
