@@ -527,14 +527,16 @@ has nothing to add (see `magent-store--around-save-deferred').")
   "Queue CHUNK, just appended to ITEM of THREAD (to its output if OUTPUT-P).
 The chunk's time is the one magent gave the item, to the last digit: a
 float magent already made, so no clock is read and nothing allocated.
-A session this Emacs has not opened is opened from the thread as it
-is now, which already holds CHUNK."
+A session this Emacs has not opened, and the store has no snapshot
+of, is opened from the thread as it is now, which already holds CHUNK."
   (when (and thread item (stringp chunk) (> (length chunk) 0)
              magent-store-persistence-enabled)
     (magent-store--guarded "forwarding a chunk"
-      (let ((session (magent-store--known-session thread)))
-        (if (not session)
-            (magent-store--open-thread thread)
+      (let* ((known (magent-store--known-session thread))
+             (session (or known (magent-store--open-thread thread))))
+        ;; A session opened just now from the thread as it is already
+        ;; holds CHUNK; one opened from its files does not.
+        (when (or known (not (magent-store--session-initial session)))
           (when (and magent-store--reader-refuses-nul
                      (string-search "\0" chunk))
             (setq chunk (magent-store--repair chunk)))

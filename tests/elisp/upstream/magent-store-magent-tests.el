@@ -715,7 +715,19 @@ thread's state (Emacs would pay for encoding it), and stays exact."
                    (gethash "s-again" magent-store--sessions)))
       (magent-store-magent-test--should-equal
        (magent-store-magent-test--store-snapshot session scope)
-       (magent-store-magent-test--magent-snapshot session)))))
+       (magent-store-magent-test--magent-snapshot session))
+      ;; A chunk first, after a restart: it reaches the store too.
+      (let* ((thread (magent-session-thread-ledger session))
+             (turn-id (magent-thread-turn-id
+                       (magent-thread-create-turn thread "Three")))
+             (item (magent-thread-start-item thread turn-id 'message
+                                             :role 'assistant)))
+        (magent-session-save-for-session session scope)
+        (magent-store-stop)
+        (magent-thread-append-item-content thread item "first after restart")
+        (magent-store-magent-test--should-equal
+         (magent-store-magent-test--store-snapshot session scope)
+         (magent-store-magent-test--magent-snapshot session))))))
 
 ;;;; A session magent would not write is not written
 
