@@ -18,7 +18,8 @@ ELISP_COMPILED := $(ELISP_SOURCES:.el=.elc)
 NATIVE := (when (and (fboundp 'native-comp-available-p) (native-comp-available-p)) \
   (native-compile (expand-file-name (car command-line-args-left))))
 
-$(ELISP_COMPILED): elisp/%.elc: elisp/%.el $(ELISP_SOURCES)
+# Order-only: Emacs must be there (emacs-ready installs it), not newer.
+$(ELISP_COMPILED): elisp/%.elc: elisp/%.el $(ELISP_SOURCES) | emacs-ready
 	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-warnings nil)' \
 	  -f batch-byte-compile $<
 	-$(EMACS) --batch -Q -L elisp --eval "$(NATIVE)" $< >/dev/null 2>&1
