@@ -562,8 +562,45 @@ def test_bad_content_appends_change_nothing(root: Path, events: Events) -> None:
         s.append_content("a0", "lone \ud800 surrogate", False, events.now())
     with pytest.raises(LedgerError, match="output"):
         s.append_content("a0", "x", "yes", events.now())  # type: ignore[arg-type]
+    with pytest.raises(LedgerError, match="created-at"):
+        s.append_content("a0", "x", False, True)  # type: ignore[arg-type]
+    with pytest.raises(LedgerError, match="item-id"):
+        s.append_content(5, "x", False, events.now())  # type: ignore[arg-type]
     assert state(s) == before and s.pending_events == 0
     s.close()
+
+
+def test_content_of_an_item_without_turn_id_is_journaled_under_its_turn(root: Path, events: Events) -> None:
+    s = Store(root).open("s1")
+    s.append_event(events.turn("turn-started", "t1"))
+    s.append_event(events.turn("turn-started", "t2"))
+    s.append_event({**events.item_started("t2", "i"), "payload": {"item": {
+        "id": "i", "type": "message", "status": "pending", "turn-id": None}}})  # fmt: skip
+    s.thread.item_index["i"].turn_id = None  # as a snapshot of schema 6 may leave it
+    s.append_content("i", "x", False, events.now())
+    s.close()
+    assert orjson.loads((root / "global/s1.jsonl").read_bytes().splitlines()[-1])["turn-id"] == "t2"
+
+
+def test_listing_sizes_times_and_damaged_sessions(root: Path, events: Events, caplog: pytest.LogCaptureFixture) -> None:
+    st = _sessions(root, 3, events)
+    d = root / "global"
+    (d / "s1.jsonl").unlink()  # the snapshot holds everything
+    (d / "s0.json").write_bytes(b"{not json")
+    (d / "s2.jsonl").write_bytes(b'{"seq": 1}\n')
+    infos = {i.id: i for i in st.list(turns=True)}
+    assert sorted(infos) == ["s1", "s2"]
+    assert f"skipping {d / 's0.json'}: " in caplog.text
+    assert f"cannot count turns of {d / 's2.json'}: " in caplog.text
+    assert infos["s1"].bytes == (d / "s1.json").stat().st_size + (d / "s1.snapshot").stat().st_size
+    assert infos["s1"].turns == 1 and infos["s2"].turns is None
+    files = [d / "s2.json", d / "s2.jsonl", d / "s2.snapshot"]
+    assert infos["s2"].bytes == sum(p.stat().st_size for p in files)
+    assert infos["s2"].updated == max(p.stat().st_mtime for p in files)
+    assert infos["s2"].to_json() == {
+        "id": "s2", "scope": "global", "title": "question 2", "status": None, "turns": None,
+        "bytes": infos["s2"].bytes, "updated": infos["s2"].updated, "path": str(d / "s2.json"),
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
