@@ -81,6 +81,47 @@ def test_turn_started_on_existing_turn_copies_only_what_it_lacks(events: Events)
     assert th.status == "active" and len(th.turns) == 1
 
 
+def test_a_repeated_turn_event_fills_only_what_the_turn_lacks(events: Events) -> None:
+    item_obj = {"id": "i1", "type": "message", "status": "pending", "role": "user", "content": "hi",
+                "created-at": 1.0, "updated-at": 1.0}  # fmt: skip
+    given = {"op-id": "op-2", "metadata": {"m": 2}, "items": [item_obj], "thread-id": "elsewhere"}
+    th = run(fresh(), events.turn("turn-queued", "t0"),
+             events.make("turn-queued", "t1", payload={"turn": None}))  # fmt: skip
+    run(th, events.turn("turn-started", "t1", input="late", **given))
+    t = turn(th, "t1")
+    assert (t.input, t.op_id, t.metadata, t.thread_id) == ("late", "op-2", {"m": 2}, THREAD)
+    assert [i.id for i in t.items] == ["i1"] and item(th, "i1") is t.items[0]
+    assert th.item_position["i1"] == 1 and th.preview == "hello", "the preview stays the first turn's"
+    run(th, events.content("t1", "i1", "!"))
+    assert str(t.items[0].content) == "hi!"
+    queued_at, started_at = t.queued_at, t.started_at
+    run(th, events.turn("turn-started", "t1", input="other", **{**given, "op-id": "op-3", "metadata": {"m": 3},
+                                                                 "items": [{**item_obj, "id": "i2"}]}))  # fmt: skip
+    assert (t.input, t.op_id, t.metadata) == ("late", "op-2", {"m": 2})
+    assert [i.id for i in t.items] == ["i1"] and "i2" not in th.item_index
+    assert (t.queued_at, t.started_at) == (queued_at, started_at)
+    fresh_turn = run(fresh(), events.turn("turn-queued", "t9", items=[item_obj]))
+    assert fresh_turn.turns[0].thread_id == THREAD and fresh_turn.item_index["i1"] is fresh_turn.turns[0].items[0]
+
+
+def test_first_message_text_is_the_first_user_or_assistant_message_with_text(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"),
+             events.item_started("t1", "r", type="reasoning", content="thinking"),
+             events.item_started("t1", "s", role="system", content="system"),
+             events.item_started("t1", "d", role="user", content={"not": "text"}),
+             events.item_started("t1", "w", role="user", content=" \n\t"),
+             events.item_started("t1", "a", role="assistant"),
+             events.content("t1", "a", "abc"), events.content("t1", "a", "defgh"),
+             events.item_started("t1", "u", role="user", content="later"))  # fmt: skip
+    assert ledger.first_message_text(th) == "abcdefgh"
+    assert ledger.first_message_text(th, limit=4) == "abcd"
+    assert ledger.first_message_text(th, limit=2) == "ab"
+    plain = run(fresh(), events.turn("turn-started", "t1"),
+                events.item_started("t1", "u", role="user", content="hello world"))  # fmt: skip
+    assert ledger.first_message_text(plain, 5) == "hello"
+    assert ledger.first_message_text(plain) == "hello world"
+
+
 def test_turn_started_keeps_started_at(events: Events) -> None:
     th = run(fresh(), events.turn("turn-started", "t1"))
     first = turn(th, "t1").started_at
