@@ -46,7 +46,7 @@ emacs-ready:
 	elif [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; then \
 	  echo "Installing $(EMACS_PACKAGES) (Emacs, epc.el, package-lint) with apt-get"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get update -q && apt-get install -y -q $(EMACS_PACKAGES) && \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends $(EMACS_PACKAGES) && \
 	  $(EMACS) --batch -Q --eval '$(EMACS_CHECK)'; \
 	else \
 	  echo "GNU Emacs >= 28 with epc.el and package-lint is needed; run:  sudo apt-get install $(EMACS_PACKAGES)"; exit 2; \
