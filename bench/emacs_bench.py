@@ -275,8 +275,10 @@ def alloc_runs(daemon: demo.Daemon, reps: int, chunks: int, rate: float,
                kinds: tuple[str, ...]) -> dict[str, list[float]]:
     """Bytes per chunk of each of KINDS minus the baseline run just before it."""
     diffs: dict[str, list[float]] = {k: [] for k in kinds}
-    for rep in range(reps):
-        for kind in kinds:
+    # One strategy's pairs after another's: what a strategy leaves behind
+    # (magent's own timers, say) then weighs on both runs of its own pairs.
+    for kind in kinds:
+        for rep in range(reps):
             pair = []
             for strategy in ("none", kind):
                 progress(f"allocation: rep {rep + 1}/{reps} {strategy}")
@@ -425,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                 daemon.eval(f"(progn (load {el(str(UPSTREAM_EL))} nil t)"
                             " (magent-store-upstream-load) (setq magent-session-directory"
                             f" {el(str(workdir / 'magent-sessions'))}) t)")
-                kinds = ("store", "log", "floor")
+                kinds = ("store", "floor", "log")
             results["alloc_path"] = ("magent-thread-append-item-content, magent-store-mode"
                                      if magent_lisp else "public API")
             results["magent_schema7"] = bool(os.environ.get("MAGENT_SESSION7"))

@@ -27,6 +27,7 @@
 ;;; Code:
 
 (require 'cl-lib)
+(require 'magent-store)
 
 (declare-function magent-thread-create "ext:magent-ledger" (&rest args))
 (declare-function magent-thread-start-turn "ext:magent-ledger" (thread turn-id))
@@ -123,6 +124,15 @@ Object sizes are those `garbage-collect' reports on this Emacs."
                       (updated-at . ,now)))
        (created-at . ,now)))))
 
+(defun msb-alloc--pending-p (strategy sid)
+  "Non-nil while STRATEGY still has a save of SID to make or answer."
+  (pcase strategy
+    ('store (let ((session (gethash sid magent-store--sessions)))
+              (and session (or (magent-store--session-inflight session)
+                               (magent-store--session-deadline session)))))
+    ('log (and (boundp 'magent-session--save-timer) magent-session--save-timer))
+    ('floor msb-alloc--floor-timer)))
+
 (defun msb-alloc-run (strategy chunks rate &optional session-id root)
   "Stream CHUNKS (a vector of strings) at RATE per second under STRATEGY.
 SESSION-ID names the store session (public API path; with upstream magent
@@ -168,6 +178,9 @@ the thread's id).  ROOT is the session root.  Return a plist: :bytes
           (when (and magent (memq strategy '(none floor)))
             (fset 'magent-session-save-deferred-for-session #'msb-alloc--noop-save))
           (when root (setq magent-session-directory root))
+          ;; Let whatever an earlier run left (a reply, a timer) happen first.
+          (let ((end (+ (float-time) 0.5)))
+            (while (< (float-time) end) (accept-process-output nil 0.05)))
           (garbage-collect)
           (setq counts0 (memory-use-counts) cpu0 (get-internal-run-time)
                 wall0 (float-time) gc0 gcs-done gct0 gc-elapsed)
@@ -189,9 +202,15 @@ the thread's id).  ROOT is the session root.  Return a plist: :bytes
                         ((eq strategy 'floor) (msb-alloc--floor-push chunk))))
                      (setq i (1+ i))))))
           (while (not done) (accept-process-output nil 0.05))
-          ;; The last tick and its reply, as in a session.
-          (let ((end (+ (float-time) 1.2)))
-            (while (< (float-time) end) (accept-process-output nil 0.05)))
+          ;; The last save and its reply belong to this stream: wait for
+          ;; them, and for no less than the same settling time in every
+          ;; strategy, so that nothing of one run lands in the next.
+          (let ((end (+ (float-time) 1.2))
+                (limit (+ (float-time) 10)))
+            (while (and (< (float-time) limit)
+                        (or (< (float-time) end)
+                            (msb-alloc--pending-p strategy sid)))
+              (accept-process-output nil 0.05)))
           (let ((counts (cl-mapcar #'- (memory-use-counts) counts0)))
             (list :bytes (msb-alloc-bytes counts) :counts counts :chunks n
                   :cpu (float-time (time-subtract (get-internal-run-time) cpu0))
