@@ -203,3 +203,22 @@ def test_fsck_reports_exactly_the_sessions_show_cannot_read(root: Path, events: 
     damaged = {f.session for f in fsck(root).findings if f.damage}
     assert unreadable == damaged
     assert "huge-time" in damaged and "good" not in damaged
+
+
+def test_an_integer_beyond_64_bits_reads_back_exactly_in_show_and_fsck(root: Path, events: Events) -> None:
+    import subprocess
+    import sys
+
+    st = Store(root)
+    with st.open("big") as s:
+        for obj in [events.thread_started(), events.turn("turn-started", "t1"),
+                    events.turn_end("turn-completed", "t1", {"tokens": 10**400})]:  # fmt: skip
+            s.append_event(obj)
+        s.flush()
+    cli = [sys.executable, "-m", "magent_store"]
+    for flags in ([], ["--pretty"], ["--log"]):
+        shown = subprocess.run([*cli, "show", *flags, str(root / "global/big.json")],
+                               capture_output=True, text=True, check=False)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr[-500:]
+        assert str(10**400) in shown.stdout
+    assert not [f for f in fsck(root).findings if f.damage]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import json
 import logging
 import os
 import sys
@@ -34,6 +35,7 @@ from magent_store.store import (
     read_header,
     scan_log,
 )
+from magent_store.store import dumps as store_dumps
 
 EPILOG = """\
 A session is three files in its scope's directory under the session root
@@ -103,19 +105,29 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_json(obj: Any, *, pretty: bool) -> bytes:
+    """OBJ as JSON, integers beyond 64 bits exact (what the store reads and writes)."""
+    if not pretty:
+        return store_dumps(obj)
+    try:
+        return orjson.dumps(obj, default=ledger.json_default, option=orjson.OPT_INDENT_2)
+    except TypeError:  # an integer beyond 64 bits: orjson cannot write it
+        return json.dumps(obj, default=ledger.json_default, ensure_ascii=False, indent=2,
+                          allow_nan=False).encode("utf-8", "surrogatepass")  # fmt: skip
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
     out = sys.stdout.buffer
-    option = orjson.OPT_INDENT_2 if args.pretty else 0
     if args.header:
-        out.write(orjson.dumps(read_header(files.header), option=option) + b"\n")
+        out.write(_show_json(read_header(files.header), pretty=args.pretty) + b"\n")
     elif args.log:
         read_header(files.header)
         for event in scan_log(files.log).events:
-            out.write(orjson.dumps(ledger.event_to_json(event), option=option) + b"\n")
+            out.write(_show_json(ledger.event_to_json(event), pretty=args.pretty) + b"\n")
     else:
         _, thread = load_session(files)
-        out.write(orjson.dumps(ledger.thread_to_json(thread), default=ledger.json_default, option=option))
+        out.write(_show_json(ledger.thread_to_json(thread), pretty=args.pretty))
         out.write(b"\n")
     return 0
 

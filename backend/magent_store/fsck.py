@@ -51,6 +51,7 @@ from magent_store.store import (
     replay_session,
     summary_title,
 )
+from magent_store.store import loads as store_loads
 
 # Kinds of finding.  Damage makes fsck fail until repaired; notes do not.
 HEADER_INVALID: Final = "header-invalid"
@@ -206,8 +207,9 @@ def _read_log(path: Path) -> _Log:
     offset = 0
     for number, line in enumerate(lines, 1):
         try:
-            event = ledger.event_from_json(orjson.loads(line), need_seq=True)
-        except (orjson.JSONDecodeError, LedgerError) as exc:
+            # As the store reads it: an integer beyond 64 bits stays exact.
+            event = ledger.event_from_json(store_loads(line), need_seq=True)
+        except (ValueError, LedgerError) as exc:
             log.bad_line, log.bad_kind, log.bad_message = number, CORRUPT_LINE, str(exc)
             break
         assert event.seq is not None
@@ -428,7 +430,7 @@ class Fsck:
         sid = files.id
         if files.snapshot.exists():
             try:
-                snapshot_obj = orjson.loads(files.snapshot.read_bytes())
+                snapshot_obj = store_loads(files.snapshot.read_bytes())
                 ledger.thread_from_json(snapshot_obj)
             except (orjson.JSONDecodeError, LedgerError) as exc:
                 self._add(Finding(files.snapshot, SNAPSHOT_INVALID, str(exc), sid))

