@@ -196,6 +196,31 @@ def test_item_updated_merges_non_null_fields(events: Events) -> None:
     assert i.updated_at == upd["created-at"] and i.status == "in-progress"
 
 
+def test_item_updated_takes_a_given_type_and_status_and_every_other_field(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1"))
+    given = {k: v for k, v in FULL_ITEM.items() if k not in ("id", "turn-id", "created-at", "updated-at")}
+    run(th, events.make("item-updated", "t1", "i1", {"item": {**given, "type": "reasoning", "status": "failed"}}))
+    merged = ledger.item_to_json(item(th, "i1"))
+    assert {k: merged[k] for k in given} == {**given, "type": "reasoning", "status": "failed"}
+    run(th, events.make("item-updated", "t1", "i1", {"item": {"id": "i1"}}))
+    assert ledger.item_to_json(item(th, "i1"))["type"] == "reasoning", "absent type and status change nothing"
+
+
+@pytest.mark.parametrize("event", ["turn-completed", "turn-failed", "item-completed", "item-updated",
+                                   "item-content-appended", "item-started"])  # fmt: skip
+def test_an_event_for_a_missing_turn_or_item_changes_nothing(events: Events, event: str) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1"))
+    before = encoded(th)
+    obj = {"turn-completed": events.turn_end("turn-completed", "nope", {"u": 1}),
+           "turn-failed": events.turn_end("turn-failed", "nope", "boom"),
+           "item-completed": events.item_end("item-completed", "t1", "nope"),
+           "item-updated": events.make("item-updated", "t1", "nope", {"item": {"name": "x"}}),
+           "item-content-appended": events.content("t1", "nope", "x"),
+           "item-started": events.item_started("nope", "i2")}[event]  # fmt: skip
+    run(th, obj)
+    assert encoded(th).replace(b'"last-event-seq":3', b'"last-event-seq":2') == before
+
+
 @pytest.mark.parametrize("kind", ["item-completed", "item-failed", "item-cancelled"])
 def test_item_end_events(events: Events, kind: str) -> None:
     th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content="c"))
