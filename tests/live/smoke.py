@@ -67,8 +67,10 @@ def main() -> int:
     daemon = Daemon(workdir, env)
     try:
         with daemon:
-            loaded = load_shim(daemon, workdir)
-            check(Path(loaded).resolve() == (CHECKOUT / "elisp" / "magent-store.el").resolve(),
+            loaded = Path(load_shim(daemon, workdir))
+            # Byte-compiled from a copy, as users load it: the copy must be this checkout's.
+            source = loaded.with_suffix(".el")
+            check(source.read_bytes() == (CHECKOUT / "elisp" / "magent-store.el").read_bytes(),
                   f"the daemon runs this checkout's shim ({loaded})")
             daemon.eval(f"(setq magent-store-root {elisp_string(str(root))}"
                         f" magent-store-python {elisp_string(MAGENT_STORE)})")
