@@ -60,6 +60,7 @@
                          (not (autoloadp (symbol-function symbol)))
                          (not (macrop symbol))
                          (not (byte-code-function-p (symbol-function symbol)))
+                         (not (subrp (symbol-function symbol)))
                          (not (advice--p (symbol-function symbol))))
                 (let ((byte-compile-warnings nil))
                   (byte-compile symbol))))))
