@@ -106,6 +106,26 @@ def test_lines_a_killed_backend_never_committed_are_replaced_by_the_resend(
     assert log_chunks(root) == ["x", "y", "z"]
 
 
+def test_a_flush_with_nothing_to_write_leaves_uncommitted_lines_to_their_resend(
+    root: Path, events: Events
+) -> None:
+    """A batch-less flush after a restart (a save asked for while the shim
+    resends) must not commit lines a killed backend never committed: the
+    resend of their batch would then look new and be applied twice."""
+    s = open_session(root)
+    send(s, 1, start(events))
+    s._crash = lambda point: (_ for _ in ()).throw(SimulatedCrash(point)) if point == "log-written" else None
+    with pytest.raises(SimulatedCrash):
+        send(s, 2, [events.content("t1", "i1", c) for c in "xyz"])
+    s.abandon()
+    s = open_session(root)
+    s.flush()  # nothing pending: what a bare flush or a render does
+    assert send(s, 2, [events.content("t1", "i1", c) for c in "xyz"])
+    assert send(s, 3, [events.content("t1", "i1", "!")])
+    s.close()
+    assert log_chunks(root) == ["x", "y", "z", "!"]
+
+
 def test_uncommitted_lines_stay_when_their_writer_is_gone(root: Path, events: Events) -> None:
     s = open_session(root)
     send(s, 1, start(events))

@@ -985,7 +985,12 @@ class Session:
         batch = self._next_batch
         if batch is None:
             bytes_written = self._write_pending()
-            if self._written_seq != self._commit_seq:
+            # Only what this flush wrote is committed here.  With nothing
+            # written, log lines past the committed seq are a batch that a
+            # killed backend wrote and never committed: its writer sends it
+            # again under its number, and committing them now would make
+            # that resend look new and apply it twice.
+            if events_written and self._written_seq != self._commit_seq:
                 self._commit()
         else:
             size = os.fstat(self._log_fd).st_size
