@@ -20,7 +20,6 @@ current release does not know (``item-content-appended``) are left out of it.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 import tempfile
 import time
@@ -34,6 +33,7 @@ import orjson
 from magent_store import ledger
 from magent_store.fsck import _read_log, lock_is_held
 from magent_store.ledger import LedgerError, Thread
+from magent_store.migrate import new_backup_path
 from magent_store.store import (
     CorruptSessionError,
     Scope,
@@ -369,7 +369,7 @@ class Exporter:
         self.dry_run = dry_run
         self.sync = sync
         self.result = Export(self.root, dry_run)
-        self.backup_path = None if dry_run or not backup else _new_backup_path(self.root)
+        self.backup_path = None if dry_run or not backup else new_backup_path(self.root, "schema7")
 
     def files(self) -> list[Path]:
         return list(Store(self.root).headers())
@@ -449,16 +449,6 @@ class Exporter:
         for p in (files.log, files.snapshot):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
-
-
-def _new_backup_path(root: Path) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    candidate = root / f"schema7-backup-{stamp}"
-    n = 1
-    while candidate.exists():
-        n += 1
-        candidate = root / f"schema7-backup-{stamp}-{n}"
-    return candidate
 
 
 def export(root: Path | str, *, dry_run: bool = False, backup: bool = True,

@@ -440,7 +440,7 @@ class Migrator:
         self._crash = crash
         self.result = Migration(self.root, dry_run)
         # Named now, created at the first file that needs it.
-        self.backup_path = None if dry_run or not backup else (backup_path or _new_backup_path(self.root))
+        self.backup_path = None if dry_run or not backup else (backup_path or new_backup_path(self.root))
 
     def files(self) -> list[Path]:
         """Every ``*.json`` under ``global/``, ``projects/*/`` and ``actions/*/``."""
@@ -545,13 +545,14 @@ class Migrator:
                 p.unlink()
 
 
-def _new_backup_path(root: Path) -> Path:
+def new_backup_path(root: Path, kind: str = "schema6") -> Path:
+    """A fresh ROOT/KIND-backup-<UTC time>[-N] path (migration's and export's backups)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    candidate = root / f"schema6-backup-{stamp}"
+    candidate = root / f"{kind}-backup-{stamp}"
     n = 1
     while candidate.exists():
         n += 1
-        candidate = root / f"schema6-backup-{stamp}-{n}"
+        candidate = root / f"{kind}-backup-{stamp}-{n}"
     return candidate
 
 
