@@ -362,9 +362,11 @@ The list is (TRAVERSE ENCODE WRITE BYTES).")
 ;;;; Per-call timing (the timed run only)
 
 (defvar msb--calls nil
-  "Per function: (NAME TOTAL MAX COUNT GCS).
-A timed function called from another (the shim's tick from its chunk
-path) counts as NAME/nested, which totals leave out: no time counts twice.")
+  "Per function: (NAME TOTAL MAX COUNT GCS MAX-OWN MAX-GC).
+MAX-OWN is the longest call without the garbage collection that ran
+inside it, MAX-GC the longest collection inside one call.  A timed
+function called from another (the shim's tick from its chunk path)
+counts as NAME/nested, which totals leave out: no time counts twice.")
 
 (defvar msb--depth 0
   "How many timed calls are running.")
@@ -373,16 +375,20 @@ path) counts as NAME/nested, which totals leave out: no time counts twice.")
   "Return :around advice timing calls of NAME."
   (let ((nested (intern (format "%s/nested" name))))
     (lambda (orig &rest args)
-      (let ((start (float-time)) (gcs gcs-done)
+      (let ((start (float-time)) (gcs gcs-done) (gc-start gc-elapsed)
             (key (if (> msb--depth 0) nested name)))
         (prog1 (let ((msb--depth (1+ msb--depth))) (apply orig args))
-          (let ((spent (- (float-time) start))
-                (cell (or (assq key msb--calls)
-                          (car (push (list key 0.0 0.0 0 0) msb--calls)))))
+          (let* ((spent (- (float-time) start))
+                 (in-gc (- gc-elapsed gc-start))
+                 (cell (or (assq key msb--calls)
+                           (car (push (list key 0.0 0.0 0 0 0.0 0.0)
+                                      msb--calls)))))
             (setf (nth 1 cell) (+ (nth 1 cell) spent)
                   (nth 2 cell) (max (nth 2 cell) spent)
                   (nth 3 cell) (1+ (nth 3 cell))
-                  (nth 4 cell) (+ (nth 4 cell) (- gcs-done gcs)))))))))
+                  (nth 4 cell) (+ (nth 4 cell) (- gcs-done gcs))
+                  (nth 5 cell) (max (nth 5 cell) (- spent in-gc))
+                  (nth 6 cell) (max (nth 6 cell) in-gc))))))))
 
 (defun msb--noop (&rest _)
   "Do nothing (for calibrating the timing advice)."
@@ -542,7 +548,8 @@ Keys: :strategy :thread-var :session-id :script :rate :interval :timer
         . ,(vconcat
             (mapcar (lambda (c)
                       (vector (symbol-name (car c)) (nth 1 c)
-                              (nth 2 c) (nth 3 c) (nth 4 c)))
+                              (nth 2 c) (nth 3 c) (nth 4 c)
+                              (nth 5 c) (nth 6 c)))
                     msb--calls)))))))
 
 (defun msb--write-result (file alist)
