@@ -1,9 +1,13 @@
-"""The EPC server, exercised as Emacs meets it: a real `magent-store serve`
-process and python-epc's own client over 127.0.0.1.  No part is mocked."""
+"""The EPC server, exercised as Emacs meets it: python-epc's own client over a
+real socket on 127.0.0.1, to a real `magent-store serve` process and to the
+same server run inside the test process (where the mutation tests can see
+which code each test runs, and where a test can drive the server's timers).
+No part is mocked."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import socket
@@ -14,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,10 @@ from hypothesis import strategies as st
 from sexpdata import Symbol
 
 from conftest import examples
-from magent_store import server
+from magent_store import ledger, server
+from magent_store.stats import median, percentile
+from magent_store.store import SessionFiles, Store, StoreError, load_session, read_header
+from magent_store.store import dumps as store_dumps
 
 MAGENT_STORE = str(Path(sys.executable).with_name("magent-store"))
 TIMEOUT = 10
@@ -36,21 +43,45 @@ TIMEOUT = 10
 
 @dataclass
 class Backend:
-    proc: subprocess.Popen[bytes]
+    """A running backend: a `serve` process (PROC) or a server in this process (SRV)."""
+
     port: int
     token: str
     root: Path
-    state: Path
+    state: Path  # XDG_STATE_HOME
+    proc: subprocess.Popen[bytes] | None = None
+    srv: server.Server | None = None
+    thread: threading.Thread | None = None
+    opened: list[Any] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else os.getpid()
+
+    @property
+    def log(self) -> Path:
+        return self.state / "magent-store" / "server.log"
 
     def client(self, *, auth: bool = True) -> EPCClient:
         client = EPCClient(("127.0.0.1", self.port))
+        self.opened.append(client)
         if auth:
             assert client.call_sync("auth", [self.token], timeout=TIMEOUT)
         return client
 
     def raw(self) -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", self.port), timeout=TIMEOUT)
+        self.opened.append(sock)
         return sock
+
+    def exited(self) -> int:
+        """Wait until the backend has stopped by itself; its exit status."""
+        if self.proc is not None:
+            return self.proc.wait(timeout=TIMEOUT)
+        assert self.thread is not None
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive(), "the server did not stop"
+        return 0
 
 
 def _frame(body: bytes) -> bytes:
@@ -83,8 +114,26 @@ def _files(root: Path) -> dict[str, bytes]:
     }
 
 
-@pytest.fixture
-def backend(tmp_path: Path) -> Iterator[Backend]:
+@contextlib.contextmanager
+def _server_logging() -> Iterator[None]:
+    """Let a server in this process set up its logging; put the test's back afterwards."""
+    loggers = [logging.getLogger(name) for name in ("magent_store", "epc", "py.warnings")]
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        for lg, handlers, level, propagate in saved:
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
+
+
+@contextlib.contextmanager
+def _serve_process(tmp_path: Path) -> Iterator[Backend]:
     token = secrets.token_hex(32)
     state = tmp_path / "state"
     env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(state))
@@ -98,10 +147,53 @@ def backend(tmp_path: Path) -> Iterator[Backend]:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip().isdigit(), (line, proc.stderr.read() if proc.stderr else b"")
-    yield Backend(proc, int(line), token, tmp_path / "root", state)
-    if proc.poll() is None:
-        proc.terminate()
-    proc.wait(timeout=TIMEOUT)
+    try:
+        yield Backend(int(line), token, tmp_path / "root", state, proc=proc)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=TIMEOUT)
+
+
+@contextlib.contextmanager
+def _serve_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    """`serve`'s server, state directory, log and spool, on a thread of this process."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    token = secrets.token_hex(32)
+    with _server_logging():
+        directory = server.state_dir()
+        server.setup_logging(directory, "INFO")
+        spool = Path(tempfile.mkdtemp(prefix="spool-", dir=directory))
+        srv = server.Server(token, server.Service(spool))
+        thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        backend = Backend(srv.server_address[1], token, tmp_path / "root", state, srv=srv, thread=thread)
+        try:
+            yield backend
+        finally:
+            srv.stop("test over")
+            thread.join(TIMEOUT)
+            srv.server_close()
+            for opened in backend.opened:
+                with contextlib.suppress(Exception):
+                    opened.close()
+
+
+@pytest.fixture(params=["serve", "in-process"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    if request.param == "serve":
+        with _serve_process(tmp_path) as b:
+            yield b
+    else:
+        with _serve_here(tmp_path, monkeypatch) as b:
+            yield b
+
+
+# Tests that need one kind of backend: the process (what users run; heavy
+# traffic) or the server in this process (its timers driven, its limits lowered).
+SERVE_ONLY = pytest.mark.parametrize("backend", ["serve"], indirect=True)
+IN_PROCESS = pytest.mark.parametrize("backend", ["in-process"], indirect=True)
 
 
 SCOPE = orjson.dumps("global").decode()
@@ -151,11 +243,9 @@ def _status(client: EPCClient) -> dict:
 
 
 def _show(backend: Backend, session_id: str = "s1") -> dict:
-    out = subprocess.run(
-        [MAGENT_STORE, "show", str(backend.root / "global" / f"{session_id}.json")],
-        check=True, capture_output=True,
-    ).stdout
-    return orjson.loads(out)  # type: ignore[no-any-return]
+    """The session's thread as on disk now (what `magent-store show` prints)."""
+    _, thread = load_session(SessionFiles.from_header_path(backend.root / "global" / f"{session_id}.json"))
+    return orjson.loads(store_dumps(ledger.thread_to_json(thread)))  # type: ignore[no-any-return]
 
 
 # -- authentication ---------------------------------------------------------
@@ -177,7 +267,7 @@ def test_auth_answers_with_spool_pid_and_the_backend_version(backend: Backend) -
 
     client = EPCClient(("127.0.0.1", backend.port))
     spool, pid, version = client.call_sync("auth", [backend.token], timeout=TIMEOUT)
-    assert Path(spool).is_dir() and pid == backend.proc.pid and version == __version__
+    assert Path(spool).is_dir() and pid == backend.pid and version == __version__
 
 
 def test_wrong_token_is_refused(backend: Backend) -> None:
@@ -212,6 +302,7 @@ def _call_frame(uid: int, method: str, *args: object) -> bytes:
     return _frame(encode_message("call", uid, Symbol(method), list(args))[6:-1])
 
 
+@SERVE_ONLY
 def test_calls_of_one_connection_apply_in_order_when_a_big_call_comes_first(backend: Backend) -> None:
     # A big message takes longest to decode: handled on their own threads, the
     # small calls sent after it would overtake it.
@@ -250,7 +341,7 @@ REAL_TIMER = threading.Timer
 
 
 class DrivenTimer:
-    """Stands in for the timer that releases held replies: it fires when the test says."""
+    """Stands in for a connection's timers (held replies, auth deadline): they fire when the test says."""
 
     made: list[DrivenTimer] = []
 
@@ -260,10 +351,14 @@ class DrivenTimer:
 
     @staticmethod
     def timer(interval: float, function: Callable[[], None]) -> Any:
-        """threading.Timer, driven for a connection's ACK_DELAY_S hold; any other is real."""
-        if interval == server.ACK_DELAY_S and isinstance(getattr(function, "__self__", None), server.Connection):
+        """threading.Timer, driven for a connection's timers; any other is real."""
+        if isinstance(getattr(function, "__self__", None), server.Connection):
             return DrivenTimer(interval, function)
         return REAL_TIMER(interval, function)
+
+    @staticmethod
+    def holds() -> list[DrivenTimer]:
+        return [t for t in DrivenTimer.made if t.interval == server.ACK_DELAY_S]
 
     def start(self) -> None:
         self.started = True
@@ -276,8 +371,12 @@ class DrivenTimer:
 
 
 def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait until CONDITION holds; a session not on disk yet is a not yet."""
     deadline = time.monotonic() + TIMEOUT
-    while not condition():
+    while True:
+        with contextlib.suppress(StoreError):
+            if condition():
+                return
         assert time.monotonic() < deadline, what
         time.sleep(0.01)
 
@@ -294,19 +393,13 @@ def _nothing_to_read(sock: socket.socket) -> bool:
     return False
 
 
+@IN_PROCESS
 def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The real server in this process, its reply timer driven by the test: no
-    # assertion depends on how fast this machine is.
+    # Its reply timer driven by the test: no assertion depends on how fast this machine is.
     monkeypatch.setattr(threading, "Timer", DrivenTimer.timer)
     DrivenTimer.made = []
-    spool = tmp_path / "state" / "spool"
-    spool.mkdir(parents=True, mode=0o700)
-    token = secrets.token_hex(32)
-    srv = server.Server(token, server.Service(spool))
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    backend = Backend(None, srv.server_address[1], token, tmp_path / "root", tmp_path / "state")  # type: ignore[arg-type]
     try:
         client = backend.client()
         _open(client, backend)
@@ -317,8 +410,8 @@ def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
                               for i in range(3)))  # fmt: skip
         # Each tick is flushed at once...
         _until(lambda: "2," in (_show(backend)["turns"][0]["items"][0]["content"] or ""), "ticks not flushed")
-        _until(lambda: bool(DrivenTimer.made), "no reply was held")
-        [timer] = DrivenTimer.made
+        _until(lambda: bool(DrivenTimer.holds()), "no reply was held")
+        [timer] = DrivenTimer.holds()
         assert timer.started and timer.daemon and timer.interval == server.ACK_DELAY_S
         # ...and no reply has left: only the timer or another call sends them.
         assert _nothing_to_read(sock)
@@ -340,8 +433,7 @@ def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
         assert reply[1] == 21 and reply[2][:2] == [7, 7]
         sock.close()
     finally:
-        srv.stop("test over")
-        srv.server_close()
+        DrivenTimer.made = []
 
 
 def test_tick_reply_arrives_without_another_call(backend: Backend) -> None:
@@ -367,11 +459,10 @@ def test_owner_disconnect_flushes_releases_and_exits(backend: Backend) -> None:
                      timeout=TIMEOUT)
     client.socket.shutdown(socket.SHUT_RDWR)
     client.socket.close()
-    assert backend.proc.wait(timeout=TIMEOUT) == 0
+    assert backend.exited() == 0
     assert _show(backend)["turns"][0]["items"][0]["content"] == "kept"
-    # The lock is released: the command-line tool may write the session now.
-    subprocess.run([MAGENT_STORE, "compact", str(backend.root / "global" / "s1.json")],
-                   check=True, capture_output=True)
+    # The lock is released: another writer may open the session now.
+    Store(backend.root).open("s1").close()
 
 
 def test_status_counts_flushes_and_logs_hold_no_content(backend: Backend) -> None:
@@ -389,7 +480,7 @@ def test_status_counts_flushes_and_logs_hold_no_content(backend: Backend) -> Non
     assert status["flush-ms-p50"] is not None and status["flush-ms-p99"] is not None
     assert status["rejected-entries"] == 1
     client.call_sync("shutdown", [], timeout=TIMEOUT)
-    backend.proc.wait(timeout=TIMEOUT)
+    assert backend.exited() == 0
     logdir = backend.state / "magent-store"
     assert stat.S_IMODE(logdir.stat().st_mode) == 0o700
     for path in logdir.iterdir():
@@ -569,6 +660,7 @@ def test_lone_surrogates_are_a_clear_error(ready: tuple[Backend, EPCClient]) -> 
     sock.close()
 
 
+@SERVE_ONLY
 def test_50mb_chunk_is_a_clear_error(ready: tuple[Backend, EPCClient]) -> None:
     backend, _ = ready
     sock = backend.raw()
@@ -624,3 +716,661 @@ def test_delete_removes_an_open_sessions_files_and_the_id_starts_afresh(backend:
     assert not list((backend.root / "global").glob("s1.*"))
     assert client.call_sync("delete", [str(backend.root), SCOPE, "s1"], timeout=TIMEOUT) == []
     assert _open(client, backend) == 0
+
+
+# -- every call of the wire, in this process ---------------------------------------
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    with _serve_here(tmp_path, monkeypatch) as b:
+        yield b
+
+
+@pytest.fixture
+def s1(here: Backend) -> Iterator[tuple[Backend, EPCClient]]:
+    """An owner with session s1 open, turn-1 and item-1 started, flushed."""
+    client = here.client()
+    _open(client, here)
+    _start_item(client)
+    _call(client, "flush", "s1", [])
+    yield here, client
+
+
+def _call(client: EPCClient, method: str, *args: Any) -> Any:
+    return client.call_sync(method, list(args), timeout=TIMEOUT)
+
+
+def _refusal(client: EPCClient, method: str, *args: Any) -> str:
+    """The message of the error METHOD's call answers with."""
+    with pytest.raises(ReturnError) as info:
+        _call(client, method, *args)
+    return str(info.value)
+
+
+def _chunks(*chunks: str, item: str = "item-1", created: float = 1.0) -> str:
+    return orjson.dumps([[item, c, False, created] for c in chunks]).decode()
+
+
+def _content(backend: Backend, session_id: str = "s1") -> str | None:
+    return _show(backend, session_id)["turns"][0]["items"][0]["content"]  # type: ignore[no-any-return]
+
+
+def _log(backend: Backend) -> str:
+    return backend.log.read_text()
+
+
+def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient]) -> None:
+    _, client = s1
+    known = ("append, append-content, append-events, close, delete, flush, flush-file, list, load, "
+             "open, put-header, record-timings, render, status, tick, tick-file")  # fmt: skip
+    assert _refusal(client, "frobnicate", 1) == f"unknown method 'frobnicate'; known: {known}"
+    names = sorted(str(m[0]) for m in client.methods_sync(timeout=TIMEOUT))
+    assert names == sorted([*known.split(", "), "shutdown"])
+
+
+OPTIONS_REFUSED = [
+    ({"fsync": "sometimes"}, "options.fsync must be always, interval or never, got 'sometimes'"),
+    ({"fsync-interval-ms": 0}, "options.fsync-interval-ms must be a positive integer, got 0"),
+    ({"fsync-interval-ms": -5}, "options.fsync-interval-ms must be a positive integer, got -5"),
+    ({"fsync-interval-ms": True}, "options.fsync-interval-ms must be a positive integer, got True"),
+    ({"fsync-interval-ms": 1.5}, "options.fsync-interval-ms must be a positive integer, got 1.5"),
+    ({"log-max-events": 0}, "options.log-max-events must be a positive integer, got 0"),
+    ({"log-max-events": "9"}, "options.log-max-events must be a positive integer, got '9'"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), OPTIONS_REFUSED)
+def test_open_refuses_bad_options_by_name(here: Backend, options: dict[str, Any], message: str) -> None:
+    client = here.client()
+    assert _refusal(client, "open", str(here.root), SCOPE, "s1", orjson.dumps(options).decode()) == message
+    assert not here.root.exists()
+    assert _status(client)["open-sessions"] == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["", SCOPE, "s1"], "root must be a non-empty string"),
+    ([7, SCOPE, "s1"], "root must be a non-empty string"),
+    (["relative/root", SCOPE, "s1"], "root must be an absolute directory, got 'relative/root'"),
+    (["ROOT", SCOPE, ""], "session id must be a non-empty string"),
+    (["ROOT", SCOPE, 42], "session id must be a non-empty string"),
+    (["ROOT", 5, "s1"], "scope must be JSON text (a string), got int"),
+    (["ROOT", "glob", "s1"], "scope is not valid JSON: "),
+    (["ROOT", '{"action": "a", "b": 1}', "s1"], 'scope must be "global", a project root or {"action": NAME}'),
+    (["ROOT", SCOPE, "s1", "[1]"], "options must be a JSON object"),
+    (["ROOT", SCOPE, "s1", "{"], "options is not valid JSON: "),
+])  # fmt: skip
+def test_open_refuses_bad_arguments_by_name(here: Backend, args: list[Any], message: str) -> None:
+    client = here.client()
+    args = [str(here.root) if a == "ROOT" else a for a in args]
+    if len(args) == 3:
+        args.append("")
+    assert _refusal(client, "open", *args).startswith(message)
+    assert not here.root.exists()
+    assert _status(client)["last-error"].startswith(message)
+
+
+def test_open_again_answers_the_last_seq_and_refuses_another_root_or_scope(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    assert _call(client, "open", str(backend.root), SCOPE, "s1", "") == 3
+    other = str(backend.root.parent / "other")
+    for args in ([other, SCOPE], [str(backend.root), '"/some/project"']):
+        message = _refusal(client, "open", *args, "s1", "")
+        assert message == "session 's1' is already open here under another root or scope"
+    assert not Path(other).exists()
+    assert "opened session s1 (last seq 0)" in _log(backend)
+
+
+def test_the_options_given_at_open_are_the_ones_the_session_is_written_with(here: Backend) -> None:
+    client = here.client()
+    slow = orjson.dumps({"fsync": "interval", "fsync-interval-ms": 3_600_000, "log-max-events": 4}).decode()
+    fast = orjson.dumps({"fsync": "interval", "fsync-interval-ms": 1}).decode()
+    assert _call(client, "open", str(here.root), SCOPE, "s1", slow) == 0
+    assert _call(client, "open", str(here.root), SCOPE, "s2", fast) == 0
+    _start_item(client, "s1")
+    _start_item(client, "s2")
+    # The first flush writes each session's first snapshot (and syncs).
+    assert _call(client, "flush", "s1", _chunks("a"))[:2] == [4, 4]
+    assert _call(client, "flush", "s2", _chunks("a"))[:2] == [4, 4]
+    time.sleep(0.01)
+    # An hour between syncs: written, not yet durable.  A millisecond: durable at once.
+    assert _call(client, "flush", "s1", _chunks("b"))[:2] == [4, 5]
+    assert _call(client, "flush", "s2", _chunks("b"))[:2] == [5, 5]
+    # At most 4 events in the log past the snapshot: s1 compacts again, s2 (2000) does not.
+    for _ in range(3):
+        _call(client, "flush", "s1", _chunks("c"))
+        _call(client, "flush", "s2", _chunks("c"))
+    assert _status(client)["compactions"] == 3
+    snapshot = orjson.loads((here.root / "global" / "s1.snapshot").read_bytes())
+    assert snapshot["last-event-seq"] == 8
+    assert orjson.loads((here.root / "global" / "s2.snapshot").read_bytes())["last-event-seq"] == 4
+
+
+def test_a_session_is_indexed_for_search_unless_its_options_say_not(here: Backend) -> None:
+    client = here.client()
+    other = here.root.parent / "unindexed"
+    assert _call(client, "open", str(here.root), SCOPE, "s1", "") == 0
+    assert _call(client, "open", str(other), SCOPE, "s2", '{"search-index": false}') == 0
+    for session_id in ("s1", "s2"):
+        _start_item(client, session_id)
+        _call(client, "flush", session_id, _chunks("findme"))
+    _call(client, "shutdown")
+    assert here.exited() == 0
+    assert (here.root / ".search").is_dir()
+    assert not (other / ".search").exists()
+
+
+def test_a_search_index_that_cannot_open_costs_nothing_but_the_index(here: Backend) -> None:
+    client = here.client()
+    here.root.mkdir()
+    (here.root / ".search").write_text("not a directory")
+    assert _open(client, here) == 0
+    _start_item(client)
+    assert _call(client, "flush", "s1", _chunks("kept"))[:2] == [4, 4]
+    assert _content(here) == "kept"
+    assert f"search index of {here.root} unavailable: " in _log(here)
+
+
+def test_calls_on_a_session_not_open_are_refused_by_name(here: Backend) -> None:
+    client = here.client()
+    for method, args in [("append", ["s9", "[]"]), ("append-events", ["s9", "[]"]), ("append-content", ["s9", "[]"]),
+                         ("flush", ["s9", []]), ("tick", ["s9", []]), ("put-header", ["s9", "{}"])]:  # fmt: skip
+        assert _refusal(client, method, *args) == "session 's9' is not open here: call open first", method
+    assert _refusal(client, "flush", 9, []) == "session 9 is not open here: call open first"
+
+
+def test_a_batch_from_emacs_is_a_list_with_integer_milliseconds_and_nil_for_false(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    # As epc.el sends it: no JSON, output nil or t, created-at in integer milliseconds.
+    batch = [["item-1", "from emacs ", [], 1_700_000_000_250], ["item-1", "float", Symbol("t"), 1_700_000_001.5]]
+    durable, last, written, ms, rejected = _call(client, "flush", "s1", batch)
+    assert (durable, last, rejected) == (5, 5, []) and written > 0 and ms >= 0
+    log_lines = (backend.root / "global" / "s1.jsonl").read_bytes().splitlines()
+    first, second = (orjson.loads(line) for line in log_lines[-2:])
+    assert (first["created-at"], first["payload"]["output"]) == (1_700_000_000.25, False)
+    assert (second["created-at"], second["payload"]["output"]) == (1_700_000_001.5, True)
+    # From JSON text an integer is seconds.
+    assert _call(client, "flush", "s1", orjson.dumps([["item-1", "!", False, 1_700_000_002]]).decode())[4] == []
+    assert orjson.loads((backend.root / "global" / "s1.jsonl").read_bytes().splitlines()[-1])["created-at"] == 1_700_000_002
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    (["item-1", "x", False], "a chunk is [item-id, chunk, output, created-at]"),
+    (["item-1", "x", False, 1.0, 5], "a chunk is [item-id, chunk, output, created-at]"),
+    (["", "x", False, 1.0], "chunk item-id must be a non-empty string"),
+    ([3, "x", False, 1.0], "chunk item-id must be a non-empty string"),
+    (["item-1", "", False, 1.0], "chunk must be a non-empty string"),
+    (["item-1", 4, False, 1.0], "chunk must be a non-empty string"),
+    (["item-1", "x", 1, 1.0], "chunk output must be true or false"),
+    (["item-1", "x", False, "now"], "chunk created-at must be a number"),
+    (["item-1", "x", False, True], "chunk created-at must be a number"),
+    (["item-1", "x", False, -1], "chunk created-at: -1 milliseconds since the epoch is outside what magent writes"),
+    (["item-1", "x", False, 10**16], "chunk created-at: 10000000000000000 milliseconds since the epoch is outside"),
+    (["item-1", "x", False, 10**40], "chunk created-at: (an integer of about 41 digits) milliseconds"),
+    (["item-1", "x", False, -0.5], "chunk created-at: timestamp -0.5 is outside"),
+])  # fmt: skip
+def test_a_bad_chunk_is_rejected_with_what_is_wrong_with_it(
+    s1: tuple[Backend, EPCClient], entry: list[Any], message: str
+) -> None:
+    backend, client = s1
+    durable, last, _, _, rejected = _call(client, "flush", "s1", [["item-1", "<", [], 1000], entry, ["item-1", ">", [], 2000]])
+    assert (durable, last) == (5, 5)
+    assert len(rejected) == 1 and rejected[0].startswith(f"entry 1: {message}")
+    assert _content(backend) == "<>"
+    assert _status(client)["rejected-entries"] == 1
+
+
+def test_chunk_times_are_bounded_in_seconds_when_they_come_as_json(s1: tuple[Backend, EPCClient]) -> None:
+    _, client = s1
+    top = int(ledger.TIMESTAMP_MAX)
+    _, _, _, _, rejected = _call(client, "flush", "s1", orjson.dumps(
+        [["item-1", "a", False, top], ["item-1", "b", False, top + 1], ["item-1", "c", False, 0]]).decode())
+    assert [r.split(":")[0] for r in rejected] == ["entry 1"]
+    assert f"{top + 1} seconds since the epoch is outside" in rejected[0]
+    # From Emacs the same integers are milliseconds: both in range.
+    assert _call(client, "flush", "s1", [["item-1", "d", [], top + 1], ["item-1", "e", [], top * 1000]])[4] == []
+    assert "milliseconds" in _call(client, "flush", "s1", [["item-1", "f", [], top * 1000 + 1]])[4][0]
+
+
+def test_each_append_call_takes_only_its_own_kind_of_entry(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    event = {"seq": None, "type": "item-updated", "thread-id": "thread-1", "turn-id": "turn-1",
+             "item-id": "item-1", "payload": {"item": {"name": "n"}}, "created-at": 2.0}  # fmt: skip
+    chunk = ["item-1", "c", False, 2.0]
+    both = orjson.dumps([event, chunk, orjson.dumps(event).decode(), 7]).decode()
+    assert _call(client, "append-events", "s1", both) == [5, [
+        "entry 1: must be an event object", "entry 3: must be an event object"]]
+    assert _call(client, "append-content", "s1", both) == [6, [
+        "entry 0: must be a chunk array", "entry 2: must be a chunk array", "entry 3: must be a chunk array"]]
+    last, rejected = _call(client, "append", "s1", both)
+    assert last == 9 and rejected == ["entry 3: must be an event object or a chunk array"]
+    # Appended, not flushed: nothing more on disk until the next flush.
+    assert _show(backend)["last-event-seq"] == 3
+    assert _status(client)["pending-events"] == 6
+    assert _call(client, "flush", "s1", [])[:2] == [9, 9]
+    assert _content(backend) == "cc"
+    assert _status(client)["rejected-entries"] == 6
+    assert "rejected 3 of 4 entries: entry 1: must be an event object or a chunk array" not in _log(backend)
+    assert "rejected 2 of 4 entries: entry 1: must be an event object" in _log(backend)
+
+
+@pytest.mark.parametrize(("method", "what"), [("append", "batch"), ("append-events", "events"),
+                                              ("append-content", "chunks"), ("flush", "batch")])
+def test_a_batch_that_is_not_a_list_is_refused_whole(s1: tuple[Backend, EPCClient], method: str, what: str) -> None:
+    backend, client = s1
+    assert _refusal(client, method, "s1", '{"a": 1}') == f"{what} must be a JSON array or a list"
+    assert _refusal(client, method, "s1", "[1, ").startswith(f"{what} is not valid JSON: ")
+    assert _refusal(client, method, "s1", 5) == f"{what} must be a JSON array or a list"
+    assert _show(backend)["last-event-seq"] == 3
+
+
+def test_an_event_as_json_text_inside_a_batch_is_read_and_checked(s1: tuple[Backend, EPCClient]) -> None:
+    _, client = s1
+    last, rejected = _call(client, "append-events", "s1", ['{"type": ', '{"type": "nope"}'])
+    assert last == 3
+    assert rejected[0].startswith("entry 0: event is not valid JSON: ")
+    assert rejected[1].startswith("entry 1: ") and "type" in rejected[1]
+
+
+def test_integers_beyond_64_bits_are_read_exactly_and_refused_where_they_cannot_be_kept(
+    s1: tuple[Backend, EPCClient]
+) -> None:
+    backend, client = s1
+    event = {"seq": None, "type": "turn-completed", "thread-id": "thread-1", "turn-id": "turn-1",
+             "item-id": None, "payload": {"usage": {"tokens": 0}}, "created-at": 3.0}  # fmt: skip
+    big = orjson.dumps(event).decode().replace('"tokens":0', '"tokens":123456789012345678901234567890')
+    assert _call(client, "flush", "s1", f"[{big}]")[4] == []
+    assert b'{"tokens":123456789012345678901234567890}' in (backend.root / "global" / "s1.jsonl").read_bytes()
+    huge = big.replace("123456789012345678901234567890", "9" * 5000)
+    assert _refusal(client, "flush", "s1", f"[{huge}]").startswith("batch is not valid JSON: ")
+    assert _refusal(client, "flush", "s1", f"[{big}, NaN]").startswith("batch is not valid JSON: ")
+
+
+def test_put_header_writes_the_header_at_the_next_flush(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    header = backend.root / "global" / "s1.json"
+    assert _refusal(client, "put-header", "s1", "[]") == "header must be a JSON object"
+    assert _refusal(client, "put-header", "s1", "{").startswith("header is not valid JSON: ")
+    before = read_header(header)
+    assert _call(client, "put-header", "s1", orjson.dumps({**before, "title": "A title"}).decode()) is True
+    assert read_header(header) == before
+    _call(client, "flush", "s1", [])
+    assert read_header(header)["title"] == "A title"
+
+
+def test_a_batch_sent_again_under_its_number_is_applied_once(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    assert _call(client, "flush", "s1", _chunks("one"), [], ["emacs-1", 1])[:2] == [4, 4]
+    assert _call(client, "flush", "s1", _chunks("one"), [], ["emacs-1", 1])[:2] == [4, 4]
+    assert _call(client, "tick", "s1", _chunks("two"), [], ["emacs-1", 2])[:2] == [5, 5]
+    assert _content(backend) == "onetwo"
+    for ident in (["emacs-1"], "emacs-1 3", ["emacs-1", 3, 4]):
+        assert _refusal(client, "flush", "s1", _chunks("x"), [], ident) == "a batch identity is (PRODUCER NUMBER)"
+    assert "came before batch 3" in _refusal(client, "flush", "s1", _chunks("x"), [], ["emacs-1", 9])
+    # A batch that fails is forgotten whole: sent again, it is applied.
+    assert _refusal(client, "flush", "s1", "[", [], ["emacs-1", 3]).startswith("batch is not valid JSON")
+    assert _call(client, "flush", "s1", _chunks("three"), [], ["emacs-1", 3])[:2] == [6, 6]
+    assert _content(backend) == "onetwothree"
+    producer = backend.root / "global" / "s1.producer"
+    assert b"emacs-1" in producer.read_bytes()
+
+
+def test_flush_counts_what_it_wrote_and_status_reports_it(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    before = _status(client)
+    durable, last, written, ms, rejected = _call(client, "flush", "s1", _chunks("abc", "def"))
+    assert (durable, last, rejected) == (5, 5, [])
+    lines = (backend.root / "global" / "s1.jsonl").read_bytes().splitlines(keepends=True)
+    assert written == len(b"".join(lines[-2:]))
+    assert isinstance(ms, float) and ms >= 0
+    after = _status(client)
+    assert after["flushes"] == before["flushes"] + 1
+    assert after["bytes-written"] == before["bytes-written"] + written
+    samples = [s * 1000.0 for s in backend.srv.service.stats.flush_seconds]  # type: ignore[union-attr]
+    assert after["flush-ms-last"] == round(samples[-1], 3)
+    assert after["flush-ms-p50"] == round(median(samples), 3)
+    assert after["flush-ms-p99"] == round(percentile(samples, 99), 3)
+    assert after["pid"] == os.getpid() and after["open-sessions"] == ["s1"] and after["pending-events"] == 0
+    assert 0 <= after["uptime"] < 600 and after["last-error"] is None and after["compactions"] == 1
+
+
+def test_status_before_any_flush_has_no_latencies(here: Backend) -> None:
+    client = here.client()
+    status = _status(client)
+    assert status["flushes"] == 0 and status["bytes-written"] == 0
+    assert status["flush-ms-last"] is None and status["flush-ms-p50"] is None and status["flush-ms-p99"] is None
+    assert status["open-sessions"] == [] and status["pending-events"] == 0 and status["rejected-entries"] == 0
+
+
+def _spool(backend: Backend) -> Path:
+    assert backend.srv is not None
+    return backend.srv.service.spool
+
+
+def test_flush_file_applies_a_batch_file_of_json_or_of_an_emacs_list_and_removes_it(
+    s1: tuple[Backend, EPCClient]
+) -> None:
+    backend, client = s1
+    spool = _spool(backend)
+    (spool / "batch-1").write_text(_chunks("json "))
+    assert _call(client, "flush-file", "s1", str(spool / "batch-1"), [], ["emacs-1", 1])[:2] == [4, 4]
+    (spool / "batch-2").write_text('(("item-1" "list" nil 1700000000000) ("item-1" "!" nil 1700000000.5))')
+    timings = orjson.dumps([["turn-end", "t1", 1_002_000_000, ":status", "completed"]]).decode()
+    assert _call(client, "tick-file", "s1", str(spool / "batch-2"), timings, ["emacs-1", 2])[:2] == [6, 6]
+    assert _content(backend) == "json list!"
+    assert not list(spool.glob("batch-*"))
+    # The identity came along: the same file sent again is not applied twice.
+    (spool / "batch-3").write_text(_chunks("again"))
+    assert _call(client, "flush-file", "s1", str(spool / "batch-3"), [], ["emacs-1", 2])[:2] == [6, 6]
+    assert _content(backend) == "json list!"
+    # And the timings that rode along are recorded.
+    assert b"turn-end" in (backend.state / "magent-store" / "metrics.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"((\"item-1\" \"x\" nil 1", "batch file is not a valid s-expression"),
+    (b"[[\"item-1\", \"\xff\", false, 1.0]]", "batch file is not valid UTF-8"),
+    (b"  [[\"item-1\", ", "batch is not valid JSON: "),
+])  # fmt: skip
+def test_a_bad_batch_file_is_refused_and_removed(s1: tuple[Backend, EPCClient], content: bytes, message: str) -> None:
+    backend, client = s1
+    path = _spool(backend) / "batch-bad"
+    path.write_bytes(content)
+    assert _refusal(client, "flush-file", "s1", str(path)).startswith(message)
+    assert not path.exists()
+    assert _show(backend)["last-event-seq"] == 3
+
+
+def test_a_batch_file_that_is_missing_or_no_regular_file_is_refused(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    spool = _spool(backend)
+    assert _refusal(client, "flush-file", "s1", str(spool / "batch-gone")) == (
+        "cannot read batch file: No such file or directory")
+    os.mkfifo(spool / "batch-fifo")
+    assert _refusal(client, "flush-file", "s1", str(spool / "batch-fifo")) == (
+        f"{spool / 'batch-fifo'} is not a regular file of ours")
+    assert not (spool / "batch-fifo").exists()
+    for path in ("", 5):
+        assert _refusal(client, "flush-file", "s1", path) == "path must be a non-empty string"
+    message = _refusal(client, "flush-file", "s1", str(spool.parent / "batch-1"))
+    assert message == f"batch files must be {spool}/batch-*, got {str(spool.parent / 'batch-1')!r}"
+
+
+def test_load_writes_header_and_snapshot_to_a_private_file_in_the_spool(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    _call(client, "append", "s1", _chunks("unflushed"))
+    name = _call(client, "load", str(backend.root), SCOPE, "s1", "")
+    path = Path(name)
+    assert path.parent == _spool(backend) and path.name.startswith("load-") and path.suffix == ".json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    loaded = orjson.loads(path.read_bytes())
+    assert loaded["header"]["id"] == "s1" and loaded["header"]["summary-title"] == "unflushed"
+    assert loaded["snapshot"]["turns"][0]["items"][0]["content"] == "unflushed"
+    assert loaded["snapshot"]["last-event-seq"] == 4
+    # Loading a session not open yet opens it.
+    name2 = _call(client, "load", str(backend.root), SCOPE, "s2", "")
+    assert orjson.loads(Path(name2).read_bytes())["snapshot"]["turns"] == []
+    assert _status(client)["open-sessions"] == ["s1", "s2"]
+
+
+def test_render_writes_magents_file_from_memory_for_an_open_session(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    header = backend.root / "global" / "s1.json"
+    _call(client, "append", "s1", _chunks("live"))
+    name, damage = _call(client, "render", str(header))
+    assert damage == [] and Path(name).name == "s1.json" and Path(name).parent.parent == _spool(backend)
+    assert orjson.loads(Path(name).read_bytes())["snapshot"]["turns"][0]["items"][0]["content"] == "live"
+    # It was flushed first: the disk has it too.
+    assert _content(backend) == "live"
+    hollow, _ = _call(client, "render", str(header), Symbol("t"))
+    assert orjson.loads(Path(hollow).read_bytes())["snapshot"]["turns"] == []
+    _call(client, "close", "s1")
+    closed, damage = _call(client, "render", str(header))
+    assert damage == []
+    assert orjson.loads(Path(closed).read_bytes())["snapshot"]["turns"][0]["items"][0]["content"] == "live"
+    assert _refusal(client, "render", str(backend.root / "global" / "notes.txt"))
+    assert "no such session header" in _refusal(client, "render", str(backend.root / "global" / "s9.json"))
+
+
+def test_close_flushes_releases_the_lock_and_is_idempotent(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    _call(client, "append", "s1", _chunks("last words"))
+    assert _call(client, "close", "s1") is True
+    assert _content(backend) == "last words"
+    Store(backend.root).open("s1").close()  # the lock is free
+    assert _call(client, "close", "s1") is True
+    assert _call(client, "close", 5) is True
+    assert _status(client)["open-sessions"] == []
+    assert "closed session s1" in _log(backend)
+    assert _log(backend).count("closed session s1") == 1
+
+
+def test_delete_refuses_a_bad_scope_and_answers_whether_there_was_a_session(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    assert _refusal(client, "delete", str(backend.root), "[1]", "s1").startswith("scope must be")
+    assert _refusal(client, "delete", "", SCOPE, "s1") == "root must be a non-empty string"
+    assert _refusal(client, "delete", str(backend.root), SCOPE, "") == "session id must be a non-empty string"
+    assert (backend.root / "global" / "s1.json").exists()
+    _call(client, "close", "s1")
+    assert _call(client, "delete", str(backend.root), SCOPE, "s1") is True
+    assert not list((backend.root / "global").glob("s1*"))
+    assert _call(client, "delete", str(backend.root), SCOPE, "s1") == []
+    assert "deleted session s1" in _log(backend)
+
+
+def test_list_answers_the_sessions_under_a_root(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    listed = orjson.loads(_call(client, "list", str(backend.root)))
+    assert [(s["id"], s["scope"], s["path"]) for s in listed] == [
+        ("s1", "global", str(backend.root / "global" / "s1.json"))]
+    assert orjson.loads(_call(client, "list", str(backend.root / "empty"))) == []
+    assert _refusal(client, "list", "") == "root must be a non-empty string"
+
+
+def test_timing_records_are_kept_when_good_and_dropped_without_failing_when_not(here: Backend) -> None:
+    client = here.client()
+    record = ["turn-start", "t1", 1_000_000_000]
+    assert _call(client, "record-timings", [record, record]) == 2
+    assert _call(client, "record-timings", orjson.dumps([record]).decode()) == 1
+    assert _call(client, "record-timings", '{"type": "turn-start"}') == 0
+    assert _call(client, "record-timings", "[") == 0
+    assert _call(client, "record-timings", 5) == 0
+    assert "timing records dropped: timings must be a list or a JSON array" in _log(here)
+    assert "timing records dropped: timings is not valid JSON" in _log(here)
+    metrics = here.state / "magent-store" / "metrics.jsonl"
+    assert len(metrics.read_bytes().splitlines()) == 3
+    metrics.unlink()
+    metrics.mkdir()  # unwritable: dropped, never an error
+    assert _call(client, "record-timings", [record]) == 0
+
+
+def test_an_initial_state_for_another_session_is_left_out(here: Backend) -> None:
+    client = here.client()
+    initial = {
+        "id": "thread-1", "session-id": "other", "scope": "global", "status": "idle",
+        "created-at": 1764400000.5, "updated-at": 1764400000.5, "preview": None,
+        "metadata": None, "turns": [], "snapshot-created-at": 1764400000.5, "last-event-seq": 0,
+    }  # fmt: skip
+    assert _call(client, "open", str(here.root), SCOPE, "s1", "", orjson.dumps(initial).decode()) == 0
+    expected = "session 's1': initial state left out: initial state: session-id 'other' is not 's1'"
+    assert _status(client)["last-error"] == expected
+    assert expected in _log(here)
+    assert _call(client, "open", str(here.root), SCOPE, "s2", "", "{") == 0
+    assert _status(client)["last-error"].startswith("session 's2': initial state left out: initial state is not valid JSON")
+
+
+# -- the wire itself: frames, messages, strangers ----------------------------------
+
+
+def _raw_call(sock: socket.socket, uid: int, method: str, *args: object) -> list[Any]:
+    sock.sendall(_call_frame(uid, method, *args))
+    return sexpdata.loads(_read_reply(sock).decode())  # type: ignore[no-any-return]
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(TIMEOUT)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_broken_framing_closes_only_that_connection_and_says_why(here: Backend) -> None:
+    owner = here.client()
+    for garbage, why in [(b"zzzzzz", "malformed EPC frame header"),
+                         (b"0000", "malformed EPC frame header"),
+                         (b"000064(call 1 status ())", "EPC frame cut short (18 of 100 bytes)")]:  # fmt: skip
+        sock, _ = _raw_authenticated(here)
+        sock.sendall(garbage)
+        sock.shutdown(socket.SHUT_WR)
+        reply = sexpdata.loads(_read_reply(sock).decode())
+        assert reply[0] == Symbol("epc-error") and reply[2] == (
+            f"{why}: framing lost (a message over {server.MAX_FRAME} bytes cannot be framed); connection closed")
+        assert _closed(sock)
+    assert _status(owner)["open-sessions"] == []
+    assert "malformed EPC frame header; closed" in _log(here)
+
+
+@pytest.mark.parametrize(("body", "uid", "message"), [
+    (b"(call 2 status", [], "message is not a valid EPC s-expression"),
+    (b"()", [], "message is not a valid EPC s-expression"),
+    (b"(frob 2 3)", 2, "unsupported EPC message 'frob'"),
+    (b"(call 2 status)", 2, "a call is (call UID METHOD (ARGS...))"),
+    (b'(call 2 "status" ())', 2, "a call is (call UID METHOD (ARGS...))"),
+    (b"(call 2 status 5)", 2, "a call is (call UID METHOD (ARGS...))"),
+])  # fmt: skip
+def test_a_bad_message_gets_an_error_and_the_connection_goes_on(
+    here: Backend, body: bytes, uid: Any, message: str
+) -> None:
+    owner = here.client()
+    sock, _ = _raw_authenticated(here)
+    sock.sendall(_frame(body))
+    reply = sexpdata.loads(_read_reply(sock).decode())
+    assert reply[0] == Symbol("return-error") and reply[2] == message
+    assert reply[1] == uid
+    assert _raw_call(sock, 3, "close", "s1") == [Symbol("return"), 3, True]
+    assert _status(owner)["last-error"] == message
+
+
+def test_replies_and_errors_from_the_peer_are_ignored_after_auth_and_end_it_before(here: Backend) -> None:
+    here.client()
+    sock, _ = _raw_authenticated(here)
+    for body in (b"(return 7 nil)", b'(return-error 8 "x")', b'(epc-error 9 "x")'):
+        sock.sendall(_frame(body))
+    assert _raw_call(sock, 10, "close", "s1")[:2] == [Symbol("return"), 10]
+    stranger = here.raw()
+    stranger.sendall(_frame(b"(return 7 nil)"))
+    assert _closed(stranger)
+    stranger = here.raw()
+    stranger.sendall(_frame(b"(methods 1)"))
+    assert b"unsupported EPC message 'methods'" in _read_reply(stranger)
+    assert _closed(stranger)
+
+
+def test_auth_must_be_the_token_alone_and_the_log_says_why_it_was_refused(here: Backend) -> None:
+    for args in ([here.token, "x"], [5], [here.token[:-1]], []):
+        stranger = here.raw()
+        reply = _raw_call(stranger, 1, "auth", *args)
+        assert reply == [Symbol("epc-error"), 1, "not authenticated: call auth with the session token first"]
+        assert _closed(stranger)
+    stranger = here.raw()
+    assert _raw_call(stranger, 1, "open", "/x", SCOPE, "s1", "")[0] == Symbol("epc-error")
+    log = _log(here)
+    assert log.count("refused: wrong token") == 4 and "refused: 'open' before auth" in log
+    # A refused stranger's error is not the owner's last error.
+    owner = here.client()
+    assert _status(owner)["last-error"] is None
+    assert _call(owner, "auth", here.token) is True  # again: harmless
+    assert "authenticated" in _log(here)
+
+
+def test_after_auth_a_frame_may_be_large(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    big = "x" * (4 * server.PREAUTH_MAX_FRAME)
+    assert _call(client, "flush", "s1", _chunks(big))[:2] == [4, 4]
+    assert _content(backend) == big
+
+
+def test_a_large_first_frame_is_refused_unread(here: Backend) -> None:
+    stranger = here.raw()
+    body = f'(call 1 auth ("{here.token}" "{"x" * server.PREAUTH_MAX_FRAME}"))'.encode()
+    stranger.sendall(_frame(body)[:6])
+    reply = sexpdata.loads(_read_reply(stranger).decode())
+    assert reply[0] == Symbol("epc-error") and reply[2] == "not authenticated: call auth with the session token first"
+    assert _closed(stranger)
+    assert f"a {len(body) + 1}-byte frame before auth (at most {server.PREAUTH_MAX_FRAME}); closed unread" in _log(here)
+    stranger = here.raw()
+    stranger.sendall(_frame(f'(call 1 auth ("{here.token}" "{"x" * (server.PREAUTH_MAX_FRAME - 150)}"))'.encode()))
+    assert _read_reply(stranger).startswith(b"(epc-error 1")  # read, and refused: one argument only
+
+
+def test_strangers_waiting_to_authenticate_are_limited(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "PREAUTH_MAX_CONNECTIONS", 2)
+    owner = here.client()
+    first, second = here.raw(), here.raw()
+    assert _raw_call(first, 1, "status")[0] == Symbol("epc-error")  # one frame: admitted, refused, closed
+    assert _closed(first)
+    waiting = [here.raw(), second]
+
+    def third_refused() -> bool:
+        third = here.raw()
+        head = third.recv(6)
+        return head != b"" and b"too many connections waiting to authenticate" in _recv_exact(third, int(head, 16))
+
+    _until(third_refused, "a third waiting stranger was admitted")
+    assert "too many unauthenticated connections; closed" in _log(here)
+    # One of them authenticates: its place is free again.
+    waiting[0].sendall(_frame(f'(call 1 auth ("{here.token}"))'.encode()))
+    assert _read_reply(waiting[0]).startswith(b"(return 1")
+    fourth = here.raw()
+    assert _raw_call(fourth, 1, "auth", here.token)[0] == Symbol("return")
+    # One goes away: its place is free too.
+    waiting[1].close()
+    _until(lambda: _raw_call(here.raw(), 1, "auth", here.token)[0] == Symbol("return"), "a closed stranger kept its place")
+    assert _status(owner)["open-sessions"] == []
+
+
+def test_a_stranger_gets_a_deadline_for_its_first_frame(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The deadline's timer is driven by the test; the socket's own timeout is lowered.
+    monkeypatch.setattr(threading, "Timer", DrivenTimer.timer)
+    monkeypatch.setattr(server, "PREAUTH_TIMEOUT_S", 0.2)
+    DrivenTimer.made = []
+    try:
+        silent = here.raw()
+        reply = sexpdata.loads(_read_reply(silent).decode())
+        assert reply[0] == Symbol("epc-error") and reply[2] == "authentication timed out"
+        assert _closed(silent)
+        assert "no auth within 0s, closed" in _log(here)
+        # Trickling bytes keeps the socket busy; the deadline ends it all the same.
+        monkeypatch.setattr(server, "PREAUTH_TIMEOUT_S", TIMEOUT)
+        trickler = here.raw()
+        trickler.sendall(b"000100(")
+        _until(lambda: len(DrivenTimer.made) == 2, "no deadline was set")
+        deadline = DrivenTimer.made[1]
+        assert deadline.started and deadline.daemon and deadline.interval == TIMEOUT
+        deadline.fire()
+        assert _closed(trickler)
+        # For a connection that authenticated, the deadline passes harmlessly.
+        owner = here.client()
+        _until(lambda: len(DrivenTimer.made) == 3, "no deadline was set")
+        DrivenTimer.made[2].fire()
+        assert _status(owner)["open-sessions"] == []
+    finally:
+        DrivenTimer.made = []
+
+
+def test_only_the_owner_leaving_stops_the_server_and_a_stop_happens_once(s1: tuple[Backend, EPCClient]) -> None:
+    backend, owner = s1
+    other, _ = _raw_authenticated(backend)
+    assert _raw_call(other, 2, "append", "s1", _chunks("still open"))[0] == Symbol("return")
+    other.close()
+    time.sleep(0.1)
+    assert _status(owner)["open-sessions"] == ["s1"]
+    second, _ = _raw_authenticated(backend)
+    assert _raw_call(second, 2, "shutdown") == [Symbol("return"), 2, True]
+    assert backend.exited() == 0
+    assert backend.srv is not None
+    backend.srv.stop("again")
+    assert _content(backend) == "still open"
+    log = _log(backend)
+    assert log.count("stopping: ") == 1 and "stopping: shutdown requested" in log
