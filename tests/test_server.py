@@ -7,9 +7,13 @@ No part is mocked."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import io
 import logging
 import os
+import re
 import secrets
+import signal
 import socket
 import stat
 import subprocess
@@ -17,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +87,14 @@ class Backend:
         self.thread.join(TIMEOUT)
         assert not self.thread.is_alive(), "the server did not stop"
         return 0
+
+
+def _hang_up(conn: EPCClient | socket.socket) -> None:
+    """Close CONN's socket (EPCClient.close leaves it open)."""
+    sock = conn.socket if isinstance(conn, EPCClient) else conn
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def _frame(body: bytes) -> bytes:
@@ -176,8 +189,7 @@ def _serve_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bac
             thread.join(TIMEOUT)
             srv.server_close()
             for opened in backend.opened:
-                with contextlib.suppress(Exception):
-                    opened.close()
+                _hang_up(opened)
 
 
 @pytest.fixture(params=["serve", "in-process"])
@@ -797,6 +809,7 @@ def test_open_refuses_bad_options_by_name(here: Backend, options: dict[str, Any]
     (["ROOT", 5, "s1"], "scope must be JSON text (a string), got int"),
     (["ROOT", "glob", "s1"], "scope is not valid JSON: "),
     (["ROOT", '{"action": "a", "b": 1}', "s1"], 'scope must be "global", a project root or {"action": NAME}'),
+    (["ROOT", '{"action": 5}', "s1"], "invalid scope {'action': 5}: invalid action name 5: expected a non-empty string"),
     (["ROOT", SCOPE, "s1", "[1]"], "options must be a JSON object"),
     (["ROOT", SCOPE, "s1", "{"], "options is not valid JSON: "),
 ])  # fmt: skip
@@ -1148,6 +1161,8 @@ def test_close_flushes_releases_the_lock_and_is_idempotent(s1: tuple[Backend, EP
 def test_delete_refuses_a_bad_scope_and_answers_whether_there_was_a_session(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
     assert _refusal(client, "delete", str(backend.root), "[1]", "s1").startswith("scope must be")
+    assert _refusal(client, "delete", str(backend.root), '{"action": ""}', "s1").startswith(
+        "invalid scope {'action': ''}: invalid action name")
     assert _refusal(client, "delete", "", SCOPE, "s1") == "root must be a non-empty string"
     assert _refusal(client, "delete", str(backend.root), SCOPE, "") == "session id must be a non-empty string"
     assert (backend.root / "global" / "s1.json").exists()
@@ -1374,3 +1389,251 @@ def test_only_the_owner_leaving_stops_the_server_and_a_stop_happens_once(s1: tup
     assert _content(backend) == "still open"
     log = _log(backend)
     assert log.count("stopping: ") == 1 and "stopping: shutdown requested" in log
+
+
+# -- `serve` itself, run in this process -------------------------------------------
+
+
+class _PortPipe:
+    """Stands for the stdout pipe epc.el reads the port from."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+        self.flushed = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.written.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.written:
+            self.flushed.set()
+
+    def port(self) -> int:
+        assert self.flushed.wait(TIMEOUT), "serve printed no port"
+        assert "".join(self.written).endswith("\n")
+        return int("".join(self.written))
+
+
+@contextlib.contextmanager
+def _serving_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emacs: Callable[[int, str], None]) -> Iterator[list[int]]:
+    """Run `magent-store serve` in this thread while EMACS(port, token) plays Emacs on another.
+
+    Yields [exit status]; the state directory is tmp_path/state/magent-store.
+    """
+    token = secrets.token_hex(32)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(server.TOKEN_ENV, token)
+    pipe = _PortPipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    failures: list[BaseException] = []
+
+    def play() -> None:
+        try:
+            emacs(pipe.port(), token)
+        except BaseException as err:  # reported by the test below
+            failures.append(err)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    saved_stderr = os.dup(2)
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    player = threading.Thread(target=play, daemon=True)
+    status: list[int] = []
+    with _server_logging():
+        try:
+            player.start()
+            status.append(server.main(["--log-level", "debug"]))
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+            for signum, handler in saved_signals.items():
+                signal.signal(signum, handler)
+    player.join(TIMEOUT)
+    if failures:
+        raise failures[0]
+    yield status
+
+
+def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state" / "magent-store"
+    state.mkdir(parents=True)
+    stale = state / "spool-dead"  # a killed backend's: its lock is free
+    stale.mkdir()
+    (stale / server.SPOOL_LOCK).touch()
+    (stale / "batch-1").write_text("[]")
+    seen: dict[str, Any] = {}
+
+    def emacs(port: int, token: str) -> None:
+        client = EPCClient(("127.0.0.1", port))
+        spool, pid, _ = client.call_sync("auth", [token], timeout=TIMEOUT)
+        seen["spool"] = Path(spool)
+        seen["spools"] = sorted(p.name for p in state.glob("spool-*"))
+        seen["token-env"] = os.environ.get(server.TOKEN_ENV)
+        # The spool is locked while we live: no other backend takes it for a dead one's.
+        fd = os.open(Path(spool) / server.SPOOL_LOCK, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        os.write(2, b"a crash would say this\n")
+        # Our log at the level asked for; python-epc's (which logs content) silenced; warnings logged.
+        seen["level"] = logging.getLogger("magent_store").getEffectiveLevel()
+        epc_log = logging.getLogger("epc")
+        seen["epc"] = (epc_log.propagate, epc_log.isEnabledFor(logging.CRITICAL))
+        warnings.warn("a library complains", UserWarning, stacklevel=1)
+        root = tmp_path / "root"
+        client.call_sync("open", [str(root), SCOPE, "s1", ""], timeout=TIMEOUT)
+        _start_item(client)
+        client.call_sync("append", ["s1", _chunks("kept")], timeout=TIMEOUT)
+        _hang_up(client)
+
+    with _serving_here(tmp_path, monkeypatch, emacs) as status:
+        assert status == [0]
+    assert seen["token-env"] is None  # taken out of the environment
+    assert seen["spools"] == [seen["spool"].name] and seen["spool"].parent == state
+    assert not seen["spool"].exists() and not stale.exists()
+    _, thread = load_session(SessionFiles.from_header_path(tmp_path / "root" / "global" / "s1.json"))
+    assert thread.turns[0].items[0].content == "kept"
+    log = (state / "server.log").read_text()
+    pid, path = os.getpid(), re.escape(str(state / "server.log"))
+    serving = rf"^\d{{4}}-\d\d-\d\d [\d:,]+ {pid} INFO magent_store.server: serving on 127\.0\.0\.1:\d+ \(pid {pid}\), log {path}$"
+    assert re.search(serving, log, re.M)
+    assert "removed stale spool spool-dead" in log
+    assert seen["level"] == logging.DEBUG and seen["epc"] == (False, False)
+    assert "UserWarning: a library complains" in log
+    assert "stopping: Emacs disconnected" in log and log.rstrip().endswith("stopped")
+    assert (state / "stderr.log").read_text() == "a crash would say this\n"
+    for name in ("server.log", "stderr.log"):
+        assert stat.S_IMODE((state / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+def test_serve_stops_on_a_signal_and_when_nobody_claims_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def signalled(port: int, token: str) -> None:
+        client = EPCClient(("127.0.0.1", port))
+        client.call_sync("auth", [token], timeout=TIMEOUT)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    with _serving_here(tmp_path, monkeypatch, signalled) as status:
+        assert status == [0]
+    log = tmp_path / "state" / "magent-store" / "server.log"
+    assert "stopping: signal SIGHUP" in log.read_text()
+    monkeypatch.setattr(server, "OWNER_TIMEOUT_S", 0.3)
+    with _serving_here(tmp_path, monkeypatch, lambda port, token: None) as status:
+        assert status == [0]
+    assert "stopping: no authenticated client within 0s" in log.read_text()
+    assert not list(log.parent.glob("spool-*"))
+
+
+def test_serve_needs_a_long_enough_token_from_the_environment_or_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "s" * server.MIN_TOKEN_LENGTH
+    monkeypatch.setenv(server.TOKEN_ENV, token)
+    assert server._read_token() == token and server.TOKEN_ENV not in os.environ
+    monkeypatch.setattr(sys, "stdin", io.StringIO(token + "x\nsecond line\n"))
+    assert server._read_token() == token + "x"
+    for short in ("", "s" * (server.MIN_TOKEN_LENGTH - 1)):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(short + "\n"))
+        with pytest.raises(SystemExit) as info:
+            server._read_token()
+        assert str(info.value) == (
+            f"magent-store serve: no token: set {server.TOKEN_ENV} (at least {server.MIN_TOKEN_LENGTH} "
+            "characters) or write it as the first line of stdin; never on the command line")
+
+
+def test_the_state_directory_defaults_to_the_users_local_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert server.state_dir() == tmp_path / ".local" / "state" / "magent-store"
+    monkeypatch.setenv("XDG_STATE_HOME", "")
+    path = server.state_dir()
+    assert path == tmp_path / ".local" / "state" / "magent-store" and stat.S_IMODE(path.stat().st_mode) == 0o700
+    path.chmod(0o755)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / ".local" / "state"))
+    assert stat.S_IMODE(server.state_dir().stat().st_mode) == 0o700
+
+
+def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
+    live = tmp_path / "spool-live"
+    live.mkdir()
+    fd = server._lock_spool(live)
+    (live / "batch-1").write_text("[]")
+    dead = tmp_path / "spool-dead"
+    dead.mkdir()
+    (dead / server.SPOOL_LOCK).touch()
+    (dead / "load-1.json").write_text("{}")
+    fresh = tmp_path / "spool-new"  # being created by a server starting right now
+    fresh.mkdir()
+    old = tmp_path / "spool-old"  # a server's from before spool locks
+    old.mkdir()
+    (old / "batch-2").write_text("[]")
+    os.utime(old, (time.time() - server.SPOOL_GRACE_S - 5,) * 2)
+    (tmp_path / "spool-file").write_text("not a spool")
+    (tmp_path / "unrelated").mkdir()
+    try:
+        server._remove_stale_spools(tmp_path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-live", "spool-new", "unrelated"]
+        assert (live / "batch-1").exists()
+    finally:
+        os.close(fd)
+    server._remove_stale_spools(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-new", "unrelated"]
+
+
+def test_the_fault_tests_pause_hook_stops_once_where_it_is_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.delenv(server.PAUSE_ENV, raising=False)
+    assert server._pause_hook() is None
+    monkeypatch.setenv(server.PAUSE_ENV, "log-written")
+    pause = server._pause_hook()
+    assert pause is not None
+    flag = tmp_path / "magent-store" / "paused-log-written"
+    pause("snapshot-temp-written")  # another point: no pause
+    assert not flag.exists()
+    paused = threading.Thread(target=pause, args=("log-written",), daemon=True)
+    paused.start()
+    _until(flag.exists, "no pause flag")
+    time.sleep(0.05)
+    assert paused.is_alive(), "did not wait while the flag exists"
+    flag.unlink()
+    paused.join(TIMEOUT)
+    assert not paused.is_alive()
+    pause("log-written")  # once only
+    assert not flag.exists()
+    again = server._pause_hook()
+    assert again is not None
+    (tmp_path / "magent-store" / "pause-off").touch()
+    again("log-written")
+    assert not flag.exists()
+
+
+def test_a_system_error_names_the_file(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    spool = _spool(backend)
+    spool.rename(spool.with_name("moved"))
+    try:
+        message = _refusal(client, "load", str(backend.root), SCOPE, "s1", "")
+    finally:
+        spool.with_name("moved").rename(spool)
+    assert message.startswith(f"{spool}/load-") and message.endswith(".json: No such file or directory")
+    assert _status(client)["last-error"] == message
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), TypeError("unsupported operand")])
+def test_a_bug_is_reported_as_unexpected_and_the_connection_goes_on(
+    s1: tuple[Backend, EPCClient], monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    # A bug stands in as a store call that raises what no store call should.
+    backend, client = s1
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise error
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Store, "list", broken)
+        message = _refusal(client, "list", str(backend.root))
+    assert message == f"unexpected {type(error).__name__}: {error} (see the backend log)"
+    assert orjson.loads(_call(client, "list", str(backend.root)))[0]["id"] == "s1"
+    assert "unexpected error\nTraceback" in _log(backend)
