@@ -1321,27 +1321,30 @@ def test_a_large_first_frame_is_refused_unread(here: Backend) -> None:
 
 def test_strangers_waiting_to_authenticate_are_limited(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "PREAUTH_MAX_CONNECTIONS", 2)
+    assert here.srv is not None
+    srv = here.srv
+
+    def waiting(n: int) -> Callable[[], bool]:
+        return lambda: srv._waiting == n  # when the server has counted them: no race below
+
     owner = here.client()
+    refused = here.raw()
+    assert _raw_call(refused, 1, "status")[0] == Symbol("epc-error")  # one frame, refused, closed
+    assert _closed(refused)
+    _until(waiting(0), "a refused stranger kept its place")
     first, second = here.raw(), here.raw()
-    assert _raw_call(first, 1, "status")[0] == Symbol("epc-error")  # one frame: admitted, refused, closed
-    assert _closed(first)
-    waiting = [here.raw(), second]
-
-    def third_refused() -> bool:
-        third = here.raw()
-        head = third.recv(6)
-        return head != b"" and b"too many connections waiting to authenticate" in _recv_exact(third, int(head, 16))
-
-    _until(third_refused, "a third waiting stranger was admitted")
+    _until(waiting(2), "strangers not counted")
+    third = here.raw()
+    assert sexpdata.loads(_read_reply(third).decode()) == [
+        Symbol("epc-error"), [], "too many connections waiting to authenticate"]
+    assert _closed(third)
     assert "too many unauthenticated connections; closed" in _log(here)
     # One of them authenticates: its place is free again.
-    waiting[0].sendall(_frame(f'(call 1 auth ("{here.token}"))'.encode()))
-    assert _read_reply(waiting[0]).startswith(b"(return 1")
-    fourth = here.raw()
-    assert _raw_call(fourth, 1, "auth", here.token)[0] == Symbol("return")
+    assert _raw_call(first, 1, "auth", here.token)[0] == Symbol("return")
+    _until(waiting(1), "an authenticated connection kept its place")
     # One goes away: its place is free too.
-    waiting[1].close()
-    _until(lambda: _raw_call(here.raw(), 1, "auth", here.token)[0] == Symbol("return"), "a closed stranger kept its place")
+    second.close()
+    _until(waiting(0), "a stranger that left kept its place")
     assert _status(owner)["open-sessions"] == []
 
 
@@ -1427,13 +1430,26 @@ def _serving_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emacs: Callab
     pipe = _PortPipe()
     monkeypatch.setattr(sys, "stdout", pipe)
     failures: list[BaseException] = []
+    servers: list[server.Server] = []
+    real_server = server.Server
+
+    def recorded(*args: Any) -> server.Server:
+        servers.append(real_server(*args))
+        return servers[-1]
+
+    monkeypatch.setattr(server, "Server", recorded)
+    stopped = threading.Event()
 
     def play() -> None:
         try:
             emacs(pipe.port(), token)
+            if stopped.wait(TIMEOUT):
+                return
+            failures.append(AssertionError("serve did not stop"))
         except BaseException as err:  # reported by the test below
             failures.append(err)
-            os.kill(os.getpid(), signal.SIGTERM)
+        for srv in servers:  # never leave the test waiting
+            srv.shutdown()
 
     saved_stderr = os.dup(2)
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
@@ -1444,6 +1460,7 @@ def _serving_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emacs: Callab
             player.start()
             status.append(server.main(["--log-level", "debug"]))
         finally:
+            stopped.set()
             os.dup2(saved_stderr, 2)
             os.close(saved_stderr)
             for signum, handler in saved_signals.items():
