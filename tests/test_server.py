@@ -1040,7 +1040,7 @@ def test_flush_counts_what_it_wrote_and_status_reports_it(s1: tuple[Backend, EPC
     assert after["flushes"] == before["flushes"] + 1
     assert after["bytes-written"] == before["bytes-written"] + written
     samples = [s * 1000.0 for s in backend.srv.service.stats.flush_seconds]  # type: ignore[union-attr]
-    assert after["flush-ms-last"] == round(samples[-1], 3)
+    assert after["flush-ms-last"] == round(samples[-1], 3) == ms
     assert after["flush-ms-p50"] == round(median(samples), 3)
     assert after["flush-ms-p99"] == round(percentile(samples, 99), 3)
     assert after["pid"] == os.getpid() and after["open-sessions"] == ["s1"] and after["pending-events"] == 0
@@ -1067,7 +1067,7 @@ def test_flush_file_applies_a_batch_file_of_json_or_of_an_emacs_list_and_removes
     spool = _spool(backend)
     (spool / "batch-1").write_text(_chunks("json "))
     assert _call(client, "flush-file", "s1", str(spool / "batch-1"), [], ["emacs-1", 1])[:2] == [4, 4]
-    (spool / "batch-2").write_text('(("item-1" "list" nil 1700000000000) ("item-1" "!" nil 1700000000.5))')
+    (spool / "batch-2").write_text('\n (("item-1" "list" nil 1700000000000) ("item-1" "!" nil 1700000000.5))')
     timings = orjson.dumps([["turn-end", "t1", 1_002_000_000, ":status", "completed"]]).decode()
     assert _call(client, "tick-file", "s1", str(spool / "batch-2"), timings, ["emacs-1", 2])[:2] == [6, 6]
     assert _content(backend) == "json list!"
@@ -1121,9 +1121,9 @@ def test_load_writes_header_and_snapshot_to_a_private_file_in_the_spool(s1: tupl
     assert loaded["snapshot"]["turns"][0]["items"][0]["content"] == "unflushed"
     assert loaded["snapshot"]["last-event-seq"] == 4
     # Loading a session not open yet opens it.
-    name2 = _call(client, "load", str(backend.root), SCOPE, "s2", "")
+    name2 = _call(client, "load", str(backend.root), SCOPE, "a2", "")
     assert orjson.loads(Path(name2).read_bytes())["snapshot"]["turns"] == []
-    assert _status(client)["open-sessions"] == ["s1", "s2"]
+    assert _status(client)["open-sessions"] == ["a2", "s1"]
 
 
 def test_render_writes_magents_file_from_memory_for_an_open_session(s1: tuple[Backend, EPCClient]) -> None:
@@ -1268,7 +1268,7 @@ def test_a_bad_message_gets_an_error_and_the_connection_goes_on(
 
 
 def test_replies_and_errors_from_the_peer_are_ignored_after_auth_and_end_it_before(here: Backend) -> None:
-    here.client()
+    owner = here.client()
     sock, _ = _raw_authenticated(here)
     for body in (b"(return 7 nil)", b'(return-error 8 "x")', b'(epc-error 9 "x")'):
         sock.sendall(_frame(body))
@@ -1280,6 +1280,7 @@ def test_replies_and_errors_from_the_peer_are_ignored_after_auth_and_end_it_befo
     stranger.sendall(_frame(b"(methods 1)"))
     assert b"unsupported EPC message 'methods'" in _read_reply(stranger)
     assert _closed(stranger)
+    assert _status(owner)["last-error"] is None  # a stranger's error is not the owner's
 
 
 def test_auth_must_be_the_token_alone_and_the_log_says_why_it_was_refused(here: Backend) -> None:
@@ -1296,7 +1297,7 @@ def test_auth_must_be_the_token_alone_and_the_log_says_why_it_was_refused(here: 
     owner = here.client()
     assert _status(owner)["last-error"] is None
     assert _call(owner, "auth", here.token) is True  # again: harmless
-    assert "authenticated" in _log(here)
+    assert re.search(r"^.* connection \('127\.0\.0\.1', \d+\) authenticated$", _log(here), re.M)
 
 
 def test_after_auth_a_frame_may_be_large(s1: tuple[Backend, EPCClient]) -> None:
@@ -1314,9 +1315,13 @@ def test_a_large_first_frame_is_refused_unread(here: Backend) -> None:
     assert reply[0] == Symbol("epc-error") and reply[2] == "not authenticated: call auth with the session token first"
     assert _closed(stranger)
     assert f"a {len(body) + 1}-byte frame before auth (at most {server.PREAUTH_MAX_FRAME}); closed unread" in _log(here)
+    # A frame of exactly the limit is read (and refused: auth takes the token alone).
     stranger = here.raw()
-    stranger.sendall(_frame(f'(call 1 auth ("{here.token}" "{"x" * (server.PREAUTH_MAX_FRAME - 150)}"))'.encode()))
-    assert _read_reply(stranger).startswith(b"(epc-error 1")  # read, and refused: one argument only
+    padding = server.PREAUTH_MAX_FRAME - len(f'(call 1 auth ("{here.token}" ""))'.encode()) - 1
+    frame = _frame(f'(call 1 auth ("{here.token}" "{"x" * padding}"))'.encode())
+    assert int(frame[:6], 16) == server.PREAUTH_MAX_FRAME
+    stranger.sendall(frame)
+    assert _read_reply(stranger).startswith(b"(epc-error 1 ")
 
 
 def test_strangers_waiting_to_authenticate_are_limited(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1345,7 +1350,13 @@ def test_strangers_waiting_to_authenticate_are_limited(here: Backend, monkeypatc
     # One goes away: its place is free too.
     second.close()
     _until(waiting(0), "a stranger that left kept its place")
-    assert _status(owner)["open-sessions"] == []
+    # The authenticated one leaving frees no place it no longer had: two may wait, not three.
+    _hang_up(first)
+    time.sleep(0.1)
+    more = [here.raw(), here.raw()]
+    _until(waiting(2), "strangers not counted")
+    assert b"too many connections" in _read_reply(here.raw())
+    assert _status(owner)["open-sessions"] == [] and more
 
 
 def test_a_stranger_gets_a_deadline_for_its_first_frame(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1368,10 +1379,12 @@ def test_a_stranger_gets_a_deadline_for_its_first_frame(here: Backend, monkeypat
         assert deadline.started and deadline.daemon and deadline.interval == TIMEOUT
         deadline.fire()
         assert _closed(trickler)
-        # For a connection that authenticated, the deadline passes harmlessly.
+        # For a connection that authenticated, the deadline passes harmlessly, and so does silence.
+        monkeypatch.setattr(server, "PREAUTH_TIMEOUT_S", 0.2)
         owner = here.client()
         _until(lambda: len(DrivenTimer.made) == 3, "no deadline was set")
         DrivenTimer.made[2].fire()
+        time.sleep(0.4)
         assert _status(owner)["open-sessions"] == []
     finally:
         DrivenTimer.made = []
@@ -1419,8 +1432,11 @@ class _PortPipe:
 
 
 @contextlib.contextmanager
-def _serving_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emacs: Callable[[int, str], None]) -> Iterator[list[int]]:
-    """Run `magent-store serve` in this thread while EMACS(port, token) plays Emacs on another.
+def _serving_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emacs: Callable[[int, str], None],
+    argv: tuple[str, ...] = ("--log-level", "debug"),
+) -> Iterator[list[int]]:
+    """Run `magent-store serve ARGV` in this thread while EMACS(port, token) plays Emacs on another.
 
     Yields [exit status]; the state directory is tmp_path/state/magent-store.
     """
@@ -1458,7 +1474,7 @@ def _serving_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emacs: Callab
     with _server_logging():
         try:
             player.start()
-            status.append(server.main(["--log-level", "debug"]))
+            status.append(server.main(list(argv)))
         finally:
             stopped.set()
             os.dup2(saved_stderr, 2)
@@ -1480,6 +1496,10 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
     stale.mkdir()
     (stale / server.SPOOL_LOCK).touch()
     (stale / "batch-1").write_text("[]")
+    # Logs of an earlier run, made readable by someone: kept, and private again.
+    for name in ("server.log", "stderr.log"):
+        (state / name).write_text(f"earlier {name}\n")
+        (state / name).chmod(0o644)
     seen: dict[str, Any] = {}
 
     def emacs(port: int, token: str) -> None:
@@ -1497,7 +1517,8 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
             os.close(fd)
         os.write(2, b"a crash would say this\n")
         # Our log at the level asked for; python-epc's (which logs content) silenced; warnings logged.
-        seen["level"] = logging.getLogger("magent_store").getEffectiveLevel()
+        ours = logging.getLogger("magent_store")
+        seen["level"] = (ours.getEffectiveLevel(), ours.propagate)
         epc_log = logging.getLogger("epc")
         seen["epc"] = (epc_log.propagate, epc_log.isEnabledFor(logging.CRITICAL))
         warnings.warn("a library complains", UserWarning, stacklevel=1)
@@ -1519,23 +1540,28 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
     serving = rf"^\d{{4}}-\d\d-\d\d [\d:,]+ {pid} INFO magent_store.server: serving on 127\.0\.0\.1:\d+ \(pid {pid}\), log {path}$"
     assert re.search(serving, log, re.M)
     assert "removed stale spool spool-dead" in log
-    assert seen["level"] == logging.DEBUG and seen["epc"] == (False, False)
+    assert seen["level"] == (logging.DEBUG, False) and seen["epc"] == (False, False)
     assert "UserWarning: a library complains" in log
     assert "stopping: Emacs disconnected" in log and log.rstrip().endswith("stopped")
-    assert (state / "stderr.log").read_text() == "a crash would say this\n"
+    assert (state / "stderr.log").read_text() == "earlier stderr.log\na crash would say this\n"
+    assert log.startswith("earlier server.log\n")
     for name in ("server.log", "stderr.log"):
         assert stat.S_IMODE((state / name).stat().st_mode) == 0o600
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
 
 
 def test_serve_stops_on_a_signal_and_when_nobody_claims_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    levels = []
+
     def signalled(port: int, token: str) -> None:
         client = EPCClient(("127.0.0.1", port))
         client.call_sync("auth", [token], timeout=TIMEOUT)
+        levels.append(logging.getLogger("magent_store").getEffectiveLevel())
         os.kill(os.getpid(), signal.SIGHUP)
 
-    with _serving_here(tmp_path, monkeypatch, signalled) as status:
+    with _serving_here(tmp_path, monkeypatch, signalled, argv=()) as status:
         assert status == [0]
+    assert levels == [logging.INFO]  # the default
     log = tmp_path / "state" / "magent-store" / "server.log"
     assert "stopping: signal SIGHUP" in log.read_text()
     monkeypatch.setattr(server, "OWNER_TIMEOUT_S", 0.3)
@@ -1654,3 +1680,54 @@ def test_a_bug_is_reported_as_unexpected_and_the_connection_goes_on(
     assert message == f"unexpected {type(error).__name__}: {error} (see the backend log)"
     assert orjson.loads(_call(client, "list", str(backend.root)))[0]["id"] == "s1"
     assert "unexpected error\nTraceback" in _log(backend)
+
+
+def test_a_root_may_start_with_the_home_directory(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(here.root.parent / "home"))
+    client = here.client()
+    assert _call(client, "open", "~/sessions", SCOPE, "s1", "") == 0
+    _start_item(client)
+    _call(client, "flush", "s1", _chunks("at home"))
+    assert (here.root.parent / "home" / "sessions" / "global" / "s1.json").exists()
+    assert [s["id"] for s in orjson.loads(_call(client, "list", "~/sessions"))] == ["s1"]
+    _call(client, "close", "s1")
+    assert _call(client, "delete", "~/sessions", SCOPE, "s1") is True
+    assert not (here.root.parent / "home" / "sessions" / "global" / "s1.json").exists()
+
+
+def test_render_reads_an_open_session_from_memory_only_when_it_is_that_session(
+    s1: tuple[Backend, EPCClient],
+) -> None:
+    backend, client = s1
+    _call(client, "append", "s1", _chunks("open here"))
+    # Another root's s1, on disk only.
+    other = backend.root.parent / "other"
+    with Store(other, fsync="never").open("s1") as session:
+        for event in _thread_with_item(2.0):
+            session.append_event(event)
+        session.append_content("item-1", "on disk", False, 2.0)
+        session.flush()
+    name, _ = _call(client, "render", str(other / "global" / "s1.json"))
+    assert orjson.loads(Path(name).read_bytes())["snapshot"]["turns"][0]["items"][0]["content"] == "on disk"
+    assert _show(backend)["last-event-seq"] == 3  # not flushed for another session's sake
+
+
+def test_the_log_tells_what_happened_and_nothing_of_the_content(here: Backend) -> None:
+    client = here.client()
+    _open(client, here)
+    _start_item(client)
+    _call(client, "flush", "s1", _chunks("SECRET", item="no-such-item"))
+    _call(client, "close", "s1")
+    _hang_up(client)
+    assert here.exited() == 0
+    peer = r"\('127\.0\.0\.1', \d+\)"
+    story = [rf"connection from {peer}$", rf"connection {peer} authenticated$", r"opened session s1 \(last seq 0\)$",
+             r"rejected 1 of 1 entries: entry 0: .*no-such-item", r"closed session s1$",
+             rf"connection from {peer} closed$", r"stopping: Emacs disconnected$"]  # fmt: skip
+    lines = _log(here).splitlines()
+    at = 0
+    for line in story:
+        found = [i for i, text in enumerate(lines) if i >= at and re.search(line, text)]
+        assert found, f"no {line!r} in the log after line {at}"
+        at = found[0]
+    assert "SECRET" not in _log(here)
