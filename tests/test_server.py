@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import stat
@@ -1731,3 +1732,19 @@ def test_the_log_tells_what_happened_and_nothing_of_the_content(here: Backend) -
         assert found, f"no {line!r} in the log after line {at}"
         at = found[0]
     assert "SECRET" not in _log(here)
+
+
+def test_a_session_that_cannot_be_written_at_the_end_costs_no_other(here: Backend) -> None:
+    client = here.client()
+    gone, kept = here.root / "gone", here.root / "kept"
+    for session_id, root in (("s1", gone), ("s2", kept)):
+        assert _call(client, "open", str(root), SCOPE, session_id, "") == 0
+        _start_item(client, session_id)
+        _call(client, "append", session_id, _chunks(f"last of {session_id}"))
+    shutil.rmtree(gone)
+    _hang_up(client)
+    assert here.exited() == 0
+    _, thread = load_session(SessionFiles.from_header_path(kept / "global" / "s2.json"))
+    assert thread.turns[0].items[0].content == "last of s2"
+    log = _log(here)
+    assert "closing session s1 failed\nTraceback" in log and "closed session s2" in log
