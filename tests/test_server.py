@@ -1211,6 +1211,9 @@ def test_an_initial_state_for_another_session_is_left_out(here: Backend) -> None
     expected = "session 's1': initial state left out: initial state: session-id 'other' is not 's1'"
     assert _status(client)["last-error"] == expected
     assert expected in _log(here)
+    assert _call(client, "open", str(here.root), SCOPE, "s3", "", '{"id": "x"}') == 0
+    assert _status(client)["last-error"] == (
+        "session 's3': initial state left out: initial state.session-id: required non-empty string, got None")
     assert _call(client, "open", str(here.root), SCOPE, "s2", "", "{") == 0
     assert _status(client)["last-error"].startswith("session 's2': initial state left out: initial state is not valid JSON")
 
@@ -1520,6 +1523,9 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
         # Our log at the level asked for; python-epc's (which logs content) silenced; warnings logged.
         ours = logging.getLogger("magent_store")
         seen["level"] = (ours.getEffectiveLevel(), ours.propagate)
+        # Rotated at 1 MB, three old files kept (as the troubleshooting guide says).
+        seen["rotation"] = [(h.maxBytes, h.backupCount) for h in ours.handlers]  # type: ignore[attr-defined]
+        seen["lock-mode"] = stat.S_IMODE((Path(spool) / server.SPOOL_LOCK).stat().st_mode)
         epc_log = logging.getLogger("epc")
         seen["epc"] = (epc_log.propagate, epc_log.isEnabledFor(logging.CRITICAL))
         warnings.warn("a library complains", UserWarning, stacklevel=1)
@@ -1542,6 +1548,7 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
     assert re.search(serving, log, re.M)
     assert "removed stale spool spool-dead" in log
     assert seen["level"] == (logging.DEBUG, False) and seen["epc"] == (False, False)
+    assert seen["rotation"] == [(1_000_000, 3)] and seen["lock-mode"] == 0o600
     assert "UserWarning: a library complains" in log
     assert "stopping: Emacs disconnected" in log and log.rstrip().endswith("stopped")
     assert (state / "stderr.log").read_text() == "earlier stderr.log\na crash would say this\n"
@@ -1570,6 +1577,16 @@ def test_serve_stops_on_a_signal_and_when_nobody_claims_it(tmp_path: Path, monke
         assert status == [0]
     assert "stopping: no authenticated client within 0s" in log.read_text()
     assert not list(log.parent.glob("spool-*"))
+
+
+def test_serve_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        server.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: magent-store serve [-h] [--log-level LOG_LEVEL] ")
+    assert ("Serve the store to one Emacs over EPC (127.0.0.1, token in $MAGENT_STORE_TOKEN or on stdin). "
+            "Started by elisp/magent-store.el.") in text  # fmt: skip
+    assert "--log-level LOG_LEVEL log level (default INFO)" in text
 
 
 def test_serve_needs_a_long_enough_token_from_the_environment_or_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1748,3 +1765,12 @@ def test_a_session_that_cannot_be_written_at_the_end_costs_no_other(here: Backen
     assert thread.turns[0].items[0].content == "last of s2"
     log = _log(here)
     assert "closing session s1 failed\nTraceback" in log and "closed session s2" in log
+
+
+def test_a_frame_length_may_be_written_in_capital_hex_digits(s1: tuple[Backend, EPCClient]) -> None:
+    backend, _ = s1
+    sock, _ = _raw_authenticated(backend)
+    body = b'(call 7 close ("s1"))'
+    padded = body + b" " * (0x1A - len(body))
+    sock.sendall(b"%06X" % len(padded) + padded)
+    assert sexpdata.loads(_read_reply(sock).decode()) == [Symbol("return"), 7, True]
