@@ -330,6 +330,22 @@ def gc_with_heap(daemon: demo.Daemon, megabytes: int) -> dict[str, float]:
             "gc_max_s": max(values[1:])}
 
 
+def live_bytes(daemon: demo.Daemon) -> float:
+    """Bytes of live data in the daemon's heap, as `garbage-collect' counts them."""
+    return float(daemon.eval("(let ((gc (garbage-collect))) (cl-loop for (_ size used . _)"
+                             " in gc sum (* (or size 0) (or used 0))))"))
+
+
+def gc_every(results: dict[str, Any], live: float) -> float:
+    """Bytes allocated between two collections in an Emacs with LIVE bytes live.
+
+    Emacs collects once `gc-cons-threshold' bytes were allocated, or
+    `gc-cons-percentage' of the heap if that is more: a large heap is
+    collected less often, each collection taking longer.
+    """
+    return max(float(results["gc_cons_threshold"]), results["gc_cons_percentage"] * live)
+
+
 def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """A distribution-free confidence interval for the median of VALUES.
 
@@ -475,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             results["magent_schema7"] = bool(os.environ.get("MAGENT_SESSION7"))
             results["alloc"] = alloc_runs(daemon, ns.alloc_reps, chunks, rate, kinds)
             results["gc_cons_threshold"] = int(daemon.eval("gc-cons-threshold"))
+            results["gc_cons_percentage"] = float(daemon.eval("gc-cons-percentage"))
+            results["alloc_live_bytes"] = live_bytes(daemon)
 
             # 1. Timer coalescing.
             coalesce_rows = []
@@ -548,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                     timed[name] = bench.run(strategy=strategy, session=s, script=stream,
                                             rate=rate, encoder=encoder, instrument=True)
                 # One collection in this Emacs, the session still loaded.
+                live_here = live_bytes(daemon)
                 gc_here = statistics.median(float(x) for x in daemon.eval(
                     "(let (times) (dotimes (_ 5) (let ((t0 gc-elapsed)) (garbage-collect)"
                     " (push (- gc-elapsed t0) times))) (vconcat times))").strip("[]").split())
@@ -592,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
                         "store_bytes": s["store_bytes"], "strategy": name,
                         "cpu_diff_s": pairs[name], "cpu_diff_median_s": diff,
                         "own_diff_s": own_pairs[name],
-                        "gc_per_collection_s": gc_here,
+                        "gc_per_collection_s": gc_here, "live_bytes": live_here,
                         "wall_s": wall, "share": diff / wall,
                         "timed_spent_s": spent_of(t), "timed_wall_s": t["wall"],
                         "timed_share": spent_of(t) / t["wall"],
@@ -739,20 +758,29 @@ def main(argv: list[str] | None = None) -> int:
     names = {"store": "magent-store", "log": "magent's own append log"
              + (" (schema 7)" if results["magent_schema7"] else " (its release's save)"),
              "floor": "floor: one process-send-string of a JSON line per tick"}
+    small_live = results["alloc_live_bytes"]
     for kind, values in results["alloc"].items():
         per_chunk = statistics.median(values)
         per_minute = per_chunk * rate * 60
+        big_every = gc_every(results, heap["live_bytes"])
         alloc_rows.append([names[kind], f"{per_chunk:.0f} B",
                            f"{min(values):.0f} – {max(values):.0f} B",
-                           f"{per_minute / threshold:.1f}"])
+                           f"{per_minute / gc_every(results, small_live):.1f}",
+                           f"{per_minute / big_every:.2f}",
+                           pct(per_minute / big_every * heap["gc_s"] / 60)])
     tables.append(md_table(
         f"What persistence allocates per streamed chunk (through {results['alloc_path']})",
-        ["strategy", "bytes per chunk (median)", "range", "GCs per minute it causes"],
+        ["strategy", "bytes per chunk (median)", "range",
+         f"GCs per minute it causes ({small_live / 1e6:.0f} MB live)",
+         f"GCs per minute it causes ({heap['live_bytes'] / 1e6:.0f} MB live)",
+         f"their share of wall time ({heap['live_bytes'] / 1e6:.0f} MB live)"],
         alloc_rows,
         f"{chunks} chunks at {rate:g}/s, ticks, timers and replies included, measured with "
         "memory-use-counts (deterministic) against the same stream with persistence off, "
         f"{ns.alloc_reps} alternating pairs each, beyond the chunk string itself. GCs per "
-        f"minute: bytes per minute of streaming over gc-cons-threshold ({threshold:,} bytes). "
+        "minute: bytes per minute of streaming over what Emacs lets be allocated between "
+        f"two collections: gc-cons-threshold ({threshold:,} bytes) or gc-cons-percentage "
+        f"({results['gc_cons_percentage']:g}) of the live heap, whichever is more. "
         f"One GC with {heap['live_bytes'] / 1e6:.0f} MB of live data (a long-running "
         f"Emacs): {ms(heap['gc_s'])} (median of 5, longest {ms(heap['gc_max_s'])})."))
     # The whole cost again, with the collections counted from allocation:
@@ -769,8 +797,8 @@ def main(argv: list[str] | None = None) -> int:
             own = [d / r["wall_s"] for d in r["own_diff_s"]]
             olo, ohi, _cov = median_ci(own)
             per_s = max(0.0, statistics.median(results["alloc"][alloc_of[name]])) * rate
-            gc_here = per_s / threshold * r["gc_per_collection_s"]
-            gc_big = per_s / threshold * heap["gc_s"]
+            gc_here = per_s / gc_every(results, r["live_bytes"]) * r["gc_per_collection_s"]
+            gc_big = per_s / gc_every(results, heap["live_bytes"]) * heap["gc_s"]
             total = statistics.median(own) + gc_here
             if name == "magent-store":
                 decomposed.append((olo + gc_here, ohi + gc_here))
@@ -788,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
         "The paired run-time differences again, each without the time its two runs spent "
         "collecting garbage (median and its confidence interval), plus the collections "
         "persistence causes: its bytes per chunk (table above) × chunks per second over "
-        "gc-cons-threshold, times the time one collection took in this Emacs with the "
+        "the bytes between two collections, times the time one collection took in this "
+        "Emacs with the "
         "session loaded (median of 5). Last column: the same collections in a long-running "
         "Emacs, whose every collection takes as long as measured above."))
     results["decomposed"] = decomposed_rows
