@@ -351,15 +351,48 @@ def test_encoding_uses_specs_keys_in_order(events: Events) -> None:
     assert snap["metadata"] is None and snap["turns"][0]["op-id"] is None
 
 
-def test_schema6_empty_objects_read_as_absent(events: Events) -> None:
+def test_empty_objects_read_as_absent(events: Events) -> None:
     th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content="c"))
     completion = events.make("item-completed", "t1", "i1", {"item": {
-        "id": "i1", "content": {}, "name": {}, "metadata": [], "output": {}, "completed-at": {}}})  # fmt: skip
+        "id": "i1", "content": {}, "name": {}, "metadata": {}, "output": {}, "completed-at": {}}})  # fmt: skip
     run(th, completion, events.make("turn-completed", "t1", payload={"usage": {}}),
         {**events.thread_started(), "turn-id": {}, "item-id": {}, "payload": {}})  # fmt: skip
     i = item(th, "i1")
-    assert i.content == "c" and i.name is None and i.status == "completed"
+    assert i.content == "c" and i.name is None and i.metadata is None and i.status == "completed"
     assert turn(th, "t1").usage is None
+
+
+def _empty_arrays(events: Events) -> Thread:
+    """A tool item started with input [] and completed with output and metadata []."""
+    started = events.item_started("t1", "i1")
+    started["payload"]["item"].update({"type": "tool", "input": [], "output": "streamed"})
+    completion = events.make("item-completed", "t1", "i1", {"item": {
+        "id": "i1", "output": [], "metadata": []}})  # fmt: skip
+    return run(fresh(), events.turn("turn-started", "t1"), started, completion,
+               events.make("turn-completed", "t1", payload={"usage": []}))  # fmt: skip
+
+
+def test_an_empty_array_is_a_value_as_magent_holds_it(events: Events) -> None:
+    # magent's schema-7 reader makes [] an empty vector, which is not nil,
+    # and magent's merge takes it over the streamed output.
+    th = _empty_arrays(events)
+    i = item(th, "i1")
+    assert (i.input, i.output, i.metadata) == ([], [], [])
+    assert turn(th, "t1").usage == []
+    again = ledger.thread_from_json(orjson.loads(encoded(th)))
+    assert (item(again, "i1").input, item(again, "i1").output, turn(again, "t1").usage) == ([], [], [])
+
+
+def test_schema6_empty_arrays_read_as_absent(events: Events) -> None:
+    # magent's schema-6 reader made every [] nil: migrated input keeps that meaning.
+    with ledger.schema6_values():
+        th = _empty_arrays(events)
+        again = ledger.thread_from_json(orjson.loads(encoded(th)))
+    for t in (th, again):
+        i = item(t, "i1")
+        assert (i.input, i.output, i.metadata) == (None, "streamed", None)
+        assert turn(t, "t1").usage is None
+    assert ledger.thread_from_json(orjson.loads(encoded(th))).item_index["i1"].output == "streamed"
 
 
 # Every field set, each to its own value: a field dropped or swapped on the way shows.

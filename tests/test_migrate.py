@@ -308,6 +308,32 @@ def test_integers_beyond_64_bits_are_never_rounded(root: Path) -> None:
     assert b'"tokens":18446744073709551616' in huge.path.read_bytes()
 
 
+def test_empty_arrays_of_schema6_mean_absent_after_migration(root: Path) -> None:
+    # magent's schema-6 reader made [] nil; schema 7 keeps [] as a value, so
+    # migration writes what magent read: null, in the snapshot and the log.
+    fixture = schema6.session(random.Random(12), "s1", snapshot_lag=12)
+    obj = json.loads(fixture.data)
+    items = [i for t in obj["snapshot"]["turns"] for i in t["items"]]
+    assert items
+    for i in items:
+        i["metadata"] = []
+    changed = 0
+    for event in obj["journal"]:
+        payload = event["payload"]
+        later = event["seq"] > obj["snapshot"]["last-event-seq"]
+        if later and isinstance(payload, dict) and isinstance(payload.get("item"), dict):
+            payload["item"]["metadata"] = []
+            changed += 1
+    assert changed
+    (root / "global").mkdir(parents=True)
+    (root / fixture.relpath).write_text(json.dumps(obj))
+    result = Migrator(root).run()
+    assert result.count(migrate.MIGRATED) == 1, result.reports[0].reason
+    _, thread = load_session(SessionFiles(root / "global", "s1"))
+    assert thread.item_index and all(i.metadata is None for i in thread.item_index.values())
+    assert b'"metadata":[]' not in (root / "global" / "s1.jsonl").read_bytes()
+
+
 def test_integers_beyond_64_bits_in_the_log_stay_exact(root: Path) -> None:
     fixture = schema6.session(random.Random(11), "s1", snapshot_lag=12)
     obj = json.loads(fixture.data)

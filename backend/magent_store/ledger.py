@@ -8,7 +8,9 @@ migration and fsck.
 
 Encoding follows magent's JSON shapes (SPEC §1): kebab-case keys in the
 order SPEC lists them, ``null`` for absent values.  Decoding also accepts
-schema 6's ``{}``/``[]`` for absent values, which Elisp reads as nil.
+``{}`` for an absent value (magent's schema-7 reader makes it nil) and, in
+schema-6 input (`schema6_values`), ``[]`` too: magent's schema-6 reader
+made every empty array nil, its schema-7 reader keeps it an empty vector.
 
 Streamed content is kept as a `Text` (a list of chunks joined lazily), so
 appending to one long in-progress item costs the chunk, not the content.
@@ -16,10 +18,12 @@ appending to one long in-progress item costs the chunk, not the content.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -105,6 +109,19 @@ class LedgerError(ValueError):
 def is_absent(value: Any) -> bool:
     """True for the values Elisp reads as nil: null, and schema 6's {} and []."""
     return value is None or value == {} or value == []
+
+
+_SCHEMA6_VALUES: ContextVar[bool] = ContextVar("schema6_values", default=False)
+
+
+@contextlib.contextmanager
+def schema6_values() -> Iterator[None]:
+    """Decode free-form values as magent's schema-6 reader did: ``[]`` is absent."""
+    token = _SCHEMA6_VALUES.set(True)
+    try:
+        yield
+    finally:
+        _SCHEMA6_VALUES.reset(token)
 
 
 def valid_session_id(session_id: object) -> bool:
@@ -390,9 +407,13 @@ def _check_keys(obj: Any, keys: Iterable[str], context: str) -> Mapping[str, Any
 
 
 def _value(obj: Mapping[str, Any], key: str, context: str = "") -> Any:
-    """A free-form JSON value; schema 6's {} / [] mean absent."""
+    """A free-form JSON value; {} means absent, and so does [] in schema-6 input.
+
+    magent's schema-7 reader makes ``{}`` nil and ``[]`` an empty vector,
+    which is not nil: a field magent holds as ``[]`` must come back so.
+    """
     value = obj.get(key)
-    if is_absent(value):
+    if value is None or value == {} or (value == [] and _SCHEMA6_VALUES.get()):
         return None
     return check_json_value(value, _where(context, key))
 

@@ -337,7 +337,8 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
     if ledger.is_absent(raw_snapshot):
         raise _Refused(INVALID, "missing snapshot")
     try:
-        thread = ledger.thread_from_json(raw_snapshot)
+        with ledger.schema6_values():
+            thread = ledger.thread_from_json(raw_snapshot)
     except LedgerError as exc:
         raise _Refused(INVALID, str(exc)) from None
     journal = obj.get("journal")
@@ -348,7 +349,8 @@ def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
     previous = 0
     for i, raw in enumerate(journal):
         try:
-            event = ledger.event_from_json(raw, need_seq=True)
+            with ledger.schema6_values():
+                event = ledger.event_from_json(raw, need_seq=True)
         except LedgerError as exc:
             raise _Refused(INVALID, f"journal[{i}]: {exc}") from None
         assert event.seq is not None
