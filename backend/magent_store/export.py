@@ -31,7 +31,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
-from magent_store.fsck import _read_log, lock_is_held
+from magent_store.fsck import lock_is_held, read_log
 from magent_store.ledger import LedgerError, Thread
 from magent_store.migrate import new_backup_path
 from magent_store.store import (
@@ -90,7 +90,7 @@ def salvage(files: SessionFiles) -> Salvaged:
     try:
         scan = scan_log(files.log)
     except CorruptSessionError:
-        log = _read_log(files.log)
+        log = read_log(files.log)
         damage.append(f"log unreadable from line {log.bad_line}")
         scan = log.scan()
     if scan.torn:

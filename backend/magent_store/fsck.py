@@ -171,7 +171,7 @@ def lock_is_held(path: Path) -> bool:
 
 
 @dataclass(slots=True)
-class _Log:
+class LogReading:
     """A log read tolerantly: the valid prefix, and where and why it stops."""
 
     data: bytes
@@ -195,14 +195,15 @@ class _Log:
         return rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
 
 
-def _read_log(path: Path) -> _Log:
+def read_log(path: Path) -> LogReading:
+    """Read the log at PATH as far as it is valid (a missing log reads as empty)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return _Log(b"", [], [], 0)
+        return LogReading(b"", [], [], 0)
     lines = data.split(b"\n")
     torn = lines.pop()
-    log = _Log(data, [], [], 0, torn=torn)
+    log = LogReading(data, [], [], 0, torn=torn)
     previous = 0
     offset = 0
     for number, line in enumerate(lines, 1):
@@ -392,7 +393,7 @@ class Fsck:
                 message = str(exc).removeprefix(f"{files.header}: ")
                 self._add(Finding(files.header, HEADER_INVALID, message, sid))
                 return  # without a header nothing else can be trusted
-        log = _read_log(files.log)
+        log = read_log(files.log)
         if log.bad_line is not None:
             moved = log.moved_lines
             finding = self._add(Finding(
@@ -424,7 +425,7 @@ class Fsck:
                 self._rebuild_header(files, thread, repair=repair)
 
     def _check_snapshot(
-        self, files: SessionFiles, log: _Log, scope: Scope | None, *, repair: bool
+        self, files: SessionFiles, log: LogReading, scope: Scope | None, *, repair: bool
     ) -> Thread | None:
         """Check the snapshot and that the log continues it; the replayed thread, or None."""
         sid = files.id
@@ -456,7 +457,7 @@ class Fsck:
             finding.repaired = True
         return thread
 
-    def _replay(self, files: SessionFiles, log: _Log, scope: Scope | None) -> Thread | None:
+    def _replay(self, files: SessionFiles, log: LogReading, scope: Scope | None) -> Thread | None:
         try:
             thread, _ = replay_session(files, scope, log.scan())
         except CorruptSessionError as exc:
