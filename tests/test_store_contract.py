@@ -900,8 +900,19 @@ def test_a_lock_held_by_a_writer_that_wrote_no_pid_says_so(root: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with pytest.raises(SessionLockedError, match=r"\(pid unknown\); close it there first"):
             Store(root).open("s1")
+        os.write(fd, b"\xff12")  # not even text
+        with pytest.raises(SessionLockedError, match="pid \ufffd12"):
+            Store(root).open("s1")
     finally:
         os.close(fd)
+
+
+def test_a_lock_file_someone_removed_does_not_stop_the_close(root: Path, events: Events) -> None:
+    s = Store(root).open("s1")
+    s.append_event(events.thread_started())
+    (root / "global/s1.lock").unlink()
+    s.close()
+    assert (root / "global/s1.json").exists() and not (root / "global/s1.lock").exists()
 
 
 def test_a_lock_file_removed_between_open_and_lock_is_made_again(
@@ -1200,3 +1211,45 @@ def test_a_session_magent_wrote_that_would_not_migrate_identically_is_left_as_it
     with pytest.raises(StoreError, match=rf"^{path}: this session, written by magent, cannot be taken over \(\w+: .+\); it is left as it was$"):
         Store(root).open("s1")
     assert path.read_bytes() == before and not (root / "global/s1.jsonl").exists()
+
+
+# --- the tail a compaction keeps ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("after", ["reopen", "reload"])
+def test_the_kept_tail_holds_up_to_exactly_its_byte_bound(root: Path, events: Events, after: str) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events)
+    s.flush()
+    s.append_content("a0", "a", False, events.now())
+    before = _log_size(root)
+    s.flush()
+    line = _log_size(root) - before  # with a one-character chunk
+    if after == "reopen":
+        s.close()
+        s = st.open("s1")
+    else:  # a refused batch: the session is read back from disk
+        assert s.begin_batch(P, 1)
+        s.append_content("a0", "refused", False, events.now())
+        s.abort_batch()
+    # One more line brings the log to exactly the bound: a compaction keeps it all.
+    s.append_content("a0", "b" * (store.LOG_TAIL_BYTES - _log_size(root) - line + 1), False, events.now())
+    s.compact()
+    assert _log_size(root) == store.LOG_TAIL_BYTES
+    assert orjson.loads((root / "global/s1.jsonl").read_bytes().split(b"\n", 1)[0])["seq"] == 1
+    s.close()
+
+
+def test_the_kept_tail_is_at_least_the_last_line(root: Path, events: Events) -> None:
+    s = Store(root, log_max_events=10_000).open("s1")
+    fill(s, events)
+    half = store.LOG_TAIL_BYTES // 2 + 10
+    s.append_content("a0", "c" * half, False, events.now())
+    s.append_content("a0", "d" * half, False, events.now())
+    s.compact()
+    assert chunks_in_log(root) == ["d" * half]
+    s.append_content("a0", "e" * 2 * store.LOG_TAIL_BYTES, False, events.now())
+    s.compact()
+    assert chunks_in_log(root) == ["e" * 2 * store.LOG_TAIL_BYTES]
+    s.close()
