@@ -970,7 +970,10 @@ def killed_after_the_log(point: str) -> None:
         raise SimulatedCrash(point)
 
 
-def test_events_flushed_outside_a_batch_are_kept_by_the_next_batch(root: Path, events: Events) -> None:
+def test_events_flushed_outside_a_batch_are_kept_by_the_next_batch(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="magent_store.store")
     s = open_session(root)
     send(s, 1, start(events))
     s.append_event(events.content("t1", "i1", "unnumbered"))
@@ -981,6 +984,7 @@ def test_events_flushed_outside_a_batch_are_kept_by_the_next_batch(root: Path, e
     assert send(s, 2, [events.content("t1", "i1", "numbered")])
     s.close()
     assert chunks_in_log(root) == ["unnumbered", "numbered"]
+    assert messages(caplog) == [], "nothing was uncommitted: nothing to drop"
 
 
 def test_pending_unnumbered_events_survive_the_start_of_a_batch(root: Path, events: Events) -> None:
