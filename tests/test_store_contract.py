@@ -294,8 +294,9 @@ def test_a_flush_with_nothing_to_write_makes_no_fsync(root: Path, events: Events
     assert fsyncs == [], "nor does a flush right after opening"
 
 
-def test_fsync_never_syncs_nothing_at_all(root: Path, events: Events, fsyncs: list[str]) -> None:
+def test_fsync_never_syncs_nothing_at_all(root: Path, events: Events, fsyncs: list[str], clock: Clock) -> None:
     s = Store(root, fsync="never", log_max_events=3).open("s1")
+    clock.now += 3600  # however long since the session opened
     fill(s, events)
     s.put_header({"title": "t"})
     for i in range(5):
@@ -308,8 +309,9 @@ def test_fsync_never_syncs_nothing_at_all(root: Path, events: Events, fsyncs: li
 
 
 def test_a_failed_fsync_is_reported_and_the_next_flush_syncs_again(
-    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
+    """In always mode, at once: not when some interval has passed (the clock stands still)."""
     s = Store(root, log_max_events=10_000).open("s1")
     fill(s, events)
     s.flush()
@@ -441,7 +443,7 @@ def test_a_project_sessions_header_must_name_its_project(root: Path) -> None:
             s.put_header({"scope": "global"})
         with pytest.raises(LedgerError, match=r"header\.project-root: '/q' does not match"):
             s.put_header({"project-root": "/q"})
-    with pytest.raises(LedgerError, match="header.project-root: required string for a project session"):
+    with pytest.raises(LedgerError, match="^header.project-root: required string for a project session$"):
         store.normalize_header({"id": "s1", "scope": "project"})
     with pytest.raises(LedgerError, match='header.scope: expected "global" or "project", got \'elsewhere\''):
         store.normalize_header({"id": "s1", "scope": "elsewhere"})
@@ -475,6 +477,14 @@ def test_a_header_without_a_session_to_match_is_checked_on_its_own() -> None:
         store.normalize_header({**G, "colour": 1, "size": 2})
 
 
+def test_numbers_in_a_header_must_be_writable_exactly(root: Path) -> None:
+    with Store(root).open("s1") as s:
+        before = s.header_bytes()
+        with pytest.raises(LedgerError, match=r"^header\.metadata\.x: expected a finite number, got nan$"):
+            s.put_header({"metadata": {"x": float("nan")}})
+        assert s.header_bytes() == before
+
+
 def test_agent_jobs_and_approval_overrides_round_trip(root: Path, events: Events) -> None:
     jobs = [{"id": "job-1", "status": "running"}]
     overrides = [{"tool": "shell", "decision": "deny"}, {"tool": "grep", "decision": "allow"}]
@@ -493,8 +503,10 @@ def test_agent_jobs_and_approval_overrides_round_trip(root: Path, events: Events
 def test_malformed_approval_overrides_are_refused(entry: Any) -> None:
     with pytest.raises(LedgerError, match=r"header\.approval-overrides\[1\]: "):
         store.normalize_header({**G, "approval-overrides": [{"tool": "t", "decision": "deny"}, entry]})
-    with pytest.raises(LedgerError, match="header.approval-overrides: expected an array"):
+    with pytest.raises(LedgerError, match="^header.approval-overrides: expected an array$"):
         store.normalize_header({**G, "approval-overrides": "all"})
+    with pytest.raises(LedgerError, match="^header.agent-jobs: expected an array$"):
+        store.normalize_header({**G, "agent-jobs": "none"})
 
 
 def test_a_header_magent_gave_without_a_summary_title_stays_without(root: Path, events: Events) -> None:
