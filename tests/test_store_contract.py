@@ -1061,12 +1061,17 @@ def test_a_full_disk_during_a_batch_says_the_batch_is_to_be_sent_again(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(store, "_write_all", enospc)
+    assert s.begin_batch(P, 2)
+    s.append_event(events.content("t1", "i1", "x"))
     with pytest.raises(WriteFailed) as failed:
-        send(s, 2, [events.content("t1", "i1", "x")])
+        s.flush()  # the batch is forgotten: no abort needed
+    assert s.pending_events == 0 and s.last_seq == 3
+    monkeypatch.undo()
+    assert s.flush().events_written == 0
+    assert orjson.loads((root / "global/s1.producer").read_bytes())["batch"] == 1
     message = str(failed.value)
     assert message.startswith(f"{root}/global/s1.jsonl: cannot write (no space left on device: ")
     assert message.endswith(" free); the batch was not written: send it again"), "nothing said to be kept"
-    monkeypatch.undo()
     s.close()
 
 
