@@ -263,7 +263,7 @@ def test_interval_mode_defaults_to_one_second(root: Path, events: Events, clock:
         s.append_event(events.thread_started())
         s.flush()
         s.append_event(events.thread_started())
-        clock.now += 0.999
+        clock.now += 0.9995  # half a millisecond short
         assert s.flush().durable_seq == s.last_seq - 1
         clock.now = 1001.0
         assert s.flush().durable_seq == s.last_seq
