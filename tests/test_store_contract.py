@@ -647,7 +647,7 @@ def test_an_intact_log_raises_no_alarm_and_a_torn_one_is_named_once_each_way(
     root: Path, events: Events, caplog: pytest.LogCaptureFixture
 ) -> None:
     st = Store(root)
-    with st.open("s1") as s:
+    with st.open("s1") as s:  # a new session: no log yet
         fill(s, events)
     st.load("s1")
     st.open("s1").close()
