@@ -33,21 +33,26 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # GNU Emacs >= 28 with epc.el (what the tests load under `emacs -Q') and
-# package-lint (what `make lint' runs).  Root on Debian gets them installed;
-# anyone else is told the one command to run.
-EMACS_PACKAGES := emacs-nox elpa-epc elpa-package-lint
+# package-lint (what `make lint' runs), and yaml.el (magent's runtime needs
+# it: the tests of opening a found session in magent).  Root on Debian gets
+# them installed; anyone else is told the one command to run (without
+# yaml.el only those tests are skipped, loudly, or fail under CI=true).
+EMACS_PACKAGES := emacs-nox elpa-epc elpa-package-lint elpa-yaml
 EMACS_CHECK := (progn (dolist (d (file-expand-wildcards \
   "/usr/share/emacs/site-lisp/elpa/*-[0-9]*")) (push d load-path)) \
-  (kill-emacs (if (and (version<= "28.1" emacs-version) (locate-library "epc") \
-  (locate-library "package-lint")) 0 1)))
+  (kill-emacs (cond ((not (and (version<= "28.1" emacs-version) (locate-library "epc") \
+  (locate-library "package-lint"))) 1) ((locate-library "yaml") 0) (t 3))))
 
 emacs-ready:
-	@if $(EMACS) --batch -Q --eval '$(EMACS_CHECK)' >/dev/null 2>&1; then :; \
+	@$(EMACS) --batch -Q --eval '$(EMACS_CHECK)' >/dev/null 2>&1; found=$$?; \
+	if [ $$found = 0 ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; then \
-	  echo "Installing $(EMACS_PACKAGES) (Emacs, epc.el, package-lint) with apt-get"; \
+	  echo "Installing $(EMACS_PACKAGES) (Emacs, epc.el, package-lint, yaml.el) with apt-get"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -q && apt-get install -y -q --no-install-recommends $(EMACS_PACKAGES) && \
 	  $(EMACS) --batch -Q --eval '$(EMACS_CHECK)'; \
+	elif [ $$found = 3 ]; then \
+	  echo "*** yaml.el is missing: the tests of opening a found session in magent will be skipped; run:  sudo apt-get install elpa-yaml ***"; \
 	else \
 	  echo "GNU Emacs >= 28 with epc.el and package-lint is needed; run:  sudo apt-get install $(EMACS_PACKAGES)"; exit 2; \
 	fi

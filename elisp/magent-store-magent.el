@@ -119,15 +119,21 @@
      "every session is flushed before magent lists a scope")
     (magent-session-list-action-files
      :around magent-store--around-list optional "0.1 (schema 6, 7)"
-     "every session is flushed before magent lists action sessions"))
+     "every session is flushed before magent lists action sessions")
+    ;; Opening a session found by `magent-store-search'.
+    (magent-runtime-load-session-file call nil when-used "0.1 (schema 6, 7)"
+     "RET on a search result resumes its session in magent, as magent's own \
+session/load does (else a read-only transcript)"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
 combinator (HANDLER is then the advice) or `call'; NEED is `required'
-\(without it the mode cannot route what the row says) or `optional' (a
-fallback is used); MAGENT names the magent releases and session schemas
-the row was written for; WHY says what the row is for.  Checked when
-the mode turns on: the mode says once what the loaded magent lacks, and
-advises only functions that exist.")
+\(without it the mode cannot route what the row says), `optional' (a
+fallback is used) or `when-used' (looked up when it is used, not when
+the mode turns on: it lives in a module magent loads after its session
+module; a fallback is used); MAGENT names the magent releases and
+session schemas the row was written for; WHY says what the row is for.
+Checked when the mode turns on: the mode says once what the loaded
+magent lacks, and advises only functions that exist.")
 
 (defvar magent-store-mode)
 
@@ -145,7 +151,8 @@ advises only functions that exist.")
 
 (defun magent-store--magent-check ()
   "Return the rows whose function the loaded magent lacks; say so once."
-  (let ((missing (cl-remove-if (lambda (row) (fboundp (car row)))
+  (let ((missing (cl-remove-if (lambda (row) (or (fboundp (car row))
+                                                 (eq (nth 3 row) 'when-used)))
                                magent-store-magent-functions)))
     (setq magent-store--magent-missing missing)
     (unless (equal (mapcar #'car missing) magent-store--magent-reported)
@@ -977,6 +984,31 @@ cannot read; write them back now? " what)))
             (message "magent-store: %s stored in a format this magent cannot \
 read; M-x magent-store-export-for-magent writes them back" what)))))))
 
+;;;; Opening a session found by a search
+
+(declare-function magent-runtime-load-session-file "ext:magent-runtime-api"
+                  (file))
+
+(defun magent-store--magent-resume (header hit)
+  "Resume the session whose header file is HEADER in magent.
+HIT is the search result (an alist).  Return the session magent
+loaded, or nil when the loaded magent has no loader (its runtime is
+not loaded) or could not read the session: the search then shows a
+read-only transcript.  On `magent-store-search-resume-functions'
+while `magent-store-mode' is on: magent's release reads the store's
+sessions only through the mode."
+  (when (fboundp 'magent-runtime-load-session-file)
+    (let ((id (alist-get 'id hit)))
+      (condition-case err
+          (if-let* ((loaded (magent-runtime-load-session-file header)))
+              (progn (message "Session %s is loaded in magent" id)
+                     loaded)
+            (message "Magent could not read session %s; showing its transcript"
+                     id)
+            nil)
+        (error (user-error "Magent could not load session %s: %s"
+                           id (error-message-string err)))))))
+
 ;;;; The mode
 
 (defun magent-store--kill-emacs ()
@@ -1002,16 +1034,21 @@ Events and streamed chunks are forwarded as magent appends them, saves
 become header refreshes and flushes, a session is flushed before magent
 reads it, and Emacs flushes everything before it exits.  Only the
 functions the loaded magent has are advised; the mode says once what
-it lacks (see `magent-store-magent-functions')."
+it lacks (see `magent-store-magent-functions').  RET on a result of
+`magent-store-search' resumes its session in magent."
   :global t
   :group 'magent-store
   (if magent-store-mode
       (progn
         (magent-store--magent-install)
+        (add-hook 'magent-store-search-resume-functions
+                  #'magent-store--magent-resume)
         (unless (featurep 'magent-session)
           (add-hook 'after-load-functions #'magent-store--magent-loaded))
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
     (remove-hook 'after-load-functions #'magent-store--magent-loaded)
+    (remove-hook 'magent-store-search-resume-functions
+                 #'magent-store--magent-resume)
     (magent-store--magent-uninstall)
     (when magent-store--header-timer
       (cancel-timer magent-store--header-timer))

@@ -27,8 +27,11 @@
 
 ;; M-x magent-store-search asks for words and lists the sessions in which
 ;; they were said, best first: title, scope, when, and an excerpt with the
-;; match highlighted.  RET opens a session (through magent when magent is
-;; loaded, else as a read-only transcript), n and p move, g searches again.
+;; match highlighted.  RET opens a session (in magent when
+;; `magent-store-mode' is on and magent's runtime is loaded, else as a
+;; read-only transcript), n and p move, g searches again.  Nothing here
+;; knows magent: the mode puts magent's loader on
+;; `magent-store-search-resume-functions'.
 ;;
 ;; Each search is a separate `magent-store search --json' process: Emacs
 ;; starts it and returns at once, and the results are drawn when it exits.
@@ -66,9 +69,18 @@ By default only what the user and the assistant wrote is searched."
 
 (defcustom magent-store-search-open-function #'magent-store-search-open-default
   "Function called with a hit (an alist from the search) to open its session.
-The default resumes it through magent when magent is loaded, else
-shows a read-only transcript."
+The default offers it to `magent-store-search-resume-functions' (magent,
+when `magent-store-mode' is on), else shows a read-only transcript."
   :type 'function
+  :group 'magent-store-search)
+
+(defcustom magent-store-search-resume-functions nil
+  "Functions that resume a found session in an agent, tried in order.
+Each is called with the session's header file and the hit (an alist
+from the search); the first that returns non-nil has opened it.  When
+none does, RET shows a read-only transcript.  `magent-store-mode' adds
+magent's own loader here while it is on."
+  :type 'hook
   :group 'magent-store-search)
 
 (defface magent-store-search-match '((t :inherit match))
@@ -253,20 +265,12 @@ results buffer at once; the results appear when the search is done."
 
 ;;;; Opening a session
 
-;; What this section knows of magent: `magent-runtime-load-session-file' is
-;; how magent itself (its ACP session/load) brings a saved session back.
-(declare-function magent-runtime-load-session-file "ext:magent-runtime-api" (file))
-
 (defun magent-store-search-open-default (hit)
-  "Resume HIT's session through magent when it is loaded, else view it read-only."
-  (let ((header (alist-get 'header hit)))
-    (if (fboundp 'magent-runtime-load-session-file)
-        (condition-case err
-            (prog1 (magent-runtime-load-session-file header)
-              (message "Session %s is loaded in magent" (alist-get 'id hit)))
-          (error (user-error "Magent could not load %s: %s"
-                             (alist-get 'id hit) (error-message-string err))))
-      (magent-store-search-view hit))))
+  "Resume HIT's session in an agent that can, else view it read-only.
+The agents are `magent-store-search-resume-functions'."
+  (or (run-hook-with-args-until-success 'magent-store-search-resume-functions
+                                        (alist-get 'header hit) hit)
+      (magent-store-search-view hit)))
 
 (defun magent-store-search-view (hit)
   "Show HIT's session as a read-only transcript (read by a separate process)."

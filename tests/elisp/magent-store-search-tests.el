@@ -7,9 +7,9 @@
 ;; Sessions are written through the shim to a real backend (which indexes
 ;; them as it flushes), then searched with the real `magent-store search'
 ;; process, as a user's Emacs does.  magent is not loaded here, so RET shows
-;; the read-only transcript; one test stands in for magent's loader
-;; (`magent-runtime-load-session-file', whose module needs yaml.el, which
-;; cannot be installed here) with a function of its name and signature.
+;; the read-only transcript, or hands the session to the functions on
+;; `magent-store-search-resume-functions'; RET into magent's own loader is
+;; tested against upstream magent in upstream/magent-store-search-magent-tests.el.
 
 ;;; Code:
 
@@ -123,20 +123,39 @@
       (magent-store-search-test--wait buffer)
       (should (equal (magent-store-search-test--ids buffer) '("s-tool"))))))
 
-(ert-deftest magent-store-search-ret-resumes-through-magent-when-loaded ()
-  "With magent's loader defined, RET hands it the session's header file."
+(ert-deftest magent-store-search-ret-offers-the-session-to-resume-functions ()
+  "RET hands the session's header file to the resume functions first; the
+first that returns non-nil has opened it, else the transcript is shown."
   (magent-store-test--with-backend
     (magent-store-search-test--write "s-resume" '("resume me please"))
     (let ((buffer (magent-store-search "resume me"))
-          (loaded nil))
+          (offered nil))
       (magent-store-search-test--wait buffer)
-      (cl-letf (((symbol-function 'magent-runtime-load-session-file)
-                 (lambda (file) (push file loaded) 'runtime-session)))
+      (let ((magent-store-search-resume-functions
+             (list (lambda (file hit) (push (list 'declined file (alist-get 'id hit)) offered)
+                     nil)
+                   (lambda (file _hit) (push (list 'taken file) offered) 'resumed)
+                   (lambda (file _hit) (push (list 'never-asked file) offered) t))))
         (with-current-buffer buffer
           (goto-char (point-min))
-          (should (eq (call-interactively (key-binding (kbd "RET"))) 'runtime-session))))
-      (should (equal loaded (list (expand-file-name "global/s-resume.json" magent-store-root))))
-      (should (file-exists-p (car loaded))))))
+          (should (eq (call-interactively (key-binding (kbd "RET"))) 'resumed))))
+      (let ((header (expand-file-name "global/s-resume.json" magent-store-root)))
+        (should (file-exists-p header))
+        (should (equal (reverse offered)
+                       `((declined ,header "s-resume") (taken ,header)))))
+      ;; Nobody takes it: the read-only transcript.
+      (let ((magent-store-search-resume-functions (list (lambda (_file _hit) nil))))
+        (with-current-buffer buffer
+          (goto-char (point-min))
+          (let ((view (call-interactively (key-binding (kbd "RET")))))
+            (should (bufferp view))
+            (should (string-prefix-p "*magent-store session s-resume" (buffer-name view)))
+            (with-timeout (60 (error "The transcript did not appear"))
+              (while (with-current-buffer view
+                       (string-prefix-p "Reading" (buffer-string)))
+                (accept-process-output nil 0.05)))
+            (should (string-match-p "resume me please"
+                                    (with-current-buffer view (buffer-string))))))))))
 
 (provide 'magent-store-search-tests)
 ;;; magent-store-search-tests.el ends here

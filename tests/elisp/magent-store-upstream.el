@@ -12,6 +12,7 @@
 ;;; Code:
 
 (require 'cl-lib)
+(require 'ert)
 (require 'subr-x)
 
 (defconst magent-store-upstream-lisp
@@ -53,6 +54,28 @@ With SCHEMA7, load the schema-7 magent-session.el over the release's
       (error "MAGENT_SESSION7 is not set"))
     (load (expand-file-name "magent-session.el" magent-store-upstream-session7)
           nil t t)))
+
+(defun magent-store-upstream-need (present what how)
+  "Go on when PRESENT is non-nil; else fail under CI=true, or skip loudly.
+WHAT names the missing thing, HOW says how to get it."
+  (unless present
+    (let ((text (format "%s is missing (%s)" what how)))
+      (if (member (downcase (or (getenv "CI") "")) '("1" "true" "yes"))
+          (ert-fail (format "%s: under CI every test must run" text))
+        (message "*** SKIPPED: %s; with CI=true this fails the run ***" text)
+        (ert-skip text)))))
+
+(defun magent-store-upstream-load-runtime ()
+  "Load magent's runtime (`magent-runtime-api') over its sessions.
+It needs yaml.el (Debian: elpa-yaml), looked for on `load-path' and
+in Debian's Emacs package folders.  Return non-nil when it is loaded,
+nil when yaml.el is missing."
+  (magent-store-upstream-load)
+  (unless (locate-library "yaml")
+    (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/yaml-[0-9]*"))
+      (add-to-list 'load-path dir)))
+  (and (locate-library "yaml")
+       (require 'magent-runtime-api)))
 
 (provide 'magent-store-upstream)
 ;;; magent-store-upstream.el ends here
