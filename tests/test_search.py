@@ -216,6 +216,75 @@ def test_rebuild_gives_the_same_answers(root: Path) -> None:
     assert ids(index.search("rebuild me")) == ["s1"]
 
 
+def test_rebuild_builds_aside_then_replaces_the_index(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", "kept while rebuilding")
+    s.close()
+    w.index.close()
+    directory = root / search.INDEX_DIR
+    killed = directory / f"{search.INDEX_NAME}.build-999999"  # left by a rebuild that was killed
+    killed.write_bytes(b"half a build")
+    reader = SearchIndex(root)
+    during: list[Any] = []
+
+    def progress(done: int, total: int) -> None:
+        builds = [p for p in directory.iterdir() if ".build-" in p.name]
+        during.append((ids(reader.search("kept while")), [stat.S_IMODE(p.stat().st_mode) for p in builds]))
+
+    rebuilder = SearchIndex(root)
+    assert rebuilder.rebuild(progress).updated == 1
+    # Meanwhile the index as it was answered; the new file was private and the only build.
+    assert during == [(["s1"], [0o600])]
+    assert not [p for p in directory.iterdir() if ".build-" in p.name]
+    assert ids(rebuilder.search("kept while")) == ["s1"]
+    assert rebuilder.db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert stat.S_IMODE(search.index_path(root).stat().st_mode) == 0o600
+    reader.close()
+    rebuilder.close()
+
+
+def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "_build_workers", lambda headers: 2)
+    w = Writer(root)
+    for n in range(70):  # more than two batches of reads per worker
+        s = w.open(f"s{n:02d}", Scope.project("/src/shop") if n % 3 else None)
+        w.say(s, "t1", "a1", f"needle number {n:02d} " + "长文本" * (n * 50))
+        s.close()
+    with (root / "global" / "s00.jsonl").open("ab") as f:
+        f.write(b'{"not": "an event"}\n')
+    w.index.close()
+    index = SearchIndex(root)
+    result = index.rebuild()
+    assert (result.checked, result.updated) == (70, 69)
+    assert [s.split(":")[0] for s in result.skipped] == ["global/s00.json"]
+    assert sorted(ids(index.search("needle number", limit=100))) == [f"s{n:02d}" for n in range(1, 70)]
+    assert ids(index.search("needle number 42")) == ["s42"]
+    assert ids(index.search("needle number 41", scope=search.ScopeFilter.parse("/src/shop"))) == ["s41"]
+    assert ids(index.search("needle number 42", scope=search.ScopeFilter.parse("global"))) == ["s42"]
+    # Passages in order: each session's in one run, like a catch-up writes them.
+    sids = [sid for (sid,) in index.db.execute("SELECT sid FROM passages ORDER BY id")]
+    assert sids == sorted(sids)
+    index.close()
+
+
+@pytest.mark.parametrize("how", ["kept at each flush", "rebuilt"])
+def test_a_word_matches_whole_never_as_scattered_trigrams(root: Path, how: str) -> None:
+    w = Writer(root)
+    # Every trigram of the words searched below is in "apart", none of the words.
+    for name, text in (("apart", "xabc ybcd and Äbc zbcd"), ("whole", "the ABCD and äbcd")):
+        s = w.open(name)
+        w.say(s, "t1", "a1", text)
+        s.close()
+    w.index.close()
+    if how == "rebuilt":
+        SearchIndex(root).rebuild()
+    assert find(root, "abcd") == ["whole"]
+    assert find(root, "ÄBCD") == ["whole"]  # folded beyond ASCII, then checked
+    assert find(root, '"abcd and"') == ["whole"]
+    assert sorted(find(root, "abc")) == ["apart", "whole"]
+
+
 def test_corrupt_index_is_rebuilt_with_a_message(root: Path) -> None:
     w = Writer(root)
     s = w.open("s1")

@@ -25,9 +25,13 @@ A corrupt index, or one written by another version, is deleted and rebuilt.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
 import hashlib
+import itertools
 import logging
+import multiprocessing
 import os
 import queue
 import re
@@ -60,7 +64,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION: Final = 1
+INDEX_VERSION: Final = 2
+# What the full-text index keeps of each trigram: "full" (its positions: a
+# word's trigrams are matched in sequence by the index) or "none" (only which
+# passages hold it: several times smaller and faster to build, and each
+# candidate passage is then checked for the words themselves).
+DETAIL: Final[str] = "none"
 INDEX_DIR: Final = ".search"
 INDEX_NAME: Final = "index.sqlite"
 PASSAGE_CHARS: Final = 4096
@@ -83,6 +92,15 @@ LIVE_BUSY_MS: Final = 2000
 # A catch-up commits after indexing this much text.
 BATCH_CHARS: Final = 32 << 20
 SEARCH_BUSY_MS: Final = 10_000
+# A rebuild hands FTS5 this much text per statement.
+BUILD_BATCH_CHARS: Final = 16 << 20
+# FTS5 keeps this many bytes of new terms in memory before writing a segment;
+# a rebuild raises it from the default 1 MB, so that far fewer segments are
+# written and merged again.
+BUILD_HASH_BYTES: Final = 64 << 20
+DEFAULT_HASH_BYTES: Final = 1 << 20
+# At most this many processes read sessions for a build (the caller indexes).
+BUILD_WORKERS: Final = 4
 
 SCHEMA: Final = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
@@ -107,7 +125,7 @@ CREATE TABLE passages(
 );
 CREATE INDEX passages_item ON passages(sid, item, field);
 CREATE VIRTUAL TABLE fts USING fts5(
-  text, content='passages', content_rowid='id', tokenize='trigram case_sensitive 0'
+  text, content='passages', content_rowid='id', tokenize='trigram case_sensitive 0', detail={DETAIL}
 );
 PRAGMA user_version = {INDEX_VERSION};
 """
@@ -137,8 +155,21 @@ class Query:
         return all(len(t) < 3 for t in self.terms)
 
     def match_expression(self) -> str:
-        """The FTS5 MATCH text: each indexable term one quoted string, so nothing is an operator."""
-        return " AND ".join('"' + t.replace('"', '""') + '"' for t in self.terms if len(t) >= 3)
+        """The FTS5 MATCH text, every part a quoted string, so nothing is an operator.
+
+        With positions kept, each indexable term is one string (a phrase of its
+        trigrams); without them, each of its trigrams is one.
+        """
+        if DETAIL == "full":
+            parts = [t for t in self.terms if len(t) >= 3]
+        else:
+            grams = (t[i:i + 3] for t in self.terms if len(t) >= 3 for i in range(len(t) - 2))
+            parts = list(dict.fromkeys(grams))
+        return " AND ".join('"' + t.replace('"', '""') + '"' for t in parts)
+
+    def checked_terms(self) -> list[str]:
+        """The terms the index alone cannot confirm, checked in each candidate passage's text."""
+        return [] if DETAIL == "full" else [t for t in self.terms if len(t) > 3]
 
     def short_terms(self) -> list[str]:
         return [t for t in self.terms if len(t) < 3]
@@ -317,6 +348,114 @@ def _stamp(paths: tuple[str, str]) -> str:
     return ":".join(parts)
 
 
+def _contains(text: str | None, folded: str) -> bool:
+    """Whether TEXT holds FOLDED (a case-folded term), case ignored in every script."""
+    return text is not None and folded in text.casefold()
+
+
+def _pieces(text: str, previous: str) -> list[str]:
+    """TEXT cut into passages of at most PASSAGE_CHARS, each opening with the
+    last OVERLAP_CHARS of the one before it (PREVIOUS before the first)."""
+    pieces = []
+    step = PASSAGE_CHARS - OVERLAP_CHARS
+    for start in range(0, len(text), step):
+        piece = previous[-OVERLAP_CHARS:] + text[start:start + step]
+        pieces.append(piece)
+        previous = piece
+    return pieces
+
+
+_Passage = tuple[str | None, str, str, str, float | None, str]  # turn, item, field, role, time, text
+
+
+def _thread_passages(thread: Thread) -> list[_Passage]:
+    """Every passage of THREAD, as a catch-up of a new session indexes them."""
+    out: list[_Passage] = []
+    for turn in thread.turns:
+        for item in turn.items:
+            role = _item_role(item)
+            if role is None:
+                continue
+            when = item.updated_at or item.created_at
+            for name in FIELDS:
+                text = _text_of(getattr(item, name))
+                if text:
+                    out += [(turn.id, item.id, name, role, when, piece) for piece in _pieces(text, "")]
+    return out
+
+
+@dataclass(slots=True)
+class _Read:
+    """One session as a build indexes it: read by a worker process, or in line."""
+
+    relative: str
+    session_id: str
+    stamp: str = ""
+    scope: Scope | None = None
+    seq: int = 0
+    passages: list[_Passage] = field(default_factory=list)
+    error: str | None = None  # why it cannot be read (then nothing else is set)
+
+
+def _read_for_build(header: tuple[str, str, str]) -> _Read:
+    """HEADER's session (relative path, directory, id), read and cut into passages."""
+    relative, directory, session_id = header
+    out = _Read(relative, session_id)
+    if not ledger.valid_session_id(session_id):
+        out.error = ""  # not a session file (fsck reports these)
+        return out
+    try:
+        out.stamp, out.scope, _, thread = _read_session(SessionFiles(Path(directory), session_id))
+    except (StoreError, ValueError, OSError) as exc:
+        out.error = str(exc)
+        return out
+    out.seq = thread.last_event_seq
+    out.passages = _thread_passages(thread)
+    return out
+
+
+def _read_session(files: SessionFiles) -> tuple[str, Scope, LogScan, Thread]:
+    """What indexing needs of a session's files (raises when they cannot be read)."""
+    stamp = _file_stamp(files)  # before reading: a later write shows as a change next time
+    scope = Scope.from_header(read_header(files.header))
+    scan = scan_log(files.log)
+    thread, _ = replay_session(files, scope, scan)
+    return stamp, scope, scan, thread
+
+
+def _reads(headers: list[tuple[str, str, str]], workers: int) -> Iterator[_Read]:
+    """Every header's session read, in order: by WORKERS processes, at most a
+    few batches ahead of the caller (which indexes them meanwhile), or in line."""
+    if workers < 1:
+        yield from map(_read_for_build, headers)
+        return
+    batch = 32
+    ahead = 2 * workers
+    context = multiprocessing.get_context("spawn")  # the caller may have threads: no fork
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        pending: collections.deque[concurrent.futures.Future[list[_Read]]] = collections.deque()
+        starts = iter(range(0, len(headers), batch))
+        for start in itertools.islice(starts, ahead):
+            pending.append(pool.submit(_read_batch, headers[start:start + batch]))
+        while pending:
+            done = pending.popleft().result()
+            for start in itertools.islice(starts, 1):
+                pending.append(pool.submit(_read_batch, headers[start:start + batch]))
+            yield from done
+
+
+def _read_batch(headers: list[tuple[str, str, str]]) -> list[_Read]:
+    return [_read_for_build(header) for header in headers]
+
+
+def _build_workers(headers: int) -> int:
+    """Worker processes a build of HEADERS sessions reads them with (0: in line).
+
+    Starting one costs about a tenth of a second, so a small tree is read in line."""
+    cores = os.cpu_count() or 1
+    return 0 if cores < 2 or headers < 200 else min(BUILD_WORKERS, cores - 1)
+
+
 @dataclass(slots=True)
 class _Change:
     """What a run of events did to one item field: replaced it, then appended."""
@@ -451,6 +590,7 @@ class SearchIndex:
         os.chmod(self.path, 0o600)
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                              timeout=(LIVE_BUSY_MS if self.live else SEARCH_BUSY_MS) / 1000)  # fmt: skip
+        db.create_function("magent_store_contains", 2, _contains, deterministic=True)
         try:
             db.execute("PRAGMA journal_mode = WAL")
             # Derived data: a power cut may cost the newest entries or the whole
@@ -504,12 +644,88 @@ class SearchIndex:
         db.execute("COMMIT")
 
     def rebuild(self, progress: Callable[[int, int], None] | None = None) -> CatchUp:
-        """Drop everything and index every session again from its files."""
+        """Index every session again from its files, into a new file that then replaces the index.
+
+        Searches meanwhile use the index as it was.  PROGRESS, when given, is
+        called with (sessions done, sessions in all).
+        """
         self.db.close()
-        self._remove_files()
         self._digests.clear()
-        self.db = self._open_db()
-        return self.catch_up(progress)
+        build = self.path.with_name(f"{INDEX_NAME}.build-{os.getpid()}")
+        for stale in self.path.parent.glob(f"{INDEX_NAME}.build-*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)  # a rebuild that was killed
+        try:
+            result = self._build(build, progress)
+            # The old file's journal must not be read as the new one's.
+            self._remove_files()
+            os.replace(build, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(build)
+            self.db = self._open_db()
+        return result
+
+    def _build(self, path: Path, progress: Callable[[int, int], None] | None) -> CatchUp:
+        """Index every session under the root into a new index file at PATH.
+
+        Nothing else uses PATH until it is complete, so it is written without a
+        journal, and the full-text index is filled by one statement per batch of
+        passages rather than one per passage.
+        """
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+        db = sqlite3.connect(path, isolation_level=None)
+        result = CatchUp()
+        try:
+            for pragma in ("journal_mode = OFF", "synchronous = OFF", "locking_mode = EXCLUSIVE",
+                           "cache_size = -65536"):  # fmt: skip
+                db.execute(f"PRAGMA {pragma}")
+            db.executescript(SCHEMA)
+            db.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
+            db.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (BUILD_HASH_BYTES,))
+            db.execute("BEGIN")
+            headers = self._headers()
+            passages: list[tuple[Any, ...]] = []
+            chars = 0
+            rowid = 0
+            indexed = 0  # the last passage id handed to FTS5
+
+            def flush() -> None:
+                nonlocal chars, indexed
+                db.executemany("INSERT INTO passages(id, sid, turn, item, field, role, time, text) "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", passages)  # fmt: skip
+                db.execute("INSERT INTO fts(rowid, text) SELECT id, text FROM passages WHERE id > ?",
+                           (indexed,))  # fmt: skip
+                indexed = rowid
+                passages.clear()
+                chars = 0
+
+            for n, read in enumerate(_reads(headers, _build_workers(len(headers))), 1):
+                result.checked += 1
+                if read.error:
+                    result.skipped.append(f"{read.relative}: {read.error}")
+                    log.warning("search index: skipping %s: %s", read.relative, read.error)
+                elif read.scope is not None:
+                    sid = self._add_session(db, read.relative, read.session_id, read.scope)
+                    db.execute("UPDATE sessions SET seq = ?, stamp = ? WHERE sid = ?",
+                               (read.seq, read.stamp, sid))  # fmt: skip
+                    for passage in read.passages:
+                        rowid += 1
+                        passages.append((rowid, sid, *passage))
+                        chars += len(passage[-1])
+                    result.bytes += sum(len(p[-1]) for p in read.passages)
+                    result.updated += 1
+                    if chars >= BUILD_BATCH_CHARS:
+                        flush()
+                if progress is not None:
+                    progress(n, len(headers))
+            flush()
+            db.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (DEFAULT_HASH_BYTES,))
+            db.execute("COMMIT")
+            db.execute("PRAGMA journal_mode = WAL")
+        finally:
+            db.close()
+        return result
 
     # -- the flush path ----------------------------------------------------
 
@@ -653,12 +869,7 @@ class SearchIndex:
             previous = new
         else:
             previous = last[1] if last is not None else ""
-        rows = []
-        step = PASSAGE_CHARS - OVERLAP_CHARS
-        for start in range(0, len(text), step):
-            piece = previous[-OVERLAP_CHARS:] + text[start:start + step]
-            rows.append((sid, turn, item_id, name, role, when, piece))
-            previous = piece
+        rows = [(sid, turn, item_id, name, role, when, piece) for piece in _pieces(text, previous)]
         for row in rows:
             cursor = db.execute(
                 "INSERT INTO passages(sid, turn, item, field, role, time, text) "
@@ -698,6 +909,8 @@ class SearchIndex:
         known = {path: (sid, seq, stamp) for sid, path, seq, stamp in
                  self.db.execute("SELECT sid, path, seq, stamp FROM sessions")}  # fmt: skip
         headers = list(self._headers())
+        if not known and len(headers) > 1 and not self.live:
+            return self.rebuild(progress)  # a first build: the faster way, with nothing to keep
         seen: set[str] = set()
         batched = 0
         try:
@@ -713,7 +926,7 @@ class SearchIndex:
                 else:
                     files = SessionFiles(Path(directory), session_id)
                     try:
-                        read = self._read_session(files)
+                        read = _read_session(files)
                     except (StoreError, ValueError, OSError) as exc:
                         result.skipped.append(f"{path}: {exc}")
                         log.warning("search index: skipping %s: %s", path, exc)
@@ -750,13 +963,6 @@ class SearchIndex:
         db.execute("DELETE FROM passages WHERE sid = ?", (sid,))
         db.execute("DELETE FROM sessions WHERE sid = ?", (sid,))
 
-    def _read_session(self, files: SessionFiles) -> tuple[str, Scope, LogScan, Thread]:
-        """What a catch-up needs of a session's files (raises when they cannot be read)."""
-        stamp = _file_stamp(files)  # before reading: a later write shows as a change next time
-        scope = Scope.from_header(read_header(files.header))
-        scan = scan_log(files.log)
-        thread, _ = replay_session(files, scope, scan)
-        return stamp, scope, scan, thread
 
     def _catch_up_session(self, files: SessionFiles, path: str, stamp: str, scope: Scope,
                           scan: LogScan, thread: Thread) -> int:  # fmt: skip
@@ -788,16 +994,13 @@ class SearchIndex:
 
     def _index_thread(self, db: sqlite3.Connection, sid: int, thread: Thread) -> int:
         chars = 0
-        for turn in thread.turns:
-            for item in turn.items:
-                role = _item_role(item)
-                if role is None:
-                    continue
-                when = item.updated_at or item.created_at
-                for name in FIELDS:
-                    text = _text_of(getattr(item, name))
-                    if text:
-                        chars += self._append(db, sid, item.id, name, role, turn.id, when, text, last=None)
+        for turn_id, item_id, name, role, when, text in _thread_passages(thread):
+            cursor = db.execute(
+                "INSERT INTO passages(sid, turn, item, field, role, time, text) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (sid, turn_id, item_id, name, role, when, text),
+            )
+            db.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)", (cursor.lastrowid, text))
+            chars += len(text)
         return chars
 
     # -- searching ---------------------------------------------------------
@@ -831,6 +1034,13 @@ class SearchIndex:
             if scope.value is not None:
                 where.append("s.scope_value = ?")
                 params.append(scope.value)
+        for term in query.checked_terms():
+            if term.isascii():  # SQLite's lower() folds ASCII only, in C
+                where.append("instr(lower(p.text), ?) > 0")
+                params.append(term.lower())
+            else:
+                where.append("magent_store_contains(p.text, ?)")
+                params.append(term.casefold())
         for term in query.short_terms():
             where.append("p.text LIKE ? ESCAPE '\\'")
             params.append("%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
