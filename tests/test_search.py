@@ -285,6 +285,21 @@ def test_a_word_matches_whole_never_as_scattered_trigrams(root: Path, how: str) 
     assert sorted(find(root, "abc")) == ["apart", "whole"]
 
 
+def test_ranked_by_how_often_and_how_rare_the_words_are(root: Path) -> None:
+    w = Writer(root)
+    texts = {"rare-once": "alpha zeta " + "filler words " * 40, "rare-often": "alpha zeta zeta zeta",
+             "common-often": "alpha alpha alpha zeta"}  # fmt: skip
+    texts |= {f"other{n}": "only alpha here" for n in range(12)}
+    for name, text in texts.items():
+        s = w.open(name)
+        w.say(s, "t1", "a1", text)
+        s.close()
+    # zeta is rare, alpha everywhere: more zeta ranks first; a long passage last.
+    assert find(root, "alpha zeta") == ["rare-often", "common-often", "rare-once"]
+    assert find(root, "zeta") == ["rare-often", "common-often", "rare-once"]
+    assert find(root, "alpha")[0] == "common-often"
+
+
 def test_corrupt_index_is_rebuilt_with_a_message(root: Path) -> None:
     w = Writer(root)
     s = w.open("s1")

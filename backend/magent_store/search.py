@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import math
 import multiprocessing
 import os
 import queue
@@ -99,6 +100,8 @@ BUILD_BATCH_CHARS: Final = 16 << 20
 # written and merged again.
 BUILD_HASH_BYTES: Final = 64 << 20
 DEFAULT_HASH_BYTES: Final = 1 << 20
+# bm25 counts the passages holding a word up to this many.
+BM25_COUNT_CAP: Final = 10_000
 # At most this many processes read sessions for a build (the caller indexes).
 BUILD_WORKERS: Final = 4
 
@@ -1076,7 +1079,7 @@ class SearchIndex:
                     (expression, CANDIDATES + 1),
                 ).fetchone()[0] <= CANDIDATES
                 if ranked_by_bm25 and rows:
-                    rows = candidates("bm25(fts)")
+                    rows = candidates("bm25(fts)") if DETAIL == "full" else self._bm25(rows, query)
             except sqlite3.OperationalError as exc:
                 # Every term is a quoted string, so this is not the query's fault.
                 raise SearchError(f"search index {self.path}: {exc}") from None
@@ -1095,6 +1098,42 @@ class SearchIndex:
 
         ranked = sorted(best.items(), key=lambda kv: order(kv[1]))[:limit]
         return SearchResult(self._hits(ranked, query.pattern()), notices)
+
+    def _bm25(self, rows: list[Any], query: Query) -> list[Any]:
+        """ROWS (id, sid, 0.0, time) with the bm25 score of each passage for QUERY's terms.
+
+        FTS5's own bm25 needs every word's positions, which this index does not
+        keep (it would tokenize each passage again): the same formula, with
+        the words counted in the passages' text and how many passages hold
+        each word counted by the index (capped: a word in more passages than
+        that weighs next to nothing anyway).
+        """
+        marks = ", ".join("?" * len(rows))
+        texts = dict(self.db.execute(f"SELECT id, text FROM passages WHERE id IN ({marks})",
+                                     [r[0] for r in rows]))  # fmt: skip
+        total = max(self.db.execute("SELECT max(id) FROM passages").fetchone()[0] or 1, 1)
+        average = sum(len(t) for t in texts.values()) / max(len(texts), 1) or 1.0
+        weights = []
+        for term in query.terms:
+            if len(term) >= 3:
+                held = self.db.execute(
+                    "SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?)",
+                    (Query((term,)).match_expression(), BM25_COUNT_CAP),
+                ).fetchone()[0]
+            else:
+                held = len(rows)
+            weights.append((term.casefold(), max(math.log((total - held + 0.5) / (held + 0.5)), 1e-6)))
+        k1, b = 1.2, 0.75
+        scored = []
+        for rowid, sid, _, when in rows:
+            text = (texts.get(rowid) or "").casefold()
+            norm = k1 * (1 - b + b * len(text) / average)
+            score = 0.0
+            for term, idf in weights:
+                tf = text.count(term)
+                score += idf * tf * (k1 + 1) / (tf + norm)
+            scored.append((rowid, sid, -score, when))
+        return scored
 
     def _hits(self, ranked: list[tuple[int, list[tuple[float, int, float | None]]]],
               pattern: re.Pattern[str]) -> list[Hit]:  # fmt: skip
