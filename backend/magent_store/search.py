@@ -455,7 +455,7 @@ def _build_workers(headers: int) -> int:
     """Worker processes a build of HEADERS sessions reads them with (0: in line).
 
     Starting one costs about a tenth of a second, so a small tree is read in line."""
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return 0 if cores < 2 or headers < 200 else min(BUILD_WORKERS, cores - 1)
 
 
