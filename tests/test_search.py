@@ -272,7 +272,8 @@ def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypa
 def test_a_word_matches_whole_never_as_scattered_trigrams(root: Path, how: str) -> None:
     w = Writer(root)
     # Every trigram of the words searched below is in "apart", none of the words.
-    for name, text in (("apart", "xabc ybcd and Äbc zbcd"), ("whole", "the ABCD and äbcd")):
+    for name, text in (("apart", "xabc ybcd and Äbc zbcd"), ("whole", "the ABCD and äbcd"),
+                       ("wild", "parse_x e_query parseXquery 100x 00%"), ("literal", "parse_query 100%")):
         s = w.open(name)
         w.say(s, "t1", "a1", text)
         s.close()
@@ -282,6 +283,8 @@ def test_a_word_matches_whole_never_as_scattered_trigrams(root: Path, how: str) 
     assert find(root, "abcd") == ["whole"]
     assert find(root, "ÄBCD") == ["whole"]  # folded beyond ASCII, then checked
     assert find(root, '"abcd and"') == ["whole"]
+    assert find(root, "PARSE_QUERY") == ["literal"]  # _ and % are themselves, not wildcards
+    assert find(root, "100%") == ["literal"]
     assert sorted(find(root, "abc")) == ["apart", "whole"]
 
 
