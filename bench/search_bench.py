@@ -31,6 +31,7 @@ import argparse
 import os
 import platform
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -202,6 +203,12 @@ def generate(root: Path, sessions: int, target_bytes: int) -> dict[str, Any]:
     return {"sessions": sessions, "bytes": total, "text_bytes": text, "rare_terms": rare}
 
 
+def cpu_all() -> float:
+    """CPU seconds of this process and of the children it has waited for (a build's readers)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -331,7 +338,7 @@ def main() -> int:
 
         print("building the index", file=sys.stderr)
         index = SearchIndex(root)
-        cpu0 = time.process_time()
+        cpu0 = cpu_all()
         started = time.perf_counter()
         last = [0.0]
 
@@ -342,7 +349,7 @@ def main() -> int:
 
         built = index.rebuild(progress)
         build_s = time.perf_counter() - started
-        build_cpu = time.process_time() - cpu0
+        build_cpu = cpu_all() - cpu0
         index.close()
         index_bytes = dir_size(root / ".search")
         results["corpus"] = {k: v for k, v in corpus.items() if k != "rare_terms"}
@@ -384,7 +391,8 @@ def main() -> int:
     mbs = c["bytes"] / 1e6 / b["seconds"]
     print(row("build", "value", "target", ""))
     print(row("---", "---", "---", "---"))
-    print(row("index build (session files)", f"{mbs:.1f} MB/s ({b['seconds']:.0f} s, CPU {b['cpu_seconds']:.0f} s)",
+    print(row("index build (session files)", f"{mbs:.1f} MB/s ({b['seconds']:.0f} s, CPU {b['cpu_seconds']:.0f} s "
+              "with the reading processes)",
               ">= 50 MB/s", "PASS" if mbs >= 50 else "MISS"))  # fmt: skip
     print(row("index build (text)", f"{c['text_bytes'] / 1e6 / b['seconds']:.1f} MB/s", "", ""))
     print(row("index size", f"{b['index_bytes'] / 1e6:.0f} MB = {b['index_bytes'] / c['bytes']:.0%} of the "
