@@ -308,50 +308,49 @@ def test_integers_beyond_64_bits_are_never_rounded(root: Path) -> None:
     assert b'"tokens":18446744073709551616' in huge.path.read_bytes()
 
 
-def test_empty_arrays_of_schema6_mean_absent_after_migration(root: Path) -> None:
-    # magent's schema-6 reader made [] nil; schema 7 keeps [] as a value, so
-    # migration writes what magent read: null, in the snapshot and the log.
-    fixture = schema6.session(random.Random(12), "s1", snapshot_lag=12)
+def _later_journal_metadata(seed: int, value: Any, keys: tuple[str, ...]) -> tuple[schema6.Fixture, dict[str, Any]]:
+    """A schema-6 session whose journal events past its snapshot carry VALUE as metadata."""
+    fixture = schema6.session(random.Random(seed), "s1", snapshot_lag=12)
     obj = json.loads(fixture.data)
-    items = [i for t in obj["snapshot"]["turns"] for i in t["items"]]
-    assert items
-    for i in items:
-        i["metadata"] = []
     changed = 0
     for event in obj["journal"]:
         payload = event["payload"]
-        later = event["seq"] > obj["snapshot"]["last-event-seq"]
-        if later and isinstance(payload, dict) and isinstance(payload.get("item"), dict):
-            payload["item"]["metadata"] = []
-            changed += 1
+        if event["seq"] > obj["snapshot"]["last-event-seq"] and isinstance(payload, dict):
+            for key in keys:
+                if isinstance(payload.get(key), dict):
+                    payload[key]["metadata"] = value
+                    changed += 1
     assert changed
+    return fixture, obj
+
+
+def _migrated_thread(root: Path, fixture: schema6.Fixture, obj: dict[str, Any]) -> ledger.Thread:
+    """Migrate OBJ, written as FIXTURE's file, alone under ROOT; return what reads back."""
     (root / "global").mkdir(parents=True)
     (root / fixture.relpath).write_text(json.dumps(obj))
     result = Migrator(root).run()
     assert result.count(migrate.MIGRATED) == 1, result.reports[0].reason
     _, thread = load_session(SessionFiles(root / "global", "s1"))
+    return thread
+
+
+def test_empty_arrays_of_schema6_mean_absent_after_migration(root: Path) -> None:
+    # magent's schema-6 reader made [] nil; schema 7 keeps [] as a value, so
+    # migration writes what magent read: null, in the snapshot and the log.
+    fixture, obj = _later_journal_metadata(12, [], ("item",))
+    items = [i for t in obj["snapshot"]["turns"] for i in t["items"]]
+    assert items
+    for i in items:
+        i["metadata"] = []
+    thread = _migrated_thread(root, fixture, obj)
     assert thread.item_index and all(i.metadata is None for i in thread.item_index.values())
     assert b'"metadata":[]' not in (root / "global" / "s1.jsonl").read_bytes()
 
 
 def test_integers_beyond_64_bits_in_the_log_stay_exact(root: Path) -> None:
-    fixture = schema6.session(random.Random(11), "s1", snapshot_lag=12)
-    obj = json.loads(fixture.data)
     big = -(2**80) + 7
-    changed = 0
-    for event in obj["journal"]:
-        payload = event["payload"]
-        if event["seq"] > obj["snapshot"]["last-event-seq"] and isinstance(payload, dict):
-            for key in ("item", "turn"):
-                if isinstance(payload.get(key), dict):
-                    payload[key]["metadata"] = {"n": big}
-                    changed += 1
-    assert changed
-    (root / "global").mkdir(parents=True)
-    (root / fixture.relpath).write_text(json.dumps(obj))
-    result = Migrator(root).run()
-    assert result.count(migrate.MIGRATED) == 1, result.reports[0].reason
-    _, thread = load_session(SessionFiles(root / "global", "s1"))
+    fixture, obj = _later_journal_metadata(11, {"n": big}, ("item", "turn"))
+    thread = _migrated_thread(root, fixture, obj)
     assert str(big).encode() in store.dumps(ledger.thread_to_json(thread))
     assert str(big).encode() in (root / "global" / "s1.jsonl").read_bytes()
 
