@@ -303,6 +303,24 @@ def test_ranked_by_how_often_and_how_rare_the_words_are(root: Path) -> None:
     assert find(root, "alpha")[0] == "common-often"
 
 
+def test_many_candidates_but_few_matches_are_ranked_and_not_called_many(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "CANDIDATES", 3)
+    w = Writer(root)
+    texts = {f"apart{n}": "beta then alpha" for n in range(5)} | {"together": "alpha beta, alpha beta"}
+    for name, text in texts.items():
+        s = w.open(name)
+        w.say(s, "t1", "a1", text)
+        s.close()
+    index, _ = open_index(root)
+    with index:
+        result = index.search('"alpha beta"')
+        assert ids(result) == ["together"] and result.notices == []
+        result = index.search("alpha beta")
+        assert len(result.hits) == 3 and any("more than 3 passages match" in n for n in result.notices)
+
+
 def test_corrupt_index_is_rebuilt_with_a_message(root: Path) -> None:
     w = Writer(root)
     s = w.open("s1")

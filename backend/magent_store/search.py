@@ -1078,13 +1078,18 @@ class SearchIndex:
                     return self.db.execute(sql, [expression, *params, CANDIDATES]).fetchall()
 
                 rows = candidates("0.0")
-                # bm25 first counts every match of each word, whatever the filters:
-                # affordable only when they are few.  Counting one more than that
-                # stops early.
-                ranked_by_bm25 = len(rows) < CANDIDATES and self.db.execute(
-                    "SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?)",
-                    (expression, CANDIDATES + 1),
-                ).fetchone()[0] <= CANDIDATES
+                if DETAIL == "full":
+                    # FTS5's bm25 first counts every match of each word, whatever the
+                    # filters: affordable only when they are few.  Counting one more
+                    # than that stops early.
+                    ranked_by_bm25 = len(rows) < CANDIDATES and self.db.execute(
+                        "SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?)",
+                        (expression, CANDIDATES + 1),
+                    ).fetchone()[0] <= CANDIDATES
+                else:
+                    # Fewer rows than asked for: every candidate was checked, these are
+                    # all the matches, and bm25 is computed from them alone.
+                    ranked_by_bm25 = len(rows) < CANDIDATES
                 if ranked_by_bm25 and rows:
                     rows = candidates("bm25(fts)") if DETAIL == "full" else self._bm25(rows, query)
             except sqlite3.OperationalError as exc:
