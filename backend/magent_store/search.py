@@ -655,7 +655,9 @@ class SearchIndex:
         """Index every session again from its files, into a new file that then replaces the index.
 
         Searches meanwhile use the index as it was.  PROGRESS, when given, is
-        called with (sessions done, sessions in all).
+        called with (sessions done, sessions in all).  A large tree is read by
+        worker processes started with ``spawn``: a script calling this needs
+        the usual ``if __name__ == "__main__":`` guard.
         """
         self.db.close()
         self._digests.clear()
