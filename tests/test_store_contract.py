@@ -734,9 +734,11 @@ def test_integers_beyond_64_bits_are_written_and_read_back_exactly(root: Path, e
     with st.open("s1") as s:
         fill(s, events)
         s.put_header({"metadata": {"big": big, "text": "é ü"}})
+        s.flush()  # the snapshot: the big number comes after it, from the log alone
         s.append_event(events.turn_end("turn-completed", "turn-0", {"tokens": big}))
         s.flush()
-        s.append_event(events.thread_started())  # a line of its own: the log still holds the big one
+        s.append_event(events.thread_started())  # a line of its own
+    assert orjson.loads((root / "global/s1.snapshot").read_bytes())["turns"][0]["usage"] == {"tokens": 10}
     raw = (root / "global/s1.jsonl").read_bytes()
     assert str(big).encode() in raw
     header_raw = (root / "global/s1.json").read_bytes()
@@ -752,6 +754,46 @@ def test_integers_beyond_64_bits_are_written_and_read_back_exactly(root: Path, e
         store.dumps({"big": big, "bad": object()})
     with pytest.raises(LedgerError, match="cannot encode as JSON"):
         store.dumps({"bad": object()})
+    # The same compact UTF-8 form whichever encoder writes it, and never a NaN.
+    assert store.dumps({"a": big, "b": [1, "é"], "c": {"d": None}}) == (
+        b'{"a":%d,"b":[1,"\xc3\xa9"],"c":{"d":null}}' % big
+    )
+    assert store.dumps({"b": [1, "é"], "c": {"d": None}}) == b'{"b":[1,"\xc3\xa9"],"c":{"d":null}}'
+    with pytest.raises(LedgerError, match="cannot encode as JSON"):
+        store.dumps({"a": big, "x": float("nan")})
+
+
+def test_files_that_cannot_be_read_are_named_with_the_reason(root: Path, events: Events) -> None:
+    st = Store(root)
+    with pytest.raises(store.SessionNotFound, match=rf"^{root}/global/s1\.json: no such session header$"):
+        st.load("s1")
+    (root / "global/s1.json").mkdir(parents=True)
+    for call in (lambda: st.open("s1"), lambda: st.load("s1")):
+        with pytest.raises(StoreError, match=rf"^{root}/global/s1\.json: cannot read: Is a directory$"):
+            call()
+    (root / "global/s1.json").rmdir()
+    with st.open("s1") as s:
+        fill(s, events)
+    (root / "global/s1.json").write_bytes(b"{oops")
+    with pytest.raises(CorruptSessionError, match=rf"^{root}/global/s1\.json: not valid JSON: "):
+        st.load("s1")
+    (root / "global/s1.json").unlink()
+    with st.open("s2") as s:
+        fill(s, events)
+    snapshot = root / "global/s2.snapshot"
+    snapshot.write_bytes(orjson.dumps({**orjson.loads(snapshot.read_bytes()), "turns": 5}))
+    with pytest.raises(CorruptSessionError, match=rf"^{root}/global/s2\.snapshot: snapshot\.turns: "):
+        st.load("s2")
+
+
+def test_a_session_without_a_snapshot_loads_in_its_own_scope(root: Path, events: Events) -> None:
+    st = Store(root)
+    s = st.open("s1", Scope.project("/p"))
+    s.append_event(events.thread_started())
+    s.flush(compact=False)
+    s.abandon(remove_lock=True)  # closing would write a snapshot
+    _, thread = st.load("s1", Scope.project("/p"))
+    assert thread.scope == "/p" and thread.session_id == "s1"
 
 
 # --- scopes, names and paths -------------------------------------------------------------------
@@ -1180,8 +1222,9 @@ def test_an_out_of_order_batch_names_the_one_expected(root: Path, events: Events
 def test_an_events_own_seq_is_ignored_whatever_it_is(root: Path, events: Events) -> None:
     with Store(root).open("s1") as s:
         assert s.append_event({**events.thread_started(), "seq": "garbage"}) == 1
-        with pytest.raises(LedgerError):
-            s.append_event(["not", "an", "event"])
+        for bad in (["not", "an", "event"], ["seq"], "seq"):
+            with pytest.raises(LedgerError):
+                s.append_event(bad)
         assert s.last_seq == 1
 
 
@@ -1273,7 +1316,48 @@ def test_the_kept_tail_is_at_least_the_last_line(root: Path, events: Events) -> 
     s.append_content("a0", "d" * half, False, events.now())
     s.compact()
     assert chunks_in_log(root) == ["d" * half]
+    quarter = store.LOG_TAIL_BYTES // 4
+    for c in "fghij":
+        s.append_content("a0", c * quarter, False, events.now())
+    s.compact()
+    assert chunks_in_log(root) == ["h" * quarter, "i" * quarter, "j" * quarter], "as many as fit"
     s.append_content("a0", "e" * 2 * store.LOG_TAIL_BYTES, False, events.now())
     s.compact()
     assert chunks_in_log(root) == ["e" * 2 * store.LOG_TAIL_BYTES]
     s.close()
+
+
+def test_dropping_uncommitted_lines_keeps_the_committed_ones_the_snapshot_lacks(
+    root: Path, events: Events
+) -> None:
+    s = open_session(root, log_max_events=10_000)
+    send(s, 1, start(events))  # the first flush writes the snapshot
+    send(s, 2, [events.content("t1", "i1", c) for c in "ab"])  # in the log only
+    s._crash = killed_after_the_log
+    with pytest.raises(SimulatedCrash):
+        send(s, 3, [events.content("t1", "i1", c) for c in "xy"])
+    s.abandon()
+    s = open_session(root, log_max_events=10_000)
+    assert send(s, 3, [events.content("t1", "i1", c) for c in "xy"])
+    s.close()
+    assert chunks_in_log(root) == ["a", "b", "x", "y"]
+    _, thread = Store(root).load("s1")
+    assert str(thread.turns[0].items[0].content) == "abxy"
+
+
+def test_a_file_that_cannot_even_be_created_is_named(root: Path) -> None:
+    path = root / "missing/s1.json"
+    with pytest.raises(WriteFailed, match=rf"^{path}: cannot write \(No such file or directory\); s1\.json is unchanged$"):
+        store.atomic_write(path, b"{}", sync=True)
+
+
+def test_a_directory_that_cannot_be_synced_does_not_fail_the_write(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unsupported(directory: Path) -> None:
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(store, "_fsync_dir", unsupported)
+    root.mkdir()
+    store.atomic_write(root / "f", b"data", sync=True)
+    assert (root / "f").read_bytes() == b"data"
