@@ -290,7 +290,9 @@ def test_a_flush_with_nothing_to_write_makes_no_fsync(root: Path, events: Events
     s.close()
     assert fsyncs == []
     s = st.open("s1")
-    s.flush()
+    assert s.written_seq == s.durable_seq == s.last_seq > 0
+    result = s.flush()
+    assert result.last_seq == result.durable_seq == s.last_seq and result.events_written == 0
     s.close()
     assert fsyncs == [], "nor does a flush right after opening"
 
@@ -688,6 +690,19 @@ def test_log_lines_must_carry_increasing_seqs(root: Path, events: Events) -> Non
         st.load("s1")
     path.write_bytes(lines[0] + lines[2])
     with pytest.raises(CorruptSessionError, match=r"s1\.jsonl:2: seq 3 leaves a gap after an empty session \(no snapshot\) at seq 1$"):
+        st.load("s1")
+
+
+def test_an_event_that_does_not_apply_is_named_by_its_line(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events)
+        s.flush()
+        s.append_content("a0", "x", False, events.now())
+    lines = _log_lines(root)
+    stranger = orjson.dumps({**orjson.loads(lines[-1]), "thread-id": "another-thread"}) + b"\n"
+    (root / "global/s1.jsonl").write_bytes(b"".join(lines[:-1]) + stranger)
+    with pytest.raises(CorruptSessionError, match=rf"^{root}/global/s1\.jsonl:{len(lines)}: event\.thread-id: 'another-thread'"):
         st.load("s1")
 
 
@@ -1183,6 +1198,10 @@ def test_an_unreadable_producer_record_starts_the_writer_afresh(
     s = open_session(root)
     assert [m.split(": ", 1)[0] for m in messages(caplog)] == [f"{root}/global/s1.producer"]
     assert "the next writer starts afresh" in messages(caplog)[0]
+    if record == b"not json":
+        with pytest.raises(orjson.JSONDecodeError) as why:
+            orjson.loads(record)
+        assert messages(caplog)[0] == f"{root}/global/s1.producer: unreadable ({why.value}); the next writer starts afresh"
     assert s.begin_batch(P, 4), "no batch of it known"
     s.abort_batch()
     s.close()
