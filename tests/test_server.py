@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -773,6 +774,16 @@ def _log(backend: Backend) -> str:
     return backend.log.read_text()
 
 
+def _logged(backend: Backend) -> list[str]:
+    """The server's log messages, without time, pid and level."""
+    return [line.split(" magent_store.server: ", 1)[1] for line in _log(backend).splitlines()
+            if " magent_store.server: " in line]  # fmt: skip
+
+
+def _logged_like(backend: Backend, start: str, end: str = "") -> bool:
+    return any(m.startswith(start) and m.endswith(end) for m in _logged(backend))
+
+
 def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient]) -> None:
     _, client = s1
     known = ("append, append-content, append-events, close, delete, flush, flush-file, list, load, "
@@ -832,7 +843,7 @@ def test_open_again_answers_the_last_seq_and_refuses_another_root_or_scope(s1: t
         message = _refusal(client, "open", *args, "s1", "")
         assert message == "session 's1' is already open here under another root or scope"
     assert not Path(other).exists()
-    assert "opened session s1 (last seq 0)" in _log(backend)
+    assert "opened session s1 (last seq 0)" in _logged(backend)
 
 
 def test_the_options_given_at_open_are_the_ones_the_session_is_written_with(here: Backend) -> None:
@@ -882,7 +893,7 @@ def test_a_search_index_that_cannot_open_costs_nothing_but_the_index(here: Backe
     _start_item(client)
     assert _call(client, "flush", "s1", _chunks("kept"))[:2] == [4, 4]
     assert _content(here) == "kept"
-    assert f"search index of {here.root} unavailable: " in _log(here)
+    assert _logged_like(here, f"search index of {here.root} unavailable: [Errno ")
 
 
 def test_calls_on_a_session_not_open_are_refused_by_name(here: Backend) -> None:
@@ -965,7 +976,7 @@ def test_each_append_call_takes_only_its_own_kind_of_entry(s1: tuple[Backend, EP
     assert _content(backend) == "cc"
     assert _status(client)["rejected-entries"] == 6
     assert "rejected 3 of 4 entries: entry 1: must be an event object or a chunk array" not in _log(backend)
-    assert "rejected 2 of 4 entries: entry 1: must be an event object" in _log(backend)
+    assert "rejected 2 of 4 entries: entry 1: must be an event object" in _logged(backend)
 
 
 @pytest.mark.parametrize(("method", "what"), [("append", "batch"), ("append-events", "events"),
@@ -1142,7 +1153,9 @@ def test_render_writes_magents_file_from_memory_for_an_open_session(s1: tuple[Ba
     closed, damage = _call(client, "render", str(header))
     assert damage == []
     assert orjson.loads(Path(closed).read_bytes())["snapshot"]["turns"][0]["items"][0]["content"] == "live"
-    assert _refusal(client, "render", str(backend.root / "global" / "notes.txt"))
+    notes = backend.root / "global" / "notes.txt"
+    assert _refusal(client, "render", str(notes)) == f"{notes}: a session is named by its header, <id>.json"
+    assert _refusal(client, "render", "") == "path must be a non-empty string"
     assert "no such session header" in _refusal(client, "render", str(backend.root / "global" / "s9.json"))
 
 
@@ -1155,13 +1168,13 @@ def test_close_flushes_releases_the_lock_and_is_idempotent(s1: tuple[Backend, EP
     assert _call(client, "close", "s1") is True
     assert _call(client, "close", 5) is True
     assert _status(client)["open-sessions"] == []
-    assert "closed session s1" in _log(backend)
-    assert _log(backend).count("closed session s1") == 1
+    assert _logged(backend).count("closed session s1") == 1
 
 
 def test_delete_refuses_a_bad_scope_and_answers_whether_there_was_a_session(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
     assert _refusal(client, "delete", str(backend.root), "[1]", "s1").startswith("scope must be")
+    assert _refusal(client, "delete", str(backend.root), "glob", "s1").startswith("scope is not valid JSON: ")
     assert _refusal(client, "delete", str(backend.root), '{"action": ""}', "s1").startswith(
         "invalid scope {'action': ''}: invalid action name")
     assert _refusal(client, "delete", "", SCOPE, "s1") == "root must be a non-empty string"
@@ -1171,7 +1184,7 @@ def test_delete_refuses_a_bad_scope_and_answers_whether_there_was_a_session(s1: 
     assert _call(client, "delete", str(backend.root), SCOPE, "s1") is True
     assert not list((backend.root / "global").glob("s1*"))
     assert _call(client, "delete", str(backend.root), SCOPE, "s1") == []
-    assert "deleted session s1" in _log(backend)
+    assert "deleted session s1" in _logged(backend)
 
 
 def test_list_answers_the_sessions_under_a_root(s1: tuple[Backend, EPCClient]) -> None:
@@ -1191,8 +1204,8 @@ def test_timing_records_are_kept_when_good_and_dropped_without_failing_when_not(
     assert _call(client, "record-timings", '{"type": "turn-start"}') == 0
     assert _call(client, "record-timings", "[") == 0
     assert _call(client, "record-timings", 5) == 0
-    assert "timing records dropped: timings must be a list or a JSON array" in _log(here)
-    assert "timing records dropped: timings is not valid JSON" in _log(here)
+    assert "timing records dropped: timings must be a list or a JSON array" in _logged(here)
+    assert _logged_like(here, "timing records dropped: timings is not valid JSON: ")
     metrics = here.state / "magent-store" / "metrics.jsonl"
     assert len(metrics.read_bytes().splitlines()) == 3
     metrics.unlink()
@@ -1210,7 +1223,7 @@ def test_an_initial_state_for_another_session_is_left_out(here: Backend) -> None
     assert _call(client, "open", str(here.root), SCOPE, "s1", "", orjson.dumps(initial).decode()) == 0
     expected = "session 's1': initial state left out: initial state: session-id 'other' is not 's1'"
     assert _status(client)["last-error"] == expected
-    assert expected in _log(here)
+    assert expected in _logged(here)
     assert _call(client, "open", str(here.root), SCOPE, "s3", "", '{"id": "x"}') == 0
     assert _status(client)["last-error"] == (
         "session 's3': initial state left out: initial state.session-id: required non-empty string, got None")
@@ -1247,7 +1260,7 @@ def test_broken_framing_closes_only_that_connection_and_says_why(here: Backend) 
             f"{why}: framing lost (a message over {server.MAX_FRAME} bytes cannot be framed); connection closed")
         assert _closed(sock)
     assert _status(owner)["open-sessions"] == []
-    assert "malformed EPC frame header; closed" in _log(here)
+    assert _logged_like(here, "connection ('127.0.0.1', ", ": malformed EPC frame header; closed")
 
 
 @pytest.mark.parametrize(("body", "uid", "message"), [
@@ -1318,7 +1331,8 @@ def test_a_large_first_frame_is_refused_unread(here: Backend) -> None:
     reply = sexpdata.loads(_read_reply(stranger).decode())
     assert reply[0] == Symbol("epc-error") and reply[2] == "not authenticated: call auth with the session token first"
     assert _closed(stranger)
-    assert f"a {len(body) + 1}-byte frame before auth (at most {server.PREAUTH_MAX_FRAME}); closed unread" in _log(here)
+    assert _logged_like(here, "connection ('127.0.0.1', ",
+                        f": a {len(body) + 1}-byte frame before auth (at most {server.PREAUTH_MAX_FRAME}); closed unread")
     # A frame of exactly the limit is read (and refused: auth takes the token alone).
     stranger = here.raw()
     padding = server.PREAUTH_MAX_FRAME - len(f'(call 1 auth ("{here.token}" ""))'.encode()) - 1
@@ -1347,7 +1361,7 @@ def test_strangers_waiting_to_authenticate_are_limited(here: Backend, monkeypatc
     assert sexpdata.loads(_read_reply(third).decode()) == [
         Symbol("epc-error"), [], "too many connections waiting to authenticate"]
     assert _closed(third)
-    assert "too many unauthenticated connections; closed" in _log(here)
+    assert _logged_like(here, "connection ('127.0.0.1', ", ": too many unauthenticated connections; closed")
     # One of them authenticates: its place is free again.
     assert _raw_call(first, 1, "auth", here.token)[0] == Symbol("return")
     _until(waiting(1), "an authenticated connection kept its place")
@@ -1373,7 +1387,7 @@ def test_a_stranger_gets_a_deadline_for_its_first_frame(here: Backend, monkeypat
         reply = sexpdata.loads(_read_reply(silent).decode())
         assert reply[0] == Symbol("epc-error") and reply[2] == "authentication timed out"
         assert _closed(silent)
-        assert "no auth within 0s, closed" in _log(here)
+        assert _logged_like(here, "connection ('127.0.0.1', ", ": no auth within 0s, closed")
         # Trickling bytes keeps the socket busy; the deadline ends it all the same.
         monkeypatch.setattr(server, "PREAUTH_TIMEOUT_S", TIMEOUT)
         trickler = here.raw()
@@ -1500,6 +1514,9 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
     stale.mkdir()
     (stale / server.SPOOL_LOCK).touch()
     (stale / "batch-1").write_text("[]")
+    old = state / "spool-old"  # left by a server from before spool locks
+    old.mkdir()
+    os.utime(old, (time.time() - server.SPOOL_GRACE_S - 5,) * 2)
     # Logs of an earlier run, made readable by someone: kept, and private again.
     for name in ("server.log", "stderr.log"):
         (state / name).write_text(f"earlier {name}\n")
@@ -1526,6 +1543,7 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
         # Rotated at 1 MB, three old files kept (as the troubleshooting guide says).
         seen["rotation"] = [(h.maxBytes, h.backupCount) for h in ours.handlers]  # type: ignore[attr-defined]
         seen["lock-mode"] = stat.S_IMODE((Path(spool) / server.SPOOL_LOCK).stat().st_mode)
+        seen["spool-mode"] = stat.S_IMODE(Path(spool).stat().st_mode)
         epc_log = logging.getLogger("epc")
         seen["epc"] = (epc_log.propagate, epc_log.isEnabledFor(logging.CRITICAL))
         warnings.warn("a library complains", UserWarning, stacklevel=1)
@@ -1539,16 +1557,17 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
         assert status == [0]
     assert seen["token-env"] is None  # taken out of the environment
     assert seen["spools"] == [seen["spool"].name] and seen["spool"].parent == state
-    assert not seen["spool"].exists() and not stale.exists()
+    assert not seen["spool"].exists() and not stale.exists() and not old.exists()
     _, thread = load_session(SessionFiles.from_header_path(tmp_path / "root" / "global" / "s1.json"))
     assert thread.turns[0].items[0].content == "kept"
     log = (state / "server.log").read_text()
     pid, path = os.getpid(), re.escape(str(state / "server.log"))
     serving = rf"^\d{{4}}-\d\d-\d\d [\d:,]+ {pid} INFO magent_store.server: serving on 127\.0\.0\.1:\d+ \(pid {pid}\), log {path}$"
     assert re.search(serving, log, re.M)
-    assert "removed stale spool spool-dead" in log
+    messages = [line.split(" magent_store.server: ", 1)[-1] for line in log.splitlines()]
+    assert "removed stale spool spool-dead" in messages and "removed stale spool spool-old" in messages
     assert seen["level"] == (logging.DEBUG, False) and seen["epc"] == (False, False)
-    assert seen["rotation"] == [(1_000_000, 3)] and seen["lock-mode"] == 0o600
+    assert seen["rotation"] == [(1_000_000, 3)] and seen["lock-mode"] == 0o600 and seen["spool-mode"] == 0o700
     assert "UserWarning: a library complains" in log
     assert "stopping: Emacs disconnected" in log and log.rstrip().endswith("stopped")
     assert (state / "stderr.log").read_text() == "earlier stderr.log\na crash would say this\n"
@@ -1565,17 +1584,20 @@ def test_serve_stops_on_a_signal_and_when_nobody_claims_it(tmp_path: Path, monke
         client = EPCClient(("127.0.0.1", port))
         client.call_sync("auth", [token], timeout=TIMEOUT)
         levels.append(logging.getLogger("magent_store").getEffectiveLevel())
+        time.sleep(0.5)  # past the deadline for an owner: having one, it goes on serving
+        levels.append(orjson.loads(client.call_sync("status", [], timeout=TIMEOUT))["flushes"])
         os.kill(os.getpid(), signal.SIGHUP)
+
+    monkeypatch.setattr(server, "OWNER_TIMEOUT_S", 0.2)
 
     with _serving_here(tmp_path, monkeypatch, signalled, argv=()) as status:
         assert status == [0]
-    assert levels == [logging.INFO]  # the default
+    assert levels == [logging.INFO, 0]  # the default level
     log = tmp_path / "state" / "magent-store" / "server.log"
-    assert "stopping: signal SIGHUP" in log.read_text()
-    monkeypatch.setattr(server, "OWNER_TIMEOUT_S", 0.3)
+    assert "magent_store.server: stopping: signal SIGHUP\n" in log.read_text()
     with _serving_here(tmp_path, monkeypatch, lambda port, token: None) as status:
         assert status == [0]
-    assert "stopping: no authenticated client within 0s" in log.read_text()
+    assert "magent_store.server: stopping: no authenticated client within 0s\n" in log.read_text()
     assert not list(log.parent.glob("spool-*"))
 
 
@@ -1697,7 +1719,7 @@ def test_a_bug_is_reported_as_unexpected_and_the_connection_goes_on(
         message = _refusal(client, "list", str(backend.root))
     assert message == f"unexpected {type(error).__name__}: {error} (see the backend log)"
     assert orjson.loads(_call(client, "list", str(backend.root)))[0]["id"] == "s1"
-    assert "unexpected error\nTraceback" in _log(backend)
+    assert "unexpected error\nTraceback" in _log(backend) and "unexpected error" in _logged(backend)
 
 
 def test_a_root_may_start_with_the_home_directory(here: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1774,3 +1796,55 @@ def test_a_frame_length_may_be_written_in_capital_hex_digits(s1: tuple[Backend, 
     padded = body + b" " * (0x1A - len(body))
     sock.sendall(b"%06X" % len(padded) + padded)
     assert sexpdata.loads(_read_reply(sock).decode()) == [Symbol("return"), 7, True]
+
+
+def test_delete_finds_a_session_in_its_scope(here: Backend) -> None:
+    client = here.client()
+    project = orjson.dumps("/some/project").decode()
+    assert _call(client, "open", str(here.root), project, "s1", "") == 0
+    _start_item(client)
+    _call(client, "flush", "s1", [])
+    (header,) = here.root.glob("projects/*/s1.json")
+    assert _call(client, "delete", str(here.root), SCOPE, "s1") == []  # not in the global scope
+    assert header.exists()
+    assert _call(client, "delete", str(here.root), project, "s1") is True
+    assert not header.exists()
+
+
+def test_load_opens_a_new_session_with_its_options_and_initial_state(here: Backend) -> None:
+    client = here.client()
+    initial = {
+        "id": "thread-1", "session-id": "s1", "scope": "global", "status": "idle",
+        "created-at": 1764400000.25, "updated-at": 1764400000.25, "preview": None,
+        "metadata": {"source": "magent"}, "turns": [], "snapshot-created-at": 1764400000.5, "last-event-seq": 0,
+    }  # fmt: skip
+    assert _refusal(client, "load", str(here.root), SCOPE, "s1", "[1]") == "options must be a JSON object"
+    options = '{"search-index": false}'
+    name = _call(client, "load", str(here.root), SCOPE, "s1", options, orjson.dumps(initial).decode())
+    snapshot = orjson.loads(Path(name).read_bytes())["snapshot"]
+    assert (snapshot["created-at"], snapshot["metadata"]) == (1764400000.25, {"source": "magent"})
+    _start_item(client)
+    _call(client, "flush", "s1", [])
+    _call(client, "close", "s1")
+    assert not (here.root / ".search").exists()
+
+
+def test_a_load_that_cannot_be_written_says_so_and_leaves_no_file(
+    s1: tuple[Backend, EPCClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file-size limit makes the real write fail (EFBIG) the way a full disk would.
+    backend, client = s1
+    _call(client, "flush", "s1", _chunks("x" * 20_000))
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # our own log may hit the limit too
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, old_limit[1]))
+    try:
+        message = _refusal(client, "load", str(backend.root), SCOPE, "s1", "")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    spool = _spool(backend)
+    assert message.startswith(f"{spool}/load-")
+    assert message.endswith(".json: cannot write (File too large); the session was not loaded")
+    assert not list(spool.glob("load-*"))
