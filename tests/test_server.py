@@ -785,10 +785,17 @@ def _logged_like(backend: Backend, start: str, end: str = "") -> bool:
 
 
 def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient]) -> None:
-    _, client = s1
+    backend, client = s1
     known = ("append, append-content, append-events, close, delete, flush, flush-file, list, load, "
              "open, put-header, record-timings, render, status, tick, tick-file")  # fmt: skip
     assert _refusal(client, "frobnicate", 1) == f"unknown method 'frobnicate'; known: {known}"
+    assert f"call failed: unknown method 'frobnicate'; known: {known}" in _logged(backend)
+    # A long error is cut short where it is kept.
+    long_name = "x" * 600
+    message = _refusal(client, long_name)
+    assert message.startswith(f"unknown method {long_name!r}")
+    assert _status(client)["last-error"] == message[:500]
+    assert f"call failed: {message[:500]}" in _logged(backend)
     names = sorted(str(m[0]) for m in client.methods_sync(timeout=TIMEOUT))
     assert names == sorted([*known.split(", "), "shutdown"])
 
@@ -1643,10 +1650,11 @@ def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
     live.mkdir()
     fd = server._lock_spool(live)
     (live / "batch-1").write_text("[]")
-    dead = tmp_path / "spool-dead"
-    dead.mkdir()
-    (dead / server.SPOOL_LOCK).touch()
-    (dead / "load-1.json").write_text("{}")
+    for n in range(3):  # however the directory orders them, some come after the live one
+        dead = tmp_path / f"spool-dead{n}"
+        dead.mkdir()
+        (dead / server.SPOOL_LOCK).touch()
+        (dead / "load-1.json").write_text("{}")
     fresh = tmp_path / "spool-new"  # being created by a server starting right now
     fresh.mkdir()
     old = tmp_path / "spool-old"  # a server's from before spool locks
