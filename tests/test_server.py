@@ -1069,6 +1069,8 @@ def test_flush_counts_what_it_wrote_and_status_reports_it(s1: tuple[Backend, EPC
 def test_status_before_any_flush_has_no_latencies(here: Backend) -> None:
     client = here.client()
     status = _status(client)
+    time.sleep(0.02)
+    assert 0 < status["uptime"] < _status(client)["uptime"] < status["uptime"] + 60  # seconds, to the millisecond
     assert status["flushes"] == 0 and status["bytes-written"] == 0
     assert status["flush-ms-last"] is None and status["flush-ms-p50"] is None and status["flush-ms-p99"] is None
     assert status["open-sessions"] == [] and status["pending-events"] == 0 and status["rejected-entries"] == 0
