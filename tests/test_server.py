@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -684,7 +685,7 @@ def test_lone_surrogates_are_a_clear_error(ready: tuple[Backend, EPCClient]) -> 
     assert _read_reply(sock).startswith(b"(return 1")
     body = '(call 2 flush ("s1" "[[\\"item-1\\", \\"\ud800\\", false, 1.0]]"))'
     sock.sendall(_frame(body.encode("utf-8", "surrogatepass")))
-    assert b"not valid UTF-8" in _read_reply(sock)
+    assert sexpdata.loads(_read_reply(sock).decode()) == [Symbol("return-error"), [], "message is not valid UTF-8"]
     sock.close()
 
 
@@ -810,8 +811,9 @@ def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient
     assert message.startswith(f"unknown method {long_name!r}")
     assert _status(client)["last-error"] == message[:500]
     assert f"call failed: {message[:500]}" in _logged(backend)
-    names = sorted(str(m[0]) for m in client.methods_sync(timeout=TIMEOUT))
-    assert names == sorted([*known.split(", "), "shutdown"])
+    methods = client.methods_sync(timeout=TIMEOUT)
+    assert methods == [[Symbol(name), [], ""] for name in sorted([*known.split(", "), "shutdown"])]
+    assert _status(client)["open-sessions"] == ["s1"]  # and the connection goes on
 
 
 OPTIONS_REFUSED = [
@@ -1872,3 +1874,13 @@ def test_a_load_that_cannot_be_written_says_so_and_leaves_no_file(
     assert message.startswith(f"{spool}/load-")
     assert message.endswith(".json: cannot write (File too large); the session was not loaded")
     assert not list(spool.glob("load-*"))
+
+
+def test_a_connection_reset_by_its_peer_is_logged_as_dropped(s1: tuple[Backend, EPCClient]) -> None:
+    backend, owner = s1
+    sock, _ = _raw_authenticated(backend)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # a reset, not an orderly close
+    _until(lambda: _logged_like(backend, "connection ('127.0.0.1', ", " dropped: [Errno 104] Connection reset by peer"),
+           "no dropped connection in the log")  # fmt: skip
+    assert _status(owner)["open-sessions"] == ["s1"]
