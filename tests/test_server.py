@@ -1611,6 +1611,8 @@ def test_serve_stops_on_a_signal_and_when_nobody_claims_it(tmp_path: Path, monke
         levels.append(logging.getLogger("magent_store").getEffectiveLevel())
         time.sleep(0.5)  # past the deadline for an owner: having one, it goes on serving
         levels.append(orjson.loads(client.call_sync("status", [], timeout=TIMEOUT))["flushes"])
+        log = tmp_path / "state" / "magent-store" / "server.log"
+        assert "stopping: " not in log.read_text(), "stopped with its owner still there"
         os.kill(os.getpid(), signal.SIGHUP)
 
     monkeypatch.setattr(server, "OWNER_TIMEOUT_S", 0.2)
