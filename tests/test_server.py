@@ -1333,8 +1333,8 @@ def test_auth_must_be_the_token_alone_and_the_log_says_why_it_was_refused(here: 
         assert _closed(stranger)
     stranger = here.raw()
     assert _raw_call(stranger, 1, "open", "/x", SCOPE, "s1", "")[0] == Symbol("epc-error")
-    log = _log(here)
-    assert log.count("refused: wrong token") == 4 and "refused: 'open' before auth" in log
+    refusals = [m for m in _logged(here) if m.startswith("connection ('127.0.0.1', ") and " refused: " in m]
+    assert [m.split(") refused: ")[1] for m in refusals] == ["wrong token"] * 4 + ["'open' before auth"]
     # A refused stranger's error is not the owner's last error.
     owner = here.client()
     assert _status(owner)["last-error"] is None
@@ -1670,6 +1670,7 @@ def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
     live.mkdir()
     fd = server._lock_spool(live)
     (live / "batch-1").write_text("[]")
+    also_live = tmp_path / "spool-live2"  # made last, listed before or after the rest
     for n in range(3):  # however the directory orders them, some come after the live one
         dead = tmp_path / f"spool-dead{n}"
         dead.mkdir()
@@ -1682,13 +1683,17 @@ def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
     (old / "batch-2").write_text("[]")
     os.utime(old, (time.time() - server.SPOOL_GRACE_S - 5,) * 2)
     (tmp_path / "spool-file").write_text("not a spool")
+    also_live.mkdir()
+    fd2 = server._lock_spool(also_live)
     (tmp_path / "unrelated").mkdir()
     try:
         server._remove_stale_spools(tmp_path)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-live", "spool-new", "unrelated"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "spool-file", "spool-live", "spool-live2", "spool-new", "unrelated"]
         assert (live / "batch-1").exists()
     finally:
         os.close(fd)
+        os.close(fd2)
     server._remove_stale_spools(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-new", "unrelated"]
 
