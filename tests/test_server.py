@@ -1706,7 +1706,15 @@ def test_the_fault_tests_pause_hook_stops_once_where_it_is_told(tmp_path: Path, 
     pause = server._pause_hook()
     assert pause is not None
     flag = tmp_path / "magent-store" / "paused-log-written"
-    pause("snapshot-temp-written")  # another point: no pause
+
+    def passes(hook: Callable[[str], None], where: str) -> None:
+        # On a thread: a hook that does pause must not hold up the test for its minute.
+        passing = threading.Thread(target=hook, args=(where,), daemon=True)
+        passing.start()
+        passing.join(TIMEOUT)
+        assert not passing.is_alive(), f"paused at {where}"
+
+    passes(pause, "snapshot-temp-written")  # another point: no pause
     assert not flag.exists()
     paused = threading.Thread(target=pause, args=("log-written",), daemon=True)
     paused.start()
@@ -1716,12 +1724,12 @@ def test_the_fault_tests_pause_hook_stops_once_where_it_is_told(tmp_path: Path, 
     flag.unlink()
     paused.join(TIMEOUT)
     assert not paused.is_alive()
-    pause("log-written")  # once only
+    passes(pause, "log-written")  # once only
     assert not flag.exists()
     again = server._pause_hook()
     assert again is not None
     (tmp_path / "magent-store" / "pause-off").touch()
-    again("log-written")
+    passes(again, "log-written")
     assert not flag.exists()
 
 
