@@ -764,6 +764,12 @@ def test_integers_beyond_64_bits_are_written_and_read_back_exactly(root: Path, e
     assert thread.turns[0].usage == {"tokens": big}
     with st.open("s1") as s:
         assert s.thread.turns[0].usage == {"tokens": big}
+        s.append_content("a0", " and more", False, events.now())
+        s.compact()  # a snapshot holding the big number and text streamed since the reopen
+    assert str(big).encode() in (root / "global/s1.snapshot").read_bytes()
+    _, thread = st.load("s1")
+    assert thread.turns[0].usage == {"tokens": big}
+    assert str(thread.item_index["a0"].content).endswith("part 4 of answer 0\n and more")
     assert store.loads(b'{"n": -12345678901234567890}') == {"n": -12345678901234567890}
     assert store.loads(b'{"n": 12}') == {"n": 12}
     with pytest.raises(LedgerError, match="cannot encode as JSON"):
