@@ -581,3 +581,91 @@ def test_an_item_id_in_two_turns_resolves_to_the_earlier_turn(events: Events) ->
     assert str(item(th, "x").content) == "in a!", "a scan of the turns in order finds ta's item first"
     reloaded = ledger.thread_from_json(orjson.loads(encoded(th)))
     assert reloaded.item_index["x"].content == "in a!"
+
+
+# --- naming things -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("session_id", "valid"),
+    [
+        ("s1", True),
+        ("a" * ledger.SESSION_ID_MAX, True),
+        ("a" * (ledger.SESSION_ID_MAX + 1), False),
+        ("2026-11-30_chat.v2", True),
+        (".", False),
+        ("..", False),
+        (".hidden", False),
+        ("a/b", False),
+        ("", False),
+        (7, False),
+        (None, False),
+    ],
+)
+def test_which_session_ids_may_name_a_file(session_id: object, valid: bool) -> None:
+    assert ledger.valid_session_id(session_id) is valid
+
+
+def test_huge_integers_are_named_by_their_size_in_messages() -> None:
+    assert ledger.short_number(10**30 - 1) == repr(10**30 - 1)
+    assert ledger.short_number(10**30) == "(an integer of about 31 digits)"
+    assert ledger.short_number(-(10**40)) == "-(an integer of about 41 digits)"
+    assert ledger.short_number(2**5000) == "(an integer of about 1506 digits)"
+    assert ledger.short_number(-5) == "-5" and ledger.short_number(1.5) == "1.5"
+
+
+# --- what decoding reports and defaults, exactly --------------------------------
+
+
+def test_an_event_error_names_the_event_field_exactly(events: Events) -> None:
+    cases = [
+        ({**events.thread_started(), "colour": 1}, "event: unknown key 'colour'"),
+        ({**events.thread_started(), "type": ["thread-started"]},
+         "event.type: unknown event type ['thread-started']"),
+        ({**events.thread_started(), "seq": 0}, "event.seq"),
+        ({**events.thread_started(), "turn-id": 5}, "event.turn-id: expected a string or null, got 5"),
+        ({**events.thread_started(), "item-id": 6}, "event.item-id: expected a string or null, got 6"),
+    ]  # fmt: skip
+    for obj, message in cases:
+        with pytest.raises(ledger.LedgerError) as caught:
+            ledger.event_from_json(obj)
+        assert str(caught.value).startswith(message), (str(caught.value), message)
+    with pytest.raises(ledger.LedgerError, match=r"^event\.seq: required positive integer$"):
+        ledger.event_from_json(events.thread_started(), need_seq=True)
+
+
+def test_the_ids_an_event_does_not_need_are_kept_when_given(events: Events) -> None:
+    obj = {**events.thread_started(), "turn-id": "t9", "item-id": "i9", "seq": 3}
+    event = ledger.event_from_json(obj)
+    assert (event.turn_id, event.item_id) == ("t9", "i9")
+    assert ledger.event_to_json(event)["turn-id"] == "t9" and ledger.event_to_json(event)["item-id"] == "i9"
+
+
+def test_a_snapshot_without_seq_or_scope_starts_at_zero_in_global() -> None:
+    snap = {**FULL_SNAPSHOT, "turns": [], "scope": None, "last-event-seq": None}
+    thread = ledger.thread_from_json(snap)
+    assert thread.last_event_seq == 0 and thread.scope == "global"
+    assert ledger.thread_from_json({**snap, "last-event-seq": 0}).last_event_seq == 0
+    del snap["last-event-seq"], snap["created-at"], snap["updated-at"], snap["snapshot-created-at"]
+    thread = ledger.thread_from_json(snap)
+    assert thread.last_event_seq == 0 and thread.created_at is None and thread.updated_at is None
+
+
+def test_a_merge_event_without_an_item_changes_only_the_status(events: Events) -> None:
+    th = run(fresh(), events.turn("turn-started", "t1"), events.item_started("t1", "i1", content="c"))
+    before = ledger.item_to_json(item(th, "i1"))
+    run(th, events.make("item-updated", "t1", "i1", {"item": None}),
+        events.make("item-completed", "t1", "i1", {"item": None}))  # fmt: skip
+    after = ledger.item_to_json(item(th, "i1"))
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed == {"status", "updated-at", "completed-at"} and after["status"] == "completed"
+    assert (after["id"], after["type"], after["content"]) == ("i1", "message", "c")
+
+
+def test_output_chunks_go_to_the_output_and_text_chunks_to_the_content(events: Events) -> None:
+    started = events.item_started("t1", "i1", type="tool", role=None, content="c")
+    started["payload"]["item"]["output"] = "o"
+    th = run(fresh(), events.turn("turn-started", "t1"), started,
+             events.content("t1", "i1", "1", output=True), events.content("t1", "i1", "2"),
+             events.content("t1", "i1", "3", output=True))  # fmt: skip
+    assert (str(item(th, "i1").output), str(item(th, "i1").content)) == ("o13", "c2")
