@@ -42,6 +42,7 @@ from magent_store.store import (
     StoreError,
     WriteFailed,
 )
+from test_exactly_once import send
 
 P = "emacs-1"
 G = {"id": "s1", "scope": "global"}  # the least a header read on its own holds
@@ -1024,20 +1025,6 @@ def test_a_lock_file_removed_between_open_and_lock_is_made_again(
 
 def open_session(root: Path, **kw: Any) -> Session:
     return Session(Store(root).files("s1", Scope.global_()), Scope.global_(), **kw)
-
-
-def send(s: Session, number: int, objs: list[dict[str, Any]], producer: str = P) -> bool:
-    """What the server does with a numbered flush."""
-    apply = s.begin_batch(producer, number)
-    try:
-        if apply:
-            for obj in objs:
-                s.append_event(obj)
-        s.flush()
-    except BaseException:
-        s.abort_batch()
-        raise
-    return apply
 
 
 def start(events: Events) -> list[dict[str, Any]]:
