@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import orjson
@@ -669,3 +670,25 @@ def test_output_chunks_go_to_the_output_and_text_chunks_to_the_content(events: E
              events.content("t1", "i1", "1", output=True), events.content("t1", "i1", "2"),
              events.content("t1", "i1", "3", output=True))  # fmt: skip
     assert (str(item(th, "i1").output), str(item(th, "i1").content)) == ("o13", "c2")
+
+
+def test_every_number_inside_a_value_is_checked_after_strings_and_nulls() -> None:
+    for value, where in (
+        (["a", None, True, float("nan")], "v[3]"),
+        ({"s": "x", "n": None, "b": False, "f": float("inf")}, "v.f"),
+        ([None, {"k": ["y", 2 ** (ledger.JSON_INT_BITS + 1)]}], "v[1].k[1]"),
+    ):
+        with pytest.raises(ledger.LedgerError, match=rf"^{re.escape(where)}: "):
+            ledger.check_json_value(value, "v")
+    assert ledger.check_json_value(["a", None, False, 1, 1.5, {"k": "v"}], "v") == ["a", None, False, 1, 1.5, {"k": "v"}]
+
+
+def test_a_turn_event_keeps_its_turn_when_encoded(events: Events) -> None:
+    event = ledger.event_from_json({**events.turn("turn-started", "t1", input="hi"), "seq": 1})
+    turn_obj = ledger.event_to_json(event)["payload"]["turn"]
+    assert (turn_obj["id"], turn_obj["input"]) == ("t1", "hi")
+
+
+def test_a_new_thread_has_the_id_it_is_given() -> None:
+    assert ledger.new_thread("s1", "global", "th-1").id == "th-1"
+    assert ledger.new_thread("s1", "global").session_id == "s1"
