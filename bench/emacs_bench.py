@@ -312,22 +312,18 @@ def alloc_runs(daemon: demo.Daemon, reps: int, chunks: int, rate: float,
 
 
 def gc_with_heap(daemon: demo.Daemon, megabytes: int) -> dict[str, float]:
-    """Seconds one full GC takes once the heap holds MEGABYTES of live data."""
+    """Seconds one full GC takes once the heap holds MEGABYTES more live data."""
     # Strings of 80 characters in a list: 32 + 81 + 16 bytes each.
     count = megabytes * 1_000_000 // 129
     daemon.eval(f"(progn (defvar msb-heap nil) (let (l) (dotimes (i {count})"
                 f" (push (make-string 80 ?x) l)) (setq msb-heap l)) t)", timeout=900)
     raw = daemon.eval(
         "(let (times) (dotimes (_ 5) (let ((t0 gc-elapsed)) (garbage-collect)"
-        " (push (- gc-elapsed t0) times)))"
-        " (let ((gc (garbage-collect)))"
-        " (vconcat (list (cl-loop for (_ size used . _) in gc"
-        " sum (* (or size 0) (or used 0))))"
-        " (sort times #'<))))", timeout=900)
-    values = [float(x) for x in raw.strip("[]").split()]
+        " (push (- gc-elapsed t0) times))) (vconcat times))", timeout=900)
+    times = [float(x) for x in raw.strip("[]").split()]
+    live = live_bytes(daemon)
     daemon.eval("(progn (setq msb-heap nil) (garbage-collect) t)", timeout=900)
-    return {"live_bytes": values[0], "gc_s": statistics.median(values[1:]),
-            "gc_max_s": max(values[1:])}
+    return {"live_bytes": live, "gc_s": statistics.median(times), "gc_max_s": max(times)}
 
 
 def live_bytes(daemon: demo.Daemon) -> float:
@@ -365,14 +361,6 @@ def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, flo
     if k == 0:  # too few values: the range, whose coverage falls short
         return xs[0], xs[-1], 1 - 2 / 2 ** n
     return xs[k - 1], xs[n - k], 1 - 2 * tail
-
-
-def spread(values: list[float]) -> tuple[float, float]:
-    """The interquartile range of VALUES (25th and 75th percentiles)."""
-    if len(values) < 2:
-        return values[0], values[0]
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
 
 
 # -- tables -------------------------------------------------------------------------
@@ -566,10 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                     timed[name] = bench.run(strategy=strategy, session=s, script=stream,
                                             rate=rate, encoder=encoder, instrument=True)
                 # One collection in this Emacs, the session still loaded.
-                live_here = live_bytes(daemon)
-                gc_here = statistics.median(float(x) for x in daemon.eval(
-                    "(let (times) (dotimes (_ 5) (let ((t0 gc-elapsed)) (garbage-collect)"
-                    " (push (- gc-elapsed t0) times))) (vconcat times))").strip("[]").split())
+                here = gc_with_heap(daemon, 0)
                 daemon.eval(f"(progn (setq {var} nil) (garbage-collect) t)")
                 # Paired differences: run k of a strategy minus the baseline run
                 # just before it (the runs alternate).
@@ -611,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                         "store_bytes": s["store_bytes"], "strategy": name,
                         "cpu_diff_s": pairs[name], "cpu_diff_median_s": diff,
                         "own_diff_s": own_pairs[name],
-                        "gc_per_collection_s": gc_here, "live_bytes": live_here,
+                        "gc_per_collection_s": here["gc_s"], "live_bytes": here["live_bytes"],
                         "wall_s": wall, "share": diff / wall,
                         "timed_spent_s": spent_of(t), "timed_wall_s": t["wall"],
                         "timed_share": spent_of(t) / t["wall"],
