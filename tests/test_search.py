@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import stat
@@ -242,6 +243,33 @@ def test_rebuild_builds_aside_then_replaces_the_index(root: Path) -> None:
     assert stat.S_IMODE(search.index_path(root).stat().st_mode) == 0o600
     reader.close()
     rebuilder.close()
+
+
+def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="magent_store")
+    w = Writer(root)
+    s = w.open("s1")
+    ev = w.events["s1"]
+    w.say(s, "t1", "a1", "before the rebuild ")
+    w.flush(s)
+    rebuilder = SearchIndex(root)  # `magent-store index --rebuild` while the backend runs
+    rebuilder.rebuild()
+    rebuilder.close()
+    s.append_content("a1", "and after it", False, ev.now())
+    w.flush(s)
+    # Read the file at the path as it is, without catching up from the sessions.
+    db = sqlite3.connect(search.index_path(root))
+    try:
+        assert db.execute("SELECT seq FROM sessions").fetchall() == [(s.last_seq,)]
+        texts = "".join(t for (t,) in db.execute("SELECT text FROM passages ORDER BY id"))
+    finally:
+        db.close()
+    assert "and after it" in texts
+    assert "was replaced; reopening it" in caplog.text
+    s.close()
+    w.index.close()
 
 
 def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -563,6 +563,8 @@ class SearchIndex:
         # event repeating the streamed text costs a hash, not a re-index.
         self._digests: dict[tuple[str, str, str], Any] = {}
         self._names: dict[SessionFiles, tuple[str, str, str]] = {}
+        # The index file this connection writes: (device, inode) when opened.
+        self._file: tuple[int, int] | None = None
         self.db = self._connect()
         self._queue: queue.Queue[_Job | None] | None = None
         if live:
@@ -614,7 +616,31 @@ class SearchIndex:
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(f"{self.path}{suffix}", 0o600)
+        self._file = self._file_now()
         return db
+
+    def _file_now(self) -> tuple[int, int] | None:
+        """The (device, inode) of the index file now at the path, or None."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def _follow_replaced(self) -> None:
+        """Reopen the index when another process replaced or removed its file.
+
+        An ``index --rebuild`` swaps in a new file while a backend keeps
+        this one open: without this, the backend would go on indexing
+        its flushes into the old file, which nothing reads any more.
+        """
+        if self.db.in_transaction or self._file_now() == self._file:
+            return
+        log.info("search index %s was replaced; reopening it", self.path)
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+        self._digests.clear()
+        self.db = self._connect()
 
     def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
@@ -797,6 +823,7 @@ class SearchIndex:
             self._queue.join()
 
     def _write_job(self, jobs: list[_Job]) -> None:
+        self._follow_replaced()
         with self._transaction() as db:
             for job in jobs:
                 row = db.execute("SELECT sid, seq FROM sessions WHERE path = ?", (job.path,)).fetchone()
