@@ -873,22 +873,26 @@ def test_the_options_given_at_open_are_the_ones_the_session_is_written_with(here
     client = here.client()
     slow = orjson.dumps({"fsync": "interval", "fsync-interval-ms": 3_600_000, "log-max-events": 4}).decode()
     fast = orjson.dumps({"fsync": "interval", "fsync-interval-ms": 1}).decode()
+    # Only the mode differs from s1's options: s3 syncs at every flush.
+    always = orjson.dumps({"fsync": "always", "fsync-interval-ms": 3_600_000, "log-max-events": 4}).decode()
     assert _call(client, "open", str(here.root), SCOPE, "s1", slow) == 0
     assert _call(client, "open", str(here.root), SCOPE, "s2", fast) == 0
-    _start_item(client, "s1")
-    _start_item(client, "s2")
-    # The first flush writes each session's first snapshot (and syncs).
-    assert _call(client, "flush", "s1", _chunks("a"))[:2] == [4, 4]
-    assert _call(client, "flush", "s2", _chunks("a"))[:2] == [4, 4]
+    assert _call(client, "open", str(here.root), SCOPE, "s3", always) == 0
+    for session_id in ("s1", "s2", "s3"):
+        _start_item(client, session_id)
+        # The first flush writes each session's first snapshot (and syncs).
+        assert _call(client, "flush", session_id, _chunks("a"))[:2] == [4, 4]
     time.sleep(0.01)
-    # An hour between syncs: written, not yet durable.  A millisecond: durable at once.
+    # An hour between syncs: written, not yet durable.  A millisecond, or every flush: durable at once.
     assert _call(client, "flush", "s1", _chunks("b"))[:2] == [4, 5]
     assert _call(client, "flush", "s2", _chunks("b"))[:2] == [5, 5]
-    # At most 4 events in the log past the snapshot: s1 compacts again, s2 (2000) does not.
+    assert _call(client, "flush", "s3", _chunks("b"))[:2] == [5, 5]
+    # At most 4 events in the log past the snapshot: s1 compacts once more, s2 (2000) does not.
+    before = _status(client)["compactions"]
     for _ in range(3):
         _call(client, "flush", "s1", _chunks("c"))
         _call(client, "flush", "s2", _chunks("c"))
-    assert _status(client)["compactions"] == 3
+    assert _status(client)["compactions"] - before == 1
     snapshot = orjson.loads((here.root / "global" / "s1.snapshot").read_bytes())
     assert snapshot["last-event-seq"] == 8
     assert orjson.loads((here.root / "global" / "s2.snapshot").read_bytes())["last-event-seq"] == 4
@@ -1663,6 +1667,25 @@ def test_the_state_directory_defaults_to_the_users_local_state(tmp_path: Path, m
     path.chmod(0o755)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / ".local" / "state"))
     assert stat.S_IMODE(server.state_dir().stat().st_mode) == 0o700
+
+
+def test_a_live_spool_listed_first_does_not_end_the_scan(tmp_path: Path) -> None:
+    class LiveFirst(type(tmp_path)):  # type: ignore[misc]  # PosixPath here
+        def glob(self, pattern: str) -> Any:  # type: ignore[override]
+            return sorted(super().glob(pattern), key=lambda p: p.name != "spool-live")
+
+    live = tmp_path / "spool-live"
+    live.mkdir()
+    dead = tmp_path / "spool-dead"
+    dead.mkdir()
+    (dead / server.SPOOL_LOCK).touch()
+    fd = server._lock_spool(live)
+    try:
+        assert [p.name for p in LiveFirst(tmp_path).glob("spool-*")] == ["spool-live", "spool-dead"]
+        server._remove_stale_spools(LiveFirst(tmp_path))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-live"]
+    finally:
+        os.close(fd)
 
 
 def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
