@@ -72,6 +72,12 @@ def test_turn_queued_with_null_payload_makes_a_fresh_turn(events: Events) -> Non
     assert turn(th, "t1").input is None
 
 
+def test_a_payload_turn_without_an_id_is_the_event_s_turn(events: Events) -> None:
+    th = run(fresh(), events.make("turn-queued", "t1", payload={"turn": {"input": "no id here"}}))
+    assert [x.id for x in th.turns] == ["t1"]
+    assert turn(th, "t1").input == "no id here" and turn(th, "t1").status == "queued"
+
+
 def test_turn_started_on_existing_turn_copies_only_what_it_lacks(events: Events) -> None:
     th = run(fresh(), events.make("turn-queued", "t1", payload={"turn": {"id": "t1", "input": "kept"}}))
     queued_at = turn(th, "t1").queued_at
