@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     strategies = tuple(x for x in STREAM_STRATEGIES if not (quick and x[2] == "json-serialize"))
     if ns.only:
         kinds = set(ns.only.split(","))
+        if not {"store", "floor"} <= kinds:
+            parser.error("--only needs store and floor: every table compares them")
         strategies = tuple(x for x in strategies if x[1] in kinds)
     if ns.sizes:
         wanted = {s.strip().replace(" ", "") for s in ns.sizes.split(",")}
