@@ -272,6 +272,22 @@ def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
     w.index.close()
 
 
+def test_a_backend_creates_no_index_while_a_rebuild_has_none_in_place(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    ev = w.events["s1"]
+    w.say(s, "t1", "a1", "before ")
+    w.flush(s)
+    # The moment between a rebuild removing the old file and renaming the new one.
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{search.index_path(root)}{suffix}").unlink(missing_ok=True)
+    s.append_content("a1", "meanwhile", False, ev.now())
+    w.flush(s)
+    assert not [p.name for p in search.index_path(root).parent.iterdir() if p.name.startswith("index")]
+    s.close()
+    w.index.close()
+
+
 def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(search, "_build_workers", lambda headers: 2)
     w = Writer(root)

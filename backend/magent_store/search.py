@@ -628,13 +628,17 @@ class SearchIndex:
         return (st.st_dev, st.st_ino)
 
     def _follow_replaced(self) -> None:
-        """Reopen the index when another process replaced or removed its file.
+        """Reopen the index when another process put a new file in its place.
 
         An ``index --rebuild`` swaps in a new file while a backend keeps
         this one open: without this, the backend would go on indexing
         its flushes into the old file, which nothing reads any more.
+        While no file is there (a rebuild removes the old one just before
+        it puts the new one in place) nothing is created: a file made then
+        would be replaced, and its journal read as the new file's.
         """
-        if self.db.in_transaction or self._file_now() == self._file:
+        now = self._file_now()
+        if self.db.in_transaction or now is None or now == self._file:
             return
         log.info("search index %s was replaced; reopening it", self.path)
         with contextlib.suppress(sqlite3.Error):
