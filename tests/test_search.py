@@ -58,6 +58,15 @@ class Writer:
         session.append_event(ev.item_started(turn, item, type=type, role=role, content=text))
 
 
+def streaming(root: Path, text: str) -> tuple[Writer, Session, Events]:
+    """A writer whose session s1 has reply item a1 started with TEXT, flushed."""
+    w = Writer(root)
+    s = w.open("s1")
+    w.say(s, "t1", "a1", text)
+    w.flush(s)
+    return w, s, w.events["s1"]
+
+
 def ids(result: search.SearchResult) -> list[str]:
     return [hit.id for hit in result.hits]
 
@@ -72,11 +81,7 @@ def find(root: Path, query: str, **kw: Any) -> list[str]:
 
 
 def test_streamed_chunks_are_searchable_after_each_flush(root: Path) -> None:
-    w = Writer(root)
-    s = w.open("s1")
-    ev = w.events["s1"]
-    w.say(s, "t1", "a1", "")
-    w.flush(s)
+    w, s, ev = streaming(root, "")
     reader = SearchIndex(root)  # a search elsewhere, without catching up
     s.append_content("a1", "the flux capac", False, ev.now())
     w.flush(s)
@@ -89,11 +94,7 @@ def test_streamed_chunks_are_searchable_after_each_flush(root: Path) -> None:
 
 
 def test_flush_indexes_what_it_wrote_without_rereading_items(root: Path) -> None:
-    w = Writer(root)
-    s = w.open("s1")
-    ev = w.events["s1"]
-    w.say(s, "t1", "a1", "start ")
-    w.flush(s)
+    w, s, ev = streaming(root, "start ")
     for n in range(3 * PASSAGE_CHARS // 100):
         s.append_content("a1", f"{n:04d}" + "x" * 96, False, ev.now())
         w.flush(s)
@@ -249,11 +250,7 @@ def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="magent_store")
-    w = Writer(root)
-    s = w.open("s1")
-    ev = w.events["s1"]
-    w.say(s, "t1", "a1", "before the rebuild ")
-    w.flush(s)
+    w, s, ev = streaming(root, "before the rebuild ")
     rebuilder = SearchIndex(root)  # `magent-store index --rebuild` while the backend runs
     rebuilder.rebuild()
     rebuilder.close()
@@ -273,11 +270,7 @@ def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
 
 
 def test_a_backend_creates_no_index_while_a_rebuild_has_none_in_place(root: Path) -> None:
-    w = Writer(root)
-    s = w.open("s1")
-    ev = w.events["s1"]
-    w.say(s, "t1", "a1", "before ")
-    w.flush(s)
+    w, s, ev = streaming(root, "before ")
     # The moment between a rebuild removing the old file and renaming the new one.
     for suffix in ("", "-wal", "-shm"):
         Path(f"{search.index_path(root)}{suffix}").unlink(missing_ok=True)
