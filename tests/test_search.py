@@ -272,8 +272,7 @@ def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
 def test_a_backend_creates_no_index_while_a_rebuild_has_none_in_place(root: Path) -> None:
     w, s, ev = streaming(root, "before ")
     # The moment between a rebuild removing the old file and renaming the new one.
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{search.index_path(root)}{suffix}").unlink(missing_ok=True)
+    w.index._remove_files()
     s.append_content("a1", "meanwhile", False, ev.now())
     w.flush(s)
     assert not [p.name for p in search.index_path(root).parent.iterdir() if p.name.startswith("index")]
