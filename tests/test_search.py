@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import sqlite3
@@ -302,6 +303,84 @@ def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypa
     sids = [sid for (sid,) in index.db.execute("SELECT sid FROM passages ORDER BY id")]
     assert sids == sorted(sids)
     index.close()
+
+
+def _sized_sessions(root: Path, count: int) -> list[tuple[str, str, str]]:
+    """COUNT sessions of growing sizes under ROOT; their headers as a build lists them."""
+    w = Writer(root)
+    for n in range(count):
+        s = w.open(f"s{n:02d}")
+        w.say(s, "t1", "a1", f"needle number {n:02d} " + "x" * (n * 300))
+        s.close()
+    w.index.close()
+    return SearchIndex(root)._headers()
+
+
+def _files_size(header: tuple[str, str, str]) -> int:
+    _, directory, session_id = header
+    return sum(os.stat(p).st_size for p in Path(directory).glob(f"{session_id}.*")
+               if p.suffix in (".jsonl", ".snapshot"))  # fmt: skip
+
+
+def test_a_build_reads_sessions_in_batches_of_a_size_not_a_count(root: Path) -> None:
+    headers = _sized_sessions(root, 30)
+    (root / "global" / "s29.jsonl").unlink()  # a header without a log counts nothing
+    limit = 8000
+    batches = list(search._batches(headers, limit))
+    assert [h for batch, _ in batches for h in batch] == headers
+    for batch, size in batches:
+        assert size == sum(_files_size(h) for h in batch)
+        # Each batch reaches the limit with its last session, not before (the last batch may end short).
+        assert sum(_files_size(h) for h in batch[:-1]) < limit
+    assert all(size >= limit for _, size in batches[:-1])
+    assert max(_files_size(h) for h in headers) > limit  # a session larger than a batch ends one
+    assert [batch for batch, _ in search._batches(headers, 1)] == [[h] for h in headers]
+
+
+def test_a_build_reads_ahead_while_it_indexes_but_never_more_than_its_limit(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    headers = _sized_sessions(root, 40)
+    sizes = {h: _files_size(h) for h in headers}
+    monkeypatch.setattr(search, "READ_BATCH_BYTES", 3000)
+    monkeypatch.setattr(search, "READ_AHEAD_BYTES", 60000)
+    handed: list[tuple[str, str, str]] = []
+    real = search._batches
+
+    def batches(headers: list[tuple[str, str, str]], limit: int) -> Any:
+        for batch, size in real(headers, limit):
+            handed.extend(batch)
+            yield batch, size
+
+    monkeypatch.setattr(search, "_batches", batches)
+    done: list[str] = []
+    ahead: list[int] = []
+    for read in search._reads(headers, 1):
+        done.append(read.relative)
+        ahead.append(sum(sizes[h] for h in handed) - sum(sizes[h] for h in headers[:len(done)]))
+        assert read.error is None and read.passages
+    assert done == [h[0] for h in headers]  # in order
+    largest = max(sizes.values())
+    assert max(ahead) <= 60000 + largest
+    assert max(ahead) >= 60000 - largest  # the workers are kept busy, not handed one batch at a time
+
+
+def test_a_build_that_stops_early_cancels_the_reads_it_will_not_use(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    headers = _sized_sessions(root, 40)
+    monkeypatch.setattr(search, "READ_BATCH_BYTES", 1)  # a session per batch
+    cancelled: list[bool] = []
+    cancel = concurrent.futures.Future.cancel
+
+    def recording(future: concurrent.futures.Future[Any]) -> bool:
+        cancelled.append(cancel(future))
+        return cancelled[-1]
+
+    monkeypatch.setattr(concurrent.futures.Future, "cancel", recording)
+    reads = search._reads(headers, 1)
+    assert next(reads).relative == headers[0][0]
+    reads.close()
+    assert len(cancelled) == len(headers) - 1  # every batch but the one read
+    assert any(cancelled)  # most had not started: they never will
 
 
 @pytest.mark.parametrize("how", ["kept at each flush", "rebuilt"])

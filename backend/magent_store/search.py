@@ -29,7 +29,6 @@ import collections
 import concurrent.futures
 import contextlib
 import hashlib
-import itertools
 import logging
 import math
 import multiprocessing
@@ -104,6 +103,10 @@ DEFAULT_HASH_BYTES: Final = 1 << 20
 BM25_COUNT_CAP: Final = 10_000
 # At most this many processes read sessions for a build (the caller indexes).
 BUILD_WORKERS: Final = 4
+# A build's workers read sessions in batches of about this many bytes of files,
+# and keep up to READ_AHEAD_BYTES read that the build has not indexed yet.
+READ_BATCH_BYTES: Final = 1 << 20
+READ_AHEAD_BYTES: Final = 48 << 20
 
 SCHEMA: Final = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
@@ -374,6 +377,7 @@ def _pieces(text: str, previous: str) -> list[str]:
 
 
 _Passage = tuple[str | None, str, str, str, float | None, str]  # turn, item, field, role, time, text
+_Header = tuple[str, str, str]  # relative path, directory, session id
 
 
 def _thread_passages(thread: Thread) -> list[_Passage]:
@@ -405,7 +409,7 @@ class _Read:
     error: str | None = None  # why it cannot be read (then nothing else is set)
 
 
-def _read_for_build(header: tuple[str, str, str]) -> _Read:
+def _read_for_build(header: _Header) -> _Read:
     """HEADER's session (relative path, directory, id), read and cut into passages."""
     relative, directory, session_id = header
     out = _Read(relative, session_id)
@@ -431,28 +435,53 @@ def _read_session(files: SessionFiles) -> tuple[str, Scope, LogScan, Thread]:
     return stamp, scope, scan, thread
 
 
-def _reads(headers: list[tuple[str, str, str]], workers: int) -> Iterator[_Read]:
-    """Every header's session read, in order: by WORKERS processes, at most a
-    few batches ahead of the caller (which indexes them meanwhile), or in line."""
+def _reads(headers: list[_Header], workers: int) -> Iterator[_Read]:
+    """Every header's session read, in order: by WORKERS processes, or in line.
+
+    The workers keep up to READ_AHEAD_BYTES of session files read ahead of the
+    caller, so they go on reading while it hands a batch of text to FTS5 (the
+    longest thing it does), and memory stays bounded whatever the sessions' sizes.
+    """
     if workers < 1:
         yield from map(_read_for_build, headers)
         return
-    batch = 32
-    ahead = 2 * workers
     context = multiprocessing.get_context("spawn")  # the caller may have threads: no fork
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        pending: collections.deque[concurrent.futures.Future[list[_Read]]] = collections.deque()
-        starts = iter(range(0, len(headers), batch))
-        for start in itertools.islice(starts, ahead):
-            pending.append(pool.submit(_read_batch, headers[start:start + batch]))
-        while pending:
-            done = pending.popleft().result()
-            for start in itertools.islice(starts, 1):
-                pending.append(pool.submit(_read_batch, headers[start:start + batch]))
-            yield from done
+        pending: collections.deque[tuple[int, concurrent.futures.Future[list[_Read]]]] = collections.deque()
+        ahead = 0  # bytes of files handed to the workers and not yet to the caller
+        try:
+            for batch, size in _batches(headers, READ_BATCH_BYTES):
+                pending.append((size, pool.submit(_read_batch, batch)))
+                ahead += size
+                while ahead >= READ_AHEAD_BYTES:
+                    done, future = pending.popleft()
+                    ahead -= done
+                    yield from future.result()
+            while pending:
+                yield from pending.popleft()[1].result()
+        finally:  # a build that stops early does not wait for reads nobody will use
+            for _, future in pending:
+                future.cancel()
 
 
-def _read_batch(headers: list[tuple[str, str, str]]) -> list[_Read]:
+def _batches(headers: list[_Header], limit: int) -> Iterator[tuple[list[_Header], int]]:
+    """HEADERS in runs of about LIMIT bytes of session files (at least one each), with their sizes."""
+    batch: list[_Header] = []
+    size = 0
+    for header in headers:
+        _, directory, session_id = header
+        for suffix in (".jsonl", ".snapshot"):
+            with contextlib.suppress(OSError):
+                size += os.stat(f"{directory}/{session_id}{suffix}").st_size
+        batch.append(header)
+        if size >= limit:
+            yield batch, size
+            batch, size = [], 0
+    if batch:
+        yield batch, size
+
+
+def _read_batch(headers: list[_Header]) -> list[_Read]:
     return [_read_for_build(header) for header in headers]
 
 
@@ -921,12 +950,12 @@ class SearchIndex:
 
     # -- catching up from the files ----------------------------------------
 
-    def _headers(self) -> list[tuple[str, str, str]]:
+    def _headers(self) -> list[_Header]:
         """(relative path, directory, id) of every header under the root.
 
         Raw strings and scandir: a search runs this over every session first.
         """
-        out: list[tuple[str, str, str]] = []
+        out: list[_Header] = []
         root = str(self.root)
         directories = [("global", f"{root}/global")]
         for kind in ("projects", "actions"):
