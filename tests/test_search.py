@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import logging
 import os
 import sqlite3
@@ -279,6 +280,65 @@ def test_a_backend_creates_no_index_while_a_rebuild_has_none_in_place(root: Path
     assert not [p.name for p in search.index_path(root).parent.iterdir() if p.name.startswith("index")]
     s.close()
     w.index.close()
+
+
+def _lock_held(root: Path) -> bool:
+    """Whether some open file description holds ROOT's index lock now."""
+    fd = os.open(search.index_path(root).parent / search.LOCK_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_rebuild_swaps_files_and_an_opener_opens_them_only_under_the_lock(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    w, s, _ = streaming(root, "before ")
+    s.close()
+    w.index.close()
+    seen: list[tuple[str, bool]] = []
+    remove, replace, open_db = SearchIndex._remove_files, os.replace, SearchIndex._open_db
+
+    def removing(index: SearchIndex) -> None:
+        seen.append(("remove", _lock_held(root)))
+        remove(index)
+
+    def replacing(src: Any, dst: Any) -> None:
+        seen.append(("replace", _lock_held(root)))
+        replace(src, dst)
+
+    def opening(index: SearchIndex) -> sqlite3.Connection:
+        seen.append(("open", _lock_held(root)))
+        return open_db(index)
+
+    monkeypatch.setattr(SearchIndex, "_remove_files", removing)
+    monkeypatch.setattr(search.os, "replace", replacing)
+    monkeypatch.setattr(SearchIndex, "_open_db", opening)
+    index = SearchIndex(root)
+    index.rebuild()
+    assert seen == [("open", True), ("remove", True), ("replace", True), ("open", True)]
+    assert not _lock_held(root)
+    assert ids(index.search("before")) == ["s1"]
+    index.close()
+    assert stat.S_IMODE(os.stat(search.index_path(root).parent / search.LOCK_NAME).st_mode) == 0o600
+
+
+def test_processes_opening_a_new_index_at_once_all_open_it(root: Path) -> None:
+    script = (f"import sys, time; sys.path.insert(0, {str(Path(search.__file__).parent.parent)!r})\n"
+              "from magent_store.search import SearchIndex\n"
+              "while time.time() < float(sys.argv[2]): pass\n"
+              "index = SearchIndex(sys.argv[1]); print(len(index.notices)); index.close()\n")  # fmt: skip
+    for trial in range(3):
+        where = root / f"tree{trial}"
+        (where / "global").mkdir(parents=True)
+        start = time.time() + 1.0  # all past their imports, then opening at the same moment
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(where), str(start)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]  # fmt: skip
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [(p.returncode, out.strip(), err) for p, (out, err) in zip(procs, outs, strict=True)] == [(0, "0", "")] * 4
 
 
 def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

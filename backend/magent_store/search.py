@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import fcntl
 import hashlib
 import logging
 import math
@@ -72,6 +73,8 @@ INDEX_VERSION: Final = 2
 DETAIL: Final[str] = "none"
 INDEX_DIR: Final = ".search"
 INDEX_NAME: Final = "index.sqlite"
+# Held while a process creates, opens, removes or replaces the index file.
+LOCK_NAME: Final = "lock"
 PASSAGE_CHARS: Final = 4096
 OVERLAP_CHARS: Final = 64
 # A search ranks at most this many of the newest matching passages: every
@@ -602,9 +605,30 @@ class SearchIndex:
 
     # -- opening -----------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the index's lock: one process at a time creates, opens, removes or replaces its file.
+
+        Without it, two processes opening a new index both create its tables
+        (and the second fails), and a process opening the index in the instant
+        a rebuild has removed the old file and not yet renamed the new one
+        creates a file whose journal would then be read as the new one's.
+        Each holds it for milliseconds; a build itself runs without it.
+        """
         make_private_dirs(self.path.parent)
         os.chmod(self.path.parent, 0o700)
+        fd = os.open(self.path.parent / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _connect(self) -> sqlite3.Connection:
+        with self._locked():
+            return self._connect_locked()
+
+    def _connect_locked(self) -> sqlite3.Connection:
         try:
             db = self._open_db()
             version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -663,8 +687,8 @@ class SearchIndex:
         this one open: without this, the backend would go on indexing
         its flushes into the old file, which nothing reads any more.
         While no file is there (a rebuild removes the old one just before
-        it puts the new one in place) nothing is created: a file made then
-        would be replaced, and its journal read as the new file's.
+        it puts the new one in place, or the user removed it) nothing is
+        created here.
         """
         now = self._file_now()
         if self.db.in_transaction or now is None or now == self._file:
@@ -726,13 +750,14 @@ class SearchIndex:
                 os.unlink(stale)  # a rebuild that was killed
         try:
             result = self._build(build, progress)
-            # The old file's journal must not be read as the new one's.
-            self._remove_files()
-            os.replace(build, self.path)
+            with self._locked():
+                # The old file's journal must not be read as the new one's.
+                self._remove_files()
+                os.replace(build, self.path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(build)
-            self.db = self._open_db()
+            self.db = self._connect()
         return result
 
     def _build(self, path: Path, progress: Callable[[int, int], None] | None) -> CatchUp:
