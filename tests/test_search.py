@@ -282,6 +282,37 @@ def test_a_backend_creates_no_index_while_a_rebuild_has_none_in_place(root: Path
     w.index.close()
 
 
+def test_a_rebuild_merges_the_index_once_at_the_end_and_leaves_merging_on(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    w = Writer(root)
+    for n in range(12):
+        s = w.open(f"s{n:02d}")
+        w.say(s, "t1", "a1", f"needle {n:02d} " + "文本" * 300)
+        s.close()
+    w.index.close()
+    monkeypatch.setattr(search, "BUILD_BATCH_CHARS", 500)  # a statement, and so a segment, per session
+
+    def segments(index: SearchIndex) -> int:
+        return int(index.db.execute("SELECT count(DISTINCT segid) FROM fts_idx").fetchone()[0])
+
+    index = SearchIndex(root)
+    index.rebuild()
+    assert segments(index) == 1
+    assert index.db.execute("SELECT v FROM fts_config WHERE k = 'automerge'").fetchone() == (search.DEFAULT_AUTOMERGE,)
+    assert ids(index.search("needle 07")) == ["s07"]
+    index.close()
+    # Writes after it add segments and merge them as usual.
+    w = Writer(root)
+    for n in range(12, 30):
+        s = w.open(f"s{n:02d}")
+        w.say(s, "t1", "a1", f"needle {n:02d} later")
+        w.flush(s)
+        s.close()
+    assert 1 < segments(w.index) < 18
+    assert ids(w.index.search("needle 29 later")) == ["s29"]
+    w.index.close()
+
+
 def _lock_held(root: Path) -> bool:
     """Whether some open file description holds ROOT's index lock now."""
     fd = os.open(search.index_path(root).parent / search.LOCK_NAME, os.O_RDWR)

@@ -102,6 +102,11 @@ BUILD_BATCH_CHARS: Final = 16 << 20
 # written and merged again.
 BUILD_HASH_BYTES: Final = 64 << 20
 DEFAULT_HASH_BYTES: Final = 1 << 20
+# FTS5 merges segments once this many are on one level (its default).  A
+# rebuild turns that off while it fills the index and merges everything into
+# one segment at the end: less work than merging all along, and a search
+# then looks up each term once instead of once per segment.
+DEFAULT_AUTOMERGE: Final = 4
 # bm25 counts the passages holding a word up to this many.
 BM25_COUNT_CAP: Final = 10_000
 # At most this many processes read sessions for a build (the caller indexes).
@@ -765,7 +770,7 @@ class SearchIndex:
 
         Nothing else uses PATH until it is complete, so it is written without a
         journal, and the full-text index is filled by one statement per batch of
-        passages rather than one per passage.
+        passages rather than one per passage, its segments merged once at the end.
         """
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
         db = sqlite3.connect(path, isolation_level=None)
@@ -777,6 +782,7 @@ class SearchIndex:
             db.executescript(SCHEMA)
             db.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
             db.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (BUILD_HASH_BYTES,))
+            db.execute("INSERT INTO fts(fts, rank) VALUES ('automerge', 0)")
             db.execute("BEGIN")
             headers = self._headers()
             passages: list[tuple[Any, ...]] = []
@@ -814,7 +820,9 @@ class SearchIndex:
                 if progress is not None:
                     progress(n, len(headers))
             flush()
+            db.execute("INSERT INTO fts(fts) VALUES ('optimize')")
             db.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (DEFAULT_HASH_BYTES,))
+            db.execute("INSERT INTO fts(fts, rank) VALUES ('automerge', ?)", (DEFAULT_AUTOMERGE,))
             db.execute("COMMIT")
             db.execute("PRAGMA journal_mode = WAL")
         finally:
