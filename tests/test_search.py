@@ -6,6 +6,7 @@ import concurrent.futures
 import fcntl
 import logging
 import os
+import random
 import sqlite3
 import stat
 import subprocess
@@ -18,7 +19,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import search
+from magent_store import ledger, search
 from magent_store.search import PASSAGE_CHARS, QueryError, SearchIndex, open_index, parse_query
 from magent_store.store import Scope, Session, SimulatedCrash, Store
 from test_server import TIMEOUT, Backend, _open, _start_item
@@ -106,6 +107,91 @@ def test_flush_indexes_what_it_wrote_without_rereading_items(root: Path) -> None
     reader = SearchIndex(root)
     assert ids(reader.search("0100xxx")) == ["s1"]
     s.close()
+
+
+def _fields(index: SearchIndex) -> dict[tuple[str, str, str], tuple[str, str, str, list[float]]]:
+    """Each indexed (session path, item, field): its turn, role, whole text (the
+    passages joined, each one's opening overlap checked and dropped) and times."""
+    out: dict[tuple[str, str, str], tuple[str, str, str, list[float]]] = {}
+    for path, turn, item, name, role, when, text in index.db.execute(
+            "SELECT s.path, p.turn, p.item, p.field, p.role, p.time, p.text FROM passages p "
+            "JOIN sessions s USING (sid) ORDER BY p.id"):  # fmt: skip
+        key = (path, item, name)
+        if key in out:
+            was_turn, was_role, whole, times = out[key]
+            assert (was_turn, was_role) == (turn, role)
+            overlap = min(search.OVERLAP_CHARS, len(whole))
+            assert text[:overlap] == whole[-overlap:] if overlap else True
+            out[key] = (turn, role, whole + text[overlap:], [*times, when])
+        else:
+            out[key] = (turn, role, text, [when])
+    return out
+
+
+def test_the_index_kept_at_each_flush_holds_what_the_files_hold(root: Path) -> None:
+    rng = random.Random(7)
+    w = Writer(root)
+    truth: dict[tuple[str, str, str], tuple[str, str, str, float, float]] = {}
+    for n, scope in enumerate((None, Scope.project("/src/shop"))):
+        s = w.open(f"s{n}", scope)
+        ev = w.events[f"s{n}"]
+        s.append_event(ev.thread_started())
+        for t in range(3):
+            turn = f"t{t}"
+            s.append_event(ev.turn("turn-started", turn, input=f"question {t}"))
+            s.append_event(ev.item_started(turn, f"u{t}", role="user", content=f"question {t} 数据库"))
+            s.append_event(ev.item_end("item-completed", turn, f"u{t}"))
+            s.append_event(ev.item_started(turn, f"a{t}"))
+            for c in range(rng.randint(5, 40)):  # several passages, flushed at random points
+                s.append_content(f"a{t}", f"part {c} of {t} " + "z" * rng.randint(0, 400) + "\n", False, ev.now())
+                if rng.random() < 0.3:
+                    w.flush(s)
+            s.append_event(ev.item_end("item-completed", turn, f"a{t}"))
+            if t == 1:  # a reply rewritten after its stream
+                s.append_event(ev.item_end("item-updated", turn, f"a{t}", content=f"rewritten {t}"))
+            s.append_event(ev.item_started(turn, f"c{t}", type="tool", role=None, name="grep"))
+            for c in range(rng.randint(1, 6)):
+                s.append_content(f"c{t}", f"tool line {c} " + "y" * rng.randint(0, 900) + "\n", True, ev.now())
+                if rng.random() < 0.3:
+                    w.flush(s)
+            s.append_event(ev.item_end("item-completed", turn, f"c{t}", input={"pattern": f"p{t}"}))
+            # Events of no item between items of one flush do not end its indexing.
+            s.append_event(ev.turn_end("turn-completed", turn, {"tokens": 10}))
+        w.flush(s)
+        if n == 1:  # a crash between a log write and its index write: the next search catches up
+            s.append_event(ev.turn("turn-started", "t3", input="last"))
+            s.append_event(ev.item_started("t3", "a3"))
+            s.append_content("a3", "indexed at its flush", False, ev.now())
+            w.flush(s)
+            s.after_flush = None
+            s.append_content("a3", ", then written only to the log", False, ev.now())
+            s.flush()
+        for turn in s.thread.turns:
+            for item in turn.items:
+                role = {"user": "user", "assistant": "assistant", None: "tool"}[item.role]
+                for name in search.FIELDS:
+                    value = getattr(item, name)
+                    if isinstance(value, (str, ledger.Text)) and str(value):
+                        text = str(value)
+                    elif isinstance(value, dict):
+                        text = orjson.dumps(value).decode()
+                    else:
+                        continue
+                    truth[(f"{'global' if scope is None else 'projects/' + scope.directory(root).name}/s{n}.json",
+                           item.id, name)] = (turn.id, role, text, item.created_at, item.updated_at or 0.0)  # fmt: skip
+        s.close()
+    w.index.close()
+    index = SearchIndex(root)
+    assert index.catch_up().updated == 1
+    live = _fields(index)
+    assert {k: v[:3] for k, v in live.items()} == {k: v[:3] for k, v in truth.items()}
+    for key, (_, _, _, times) in live.items():
+        assert all(truth[key][3] <= when <= max(truth[key][3:]) for when in times), key
+    # FTS5 holds exactly the passages' text: nothing stale left behind by an update.
+    index.db.execute("INSERT INTO fts(fts, rank) VALUES ('integrity-check', 1)")
+    index.rebuild()
+    assert {k: v[:3] for k, v in _fields(index).items()} == {k: v[:3] for k, v in truth.items()}
+    index.close()
 
 
 def test_final_item_event_repeating_the_stream_is_not_indexed_twice(root: Path) -> None:
