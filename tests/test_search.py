@@ -70,13 +70,20 @@ def streaming(root: Path, text: str) -> tuple[Writer, Session, Events]:
     return w, s, w.events["s1"]
 
 
+def consistent(index: SearchIndex) -> None:
+    """Fail unless the FTS5 index holds exactly the passages' text (nothing stale, nothing missing)."""
+    index.db.execute("INSERT INTO fts(fts, rank) VALUES ('integrity-check', 1)")
+
+
 def ids(result: search.SearchResult) -> list[str]:
     return [hit.id for hit in result.hits]
 
 
 def find(root: Path, query: str, **kw: Any) -> list[str]:
+    """The ids a search of QUERY lists, after the catch-up a search makes (which must need no rebuild)."""
     index, _ = open_index(root)
     with index:
+        assert index.notices == []
         return ids(index.search(query, **kw))
 
 
@@ -187,8 +194,7 @@ def test_the_index_kept_at_each_flush_holds_what_the_files_hold(root: Path) -> N
     assert {k: v[:3] for k, v in live.items()} == {k: v[:3] for k, v in truth.items()}
     for key, (_, _, _, times) in live.items():
         assert all(truth[key][3] <= when <= max(truth[key][3:]) for when in times), key
-    # FTS5 holds exactly the passages' text: nothing stale left behind by an update.
-    index.db.execute("INSERT INTO fts(fts, rank) VALUES ('integrity-check', 1)")
+    consistent(index)  # nothing stale left behind by an update
     index.rebuild()
     assert {k: v[:3] for k, v in _fields(index).items()} == {k: v[:3] for k, v in truth.items()}
     index.close()
@@ -277,6 +283,7 @@ def test_session_removed_from_disk_leaves_the_index(root: Path) -> None:
     index = SearchIndex(root)
     assert index.db.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
     assert index.db.execute("SELECT count(*) FROM passages").fetchone() == (1,)
+    consistent(index)
 
 
 def test_unreadable_session_is_reported_and_skipped(root: Path) -> None:
