@@ -567,6 +567,49 @@ def test_a_build_that_stops_early_cancels_the_reads_it_will_not_use(
     assert any(cancelled)  # most had not started: they never will
 
 
+def test_a_hit_carries_what_it_takes_to_show_and_open_it(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1", Scope.project("/src/shop"))
+    ev = w.events["s1"]
+    s.append_event(ev.thread_started())
+    s.append_event(ev.turn("turn-started", "t1", input="where"))
+    asked = ev.item_started("t1", "u1", role="user", content="Where is the flux capacitor?")
+    answered = ev.item_started("t1", "a1", content="The   flux capacitor\nis in the car.")
+    for event in (asked, answered):
+        s.append_event(event)
+    s.append_event(ev.turn("turn-started", "t2", input="more"))
+    s.append_event(ev.item_started("t2", "a2", content="nothing to see"))
+    w.flush(s)
+    s.close()
+    other = w.open("s2")
+    w.say(other, "t1", "a1", "a flux capacitor, and a flux capacitor again, in a much longer reply " * 3)
+    other.close()
+    w.index.close()
+    index, _ = open_index(root)
+    result = index.search("flux capacitor")
+    hit = next(h for h in result.hits if h.id == "s1")
+    header_path = root / "projects" / Scope.project("/src/shop").directory(root).name / "s1.json"
+    header = orjson.loads(header_path.read_bytes())
+    assert header["summary-title"]
+    assert hit.score < 0
+    assert hit.to_json(root) == {
+        "id": "s1", "root": str(root), "scope": "/src/shop", "scope-label": Scope.project("/src/shop").label(),
+        "title": header["summary-title"], "header": str(header_path), "time": answered["created-at"],
+        "score": round(hit.score, 4), "matches": 2,
+        "excerpts": [  # the better passage first: the same words in fewer characters
+            {"text": "Where is the flux capacitor?", "highlights": [[13, 17], [18, 27]], "turn": "t1", "item": "u1",
+             "role": "user", "time": asked["created-at"]},
+            {"text": "The flux capacitor is in the car.", "highlights": [[4, 8], [9, 18]], "turn": "t1", "item": "a1",
+             "role": "assistant", "time": answered["created-at"]},
+        ],
+    }  # fmt: skip
+    assert [h.id for h in result.hits] == ["s2", "s1"]  # more often, in as much text per passage
+    assert [len(h.excerpts) for h in index.search("flux", limit=1).hits] == [1]
+    with pytest.raises(search.SearchError, match=r"^--limit must be at least 1, got 0$"):
+        index.search("flux", limit=0)
+    index.close()
+
+
 @pytest.mark.parametrize("how", ["kept at each flush", "rebuilt"])
 def test_a_word_matches_whole_never_as_scattered_trigrams(root: Path, how: str) -> None:
     w = Writer(root)
