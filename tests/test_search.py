@@ -465,6 +465,23 @@ def test_processes_opening_a_new_index_at_once_all_open_it(root: Path) -> None:
         assert [(p.returncode, out.strip(), err) for p, (out, err) in zip(procs, outs, strict=True)] == [(0, "0", "")] * 4
 
 
+@pytest.mark.parametrize(("cores", "sessions", "workers"), [
+    (1, 10_000, 0),  # one core: reading in line is as fast
+    (2, 199, 0), (2, 200, 1),  # a small tree is read before a worker would have started
+    (3, 500, 2), (5, 500, 4), (16, 500, 4),  # one core left for the indexing, at most four
+])  # fmt: skip
+def test_a_build_reads_with_a_worker_per_spare_core_when_the_tree_is_large(
+        monkeypatch: pytest.MonkeyPatch, cores: int, sessions: int, workers: int) -> None:  # fmt: skip
+    monkeypatch.setattr(search.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(search.os, "cpu_count", lambda: 64)  # not asked where the affinity is known
+    assert search._build_workers(sessions) == workers
+    monkeypatch.delattr(search.os, "sched_getaffinity")
+    monkeypatch.setattr(search.os, "cpu_count", lambda: cores)
+    assert search._build_workers(sessions) == workers
+    monkeypatch.setattr(search.os, "cpu_count", lambda: None)  # unknown: one core
+    assert search._build_workers(sessions) == 0
+
+
 def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(search, "_build_workers", lambda headers: 2)
     w = Writer(root)
@@ -478,6 +495,7 @@ def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypa
     index = SearchIndex(root)
     result = index.rebuild()
     assert (result.checked, result.updated) == (70, 69)
+    assert result.bytes == sum(len(t) for (t,) in index.db.execute("SELECT text FROM passages"))
     assert [s.split(":")[0] for s in result.skipped] == ["global/s00.json"]
     assert sorted(ids(index.search("needle number", limit=100))) == [f"s{n:02d}" for n in range(1, 70)]
     assert ids(index.search("needle number 42")) == ["s42"]
