@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import fcntl
 import logging
+import math
 import os
 import random
 import sqlite3
@@ -602,10 +603,28 @@ def test_a_hit_carries_what_it_takes_to_show_and_open_it(root: Path) -> None:
     other = w.open("s2")
     w.say(other, "t1", "a1", "a flux capacitor, and a flux capacitor again, in a much longer reply " * 3)
     other.close()
+    for n in range(10):  # passages without the words: they make the words rare
+        filler = w.open(f"f{n}")
+        w.say(filler, "t1", "a1", f"unrelated reply {n}")
+        filler.close()
     w.index.close()
     index, _ = open_index(root)
     result = index.search("flux capacitor")
     hit = next(h for h in result.hits if h.id == "s1")
+    # bm25 as FTS5 computes it (k1 1.2, b 0.75), over the passages holding the words.
+    texts = ["Where is the flux capacitor?", "The   flux capacitor\nis in the car.",
+             "a flux capacitor, and a flux capacitor again, in a much longer reply " * 3]  # fmt: skip
+    passages = index.db.execute("SELECT count(*) FROM passages").fetchone()[0]
+    assert passages == 14
+    average = sum(map(len, texts)) / 3
+    idf = math.log((passages - 3 + 0.5) / (3 + 0.5))
+
+    def bm25(text: str) -> float:
+        tf = text.lower().count("flux")  # and as often "capacitor"
+        return 2 * idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(text) / average))
+
+    assert hit.score == pytest.approx(-bm25(texts[0]), rel=1e-12)
+    assert result.hits[0].score == pytest.approx(-bm25(texts[2]), rel=1e-12)
     header_path = root / "projects" / Scope.project("/src/shop").directory(root).name / "s1.json"
     header = orjson.loads(header_path.read_bytes())
     assert header["summary-title"]
