@@ -845,6 +845,42 @@ def test_excerpt_highlights_the_match() -> None:
     assert [shown[a:b] for a, b in spans] == ["Needle"]
 
 
+def test_an_excerpt_is_a_window_a_third_before_the_first_match_with_blanks_folded() -> None:
+    needle = parse_query("needle").pattern()
+    # Cut on both sides: 53 characters before the match, 160 in all, marked as cut.
+    text = "a" * 300 + "Needle" + "b" * 300
+    assert search.excerpt(text, needle) == ("…" + "a" * 53 + "Needle" + "b" * 101 + "…", [(54, 60)])
+    # Near the start: from the start, not marked.
+    assert search.excerpt("the needle\n\n  and   the rest", needle) == ("the needle and the rest", [(4, 10)])
+    # Near the end: the last 160 characters, cut only before.
+    text = "c" * 300 + "needle" + "d" * 10
+    assert search.excerpt(text, needle) == ("…" + "c" * 144 + "needle" + "d" * 10, [(145, 151)])
+    # No match (a word found only across a passage's own blanks): the opening.
+    assert search.excerpt("  " + "e" * 200, needle) == ("e" * 158 + "…", [])
+    assert search.excerpt("text", needle, width=2) == ("te…", [])
+
+
+@pytest.mark.parametrize(("given", "kind", "value"), [
+    ("global", "global", None),
+    ("action:review", "action", "review"),
+    ("/src/shop/", "project", "/src/shop"),
+    ("~/src/shop", "project", os.path.expanduser("~/src/shop")),
+    ("/", "project", "/"),
+])  # fmt: skip
+def test_scope_filters_as_given_on_the_command_line(given: str, kind: str, value: str | None) -> None:
+    assert search.ScopeFilter.parse(given) == search.ScopeFilter(kind, value)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("action:", "--scope action:NAME needs the action's name"),
+    ("", "--scope: give global, a project directory or action:NAME"),
+])  # fmt: skip
+def test_a_scope_filter_that_names_nothing_says_what_to_give(given: str, message: str) -> None:
+    with pytest.raises(search.SearchError) as caught:
+        search.ScopeFilter.parse(given)
+    assert str(caught.value) == message
+
+
 # --- the command line ---------------------------------------------------------
 
 
