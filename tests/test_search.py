@@ -12,6 +12,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,30 @@ def test_final_item_event_repeating_the_stream_is_not_indexed_twice(root: Path) 
     assert texts == ["alpha bravo delta"]
 
 
+def test_a_live_index_writes_on_its_own_thread_never_on_the_flush(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    w, s, ev = streaming(root, "before ")
+    written: list[str] = []
+    gate = threading.Event()
+    write = SearchIndex._write_job
+
+    def held(index: SearchIndex, jobs: list[Any]) -> None:
+        written.append(threading.current_thread().name)
+        gate.wait(10)  # the index is slow: the flush must not wait for it
+        write(index, jobs)
+
+    monkeypatch.setattr(SearchIndex, "_write_job", held)
+    s.append_content("a1", "while the index is slow", False, ev.now())
+    s.flush()  # returns while the index still holds its job
+    assert b"while the index is slow" in s.files.log.read_bytes()
+    gate.set()
+    w.index.wait()
+    assert written == ["search-index"]
+    assert find(root, "index is slow") == ["s1"]
+    s.close()
+    w.index.close()
+
+
 def test_an_index_error_never_fails_the_flush(root: Path, caplog: pytest.LogCaptureFixture) -> None:
     w = Writer(root)
     s = w.open("s1")
@@ -360,7 +385,7 @@ def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
     finally:
         db.close()
     assert "and after it" in texts
-    assert "was replaced; reopening it" in caplog.text
+    assert f"search index {search.index_path(root)} was replaced; reopening it" in caplog.messages
     s.close()
     w.index.close()
 
