@@ -284,6 +284,49 @@ def test_crash_between_log_write_and_index_write_loses_nothing(root: Path) -> No
     assert counts == (2,)  # caught up incrementally: nothing indexed twice
 
 
+def test_a_catch_up_reports_what_it_did_and_its_progress(root: Path) -> None:
+    w = Writer(root)
+    for name in ("a", "b", "c"):
+        s = w.open(name)
+        w.say(s, "t1", "a1", f"first words of {name}")
+        s.close()
+    w.index.close()
+    index = SearchIndex(root)
+    assert index.catch_up() == search.CatchUp(checked=3)  # the writer kept it current
+    w = Writer(root)
+    s = w.open("b")
+    s.after_flush = None  # written while no index was told
+    s.append_content("a1", " and more", False, w.events["b"].now())
+    s.close()
+    w.index.close()
+    w.store.delete("c")
+    seen: list[tuple[int, int]] = []
+    result = index.catch_up(lambda done, total: seen.append((done, total)))
+    assert (result.checked, result.updated, result.removed, result.skipped) == (2, 1, 1, [])
+    assert result.bytes == len(" and more")
+    assert seen == [(1, 2), (2, 2)]
+    assert index.catch_up() == search.CatchUp(checked=2)
+    consistent(index)
+    index.close()
+
+
+def test_an_index_damaged_inside_is_rebuilt_by_the_next_search_with_a_message(root: Path) -> None:
+    w, s, _ = streaming(root, "words kept ")
+    s.close()
+    w.index.close()
+    db = sqlite3.connect(search.index_path(root))
+    db.execute("DROP TABLE sessions")
+    db.commit()
+    db.close()
+    index, result = open_index(root)
+    assert index.notices == [f"search index {index.path}: it is corrupt (no such table: sessions); rebuilding it"]
+    assert (result.checked, result.updated) == (1, 1)
+    assert ids(index.search("words kept")) == ["s1"]
+    index.close()
+    with pytest.raises(search.SearchError, match=r": no such directory$"):
+        open_index(root / "missing")
+
+
 def test_catch_up_after_compaction_reindexes_from_the_snapshot(root: Path) -> None:
     st = Store(root, fsync="never", log_max_events=5, log_growth=0.0)
     ev = Events()

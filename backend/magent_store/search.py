@@ -960,7 +960,9 @@ class SearchIndex:
                 turn: str | None, when: float | None, text: str,
                 last: tuple[int, str] | None) -> int:  # fmt: skip
         """Add TEXT to the field's passages: fill LAST (its final passage) up to
-        PASSAGE_CHARS, then start new ones, each opening with the previous one's end."""
+        PASSAGE_CHARS, then start new ones, each opening with the previous one's end.
+        Return how many characters of TEXT that was."""
+        given = len(text)
         if last is not None and len(last[1]) < PASSAGE_CHARS:
             rowid, old = last
             room = PASSAGE_CHARS - len(old)
@@ -979,7 +981,7 @@ class SearchIndex:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)", row,
             )
             db.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)", (cursor.lastrowid, row[-1]))
-        return len(text)
+        return given
 
     # -- catching up from the files ----------------------------------------
 
