@@ -68,9 +68,10 @@ $(PLOT_STAMP): $(STAMP)
 test-python: install $(PLOT_STAMP)
 	$(PY) -m pytest -q
 
-# Mutation testing (mutmut) of ledger.py, store.py and server.py, each against
-# its own test file; scores and survivors under build/mutation/ (README,
-# "Testing").  MODULES="ledger" narrows it, JOBS=2 runs two mutants at once.
+# Mutation testing (mutmut) of ledger.py, store.py, server.py and search.py,
+# each against its own test file; scores and survivors under build/mutation/
+# (README, "Testing").  MODULES="ledger" narrows it, JOBS=2 runs two mutants
+# at once.
 MUTMUT_STAMP := $(VENV)/.mutmut-installed
 $(MUTMUT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'mutmut>=3.8,<4'

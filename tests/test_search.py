@@ -284,6 +284,19 @@ def test_crash_between_log_write_and_index_write_loses_nothing(root: Path) -> No
     assert counts == (2,)  # caught up incrementally: nothing indexed twice
 
 
+def test_a_session_gone_since_it_was_indexed_is_left_out_and_the_rest_listed(root: Path) -> None:
+    w = Writer(root)
+    for name, text in (("best", "needle needle needle"), ("next", "needle and hay"), ("last", "one needle")):
+        s = w.open(name)
+        w.say(s, "t1", "a1", text)
+        s.close()
+    w.index.wait()
+    assert ids(w.index.search("needle")) == ["best", "last", "next"]
+    (root / "global" / "best.json").unlink()  # by hand: no catch-up has seen it yet
+    assert ids(w.index.search("needle")) == ["last", "next"]
+    w.index.close()
+
+
 def test_a_catch_up_reports_what_it_did_and_its_progress(root: Path) -> None:
     w = Writer(root)
     for name in ("a", "b", "c"):
