@@ -130,7 +130,8 @@ def _fields(index: SearchIndex) -> dict[tuple[str, str, str], tuple[str, str, st
             was_turn, was_role, whole, times = out[key]
             assert (was_turn, was_role) == (turn, role)
             overlap = min(search.OVERLAP_CHARS, len(whole))
-            assert text[:overlap] == whole[-overlap:] if overlap else True
+            if overlap:
+                assert text[:overlap] == whole[-overlap:]
             out[key] = (turn, role, whole + text[overlap:], [*times, when])
         else:
             out[key] = (turn, role, text, [when])
