@@ -53,6 +53,12 @@ class Writer:
         session.flush()
         self.index.wait()
 
+    def reply(self, session_id: str, text: str, scope: Scope | None = None) -> None:
+        """Session SESSION_ID with one reply, TEXT: written, flushed and closed."""
+        session = self.open(session_id, scope)
+        self.say(session, "t1", "a1", text)
+        session.close()
+
     def say(self, session: Session, turn: str, item: str, text: str, role: str = "assistant",
             type: str = "message") -> None:  # fmt: skip
         ev = self.events[session.id]
@@ -288,9 +294,7 @@ def test_crash_between_log_write_and_index_write_loses_nothing(root: Path) -> No
 def test_a_session_gone_since_it_was_indexed_is_left_out_and_the_rest_listed(root: Path) -> None:
     w = Writer(root)
     for name, text in (("best", "needle needle needle"), ("next", "needle and hay"), ("last", "one needle")):
-        s = w.open(name)
-        w.say(s, "t1", "a1", text)
-        s.close()
+        w.reply(name, text)
     w.index.wait()
     assert ids(w.index.search("needle")) == ["best", "last", "next"]
     (root / "global" / "best.json").unlink()  # by hand: no catch-up has seen it yet
@@ -301,9 +305,7 @@ def test_a_session_gone_since_it_was_indexed_is_left_out_and_the_rest_listed(roo
 def test_a_catch_up_reports_what_it_did_and_its_progress(root: Path) -> None:
     w = Writer(root)
     for name in ("a", "b", "c"):
-        s = w.open(name)
-        w.say(s, "t1", "a1", f"first words of {name}")
-        s.close()
+        w.reply(name, f"first words of {name}")
     w.index.close()
     index = SearchIndex(root)
     assert index.catch_up() == search.CatchUp(checked=3)  # the writer kept it current
@@ -357,9 +359,7 @@ def test_catch_up_after_compaction_reindexes_from_the_snapshot(root: Path) -> No
 def test_session_removed_from_disk_leaves_the_index(root: Path) -> None:
     w = Writer(root)
     for name in ("keep", "gone"):
-        s = w.open(name)
-        w.say(s, "t1", "a1", "shared words here")
-        s.close()
+        w.reply(name, "shared words here")
     assert sorted(find(root, "shared words")) == ["gone", "keep"]
     w.store.delete("gone")
     assert find(root, "shared words") == ["keep"]
@@ -372,9 +372,7 @@ def test_session_removed_from_disk_leaves_the_index(root: Path) -> None:
 def test_unreadable_session_is_reported_and_skipped(root: Path) -> None:
     w = Writer(root)
     for name in ("good", "bad"):
-        s = w.open(name)
-        w.say(s, "t1", "a1", "needle in a session")
-        s.close()
+        w.reply(name, "needle in a session")
     with (root / "global" / "bad.jsonl").open("ab") as f:
         f.write(b'{"not": "an event"}\n')
     (root / "global" / "good.jsonl").open("ab").close()
@@ -386,9 +384,7 @@ def test_unreadable_session_is_reported_and_skipped(root: Path) -> None:
 
 def test_rebuild_gives_the_same_answers(root: Path) -> None:
     w = Writer(root)
-    s = w.open("s1", Scope.project("/src/shop"))
-    w.say(s, "t1", "a1", "rebuild me please")
-    s.close()
+    w.reply("s1", "rebuild me please", Scope.project("/src/shop"))
     index = SearchIndex(root)
     seen: list[tuple[int, int]] = []
     result = index.rebuild(lambda done, total: seen.append((done, total)))
@@ -398,9 +394,7 @@ def test_rebuild_gives_the_same_answers(root: Path) -> None:
 
 def test_rebuild_builds_aside_then_replaces_the_index(root: Path) -> None:
     w = Writer(root)
-    s = w.open("s1")
-    w.say(s, "t1", "a1", "kept while rebuilding")
-    s.close()
+    w.reply("s1", "kept while rebuilding")
     w.index.close()
     directory = root / search.INDEX_DIR
     killed = directory / f"{search.INDEX_NAME}.build-999999"  # left by a rebuild that was killed
@@ -462,9 +456,7 @@ def test_a_rebuild_merges_the_index_once_at_the_end_and_leaves_merging_on(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     w = Writer(root)
     for n in range(12):
-        s = w.open(f"s{n:02d}")
-        w.say(s, "t1", "a1", f"needle {n:02d} " + "文本" * 300)
-        s.close()
+        w.reply(f"s{n:02d}", f"needle {n:02d} " + "文本" * 300)
     w.index.close()
     monkeypatch.setattr(search, "BUILD_BATCH_CHARS", 500)  # a statement, and so a segment, per session
 
@@ -569,9 +561,8 @@ def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypa
     monkeypatch.setattr(search, "_build_workers", lambda headers: 2)
     w = Writer(root)
     for n in range(70):  # more than two batches of reads per worker
-        s = w.open(f"s{n:02d}", Scope.project("/src/shop") if n % 3 else None)
-        w.say(s, "t1", "a1", f"needle number {n:02d} " + "长文本" * (n * 50))
-        s.close()
+        scope = Scope.project("/src/shop") if n % 3 else None
+        w.reply(f"s{n:02d}", f"needle number {n:02d} " + "长文本" * (n * 50), scope)
     with (root / "global" / "s00.jsonl").open("ab") as f:
         f.write(b'{"not": "an event"}\n')
     w.index.close()
@@ -594,9 +585,7 @@ def _sized_sessions(root: Path, count: int) -> list[tuple[str, str, str]]:
     """COUNT sessions of growing sizes under ROOT; their headers as a build lists them."""
     w = Writer(root)
     for n in range(count):
-        s = w.open(f"s{n:02d}")
-        w.say(s, "t1", "a1", f"needle number {n:02d} " + "x" * (n * 300))
-        s.close()
+        w.reply(f"s{n:02d}", f"needle number {n:02d} " + "x" * (n * 300))
     w.index.close()
     return SearchIndex(root)._headers()
 
@@ -682,13 +671,9 @@ def test_a_hit_carries_what_it_takes_to_show_and_open_it(root: Path) -> None:
     s.append_event(ev.item_started("t2", "a2", content="nothing to see"))
     w.flush(s)
     s.close()
-    other = w.open("s2")
-    w.say(other, "t1", "a1", "a flux capacitor, and a flux capacitor again, in a much longer reply " * 3)
-    other.close()
+    w.reply("s2", "a flux capacitor, and a flux capacitor again, in a much longer reply " * 3)
     for n in range(10):  # passages without the words: they make the words rare
-        filler = w.open(f"f{n}")
-        w.say(filler, "t1", "a1", f"unrelated reply {n}")
-        filler.close()
+        w.reply(f"f{n}", f"unrelated reply {n}")
     w.index.close()
     index, _ = open_index(root)
     result = index.search("flux capacitor")
@@ -735,9 +720,7 @@ def test_a_word_matches_whole_never_as_scattered_trigrams(root: Path, how: str) 
     # Every trigram of the words searched below is in "apart", none of the words.
     for name, text in (("apart", "xabc ybcd and Äbc zbcd"), ("whole", "the ABCD and äbcd"),
                        ("wild", "parse_x e_query parseXquery 100x 00%"), ("literal", "parse_query 100%")):
-        s = w.open(name)
-        w.say(s, "t1", "a1", text)
-        s.close()
+        w.reply(name, text)
     w.index.close()
     if how == "rebuilt":
         SearchIndex(root).rebuild()
@@ -755,9 +738,7 @@ def test_ranked_by_how_often_and_how_rare_the_words_are(root: Path) -> None:
              "common-often": "alpha alpha alpha zeta"}  # fmt: skip
     texts |= {f"other{n}": "only alpha here" for n in range(12)}
     for name, text in texts.items():
-        s = w.open(name)
-        w.say(s, "t1", "a1", text)
-        s.close()
+        w.reply(name, text)
     # zeta is rare, alpha everywhere: more zeta ranks first; a long passage last.
     assert find(root, "alpha zeta") == ["rare-often", "common-often", "rare-once"]
     assert find(root, "zeta") == ["rare-often", "common-often", "rare-once"]
@@ -771,9 +752,7 @@ def test_many_candidates_but_few_matches_are_ranked_and_not_called_many(
     w = Writer(root)
     texts = {f"apart{n}": "beta then alpha" for n in range(5)} | {"together": "alpha beta, alpha beta"}
     for name, text in texts.items():
-        s = w.open(name)
-        w.say(s, "t1", "a1", text)
-        s.close()
+        w.reply(name, text)
     index, _ = open_index(root)
     with index:
         result = index.search('"alpha beta"')
@@ -784,9 +763,7 @@ def test_many_candidates_but_few_matches_are_ranked_and_not_called_many(
 
 def test_corrupt_index_is_rebuilt_with_a_message(root: Path) -> None:
     w = Writer(root)
-    s = w.open("s1")
-    w.say(s, "t1", "a1", "survives corruption")
-    s.close()
+    w.reply("s1", "survives corruption")
     w.index.close()
     path = search.index_path(root)
     for suffix in ("-wal", "-shm"):
@@ -799,9 +776,7 @@ def test_corrupt_index_is_rebuilt_with_a_message(root: Path) -> None:
 
 def test_index_of_another_version_is_rebuilt(root: Path) -> None:
     w = Writer(root)
-    s = w.open("s1")
-    w.say(s, "t1", "a1", "version check")
-    s.close()
+    w.reply("s1", "version check")
     w.index.db.execute("PRAGMA user_version = 99")
     w.index.close()
     index, _ = open_index(root)
@@ -814,9 +789,7 @@ def test_index_files_are_private(root: Path) -> None:
     old = os.umask(0o022)
     try:
         w = Writer(root)
-        s = w.open("s1")
-        w.say(s, "t1", "a1", "private")
-        s.close()
+        w.reply("s1", "private")
     finally:
         os.umask(old)
     directory = root / search.INDEX_DIR
@@ -910,9 +883,7 @@ def test_malformed_queries_get_a_clear_message(query: str, message: str) -> None
 def test_scope_and_since_filters(root: Path) -> None:
     w = Writer(root)
     for name, scope in (("g", Scope.global_()), ("p", Scope.project("/src/shop/")), ("a", Scope.action("review"))):
-        s = w.open(name, scope)
-        w.say(s, "t1", "a1", "common phrase everywhere")
-        s.close()
+        w.reply(name, "common phrase everywhere", scope)
     assert find(root, "common phrase", scope=search.ScopeFilter.parse("global")) == ["g"]
     assert find(root, "common phrase", scope=search.ScopeFilter.parse("/src/shop")) == ["p"]
     assert find(root, "common phrase", scope=search.ScopeFilter.parse("action:review")) == ["a"]
