@@ -130,7 +130,7 @@ def main() -> int:
             fts_bytes = pages * db.execute("PRAGMA page_size").fetchone()[0]
             rows.append((f"SQLite alone: FTS5 {name}", wall, cpu, text_bytes / 1e6,
                          f"{fts_bytes / 1e6:.0f} MB, {fts_bytes / corpus['bytes']:.0%} (index only)"))  # fmt: skip
-            if name == "trigram, detail=none":  # the setting a rebuild fills with merges after
+            if name == "trigram, detail=none":  # what merging a fill with default settings costs
                 wall, cpu = timed(lambda: db.execute("INSERT INTO f(f) VALUES ('optimize')"))
                 rows.append((f"  then 'optimize' (merge into one segment), {name}", wall, cpu, 0.0, "-"))
             db.execute("DROP TABLE f")
