@@ -672,21 +672,65 @@ def test_invalid_event_is_rejected_alone(ready: tuple[Backend, EPCClient]) -> No
     assert len(rejected) == 1 and "entry 0" in rejected[0] and "type" in rejected[0]
 
 
-def test_lone_surrogates_are_a_clear_error(ready: tuple[Backend, EPCClient]) -> None:
-    backend, client = ready
-    # As a JSON escape: orjson refuses it.
-    with pytest.raises(ReturnError, match="not valid JSON"):
-        client.call_sync("flush", ["s1", '[["item-1", "a\\ud800b", false, 1.0]]'],
-                         timeout=TIMEOUT)
-    # As raw (CESU-8) bytes on the wire, on a second authenticated connection.
-    sock = backend.raw()
-    auth = f'(call 1 auth ("{backend.token}"))'.encode()
-    sock.sendall(_frame(auth))
-    assert _read_reply(sock).startswith(b"(return 1")
-    body = '(call 2 flush ("s1" "[[\\"item-1\\", \\"\ud800\\", false, 1.0]]"))'
-    sock.sendall(_frame(body.encode("utf-8", "surrogatepass")))
-    assert sexpdata.loads(_read_reply(sock).decode()) == [Symbol("return-error"), [], "message is not valid UTF-8"]
+# What Emacs's printer writes for characters UTF-8 has no room for: a lone
+# surrogate (#xD800), one beyond Unicode (#x110000) and one of Emacs's own (#x3FFF00).
+SURROGATE, BEYOND, EMACS_ONLY = b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf8\x8f\xbf\xbc\x80"
+
+
+def test_characters_utf8_cannot_hold_become_replacement_characters_and_the_rest_is_kept(backend: Backend) -> None:
+    client = backend.client()
+    _open(client, backend)
+    _start_item(client)
+    sock, _ = _raw_authenticated(backend)
+    event = orjson.dumps({"seq": None, "type": "item-updated", "thread-id": "thread-1", "turn-id": "turn-1",
+                          "item-id": "item-1", "payload": {"item": {"name": "N"}}, "created-at": 2.0})  # fmt: skip
+    event = event.replace(b'"N"', b'"n' + SURROGATE + b'"').replace(b'"', b'\\"')
+    body = (b'(call 2 flush ("s1" (("item-1" "a' + SURROGATE + b"b" + BEYOND + b"c" + EMACS_ONLY
+            + b'd" nil 1000) "' + event + b'" ("item-1" "\xff!" nil 2000)) nil ("p-1" 1)))')  # fmt: skip
+    sock.sendall(_frame(body))
+    reply = sexpdata.loads(_read_reply(sock).decode())
+    assert reply[:2] == [Symbol("return"), 2], reply
+    assert reply[2][4] == []  # nothing rejected
+    # As a JSON escape, in a batch of JSON text: the same.
+    assert _call(client, "flush", "s1", '[["item-1", "<\\ud800>", false, 3.0]]')[4] == []
+    # And the batch after them is taken.
+    sock.sendall(_frame(b'(call 3 flush ("s1" (("item-1" "." nil 4000)) nil ("p-1" 2)))'))
+    assert sexpdata.loads(_read_reply(sock).decode())[:2] == [Symbol("return"), 3]
+    shown = _show(backend)["turns"][0]["items"][0]
+    assert shown["content"] == "a\ufffdb\ufffdc\ufffdd\ufffd!<\ufffd>."
+    assert shown["name"] == "n\ufffd"
     sock.close()
+
+
+def test_a_message_that_cannot_be_read_is_answered_with_its_call_id(ready: tuple[Backend, EPCClient]) -> None:
+    backend, _ = ready
+    sock, _ = _raw_authenticated(backend)
+    sock.sendall(_frame(b'(call 7 flush ("s1" (("item-1" "x" nil 1000)'))
+    reply = sexpdata.loads(_read_reply(sock).decode())
+    assert reply[:2] == [Symbol("return-error"), 7]
+    assert reply[2] == "message 7 is not a valid EPC s-expression"
+    sock.sendall(_frame(b'(call 8 status ())'))
+    assert sexpdata.loads(_read_reply(sock).decode())[:2] == [Symbol("return"), 8]
+    sock.close()
+
+
+def test_a_tool_input_nested_too_deep_rejects_that_event_alone(backend: Backend) -> None:
+    client = backend.client()
+    _open(client, backend)
+    _start_item(client)
+    tool = orjson.dumps({"seq": None, "type": "item-started", "thread-id": "thread-1", "turn-id": "turn-1",
+                         "item-id": "tool-1", "payload": {"item": {"type": "function-call", "name": "grep",
+                                                                   "input": "DEEP"}}, "created-at": 2.0}).decode()  # fmt: skip
+    tool = tool.replace('"DEEP"', "[" * 1000 + '"bottom"' + "]" * 1000)  # more than orjson writes
+    batch = [["item-1", "before ", [], 1000], tool, ["item-1", "after", [], 3000]]
+    durable, last, _, _, rejected = _call(client, "flush", "s1", batch, [], ["p-1", 1])
+    assert (durable, last) == (5, 5)
+    assert len(rejected) == 1
+    assert rejected[0].startswith("entry 1: event.payload.item.input") and "nested deeper than" in rejected[0]
+    # The next batch is taken, and the session goes on saving.
+    assert _call(client, "flush", "s1", [["item-1", "!", [], 4000]], [], ["p-1", 2])[:2] == [6, 6]
+    assert _content(backend) == "before after!"
+    assert [item["id"] for item in _show(backend)["turns"][0]["items"]] == ["item-1"]
 
 
 @SERVE_ONLY
@@ -956,10 +1000,6 @@ def test_a_batch_from_emacs_is_a_list_with_integer_milliseconds_and_nil_for_fals
     (["item-1", "x", 1, 1.0], "chunk output must be true or false"),
     (["item-1", "x", False, "now"], "chunk created-at must be a number"),
     (["item-1", "x", False, True], "chunk created-at must be a number"),
-    (["item-1", "x", False, -1], "chunk created-at: -1 milliseconds since the epoch is outside what magent writes"),
-    (["item-1", "x", False, 10**16], "chunk created-at: 10000000000000000 milliseconds since the epoch is outside"),
-    (["item-1", "x", False, 10**40], "chunk created-at: (an integer of about 41 digits) milliseconds"),
-    (["item-1", "x", False, -0.5], "chunk created-at: timestamp -0.5 is outside"),
 ])  # fmt: skip
 def test_a_bad_chunk_is_rejected_with_what_is_wrong_with_it(
     s1: tuple[Backend, EPCClient], entry: list[Any], message: str
@@ -972,16 +1012,34 @@ def test_a_bad_chunk_is_rejected_with_what_is_wrong_with_it(
     assert _status(client)["rejected-entries"] == 1
 
 
-def test_chunk_times_are_bounded_in_seconds_when_they_come_as_json(s1: tuple[Backend, EPCClient]) -> None:
-    _, client = s1
-    top = int(ledger.TIMESTAMP_MAX)
+def _logged_times(backend: Backend, count: int) -> list[float]:
+    return [orjson.loads(line)["created-at"]
+            for line in (backend.root / "global" / "s1.jsonl").read_bytes().splitlines()[-count:]]
+
+
+def test_a_time_before_1970_or_after_9999_is_clamped_and_the_entry_kept(s1: tuple[Backend, EPCClient]) -> None:
+    backend, client = s1
+    top = ledger.TIMESTAMP_MAX
+    event = {"seq": None, "type": "item-updated", "thread-id": "thread-1", "turn-id": "turn-1", "item-id": "item-1",
+             "payload": {"item": {"name": "n", "completed-at": -7.0}}, "created-at": -5.0}  # fmt: skip
+    # A clock set back before 1970, as Emacs sends it (milliseconds, or float seconds).
+    batch = [["item-1", "a", [], -1], ["item-1", "b", [], -0.5], ["item-1", "c", [], 10**16],
+             ["item-1", "d", [], 10**40], orjson.dumps(event).decode()]  # fmt: skip
+    durable, last, _, _, rejected = _call(client, "flush", "s1", batch)
+    assert (durable, last, rejected) == (8, 8, [])
+    assert _content(backend) == "abcd"
+    assert _logged_times(backend, 5) == [0.0, 0.0, top, top, 0.0]
+    assert _show(backend)["turns"][0]["items"][0]["completed-at"] == 0.0
+    assert _logged_like(backend, "session 's1': 6 times outside 1970 .. 9999 clamped (entry 0: chunk created-at -1 ")
+    # From JSON text an integer is seconds: the same bounds, in seconds.
     _, _, _, _, rejected = _call(client, "flush", "s1", orjson.dumps(
-        [["item-1", "a", False, top], ["item-1", "b", False, top + 1], ["item-1", "c", False, 0]]).decode())
-    assert [r.split(":")[0] for r in rejected] == ["entry 1"]
-    assert f"{top + 1} seconds since the epoch is outside" in rejected[0]
-    # From Emacs the same integers are milliseconds: both in range.
-    assert _call(client, "flush", "s1", [["item-1", "d", [], top + 1], ["item-1", "e", [], top * 1000]])[4] == []
-    assert "milliseconds" in _call(client, "flush", "s1", [["item-1", "f", [], top * 1000 + 1]])[4][0]
+        [["item-1", "e", False, int(top)], ["item-1", "f", False, int(top) + 1], ["item-1", "g", False, -1]]).decode())
+    assert rejected == []
+    assert _logged_times(backend, 3) == [top, top, 0.0]
+    # Even a float too large to read (JSON that orjson refuses) is a time far ahead.
+    assert _call(client, "flush", "s1", '[["item-1", "h", false, 1e400], ["item-1", "i", false, 1.0]]')[4] == []
+    assert _logged_times(backend, 2) == [top, 1.0]
+    assert _content(backend) == "abcdefghi"
 
 
 def test_each_append_call_takes_only_its_own_kind_of_entry(s1: tuple[Backend, EPCClient]) -> None:
@@ -1003,7 +1061,7 @@ def test_each_append_call_takes_only_its_own_kind_of_entry(s1: tuple[Backend, EP
     assert _content(backend) == "cc"
     assert _status(client)["rejected-entries"] == 6
     assert "rejected 3 of 4 entries: entry 1: must be an event object or a chunk array" not in _log(backend)
-    assert "rejected 2 of 4 entries: entry 1: must be an event object" in _logged(backend)
+    assert "session 's1': rejected 2 of 4 entries: entry 1: must be an event object" in _logged(backend)
 
 
 @pytest.mark.parametrize(("method", "what"), [("append", "batch"), ("append-events", "events"),
@@ -1123,7 +1181,6 @@ def test_flush_file_applies_a_batch_file_of_json_or_of_an_emacs_list_and_removes
 
 @pytest.mark.parametrize(("content", "message"), [
     (b"((\"item-1\" \"x\" nil 1", "batch file is not a valid s-expression"),
-    (b"[[\"item-1\", \"\xff\", false, 1.0]]", "batch file is not valid UTF-8"),
     (b"  [[\"item-1\", ", "batch is not valid JSON: "),
 ])  # fmt: skip
 def test_a_bad_batch_file_is_refused_and_removed(s1: tuple[Backend, EPCClient], content: bytes, message: str) -> None:
@@ -1133,6 +1190,17 @@ def test_a_bad_batch_file_is_refused_and_removed(s1: tuple[Backend, EPCClient], 
     assert _refusal(client, "flush-file", "s1", str(path)).startswith(message)
     assert not path.exists()
     assert _show(backend)["last-event-seq"] == 3
+
+
+def test_a_batch_file_holding_what_is_not_utf8_is_applied_with_replacement_characters(
+    s1: tuple[Backend, EPCClient],
+) -> None:
+    backend, client = s1
+    path = _spool(backend) / "batch-odd"
+    path.write_bytes(b'(("item-1" "a\xffb' + SURROGATE + b'c" nil 1000))')
+    assert _call(client, "flush-file", "s1", str(path))[4] == []
+    assert not path.exists()
+    assert _content(backend) == "a\ufffdb\ufffdc"
 
 
 def test_a_batch_file_that_is_missing_or_no_regular_file_is_refused(s1: tuple[Backend, EPCClient]) -> None:
@@ -1293,7 +1361,8 @@ def test_broken_framing_closes_only_that_connection_and_says_why(here: Backend) 
 
 
 @pytest.mark.parametrize(("body", "uid", "message"), [
-    (b"(call 2 status", [], "message is not a valid EPC s-expression"),
+    (b"(call 2 status", 2, "message 2 is not a valid EPC s-expression"),
+    (b"(call two status", [], "message is not a valid EPC s-expression"),
     (b"()", [], "message is not a valid EPC s-expression"),
     (b"(frob 2 3)", 2, "unsupported EPC message 'frob'"),
     (b"(call 2 status)", 2, "a call is (call UID METHOD (ARGS...))"),

@@ -222,3 +222,33 @@ def test_an_integer_beyond_64_bits_reads_back_exactly_in_show_and_fsck(root: Pat
         assert shown.returncode == 0, shown.stderr[-500:]
         assert str(10**400) in shown.stdout
     assert not [f for f in fsck(root).findings if f.damage]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def test_a_value_nested_as_deep_as_a_snapshot_holds_is_kept_and_one_level_more_is_refused(
+    root: Path, events: Events
+) -> None:
+    st = Store(root)
+    with st.open("s1") as s:
+        for obj in [events.thread_started(), events.turn("turn-started", "t1")]:
+            s.append_event(obj)
+        deepest = _nested(ledger.JSON_MAX_DEPTH)
+        s.append_event(events.item_started("t1", "i1", type="tool", input=deepest))
+        before = snapshot(s.thread)
+        for where in ("input", "metadata"):
+            with pytest.raises(LedgerError, match=f"^event.payload.item.{where}: nested deeper than "
+                                                  f"{ledger.JSON_MAX_DEPTH} levels of arrays and objects$"):  # fmt: skip
+                s.append_event(events.item_started("t1", "i2", type="tool", **{where: _nested(ledger.JSON_MAX_DEPTH + 1)}))
+        with pytest.raises(LedgerError, match="^header: nested deeper than"):
+            s.put_header({"metadata": _nested(ledger.JSON_MAX_DEPTH)})
+        assert snapshot(s.thread) == before
+        # The deepest value that is taken survives a compaction, and reads back whole.
+        s.flush(compact=True)
+    _, thread = load_session(st.files("s1", store.Scope.global_()))
+    assert thread.turns[0].items[0].input == deepest

@@ -46,6 +46,11 @@ INT_MAX: Final = (1 << 63) - 1
 # below Emacs's own (`integer-width', 65536 bits) and within what Python
 # converts to and from text by default (4300 digits).
 JSON_INT_BITS: Final = 14_000
+# Arrays and objects a free-form value may nest: what a snapshot can hold.
+# orjson writes at most 254 levels, and a value in an item of a turn of
+# the thread sits 5 levels down (a value nested deeper than that would be
+# journaled, then make every compaction fail).
+JSON_MAX_DEPTH: Final = 249
 
 SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SESSION_ID_MAX: Final = 200
@@ -112,6 +117,7 @@ def is_absent(value: Any) -> bool:
 
 
 _SCHEMA6_VALUES: ContextVar[bool] = ContextVar("schema6_values", default=False)
+_CLAMPED_TIMES: ContextVar[list[str] | None] = ContextVar("clamped_times", default=None)
 
 
 @contextlib.contextmanager
@@ -122,6 +128,22 @@ def schema6_values() -> Iterator[None]:
         yield
     finally:
         _SCHEMA6_VALUES.reset(token)
+
+
+@contextlib.contextmanager
+def clamped_times() -> Iterator[list[str]]:
+    """Clamp timestamps outside 1970 .. 9999 to the nearest bound instead of refusing them.
+
+    What a writer whose clock was set back sends is kept, at the bound; the
+    list yielded names each timestamp clamped (``where value``), in order.
+    A NaN is no time at all and is still refused.
+    """
+    clamped: list[str] = []
+    token = _CLAMPED_TIMES.set(clamped)
+    try:
+        yield clamped
+    finally:
+        _CLAMPED_TIMES.reset(token)
 
 
 def valid_session_id(session_id: object) -> bool:
@@ -321,18 +343,29 @@ def _number(value: Any, where: str, *, required: bool) -> float | None:
     return check_timestamp(value, where)
 
 
-def check_timestamp(value: Any, where: str) -> float:
-    """VALUE if it is a timestamp magent can produce, else raise `LedgerError`."""
+def check_timestamp(value: Any, where: str, *, millis: bool = False) -> float:
+    """VALUE if it is a timestamp magent can produce, else raise `LedgerError`.
+
+    With MILLIS, VALUE counts milliseconds and its seconds are returned.
+    Within `clamped_times`, a time outside the range is its nearest bound.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise LedgerError(f"{where}: expected a number (seconds since the epoch), got {value!r:.80}")
-    if isinstance(value, float) and not math.isfinite(value):
+    clamped = _CLAMPED_TIMES.get()
+    if isinstance(value, float) and (math.isnan(value) or (clamped is None and math.isinf(value))):
         raise LedgerError(f"{where}: expected a finite number, got {value!r}")
-    if not TIMESTAMP_MIN <= value <= TIMESTAMP_MAX:
+    scale = 1000 if millis else 1
+    # Compared as they are: a 400-digit integer would overflow a float.
+    if not TIMESTAMP_MIN * scale <= value <= TIMESTAMP_MAX * scale:
+        unit = " milliseconds" if millis else ""
+        if clamped is not None:
+            clamped.append(f"{where} {short_number(value)}{unit}")
+            return TIMESTAMP_MIN if value < TIMESTAMP_MIN else TIMESTAMP_MAX
         raise LedgerError(
-            f"{where}: timestamp {short_number(value)} is outside {TIMESTAMP_MIN:.0f} .. "
+            f"{where}: timestamp {short_number(value)}{unit} is outside {TIMESTAMP_MIN:.0f} .. "
             f"{TIMESTAMP_MAX:.0f} (seconds since the epoch, up to the year 9999)"
         )
-    return value
+    return value / 1000.0 if millis else value
 
 
 def check_integer(value: Any, where: str, *, minimum: int = INT_MIN) -> int:
@@ -357,33 +390,42 @@ def check_json_value(value: Any, where: str) -> Any:
 
     Non-finite floats would be written as ``null``: they are refused here,
     before anything changes, as are integers of more than `JSON_INT_BITS`
-    bits.  Integers beyond 64 bits are kept exactly (magent's bignums).
+    bits and arrays and objects nested more than `JSON_MAX_DEPTH` deep.
+    Integers beyond 64 bits are kept exactly (magent's bignums).
     """
+    _check_json_value(value, where, where, 0)
+    return value
+
+
+def _check_json_value(value: Any, where: str, top: str, depth: int) -> None:
     if isinstance(value, str) or value is None or isinstance(value, bool):
-        return value
+        return
     if isinstance(value, int):
         if value.bit_length() > JSON_INT_BITS:
             raise LedgerError(f"{where}: integer {short_number(value)} is too large "
                               f"(more than {JSON_INT_BITS} bits)")  # fmt: skip
-        return value
+        return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise LedgerError(f"{where}: expected a finite number, got {value!r}")
-        return value
+        return
+    if isinstance(value, dict | list) and depth >= JSON_MAX_DEPTH:
+        # Named where the value starts: the path down would be as deep as the value.
+        raise LedgerError(f"{top}: nested deeper than {JSON_MAX_DEPTH} levels of arrays and objects")
     if isinstance(value, dict):
         for key, inner in value.items():
             if isinstance(inner, str | bool) or inner is None:
                 continue
-            check_json_value(inner, f"{where}.{key}")
-        return value
+            _check_json_value(inner, f"{where}.{key}", top, depth + 1)
+        return
     if isinstance(value, list):
         for index, inner in enumerate(value):
             if isinstance(inner, str | bool) or inner is None:
                 continue
-            check_json_value(inner, f"{where}[{index}]")
-        return value
+            _check_json_value(inner, f"{where}[{index}]", top, depth + 1)
+        return
     if isinstance(value, Text):
-        return value
+        return
     raise LedgerError(f"{where}: {type(value).__name__} is not a JSON value")
 
 

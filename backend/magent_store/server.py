@@ -51,7 +51,7 @@ from typing import Any
 
 import orjson
 import sexpdata
-from epc.handler import encode_message, unpack_message
+from epc.handler import encode_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
@@ -188,6 +188,7 @@ class Stats:
 
 
 _LONG_NUMBER = re.compile(r"\d{19,}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _json(text: Any, what: str) -> Any:
@@ -196,7 +197,10 @@ def _json(text: Any, what: str) -> Any:
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as err:
-        raise CallError(f"{what} is not valid JSON: {err}") from None
+        # What orjson refuses and the standard library reads: a lone
+        # surrogate escape (kept as U+FFFD) and a number too large for a
+        # float (a time far ahead, say; the ledger says what it makes of it).
+        return _without_surrogates(_exact_json(text, what, f"{what} is not valid JSON: {err}"))
     if _LONG_NUMBER.search(text):
         # orjson reads an integer beyond 64 bits as an inexact float: read
         # such text again exactly, so the ledger can refuse what it cannot keep.
@@ -204,14 +208,41 @@ def _json(text: Any, what: str) -> Any:
     return value
 
 
-def _exact_json(text: str, what: str) -> Any:
+def _exact_json(text: str, what: str, failure: str | None = None) -> Any:
     def no_constant(name: str) -> Any:
         raise CallError(f"{what} is not valid JSON: {name} is not a JSON number")
 
     try:
         return json.loads(text, parse_constant=no_constant)
     except ValueError as err:  # includes integers of more than 4,300 digits
-        raise CallError(f"{what} is not valid JSON: {str(err)[:200]}") from None
+        raise CallError(failure or f"{what} is not valid JSON: {str(err)[:200]}") from None
+    except RecursionError:
+        raise CallError(f"{what} is nested too deep to read") from None
+
+
+def _without_surrogates(value: Any) -> Any:
+    """VALUE with every lone surrogate in its strings made U+FFFD (a loop: VALUE may be deep)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    stack = [value]
+    while stack:
+        container = stack.pop()
+        if isinstance(container, list):
+            for index, inner in enumerate(container):
+                if isinstance(inner, str):
+                    container[index] = _SURROGATE.sub("\ufffd", inner)
+                elif isinstance(inner, list | dict):
+                    stack.append(inner)
+        elif isinstance(container, dict):
+            pairs = list(container.items())
+            container.clear()
+            for key, inner in pairs:
+                if isinstance(inner, str):
+                    inner = _SURROGATE.sub("\ufffd", inner)
+                elif isinstance(inner, list | dict):
+                    stack.append(inner)
+                container[_SURROGATE.sub("\ufffd", key)] = inner
+    return value
 
 
 def _text(value: Any, what: str) -> str:
@@ -380,25 +411,47 @@ class Service:
         if not isinstance(entries, list):
             raise CallError(f"{what} must be a JSON array or a list")
         rejected: list[str] = []
+        clamped: list[str] = []
         for index, entry in enumerate(entries):
-            try:
-                if isinstance(entry, str) and allow in ("any", "events"):
-                    entry = _json(entry, "event")
-                if isinstance(entry, dict) and allow in ("any", "events"):
-                    session.append_event(entry)
-                elif isinstance(entry, list) and allow in ("any", "content"):
-                    session.append_content(*_chunk_args(entry, millis=not from_json))
-                else:
-                    kinds = {"any": "an event object or a chunk array",
-                             "events": "an event object", "content": "a chunk array"}
-                    raise CallError(f"must be {kinds[allow]}")
-            except (CallError, ValueError, TypeError) as err:
-                # ValueError covers LedgerError; messages name fields, not content.
-                rejected.append(f"entry {index}: {err}")
+            with ledger.clamped_times() as times:
+                error = self._apply_entry(session, entry, allow, millis=not from_json)
+            if error is None:
+                clamped += (f"entry {index}: {where}" for where in times)
+            else:
+                rejected.append(f"entry {index}: {error}")
+        if clamped:
+            log.warning("session %r: %d times outside 1970 .. 9999 clamped (%s)",
+                        session.id, len(clamped), clamped[0])  # fmt: skip
         if rejected:
             self.stats.rejected += len(rejected)
-            log.warning("rejected %d of %d entries: %s", len(rejected), len(entries), rejected[0])
+            log.warning("session %r: rejected %d of %d entries: %s",
+                        session.id, len(rejected), len(entries), rejected[0])  # fmt: skip
         return rejected
+
+    @staticmethod
+    def _apply_entry(session: Session, entry: Any, allow: str, *, millis: bool) -> str | None:
+        """Apply one entry of a batch; None, or why it was rejected (it then changed nothing)."""
+        try:
+            if isinstance(entry, str) and allow in ("any", "events"):
+                entry = _json(entry, "event")
+            if isinstance(entry, dict) and allow in ("any", "events"):
+                session.append_event(entry)
+            elif isinstance(entry, list) and allow in ("any", "content"):
+                session.append_content(*_chunk_args(entry, millis=millis))
+            else:
+                kinds = {"any": "an event object or a chunk array",
+                         "events": "an event object", "content": "a chunk array"}  # fmt: skip
+                raise CallError(f"must be {kinds[allow]}")
+        except (CallError, ValueError, TypeError) as err:
+            # ValueError covers LedgerError; messages name fields, not content.
+            return str(err)
+        except StoreError:
+            raise  # the session, not the entry: the batch stays with its sender
+        except Exception as err:
+            # One entry that breaks the backend must not stop the session.
+            log.exception("session %r: entry failed", session.id)
+            return f"unexpected {type(err).__name__} (see the backend log)"
+        return None
 
     def append(self, session_id: Any, batch: Any) -> list[Any]:
         """Apply a mixed batch without flushing; return ``(last-seq rejected)``."""
@@ -489,10 +542,7 @@ class Service:
             raise CallError(f"cannot read batch file: {err.strerror}") from None
         finally:
             file.unlink(missing_ok=True)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CallError("batch file is not valid UTF-8") from None
+        text = decode_utf8(data)
         if text.lstrip().startswith("("):  # Emacs prints the batch list itself
             try:
                 batch: Any = sexpdata.loads(text)
@@ -686,21 +736,53 @@ def _chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, floa
     if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
         raise CallError("chunk created-at must be a number")
     # From Emacs an integer is milliseconds (cheap to print), a float seconds
-    # exactly as magent recorded them.  Bounds first: a 400-digit integer
-    # would overflow a float.
-    scale = 1000 if millis else 1
-    if isinstance(created_at, int) and not 0 <= created_at <= int(ledger.TIMESTAMP_MAX) * scale:
-        unit = "milliseconds" if millis else "seconds"
-        raise CallError(
-            f"chunk created-at: {ledger.short_number(created_at)} {unit} since the epoch is "
-            "outside what magent writes (up to the year 9999)"
-        )
-    seconds = created_at / 1000.0 if millis and isinstance(created_at, int) else float(created_at)
-    return item_id, chunk, output, ledger.check_timestamp(seconds, "chunk created-at")
+    # exactly as magent recorded them.
+    millis = millis and isinstance(created_at, int)
+    return item_id, chunk, output, ledger.check_timestamp(created_at, "chunk created-at", millis=millis)
 
 
 # --------------------------------------------------------------------------
 # The wire
+
+# What Emacs's printer writes for a character UTF-8 has no room for, one
+# sequence per character: a lone surrogate, one beyond U+10FFFF, one of
+# Emacs's own (up to #x3FFF7F).
+_NOT_UNICODE = re.compile(
+    rb"\xed[\xa0-\xbf][\x80-\xbf]|\xf4[\x90-\xbf][\x80-\xbf]{2}|[\xf5-\xf7][\x80-\xbf]{3}|\xf8[\x80-\xbf]{4}"
+)
+_CALL_ID = re.compile(rb"\s*\(\s*call\s+(\d{1,18})[\s(]")
+
+
+def decode_utf8(data: bytes) -> str:
+    """DATA as text: each character that is not Unicode, or byte that is not UTF-8, becomes U+FFFD.
+
+    Text that is UTF-8 (all Emacs sends, nearly always) costs one strict decode.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return _NOT_UNICODE.sub("\ufffd".encode(), data).decode("utf-8", "replace")
+
+
+def unpack(frame: bytes) -> tuple[str, Any, list[Any]]:
+    """A message's kind, call id and arguments; `CallError` naming its call id if it has none."""
+    try:
+        data = sexpdata.loads(decode_utf8(frame))
+        return data[0].value(), data[1], data[2:]
+    except Exception:  # anything sexpdata raises, or no list with a symbol first
+        match = _CALL_ID.match(frame)
+        uid: Any = int(match.group(1)) if match else []
+        raise UnreadableMessage(uid) from None
+
+
+class UnreadableMessage(Exception):
+    """A message that is no EPC s-expression; answered with its call id when it shows one."""
+
+    def __init__(self, uid: Any) -> None:
+        super().__init__(f"message {uid} is not a valid EPC s-expression" if uid != []
+                         else "message is not a valid EPC s-expression")  # fmt: skip
+        self.uid = uid
+
 
 class PreAuthRefused(Exception):
     """A frame we do not read before the connection authenticates."""
@@ -818,11 +900,10 @@ class Connection(socketserver.StreamRequestHandler):
         uid: Any = []
         try:
             try:
-                kind, uid, args = unpack_message(frame)
-            except UnicodeDecodeError:
-                raise CallError("message is not valid UTF-8") from None
-            except Exception:
-                raise CallError("message is not a valid EPC s-expression") from None
+                kind, uid, args = unpack(frame)
+            except UnreadableMessage as err:
+                uid = err.uid
+                raise CallError(str(err)) from None
             if kind != "call":
                 if kind == "methods" and self.authenticated:
                     self._send("return", uid, [[Symbol(n), [], ""] for n in self.server.names()])

@@ -115,6 +115,41 @@
                        (concat text text "a\ufffdb" "é\ufffd漢" "é\\303 \\\\")))
         (should (equal (alist-get 'output item) text))))))
 
+;; Characters Emacs has and UTF-8 has not: a lone surrogate, one beyond
+;; Unicode, one of Emacs's own.
+(defconst magent-store-text-test--not-unicode
+  (string ?a #xD800 ?b #x110000 ?c #x3FFF00 ?d)
+  "Text holding characters that have no UTF-8.")
+
+(ert-deftest magent-store-text-characters-beyond-unicode-become-u+fffd ()
+  "Characters UTF-8 has no room for become U+FFFD; the session goes on saving."
+  (let ((odd magent-store-text-test--not-unicode)
+        (magent-store--last-error nil))
+    (dolist (threshold (list magent-store-file-threshold 0)) ; wire, spool file
+      (magent-store-test--with-backend
+        (let ((magent-store-file-threshold threshold))
+          (magent-store-open "s-odd")
+          (magent-store-append-event "s-odd"
+                                     (magent-store-test--event "thread-started"))
+          (magent-store-append-event
+           "s-odd" (magent-store-text-test--turn-started "turn-1" odd))
+          (magent-store-append-event
+           "s-odd" (magent-store-test--event
+                    "item-started" :turn-id "turn-1" :item-id "item-1"
+                    :payload `((item . ,(magent-store-test--item
+                                         "item-1" "turn-1")))))
+          (magent-store-append-item-content "s-odd" "item-1" odd)
+          (should (= (magent-store-flush "s-odd") 4))
+          (magent-store-append-item-content "s-odd" "item-1" "!")
+          (should (= (magent-store-flush "s-odd") 5))
+          (should-not magent-store--last-error)
+          (let ((turn (aref (alist-get 'turns (plist-get (magent-store-load "s-odd")
+                                                         :snapshot))
+                            0)))
+            (should (equal (alist-get 'input turn) "a\ufffdb\ufffdc\ufffdd"))
+            (should (equal (alist-get 'content (aref (alist-get 'items turn) 0))
+                           "a\ufffdb\ufffdc\ufffdd!"))))))))
+
 (ert-deftest magent-store-text-large-batch-through-the-spool-file ()
   "The spool file carries the same text as the wire."
   (let ((text magent-store-text-test--text)
