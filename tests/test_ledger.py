@@ -590,6 +590,45 @@ def test_an_item_id_in_two_turns_resolves_to_the_earlier_turn(events: Events) ->
     assert reloaded.item_index["x"].content == "in a!"
 
 
+def _indexes(thread: Thread) -> tuple[Any, ...]:
+    """THREAD's id indexes, objects named by where they are in the turns."""
+    where = {id(t): n for n, t in enumerate(thread.turns)}
+    slot = {id(i): (n, k) for n, t in enumerate(thread.turns) for k, i in enumerate(t.items)}
+    return ({k: where[id(v)] for k, v in thread.turn_index.items()}, dict(thread.turn_position),
+            {k: slot[id(v)] for k, v in thread.item_index.items()}, dict(thread.item_position),
+            {k: dict(v) for k, v in thread.item_slot.items()})  # fmt: skip
+
+
+# Turns given with items (some ids twice), and items started in them again.
+INDEX_STEP = st.one_of(
+    STEP,
+    st.tuples(st.just("turn-with-items"), IDS, st.lists(IDS, max_size=3)),
+    st.tuples(st.just("item-started"), IDS, IDS, st.just("message")),
+)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(INDEX_STEP, max_size=40))
+@example([("turn-with-items", "a", ["a", "b", "a"]), ("item-started", "a", "a", "message"),
+          ("item-started", "a", "c", "message"), ("turn-queued", "b", None), ("item-started", "b", "a", "tool")])  # fmt: skip
+@example([("turn-queued", "a", None), ("turn-with-items", "a", ["b", "b"]), ("item-started", "a", "b", "tool")])
+def test_the_item_indexes_kept_while_applying_are_those_rebuilt_from_the_turns(steps: list[tuple[Any, ...]]) -> None:
+    e = Events()
+    thread = fresh()
+    for step in steps:
+        if step[0] == "turn-with-items":
+            items = [{"id": f"i{i}", "type": "message", "status": "pending", "created-at": 1.0,
+                      "updated-at": 1.0} for i in step[2]]  # fmt: skip
+            objs = [e.turn("turn-started", f"t{step[1]}", items=items)]
+        else:
+            objs = [{**ledger.event_to_json(ev), "seq": None} for ev in build([step])]
+        run(thread, *objs)
+        kept = _indexes(thread)
+        thread.reindex()
+        assert _indexes(thread) == kept
+        assert _indexes(ledger.thread_from_json(orjson.loads(encoded(thread)))) == kept
+
+
 # --- naming things -------------------------------------------------------------
 
 

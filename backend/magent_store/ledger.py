@@ -278,13 +278,14 @@ class Thread:
     turns: list[Turn] = field(default_factory=list)
     snapshot_created_at: float | None = None
     last_event_seq: int = 0
-    # Indexes: derived, never encoded.
     # Indexes: derived, never encoded.  An id found twice resolves as a scan
     # of the turns in order would: to its first occurrence.
     turn_index: dict[str, Turn] = field(default_factory=dict, repr=False, compare=False)
     turn_position: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     item_index: dict[str, Item] = field(default_factory=dict, repr=False, compare=False)
     item_position: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    # For each turn of `turn_index`: item id -> where in its items the id first is.
+    item_slot: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def reindex(self) -> None:
         """Rebuild the id indexes from the turns."""
@@ -292,11 +293,21 @@ class Thread:
         self.turn_position = {}
         self.item_index = {}
         self.item_position = {}
+        self.item_slot = {}
         for position, turn in enumerate(self.turns):
-            self.turn_index.setdefault(turn.id, turn)
-            self.turn_position.setdefault(turn.id, position)
+            if turn.id not in self.turn_index:
+                self.turn_index[turn.id] = turn
+                self.turn_position[turn.id] = position
+                self.index_slots(turn)
             for item in turn.items:
                 self.index_item(item, position)
+
+    def index_slots(self, turn: Turn) -> None:
+        """Index where each item id of TURN (a turn of `turn_index`) first is in its items."""
+        slots: dict[str, int] = {}
+        for slot, item in enumerate(turn.items):
+            slots.setdefault(item.id, slot)
+        self.item_slot[turn.id] = slots
 
     def index_item(self, item: Item, position: int) -> None:
         """Index ITEM, found in the turn at POSITION, unless an earlier turn holds its id."""
@@ -813,6 +824,7 @@ def _turn_queued_or_started(thread: Thread, event: Event) -> bool:
                 turn.metadata = given.metadata
             if not turn.items and given.items:
                 turn.items = [copy.copy(i) for i in given.items]
+                thread.index_slots(turn)
                 for item in turn.items:
                     thread.index_item(item, thread.turn_position[turn.id])
     else:
@@ -827,6 +839,7 @@ def _turn_queued_or_started(thread: Thread, event: Event) -> bool:
         thread.turns.append(turn)
         thread.turn_index[turn.id] = turn
         thread.turn_position[turn.id] = len(thread.turns) - 1
+        thread.index_slots(turn)
         for item in turn.items:
             thread.index_item(item, len(thread.turns) - 1)
     if event.type == "turn-queued":
@@ -889,13 +902,15 @@ def _item_started(thread: Thread, event: Event) -> bool:
     if item.created_at is None:
         item.created_at = event.created_at
     item.updated_at = event.created_at
-    for index, old in enumerate(turn.items):
-        if old.id == item.id:
-            turn.items[index] = item
-            if thread.item_index.get(item.id) is old:
-                thread.item_index[item.id] = item
-            break
+    slots = thread.item_slot[turn.id]
+    slot = slots.get(item.id)
+    if slot is not None:  # started again: it takes the place of the first of its id
+        old = turn.items[slot]
+        turn.items[slot] = item
+        if thread.item_index.get(item.id) is old:
+            thread.item_index[item.id] = item
     else:
+        slots[item.id] = len(turn.items)
         turn.items.append(item)
         thread.index_item(item, thread.turn_position[turn.id])
     return True
