@@ -203,7 +203,9 @@ writing them to a file the backend reads."
   :group 'magent-store)
 
 (defcustom magent-store-call-timeout 10
-  "Seconds a synchronous call waits for the backend before giving up."
+  "Seconds a synchronous call waits for the backend before giving up.
+A backend that lets one call time out is taken to be hung: the calls
+after it fail at once, until it answers again."
   :type 'number
   :group 'magent-store)
 
@@ -214,9 +216,11 @@ writing them to a file the backend reads."
   "One backend and our connection to it.
 PROCESS is the backend's process, CONNECTION our socket to it (nil
 until it announced its port), READY non-nil once it took our TOKEN,
-FAILURE why it could not start, OUTPUT what it printed before its port."
+FAILURE why it could not start, OUTPUT what it printed before its port.
+UNRESPONSIVE is when a call waiting for it timed out, until it answers
+again; meanwhile nothing is sent to it and waiting calls fail at once."
   process connection pid port spool started-at token output ready failure
-  program
+  program unresponsive
   (next-id 0)
   (replies (make-hash-table :test #'eql))
   stopping)
@@ -477,6 +481,8 @@ instead of `prin1' (a batch prints itself from its vector)."
          (replies (and backend (magent-store--backend-replies backend)))
          (handlers (and replies (gethash id replies))))
     (when handlers (remhash id replies))
+    (when (and backend (magent-store--backend-unresponsive backend))
+      (magent-store--answering backend))
     (pcase kind
       ('return (when (car handlers) (funcall (car handlers) (nth 2 message))))
       ((or 'return-error 'epc-error)
@@ -488,11 +494,14 @@ instead of `prin1' (a batch prints itself from its vector)."
 
 (defun magent-store--call (method args)
   "Call METHOD with ARGS and wait for the value; signal on error.
-No timers run while it waits: nothing re-enters the shim."
+No timers run while it waits: nothing re-enters the shim.  A backend
+that does not answer in time is taken to be hung (see
+`magent-store--unanswered')."
   (let* ((done nil) value failure
          (backend (magent-store--ready-backend))
          (process (magent-store--backend-connection backend))
          (deadline (+ (float-time) magent-store-call-timeout)))
+    (magent-store--check-answering backend method)
     (magent-store--send method args
                         (lambda (v) (setq value v done t))
                         (lambda (e) (setq failure e done t)))
@@ -504,8 +513,50 @@ No timers run while it waits: nothing re-enters the shim."
           (done value)
           ((not (process-live-p process))
            (magent-store--error "The backend died during %s" method))
-          (t (magent-store--error "%s timed out after %ss"
-                    method magent-store-call-timeout)))))
+          (t (magent-store--error "%s: %s" method
+                                  (magent-store--unanswered backend))))))
+
+;;;; A backend that does not answer
+
+;; A backend can hang (stopped, or stuck on a disk) without dying.  The
+;; first call that waits for it in vain costs `magent-store-call-timeout';
+;; after that, waiting calls fail at once and nothing more is sent (a
+;; socket full of batches would block Emacs), until a reply shows that
+;; it answers again.  Entries queue in Emacs meanwhile, as always.
+
+(defun magent-store--restart-hint ()
+  "Return how to restart the backend, for a message."
+  (substitute-command-keys "\\[magent-store-restart] restarts it"))
+
+(defun magent-store--unanswered (backend)
+  "Mark BACKEND as not answering; return what to tell the user."
+  (unless (magent-store--backend-unresponsive backend)
+    (setf (magent-store--backend-unresponsive backend) (float-time)))
+  (setq magent-store--last-error
+        (format "the backend (pid %s) did not answer within %ss; until it \
+does, nothing more is sent to it and unsaved entries stay in Emacs (%s)"
+                (magent-store--backend-pid backend) magent-store-call-timeout
+                (magent-store--restart-hint))))
+
+(defun magent-store--check-answering (backend what)
+  "Signal at once, naming WHAT, when BACKEND is known not to answer."
+  (when-let ((since (magent-store--backend-unresponsive backend)))
+    (magent-store--error
+     "%s: the backend (pid %s) is not answering (for %.0fs); unsaved \
+entries stay in Emacs; %s"
+     what (magent-store--backend-pid backend) (- (float-time) since)
+     (magent-store--restart-hint))))
+
+(defun magent-store--answering (backend)
+  "BACKEND, taken to be hung, answered: send what queued meanwhile."
+  (setf (magent-store--backend-unresponsive backend) nil)
+  (message "magent-store: the backend answers again; what Emacs kept \
+meanwhile is being saved")
+  (maphash (lambda (_id session)
+             (when (and (not (magent-store--session-inflight session))
+                        (> (magent-store--session-fill session) 0))
+               (magent-store--flush-now session t)))
+           magent-store--sessions))
 
 ;;;; Starting and stopping the backend
 
@@ -1105,6 +1156,7 @@ The backend may hold the reply back and send it with later ones
 Not while the backend starts, the session is being reopened, or a
 refused batch waits for its retry: batches never overtake each other."
   (and (magent-store--ready-p magent-store--backend)
+       (not (magent-store--backend-unresponsive magent-store--backend))
        (magent-store--session-opened session)
        (not (magent-store--session-retry session))))
 
@@ -1288,6 +1340,7 @@ entries stay in Emacs and are sent again)."
          (backend (magent-store--ready-backend))
          (process (magent-store--backend-connection backend))
          (deadline (+ (float-time) magent-store-call-timeout)))
+    (magent-store--check-answering backend (format "Flush of %s" session-id))
     (when-let ((timer (magent-store--session-timer session)))
       (cancel-timer timer)
       (setf (magent-store--session-timer session) nil))
@@ -1309,10 +1362,14 @@ entries stay in Emacs and are sent again)."
         (magent-store--flush-now session)))
     (when (or (magent-store--session-inflight session)
               (> (magent-store--session-fill session) 0))
-      (magent-store--error "Flush of %s did not complete%s" session-id
-                           (if-let ((why (magent-store--session-refusal session)))
-                               (concat ": " why)
-                             "")))
+      (magent-store--error
+       "Flush of %s did not complete%s" session-id
+       (cond ((magent-store--session-refusal session)
+              (concat ": " (magent-store--session-refusal session)))
+             ((not (magent-store--ready-p backend)) ": the backend stopped")
+             ((>= (float-time) deadline)
+              (concat ": " (magent-store--unanswered backend)))
+             (t ""))))
     (magent-store--session-durable-seq session)))
 
 (defun magent-store-load (session-id &optional scope)

@@ -73,5 +73,70 @@
       (should (equal (magent-store-test--content (magent-store-load "s-again"))
                      (mapconcat (lambda (i) (format "<%d>" i)) (number-sequence 0 19) ""))))))
 
+;; Measured, not timed: `make test-elisp' prints the figure.
+(ert-deftest magent-store-a-hung-backend-costs-one-timeout ()
+  "A stopped backend blocks Emacs for one timeout, not one per waiting call.
+Waiting calls then fail at once, saying what to do; streaming goes on
+queueing; once the backend answers again, what queued is saved, once."
+  (magent-store-test--with-backend
+    (let ((magent-store-call-timeout 1)
+          (messages nil)
+          (pid nil)
+          (failures nil)
+          blocked)
+      (magent-store-open "s-hung")
+      (magent-store-open "s-other")
+      (magent-store-test--start-turn "s-hung")
+      (magent-store-flush "s-hung")
+      (setq pid (magent-store--backend-pid magent-store--backend))
+      (cl-letf (((symbol-function 'message)
+                 (lambda (format &rest args)
+                   (push (apply #'format-message format args) messages))))
+        (unwind-protect
+            (progn
+              (signal-process pid 'SIGSTOP)
+              (magent-store-append-item-content "s-hung" "item-1" "<before>")
+              (let ((start (float-time)))
+                ;; Five waiting calls: a save, then four of what a listing does.
+                (condition-case err (magent-store-flush "s-hung")
+                  (magent-store-error (push (cadr err) failures)))
+                (dotimes (_ 4)
+                  (condition-case err
+                      (magent-store--call "list" (list magent-store-root))
+                    (magent-store-error (push (cadr err) failures))))
+                (setq blocked (- (float-time) start)))
+              ;; Streaming never waits.
+              (let ((start (float-time)))
+                (dotimes (i 50)
+                  (magent-store-append-item-content "s-hung" "item-1"
+                                                    (format "<%d>" i))
+                  (magent-store-request-flush "s-hung"))
+                (sleep-for 0.5)
+                (should (< (- (float-time) start) 0.6))))
+          (signal-process pid 'SIGCONT))
+        ;; It answers again: everything queued meanwhile is sent, once.
+        (let ((deadline (+ (float-time) 5)))
+          (while (and (magent-store--backend-unresponsive magent-store--backend)
+                      (< (float-time) deadline))
+            (sleep-for 0.05))))
+      (message "hung backend: Emacs blocked %.3f s over 5 waiting calls \
+\(timeout %s s)" blocked magent-store-call-timeout)
+      (should (= (length failures) 5))
+      (should (<= blocked (+ magent-store-call-timeout 0.25)))
+      (should (string-match-p "\\`Flush of s-hung did not complete: the backend (pid [0-9]+) \
+did not answer within 1s" (car (last failures))))
+      (dolist (failure (butlast failures))
+        (should (string-match-p "\\`list: the backend (pid [0-9]+) is not answering" failure))
+        (should (string-match-p "M-x magent-store-restart restarts it" failure)))
+      (should-not (magent-store--backend-unresponsive magent-store--backend))
+      (should (cl-some (lambda (m) (string-match-p "the backend answers again" m))
+                       messages))
+      (should (= (magent-store-flush "s-hung") 54))
+      (should (equal (magent-store-test--content (magent-store-load "s-hung"))
+                     (concat "<before>"
+                             (mapconcat (lambda (i) (format "<%d>" i))
+                                        (number-sequence 0 49) ""))))
+      (should (equal (magent-store-open "s-other") 0)))))
+
 (provide 'magent-store-recovery-tests)
 ;;; magent-store-recovery-tests.el ends here
