@@ -139,6 +139,37 @@ def test_uncommitted_lines_stay_when_their_writer_is_gone(root: Path, events: Ev
     assert log_chunks(root) == ["only copy", "new writer"]
 
 
+def _killed_at_log_written(point: str) -> None:
+    if point == "log-written":
+        raise SimulatedCrash(point)
+
+
+@pytest.mark.parametrize("before", ["a new session", "another writer's session"])
+def test_a_writers_first_batch_killed_before_its_commit_is_applied_once(
+    root: Path, events: Events, before: str
+) -> None:
+    """The first batch of a writer the producer record does not name yet:
+    its lines reach the log, the backend is killed before the record says
+    whose they are, and the writer sends the batch again."""
+    first = start(events)
+    s = open_session(root)
+    if before == "another writer's session":
+        assert send(s, 1, first, producer="emacs-0")
+        first = []
+    batch = [*first, *(events.content("t1", "i1", c) for c in "ab")]
+    s._crash = _killed_at_log_written
+    with pytest.raises(SimulatedCrash):
+        send(s, 1, batch)
+    s.abandon()
+    s = open_session(root)
+    assert send(s, 1, batch)
+    assert send(s, 2, [events.content("t1", "i1", "c")])
+    s.close()
+    assert log_chunks(root) == ["a", "b", "c"]
+    lines = (root / "global/s1.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["seq"] for line in lines] == list(range(1, 7))
+
+
 def test_a_batch_ahead_of_its_predecessor_is_refused_and_changes_nothing(
     root: Path, events: Events
 ) -> None:

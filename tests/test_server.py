@@ -151,10 +151,10 @@ def _server_logging() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _serve_process(tmp_path: Path) -> Iterator[Backend]:
+def _serve_process(tmp_path: Path, **more_env: str) -> Iterator[Backend]:
     token = secrets.token_hex(32)
     state = tmp_path / "state"
-    env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(state))
+    env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(state), **more_env)
     proc = subprocess.Popen(
         [MAGENT_STORE, "serve"],
         stdin=subprocess.DEVNULL,
@@ -1788,6 +1788,34 @@ def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
         os.close(fd2)
     server._remove_stale_spools(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-new", "unrelated"]
+
+
+def test_a_first_batch_whose_backend_was_killed_before_its_commit_is_saved_once(tmp_path: Path) -> None:
+    # The backend stands still right after the batch's lines reach the log,
+    # and is SIGKILLed there; Emacs sends the batch again to the next one.
+    events = _thread_with_item()
+    chunks = [["item-1", c, [], 1000] for c in ("one ", "two")]
+    batch = [orjson.dumps(e).decode() for e in events] + chunks
+    with _serve_process(tmp_path, MAGENT_STORE_TEST_PAUSE_AT="log-written") as first:
+        client = first.client()
+        _open(client, first)
+        client.call("flush", ["s1", batch, [], ["p-1", 1]])  # its reply never comes
+        flag = first.state / "magent-store" / "paused-log-written"
+        _until(flag.exists, "the backend never paused")
+        assert first.proc is not None
+        first.proc.kill()
+        first.proc.wait(TIMEOUT)
+        flag.unlink()
+        _hang_up(client)
+    with _serve_process(tmp_path) as second:
+        client = second.client()
+        assert _open(client, second) == 5  # the lines are in the log, uncommitted
+        assert _call(client, "flush", "s1", batch, [], ["p-1", 1])[:2] == [5, 5]
+        assert _call(client, "flush", "s1", [["item-1", "!", [], 2000]], [], ["p-1", 2])[:2] == [6, 6]
+        assert _content(second) == "one two!"
+        lines = (second.root / "global" / "s1.jsonl").read_bytes().splitlines()
+        assert [orjson.loads(line)["seq"] for line in lines] == [1, 2, 3, 4, 5, 6]
+        _hang_up(client)
 
 
 def test_the_fault_tests_pause_hook_stops_once_where_it_is_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -679,6 +679,7 @@ class Session:
         self._closed = False
         self._producer_fd = -1
         self._next_batch: tuple[str, int] | None = None
+        self._new_writer = False  # the next batch's writer is not the one the record names
         make_private_dirs(files.directory)
         self._lock = SessionLock(files)
         try:
@@ -815,12 +816,14 @@ class Session:
                 )
             if self.thread.last_event_seq > self._commit_seq and not self._pending:
                 self._drop_uncommitted()
+        self._new_writer = producer != self._producer and not self._pending
         self._next_batch = (producer, batch)
         return True
 
     def abort_batch(self) -> None:
         """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
         self._next_batch = None
+        self._new_writer = False
         if self._pending:
             self._reload()
 
@@ -836,6 +839,23 @@ class Session:
         os.truncate(self.files.log, offset)
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
+
+    def _name_writer(self, producer: str, batch: int) -> None:
+        """Make the record name PRODUCER (up to its batch before BATCH) before its lines reach the log.
+
+        Lines past the record's seq are then the uncommitted batch of the
+        writer it names, which sends it again and has it replaced.  Without
+        this, the first batch of a new writer cut by a crash would be
+        nobody's, and its resend applied twice.  Lines an earlier writer
+        left uncommitted are kept: that writer is gone.
+        """
+        previous = self._producer, self._batch
+        self._producer, self._batch = producer, batch - 1
+        try:
+            self._commit()
+        except BaseException:
+            self._producer, self._batch = previous
+            raise
 
     def _commit(self) -> None:
         """Write the producer record: the batch (if any) is in the log up to the written seq."""
@@ -995,6 +1015,9 @@ class Session:
         else:
             size = os.fstat(self._log_fd).st_size
             try:
+                if self._new_writer and self._pending:
+                    self._name_writer(*batch)
+                self._new_writer = False
                 bytes_written = self._write_pending()
                 self._next_batch = None
                 previous = self._producer, self._batch
