@@ -548,14 +548,19 @@ entries stay in Emacs; %s"
      (magent-store--restart-hint))))
 
 (defun magent-store--answering (backend)
-  "BACKEND, taken to be hung, answered: send what queued meanwhile."
+  "BACKEND, taken to be hung, answered: send what queued meanwhile.
+A header put meanwhile goes first (the backend writes it only if it
+changed); a session waiting for a retry sends at its retry."
   (setf (magent-store--backend-unresponsive backend) nil)
   (message "magent-store: the backend answers again; what Emacs kept \
 meanwhile is being saved")
-  (maphash (lambda (_id session)
-             (when (and (not (magent-store--session-inflight session))
-                        (> (magent-store--session-fill session) 0))
-               (magent-store--flush-now session t)))
+  (maphash (lambda (id session)
+             (when (magent-store--sendable-p session)
+               (when-let ((header (magent-store--session-header session)))
+                 (magent-store--send "put-header" (list id header) nil #'ignore))
+               (when (and (not (magent-store--session-inflight session))
+                          (> (magent-store--session-fill session) 0))
+                 (magent-store--flush-now session t))))
            magent-store--sessions))
 
 ;;;; Starting and stopping the backend
@@ -923,7 +928,12 @@ entries stay in Emacs and are sent again every %ss"
     (when (and (magent-store--ready-p backend)
                (eq session (gethash (magent-store--session-id session)
                                     magent-store--sessions)))
-      (cond ((magent-store--session-opening session))
+      (cond ((magent-store--backend-unresponsive backend)
+             ;; Nothing is sent to a backend that does not answer: later.
+             (setf (magent-store--session-retry session)
+                   (run-at-time magent-store-retry-interval nil
+                                #'magent-store--retry session)))
+            ((magent-store--session-opening session))
             ((not (magent-store--session-opened session))
              (magent-store--reopen session))
             (t (magent-store--resend session))))))

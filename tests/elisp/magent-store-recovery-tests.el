@@ -105,6 +105,9 @@ queueing; once the backend answers again, what queued is saved, once."
                       (magent-store--call "list" (list magent-store-root))
                     (magent-store-error (push (cadr err) failures))))
                 (setq blocked (- (float-time) start)))
+              ;; A header put meanwhile waits in Emacs too.
+              (magent-store-put-header "s-hung" '((id . "s-hung")
+                                                  (title . "put while hung")))
               ;; Streaming never waits.
               (let ((start (float-time)))
                 (dotimes (i 50)
@@ -136,6 +139,9 @@ did not answer within 1s" (car (last failures))))
                      (concat "<before>"
                              (mapconcat (lambda (i) (format "<%d>" i))
                                         (number-sequence 0 49) ""))))
+      (should (equal (alist-get 'title (plist-get (magent-store-load "s-hung")
+                                                  :header))
+                     "put while hung"))
       (should (equal (magent-store-open "s-other") 0)))))
 
 (provide 'magent-store-recovery-tests)
