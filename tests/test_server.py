@@ -1024,9 +1024,10 @@ def test_a_time_before_1970_or_after_9999_is_clamped_and_the_entry_kept(s1: tupl
              "payload": {"item": {"name": "n", "completed-at": -7.0}}, "created-at": -5.0}  # fmt: skip
     # A clock set back before 1970, as Emacs sends it (milliseconds, or float seconds).
     batch = [["item-1", "a", [], -1], ["item-1", "b", [], -0.5], ["item-1", "c", [], 10**16],
-             ["item-1", "d", [], 10**40], orjson.dumps(event).decode()]  # fmt: skip
+             ["item-1", "d", [], 10**40], orjson.dumps(event).decode(), ["no-such-item", "x", [], -1]]  # fmt: skip
     durable, last, _, _, rejected = _call(client, "flush", "s1", batch)
-    assert (durable, last, rejected) == (8, 8, [])
+    assert (durable, last) == (8, 8)
+    assert len(rejected) == 1 and rejected[0].startswith("entry 5: item-id: no item 'no-such-item'")
     assert _content(backend) == "abcd"
     assert _logged_times(backend, 5) == [0.0, 0.0, top, top, 0.0]
     assert _show(backend)["turns"][0]["items"][0]["completed-at"] == 0.0

@@ -412,13 +412,14 @@ class Service:
             raise CallError(f"{what} must be a JSON array or a list")
         rejected: list[str] = []
         clamped: list[str] = []
-        for index, entry in enumerate(entries):
-            with ledger.clamped_times() as times:
+        with ledger.clamped_times() as times:
+            for index, entry in enumerate(entries):
                 error = self._apply_entry(session, entry, allow, millis=not from_json)
-            if error is None:
-                clamped += (f"entry {index}: {where}" for where in times)
-            else:
-                rejected.append(f"entry {index}: {error}")
+                if error is not None:
+                    rejected.append(f"entry {index}: {error}")
+                elif times:
+                    clamped += (f"entry {index}: {where}" for where in times)
+                times.clear()  # a rejected entry's clamps came to nothing
         if clamped:
             log.warning("session %r: %d times outside 1970 .. 9999 clamped (%s)",
                         session.id, len(clamped), clamped[0])  # fmt: skip
