@@ -48,8 +48,10 @@ def events(items: int, per_turn: int) -> list[dict[str, Any]]:
     out = [_event("thread-started", None, None, None, now)]
     for number in range(items):
         turn = f"turn-{number // per_turn}"
-        if number % per_turn == 0:
+        if number % per_turn == 0:  # a turn starts with the user's message, as in magent
             out.append(_event("turn-started", turn, None, {"turn": {"id": turn, "input": "go"}}, now))
+            user = {"id": f"{turn}-user", "type": "message", "status": "completed", "role": "user", "content": "go"}
+            out.append(_event("item-started", turn, user["id"], {"item": user}, now))
         item = f"item-{number}"
         body = {"id": item, "type": "function-call", "status": "pending", "name": "grep"}
         out.append(_event("item-started", turn, item, {"item": body}, now))
