@@ -766,7 +766,7 @@ def decode_utf8(data: bytes) -> str:
 
 
 def unpack(frame: bytes) -> tuple[str, Any, list[Any]]:
-    """A message's kind, call id and arguments; `CallError` naming its call id if it has none."""
+    """A message's kind, call id and arguments; else `UnreadableMessage`, with its call id if it shows one."""
     try:
         data = sexpdata.loads(decode_utf8(frame))
         return data[0].value(), data[1], data[2:]
