@@ -45,6 +45,7 @@
 ;;; Code:
 
 (require 'cl-lib)
+(require 'map)
 (require 'subr-x)
 (require 'magent-store)
 
@@ -123,7 +124,11 @@
     ;; Opening a session found by `magent-store-search'.
     (magent-runtime-load-session-file call nil when-used "0.1 (schema 6, 7)"
      "RET on a search result resumes its session in magent, as magent's own \
-session/load does (else a read-only transcript)"))
+session/load does (else a read-only transcript)")
+    (magent-runtime-session-from-id call nil when-used "0.1 (schema 6, 7)"
+     "RET on a session magent already holds shows it, never loads it twice")
+    (magent-agent-shell--buffers call nil when-used "0.1 (schema 6, 7)"
+     "RET shows magent's own buffer of a session (else its transcript)"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
 combinator (HANDLER is then the advice) or `call'; NEED is `required'
@@ -988,26 +993,83 @@ read; M-x magent-store-export-for-magent writes them back" what)))))))
 
 (declare-function magent-runtime-load-session-file "ext:magent-runtime-api"
                   (file))
+(declare-function magent-runtime-session-from-id "ext:magent-runtime-api"
+                  (session-id &optional scope))
+(declare-function magent-runtime-session-magent-session "ext:magent-runtime-api"
+                  (session))
+(declare-function magent-agent-shell--buffers "ext:magent-agent-shell" ())
+(declare-function magent-store-search-view "magent-store-search" (hit))
+(defvar magent-session--scoped-sessions)
+
+(defun magent-store--magent-live-session (id)
+  "Return magent's session object of ID when this Emacs holds it, else nil.
+A session magent holds may be streaming: loading a second copy of it
+would have magent's loader settle that copy as after a restart, writing
+a cancelled item and an interrupted turn into the live one."
+  (or (when-let* (((fboundp 'magent-runtime-session-from-id))
+                  (runtime (magent-runtime-session-from-id id)))
+        (magent-runtime-session-magent-session runtime))
+      (when (boundp 'magent-session--scoped-sessions)
+        (catch 'found
+          (maphash (lambda (_scope session)
+                     (when (equal (magent-session-get-id session) id)
+                       (throw 'found session)))
+                   magent-session--scoped-sessions)
+          nil))))
+
+(defun magent-store--magent-buffer (id)
+  "Return the live buffer in which magent shows session ID, or nil."
+  (when (fboundp 'magent-agent-shell--buffers)
+    (cl-find-if (lambda (buffer)
+                  (equal (ignore-errors
+                           (map-nested-elt (buffer-local-value
+                                            'agent-shell--state buffer)
+                                           '(:session :id)))
+                         id))
+                (ignore-errors (magent-agent-shell--buffers)))))
+
+(defun magent-store--magent-show (hit where)
+  "Show HIT's session: magent's buffer for it, else its transcript.
+WHERE says where the session lives, in the transcript's header line.
+Return the buffer shown."
+  (let ((id (alist-get 'id hit)))
+    (if-let ((buffer (magent-store--magent-buffer id)))
+        (progn (pop-to-buffer buffer) buffer)
+      (let ((buffer (magent-store-search-view hit)))
+        (with-current-buffer buffer
+          (setq header-line-format
+                (format "Session %s is %s; this is its saved transcript"
+                        id where)))
+        buffer))))
 
 (defun magent-store--magent-resume (header hit)
-  "Resume the session whose header file is HEADER in magent.
-HIT is the search result (an alist).  Return the session magent
-loaded, or nil when the loaded magent has no loader (its runtime is
-not loaded) or could not read the session: the search then shows a
-read-only transcript.  On `magent-store-search-resume-functions'
-while `magent-store-mode' is on: magent's release reads the store's
-sessions only through the mode."
-  (when (fboundp 'magent-runtime-load-session-file)
-    (let ((id (alist-get 'id hit)))
+  "Show HIT's session (header file HEADER) in magent, loading it if need be.
+A session this Emacs already holds is shown where it lives, never
+loaded again; one magent loads is displayed.  Return the session
+magent loaded, or the buffer showing a session it holds, or nil when
+the loaded magent has no loader (its runtime is not loaded) or could
+not read the session: the search then shows a read-only transcript.
+On `magent-store-search-resume-functions' while `magent-store-mode' is
+on: magent's release reads the store's sessions only through the mode."
+  (let ((id (alist-get 'id hit)))
+    (cond
+     ((magent-store--magent-live-session id)
+      (message "Session %s is already open in magent; showing it, not loading \
+it again" id)
+      (magent-store--magent-show hit "open in magent"))
+     ((fboundp 'magent-runtime-load-session-file)
       (condition-case err
           (if-let* ((loaded (magent-runtime-load-session-file header)))
-              (progn (message "Session %s is loaded in magent" id)
-                     loaded)
+              (progn
+                (magent-store--magent-show
+                 hit "loaded in magent, as the current session of its scope")
+                (message "Session %s is loaded in magent" id)
+                loaded)
             (message "Magent could not read session %s; showing its transcript"
                      id)
             nil)
         (error (user-error "Magent could not load session %s: %s"
-                           id (error-message-string err)))))))
+                           id (error-message-string err))))))))
 
 ;;;; The mode
 
