@@ -822,7 +822,8 @@ skips the ones already in its log.  Then the queue follows."
      (when-let ((header (magent-store--session-header session)))
        (magent-store--send "put-header"
                            (list (magent-store--session-id session) header)
-                           nil #'ignore))
+                           nil (magent-store--header-refused
+                                (magent-store--session-id session))))
      (magent-store--resend session))
    (lambda (why)
      (setf (magent-store--session-opening session) nil)
@@ -1266,9 +1267,14 @@ HEADER is an alist or its JSON text, as for `magent-store-append-event'."
     ;; Otherwise the session's reopening sends it.
     (when (magent-store--sendable-p session)
       (magent-store--send "put-header" (list session-id text) nil
-                          (lambda (why)
-                            (message "magent-store: header of %s refused: %s"
-                                     session-id why))))))
+                          (magent-store--header-refused session-id)))))
+
+(defun magent-store--header-refused (session-id)
+  "Return the handler of a refusal of SESSION-ID's header: it says why."
+  (lambda (why)
+    (setq magent-store--last-error
+          (format "header of %s refused: %s" session-id why))
+    (message "magent-store: header of %s refused: %s" session-id why)))
 
 (defun magent-store-request-flush (session-id)
   "Ask for SESSION-ID to be flushed within `magent-store-flush-interval'.
