@@ -67,7 +67,8 @@
      "a save becomes a header refresh and a flush that waits")
     (magent-session-clear
      :around magent-store--around-clear optional "0.1 (schema 6, 7)"
-     "a session magent clears is removed from the store too")
+     "a session magent clears is removed from the store too (else it stays \
+in the store)")
     (magent-thread-session-id call nil required "0.1 (schema 6, 7)"
      "which session a thread belongs to")
     (magent-thread-scope call nil required "0.1 (schema 6, 7)"
@@ -89,17 +90,22 @@
     (magent-session-approval-overrides call nil required "0.1 (schema 6, 7)"
      "the header's approval-overrides")
     (magent-thread-item-updated-at call nil optional "0.1 (schema 6, 7)"
-     "a chunk's time exactly as magent recorded it (else the clock)")
+     "a chunk's time exactly as magent recorded it (else a chunk's time is \
+the clock's)")
     (magent-thread-snapshot-to-alist call nil optional "0.1 (schema 6, 7)"
-     "a thread's initial state, which no event carries (else lost)")
+     "a thread's initial state, which no event carries (else a thread's \
+creation time and metadata are not kept)")
     (magent-json-safe-value call nil optional "0.1 (schema 6, 7)"
-     "values encoded as magent encodes them (else our own equivalent)")
+     "values encoded as magent encodes them (else values are encoded by \
+magent-store, as magent encodes them)")
     (magent-session--header-data-for-session call nil optional "schema 7"
-     "magent's own header (else built from the session as magent does)")
+     "magent's own header (else headers are built by magent-store, as \
+magent builds them)")
     (magent-session-summary-title call nil optional "0.1 (schema 6, 7)"
-     "the header's summary-title, by magent's own rule (else none)")
+     "the header's summary-title, by magent's own rule (else headers have \
+no summary title)")
     (magent-agent-job-to-alist call nil optional "0.1 (schema 6, 7)"
-     "the header's agent-jobs (else none)")
+     "the header's agent-jobs (else headers list no agent jobs)")
     ;; Read side.
     (magent-session-read-file
      :around magent-store--around-read-file optional "0.1 (schema 6, 7)"
@@ -148,37 +154,56 @@ magent lacks, and advises only functions that exist.")
 (defvar magent-store--magent-reported 'never
   "The missing functions last reported, so that each report is said once.")
 
-(defun magent-store--magent-names (rows need)
-  "Return the names of the functions of ROWS whose NEED it is, as text."
-  (mapconcat (lambda (row) (symbol-name (car row)))
-             (cl-remove-if-not (lambda (row) (eq (nth 3 row) need)) rows)
-             ", "))
+(defun magent-store--magent-role (row)
+  "Return what ROW of `magent-store-magent-functions' is for, in user words."
+  (string-trim (replace-regexp-in-string " *(else .*\\'" "" (nth 5 row))))
+
+(defun magent-store--magent-fallback (row)
+  "Return what is done when the loaded magent lacks ROW's function."
+  (if (string-match "(else \\(\\(?:.\\|\n\\)*\\))\\'" (nth 5 row))
+      (match-string 1 (nth 5 row))
+    (format "not done: %s" (magent-store--magent-role row))))
 
 (defun magent-store--magent-check ()
-  "Return the rows whose function the loaded magent lacks; say so once."
-  (let ((missing (cl-remove-if (lambda (row) (or (fboundp (car row))
-                                                 (eq (nth 3 row) 'when-used)))
-                               magent-store-magent-functions)))
+  "Return the rows whose function the loaded magent lacks.
+What only has a fallback is shown by `magent-store-status'; what the
+mode cannot do without is said once for each set of such gaps."
+  (let* ((missing (cl-remove-if (lambda (row) (or (fboundp (car row))
+                                                  (eq (nth 3 row) 'when-used)))
+                                magent-store-magent-functions))
+         (required (cl-remove-if-not (lambda (row) (eq (nth 3 row) 'required))
+                                     missing)))
     (setq magent-store--magent-missing missing)
-    (unless (equal (mapcar #'car missing) magent-store--magent-reported)
-      (setq magent-store--magent-reported (mapcar #'car missing))
-      (when missing
-        (let ((required (magent-store--magent-names missing 'required))
-              (optional (magent-store--magent-names missing 'optional)))
-          (message "magent-store-mode: the loaded magent lacks %s%s%s \
-\(see `magent-store-magent-functions')"
-                   (if (string-empty-p required) ""
-                     (format "%s, so what they do is not routed" required))
-                   (if (or (string-empty-p required) (string-empty-p optional))
-                       "" "; it also lacks ")
-                   (if (string-empty-p optional) ""
-                     (format "%s, done without" optional))))))
+    (unless (equal (mapcar #'car required) magent-store--magent-reported)
+      (setq magent-store--magent-reported (mapcar #'car required))
+      (when required
+        (message "magent-store-mode: this magent is missing what the mode \
+needs for: %s; that is left to magent (M-x magent-store-status)"
+                 (mapconcat #'magent-store--magent-role required "; "))))
     missing))
+
+(defun magent-store--magent-view ()
+  "Return what the mode makes of the loaded magent, in user words."
+  (if (not (featurep 'magent-session))
+      "not loaded yet (the mode starts routing when it is)"
+    (concat
+     (pcase (magent-store--magent-schema)
+       (6 "magent's current release (sessions in schema 6: the store's are \
+rendered for it to read)")
+       (7 "a magent that reads the store's sessions (schema 7) itself")
+       (schema (format "a magent with sessions in schema %s" schema)))
+     (mapconcat (lambda (row)
+                  (concat ";\n                    "
+                          (magent-store--magent-fallback row)))
+                magent-store--magent-missing ""))))
 
 (defun magent-store--magent-install ()
   "Advise the magent functions of the table that exist."
   (when magent-store-mode
-    (magent-store--magent-check)
+    ;; Before magent's session module is loaded, everything would be
+    ;; missing: the mode installs again once it is.
+    (when (featurep 'magent-session)
+      (magent-store--magent-check))
     (dolist (row magent-store-magent-functions)
       (when (and (keywordp (nth 1 row)) (fboundp (nth 0 row)))
         (advice-add (nth 0 row) (nth 1 row) (nth 2 row))))))
@@ -220,11 +245,7 @@ see M-x magent-store-status" where (error-message-string err)))))
 (defun magent-store--adapter-status ()
   "Return the adapter's lines for `magent-store-status'."
   (concat
-   (if magent-store--magent-missing
-       (format "magent lacks:       %s\n"
-               (mapconcat (lambda (row) (symbol-name (car row)))
-                          magent-store--magent-missing " "))
-     "")
+   (format "Magent:             %s\n" (magent-store--magent-view))
    (mapconcat (lambda (row)
                 (format "Adapter:            %s, %d time%s: %s\n"
                         (car (car row)) (nth 1 row)

@@ -260,6 +260,9 @@ when the backend has no files for it (no event carries that state)."
 (defvar magent-store--restarts nil
   "Times of automatic restarts, newest first.")
 
+(defvar magent-store--stops nil
+  "Unexpected stops of the backend in this Emacs: (COUNT TIME WHY), or nil.")
+
 (defvar magent-store--gave-up nil
   "Non-nil once the shim told the user it could not keep the backend up.")
 
@@ -748,6 +751,7 @@ A refused batch (a full disk, say) stays in Emacs until it is saved."
 Every timer of every session is cancelled first: nothing is sent until
 the new backend has reopened the session and taken what it had not
 saved, in order; chunks keep queueing meanwhile."
+  (magent-store--note-stop backend)
   (magent-store--kill-backend backend)
   (maphash (lambda (_id session) (magent-store--session-detach session))
            magent-store--sessions)
@@ -764,6 +768,22 @@ saved, in order; chunks keep queueing meanwhile."
       (condition-case err
           (magent-store--start-backend)
         (error (magent-store--give-up (error-message-string err)))))))
+
+(defun magent-store--note-stop (backend)
+  "Count that BACKEND stopped unexpectedly, with why, for the status buffer."
+  (let ((process (magent-store--backend-process backend)))
+    (when (process-live-p process)
+      ;; The connection closes first; the exit follows within moments.
+      (accept-process-output process 0.2 nil 1))
+    (setq magent-store--stops
+          (list (1+ (or (car magent-store--stops) 0))
+                (float-time)
+                (pcase (and (processp process) (process-status process))
+                  ('signal (format "was killed by signal %d"
+                                   (process-exit-status process)))
+                  ('exit (format "exited with status %d"
+                                 (process-exit-status process)))
+                  (_ "closed its connection"))))))
 
 (defun magent-store--session-detach (session)
   "Forget that SESSION is open on a backend; cancel its timers."
@@ -1531,6 +1551,11 @@ P never gives less."
                         (or magent-store--last-error
                             (and status (alist-get 'last-error status))
                             "none"))
+                (pcase magent-store--stops
+                  ('nil "Restarts:           none\n")
+                  (`(,count ,time ,why)
+                   (format "Restarts:           %d, last at %s: the backend %s\n"
+                           count (format-time-string "%F %T" time) why)))
                 (format "Backend log:        %s\n"
                         (expand-file-name "server.log"
                                           (magent-store--log-directory))))

@@ -135,5 +135,27 @@
                                           text))
                         messages))))
 
+(ert-deftest magent-store-status-shows-restarts-and-why ()
+  "After the backend is killed, the status says how often, when and why."
+  (magent-store-status-test--with-backend messages
+    (let ((magent-store--stops nil)
+          (magent-store--restarts nil)
+          (magent-store--gave-up nil))
+      (magent-store-open "s1")
+      (magent-store-flush "s1")
+      (should (string-match-p "^Restarts: +none$" (magent-store-status-test--text)))
+      (let ((pid (magent-store--backend-pid magent-store--backend)))
+        (signal-process pid 'SIGKILL)
+        (with-timeout (20 (ert-fail "the backend was not restarted"))
+          (while (not (and magent-store--backend
+                           (not (equal (magent-store--backend-pid
+                                        magent-store--backend)
+                                       pid))
+                           (magent-store--ready-p magent-store--backend)))
+            (accept-process-output nil 0.05))))
+      (should (string-match-p
+               "^Restarts: +1, last at [0-9-]+ [0-9:]+: the backend was killed by signal 9$"
+               (magent-store-status-test--text))))))
+
 (provide 'magent-store-status-tests)
 ;;; magent-store-status-tests.el ends here
