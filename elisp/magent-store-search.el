@@ -206,7 +206,9 @@ magent's own loader here while it is on."
 (defun magent-store-search--row (hit)
   "Return the columns of HIT."
   (vector (or (alist-get 'title hit) (alist-get 'id hit))
-          (or (alist-get 'scope-label hit) "")
+          (concat (or (alist-get 'scope-label hit) "")
+                  ;; magent's own format, read as it is.
+                  (if (eql (alist-get 'schema hit) 6) " (schema 6)" ""))
           (magent-store-search--when (alist-get 'time hit))
           (magent-store-search--highlight (car (alist-get 'excerpts hit)))))
 
