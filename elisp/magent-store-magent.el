@@ -937,19 +937,26 @@ compares it."
               (butlast (magent-store--command)))
           (list "export" (magent-store--root) "--schema" "6")))
 
+(defvar magent-store--exported nil
+  "Non-nil once `magent-store-export-for-magent' gave magent its files back.
+Toggling the mode on again then asks first: a user who means to turn it
+off would otherwise have the next save take every session over again.")
+
 ;;;###autoload
 (defun magent-store-export-for-magent ()
   "Write every session of the store back in the format of magent's release.
 Each session is checked value by value against the store before it
 replaces the store's files, which are copied to a backup first; running
 it again changes nothing.  `magent-store-mode' is turned off, and the
-sessions open in magent-store are flushed and closed, first.  Return
-the summary line."
+sessions open in magent-store are flushed and closed, first; the last
+message says so.  Return the summary line."
   (interactive)
   (when magent-store-mode
-    ;; Left on, the mode would take each session over again at its next save.
-    (magent-store-mode -1)
-    (message "magent-store-mode turned off: magent saves its own files again"))
+    ;; Left on, the mode would take each session over again at its next
+    ;; save.  Writing them back is what this does: no offer to.
+    (let ((magent-store--export-offered t))
+      (magent-store-mode -1)))
+  (setq magent-store--exported t)
   (magent-store-stop)
   (let* ((command (magent-store--export-command))
          (reporter nil)
@@ -984,9 +991,12 @@ the summary line."
           (let* ((lines (with-current-buffer output
                           (split-string (buffer-string) "\n" t)))
                  (summary (or (car (last lines)) "no output")))
-            (if (zerop (process-exit-status process))
-                (message "magent-store: %s" summary)
-              (message "magent-store: export incomplete: %s" summary))
+            ;; Last, so that it stays in the echo area.
+            (message "magent-store: %s%s; magent-store-mode is off: magent saves \
+its own files again"
+                     (if (zerop (process-exit-status process))
+                         "" "export incomplete: ")
+                     summary)
             summary))
       (kill-buffer output))))
 
@@ -1116,11 +1126,20 @@ On `after-load-functions' while the mode waits for magent."
 Events and streamed chunks are forwarded as magent appends them, saves
 become header refreshes and flushes, a session is flushed before magent
 reads it, and Emacs flushes everything before it exits.  Only the
-functions the loaded magent has are advised; the mode says once what
-it lacks (see `magent-store-magent-functions').  RET on a result of
-`magent-store-search' resumes its session in magent."
+functions the loaded magent has are advised; `magent-store-status'
+says what the mode makes of the loaded magent (see
+`magent-store-magent-functions').  RET on a result of
+`magent-store-search' resumes its session in magent.  After
+`magent-store-export-for-magent', toggling the mode on asks first."
   :global t
   :group 'magent-store
+  (when (and magent-store-mode magent-store--exported
+             (called-interactively-p 'any) (eq arg 'toggle))
+    (if (y-or-n-p "The sessions were written back for magent and \
+magent-store-mode turned off; turn it on again (its next save takes each \
+session over again)? ")
+        (setq magent-store--exported nil)
+      (setq magent-store-mode nil)))
   (if magent-store-mode
       (progn
         (magent-store--magent-install)

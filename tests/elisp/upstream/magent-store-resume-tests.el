@@ -583,6 +583,44 @@ cannot read; M-x magent-store-export-for-magent writes them back")))
                                                    (file-attributes f)))
                                       files)))))))
 
+(ert-deftest magent-store-resume-export-turns-the-mode-off-and-says-so-last ()
+  "The export, run with the mode on, turns it off and says so in its last
+message, not that sessions need writing back; toggling the mode afterwards
+asks before taking the sessions over again."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let ((magent-store-resume-test--messages nil)
+          (magent-store--exported nil)
+          (file (expand-file-name "global/20261130-150000-e.json"
+                                  magent-session-directory))
+          (asked nil))
+      (magent-store-resume-test--new-session "20261130-150000-e")
+      (should magent-store-mode)
+      (advice-add 'message :before #'magent-store-resume-test--record-message)
+      (unwind-protect
+          (magent-store-export-for-magent)
+        (advice-remove 'message #'magent-store-resume-test--record-message))
+      (should-not magent-store-mode)
+      (should (eql (magent-store--file-schema file) 6))
+      (should-not (cl-find-if (lambda (m) (string-match-p "cannot read" m))
+                              magent-store-resume-test--messages))
+      (should (string-match-p
+               "1 written back.*; magent-store-mode is off: magent saves its own files again"
+               (car magent-store-resume-test--messages)))
+      ;; M-x magent-store-mode, meant to turn it off: asked, and it stays off.
+      (cl-letf (((symbol-function 'y-or-n-p)
+                 (lambda (prompt) (setq asked prompt) nil)))
+        (call-interactively #'magent-store-mode))
+      (should (string-match-p "turn it on again" asked))
+      (should-not magent-store-mode)
+      (should-not (advice-member-p #'magent-store--around-save
+                                   'magent-session-save-for-session))
+      ;; Turned on on purpose (with an argument, or from Lisp): no question.
+      (setq asked nil)
+      (magent-store-mode 1)
+      (should magent-store-mode)
+      (should-not asked))))
+
 ;;;; Continuing a session magent wrote before the mode was on
 
 (defun magent-store-resume-test--turn-inputs (session)
