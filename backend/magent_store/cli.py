@@ -355,6 +355,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     directory: Path = args.dir.expanduser() if args.dir else metrics.state_directory()
     if not metrics.files(directory):
+        if (directory / "server.log").exists():  # the backend ran here: the mode was on
+            raise CliError(f"{directory}: no {metrics.FILE_NAME} yet: no turn of magent's agent loop has "
+                           "been timed here yet (sessions saved without one, by your own code say, "
+                           "record no timings)")  # fmt: skip
         raise CliError(f"{directory}: no {metrics.FILE_NAME} yet (magent-store-timing records "
                        "turns while magent-store-mode is on)")  # fmt: skip
     turns = report.build(metrics.read(directory, since=args.since),
