@@ -149,6 +149,7 @@ def test_ls_lists_schema6_sessions_as_they_are_and_says_their_format(tmp_path: P
     fields = line.split("\t")
     assert fields[0] == "old-global" and fields[1] == "global"
     assert "schema 6" in fields, fields
+    assert listing.stderr == b""  # nothing said of a session that was listed
     (entry,) = orjson.loads(cli("ls", root, "--json", "--turns").stdout)
     assert entry["id"] == "old-global" and entry["schema"] == 6 and entry["path"] == str(path)
     assert entry["turns"] == len(fixture.expected["turns"])

@@ -172,7 +172,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not args.root.is_dir():
         raise CliError(f"{args.root}: no such directory")
     store = Store(args.root)
-    found = {s.header_path: (s, SCHEMA_VERSION) for s in store.list(turns=args.turns)}
+    quiet = logging.getLogger("magent_store.store")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # what it skips is said below, once and with the format
+    try:
+        found = {s.header_path: (s, SCHEMA_VERSION) for s in store.list(turns=args.turns)}
+    finally:
+        quiet.setLevel(level)
     sessions: list[tuple[SessionInfo, int]] = []
     for path in store.headers():
         if path in found:
@@ -183,8 +189,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
             except StoreError as exc:
                 print(f"magent-store: skipped (cannot be read): {exc}", file=sys.stderr)
         else:
-            print(f"magent-store: skipped (cannot be read): {path} (`magent-store fsck` says why)",
-                  file=sys.stderr)  # fmt: skip
+            try:
+                read_header(path)
+                why = f"{path}: changed while listed"
+            except StoreError as exc:
+                why = str(exc)
+            print(f"magent-store: skipped (cannot be read): {why}", file=sys.stderr)
     if not sessions:
         print(f"magent-store: no sessions under {args.root}", file=sys.stderr)
     if args.json:
