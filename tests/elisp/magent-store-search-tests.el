@@ -95,7 +95,15 @@ its line says which format it is in."
         (should (string-match-p "2 sessions" mode-line-process))
         (should-not (string-match-p "cannot be read" mode-line-process))
         (goto-char (point-min))
-        (should (re-search-forward "^ An old session +global (schema 6)" nil t)))
+        (should (re-search-forward "^ An old session +global (schema 6)" nil t))
+        ;; RET shows its transcript (`show' says on stderr which format it read).
+        (let* ((magent-store-search-resume-functions nil)
+               (view (call-interactively (key-binding (kbd "RET")))))
+          (with-timeout (60 (error "The transcript did not appear"))
+            (while (with-current-buffer view (string-prefix-p "Reading" (buffer-string)))
+              (accept-process-output nil 0.05)))
+          (should (string-match-p "the flux capacitor of old"
+                                  (with-current-buffer view (buffer-string))))))
       (should (equal (with-temp-buffer (insert-file-contents-literally file)
                                        (buffer-string))
                      before)))))
