@@ -183,7 +183,7 @@ needs for: %s; that is left to magent (M-x magent-store-status)"
     missing))
 
 (defun magent-store--magent-view ()
-  "Return what the mode makes of the loaded magent, in user words."
+  "Return, in user words, the mode's view of the loaded magent."
   (if (not (featurep 'magent-session))
       "not loaded yet (the mode starts routing when it is)"
     (concat
@@ -1033,7 +1033,7 @@ read; M-x magent-store-export-for-magent writes them back" what)))))))
 (defvar magent-session--scoped-sessions)
 
 (defun magent-store--magent-live-session (id)
-  "Return magent's session object of ID when this Emacs holds it, else nil.
+  "Return magent's session object of ID if this Emacs has it, else nil.
 A session magent holds may be streaming: loading a second copy of it
 would have magent's loader settle that copy as after a restart, writing
 a cancelled item and an interrupted turn into the live one."
@@ -1049,7 +1049,7 @@ a cancelled item and an interrupted turn into the live one."
           nil))))
 
 (defun magent-store--magent-buffer (id)
-  "Return the live buffer in which magent shows session ID, or nil."
+  "Return the live buffer of magent's own for session ID, or nil."
   (when (fboundp 'magent-agent-shell--buffers)
     (cl-find-if (lambda (buffer)
                   (equal (ignore-errors

@@ -1290,7 +1290,7 @@ HEADER is an alist or its JSON text, as for `magent-store-append-event'."
                           (magent-store--header-refused session-id)))))
 
 (defun magent-store--header-refused (session-id)
-  "Return the handler of a refusal of SESSION-ID's header: it says why."
+  "Return a handler of a refusal of SESSION-ID's header: a message and the error."
   (lambda (why)
     (setq magent-store--last-error
           (format "header of %s refused: %s" session-id why))
