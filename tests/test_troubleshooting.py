@@ -85,9 +85,9 @@ def test_the_isolated_emacs_procedure_runs_as_written(tmp_path: Path) -> None:
         blocks[2] = ":\n"
     else:
         env["MAGENT_LISP"] = magent
-        if not any((Path(d) / "gptel.el").is_file() for d in ("/usr/share/emacs/site-lisp/elpa",)):
-            # A magent user has gptel installed; here a stand-in is on the path.
-            env["EMACSLOADPATH"] = f"{STUBS}{os.pathsep}"
+        # A magent user has gptel installed; a stand-in comes last on the path here,
+        # after Emacs's own folders (and after the packages the procedure activates).
+        env["EMACSLOADPATH"] = f"{os.pathsep}{STUBS}"
     script = "set -e\n" + "".join(f"echo '{MARK} {n}'\n{block}" for n, block in enumerate(blocks, 1))
     script += f"echo '{MARK} end'\necho \"$MS\"\n"
     pid = None
