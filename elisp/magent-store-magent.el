@@ -45,6 +45,7 @@
 ;;; Code:
 
 (require 'cl-lib)
+(require 'map)
 (require 'subr-x)
 (require 'magent-store)
 
@@ -66,7 +67,8 @@
      "a save becomes a header refresh and a flush that waits")
     (magent-session-clear
      :around magent-store--around-clear optional "0.1 (schema 6, 7)"
-     "a session magent clears is removed from the store too")
+     "a session magent clears is removed from the store too (else it stays \
+in the store)")
     (magent-thread-session-id call nil required "0.1 (schema 6, 7)"
      "which session a thread belongs to")
     (magent-thread-scope call nil required "0.1 (schema 6, 7)"
@@ -88,17 +90,22 @@
     (magent-session-approval-overrides call nil required "0.1 (schema 6, 7)"
      "the header's approval-overrides")
     (magent-thread-item-updated-at call nil optional "0.1 (schema 6, 7)"
-     "a chunk's time exactly as magent recorded it (else the clock)")
+     "a chunk's time exactly as magent recorded it (else a chunk's time is \
+the clock's)")
     (magent-thread-snapshot-to-alist call nil optional "0.1 (schema 6, 7)"
-     "a thread's initial state, which no event carries (else lost)")
+     "a thread's initial state, which no event carries (else a thread's \
+creation time and metadata are not kept)")
     (magent-json-safe-value call nil optional "0.1 (schema 6, 7)"
-     "values encoded as magent encodes them (else our own equivalent)")
+     "values encoded as magent encodes them (else values are encoded by \
+magent-store, as magent encodes them)")
     (magent-session--header-data-for-session call nil optional "schema 7"
-     "magent's own header (else built from the session as magent does)")
+     "magent's own header (else headers are built by magent-store, as \
+magent builds them)")
     (magent-session-summary-title call nil optional "0.1 (schema 6, 7)"
-     "the header's summary-title, by magent's own rule (else none)")
+     "the header's summary-title, by magent's own rule (else headers have \
+no summary title)")
     (magent-agent-job-to-alist call nil optional "0.1 (schema 6, 7)"
-     "the header's agent-jobs (else none)")
+     "the header's agent-jobs (else headers list no agent jobs)")
     ;; Read side.
     (magent-session-read-file
      :around magent-store--around-read-file optional "0.1 (schema 6, 7)"
@@ -123,7 +130,11 @@
     ;; Opening a session found by `magent-store-search'.
     (magent-runtime-load-session-file call nil when-used "0.1 (schema 6, 7)"
      "RET on a search result resumes its session in magent, as magent's own \
-session/load does (else a read-only transcript)"))
+session/load does (else a read-only transcript)")
+    (magent-runtime-session-from-id call nil when-used "0.1 (schema 6, 7)"
+     "RET on a session magent already holds shows it, never loads it twice")
+    (magent-agent-shell--buffers call nil when-used "0.1 (schema 6, 7)"
+     "RET shows magent's own buffer of a session (else its transcript)"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
 combinator (HANDLER is then the advice) or `call'; NEED is `required'
@@ -143,37 +154,56 @@ magent lacks, and advises only functions that exist.")
 (defvar magent-store--magent-reported 'never
   "The missing functions last reported, so that each report is said once.")
 
-(defun magent-store--magent-names (rows need)
-  "Return the names of the functions of ROWS whose NEED it is, as text."
-  (mapconcat (lambda (row) (symbol-name (car row)))
-             (cl-remove-if-not (lambda (row) (eq (nth 3 row) need)) rows)
-             ", "))
+(defun magent-store--magent-role (row)
+  "Return what ROW of `magent-store-magent-functions' is for, in user words."
+  (string-trim (replace-regexp-in-string " *(else .*\\'" "" (nth 5 row))))
+
+(defun magent-store--magent-fallback (row)
+  "Return what is done when the loaded magent lacks ROW's function."
+  (if (string-match "(else \\(\\(?:.\\|\n\\)*\\))\\'" (nth 5 row))
+      (match-string 1 (nth 5 row))
+    (format "not done: %s" (magent-store--magent-role row))))
 
 (defun magent-store--magent-check ()
-  "Return the rows whose function the loaded magent lacks; say so once."
-  (let ((missing (cl-remove-if (lambda (row) (or (fboundp (car row))
-                                                 (eq (nth 3 row) 'when-used)))
-                               magent-store-magent-functions)))
+  "Return the rows whose function the loaded magent lacks.
+What only has a fallback is shown by `magent-store-status'; what the
+mode cannot do without is said once for each set of such gaps."
+  (let* ((missing (cl-remove-if (lambda (row) (or (fboundp (car row))
+                                                  (eq (nth 3 row) 'when-used)))
+                                magent-store-magent-functions))
+         (required (cl-remove-if-not (lambda (row) (eq (nth 3 row) 'required))
+                                     missing)))
     (setq magent-store--magent-missing missing)
-    (unless (equal (mapcar #'car missing) magent-store--magent-reported)
-      (setq magent-store--magent-reported (mapcar #'car missing))
-      (when missing
-        (let ((required (magent-store--magent-names missing 'required))
-              (optional (magent-store--magent-names missing 'optional)))
-          (message "magent-store-mode: the loaded magent lacks %s%s%s \
-\(see `magent-store-magent-functions')"
-                   (if (string-empty-p required) ""
-                     (format "%s, so what they do is not routed" required))
-                   (if (or (string-empty-p required) (string-empty-p optional))
-                       "" "; it also lacks ")
-                   (if (string-empty-p optional) ""
-                     (format "%s, done without" optional))))))
+    (unless (equal (mapcar #'car required) magent-store--magent-reported)
+      (setq magent-store--magent-reported (mapcar #'car required))
+      (when required
+        (message "magent-store-mode: this magent is missing what the mode \
+needs for: %s; that is left to magent (M-x magent-store-status)"
+                 (mapconcat #'magent-store--magent-role required "; "))))
     missing))
+
+(defun magent-store--magent-view ()
+  "Return, in user words, the mode's view of the loaded magent."
+  (if (not (featurep 'magent-session))
+      "not loaded yet (the mode starts routing when it is)"
+    (concat
+     (pcase (magent-store--magent-schema)
+       (6 "magent's current release (sessions in schema 6: the store's are \
+rendered for it to read)")
+       (7 "a magent that reads the store's sessions (schema 7) itself")
+       (schema (format "a magent with sessions in schema %s" schema)))
+     (mapconcat (lambda (row)
+                  (concat ";\n                    "
+                          (magent-store--magent-fallback row)))
+                magent-store--magent-missing ""))))
 
 (defun magent-store--magent-install ()
   "Advise the magent functions of the table that exist."
   (when magent-store-mode
-    (magent-store--magent-check)
+    ;; Before magent's session module is loaded, everything would be
+    ;; missing: the mode installs again once it is.
+    (when (featurep 'magent-session)
+      (magent-store--magent-check))
     (dolist (row magent-store-magent-functions)
       (when (and (keywordp (nth 1 row)) (fboundp (nth 0 row)))
         (advice-add (nth 0 row) (nth 1 row) (nth 2 row))))))
@@ -215,11 +245,7 @@ see M-x magent-store-status" where (error-message-string err)))))
 (defun magent-store--adapter-status ()
   "Return the adapter's lines for `magent-store-status'."
   (concat
-   (if magent-store--magent-missing
-       (format "magent lacks:       %s\n"
-               (mapconcat (lambda (row) (symbol-name (car row)))
-                          magent-store--magent-missing " "))
-     "")
+   (format "Magent:             %s\n" (magent-store--magent-view))
    (mapconcat (lambda (row)
                 (format "Adapter:            %s, %d time%s: %s\n"
                         (car (car row)) (nth 1 row)
@@ -911,19 +937,26 @@ compares it."
               (butlast (magent-store--command)))
           (list "export" (magent-store--root) "--schema" "6")))
 
+(defvar magent-store--exported nil
+  "Non-nil once `magent-store-export-for-magent' gave magent its files back.
+Toggling the mode on again then asks first: a user who means to turn it
+off would otherwise have the next save take every session over again.")
+
 ;;;###autoload
 (defun magent-store-export-for-magent ()
   "Write every session of the store back in the format of magent's release.
 Each session is checked value by value against the store before it
 replaces the store's files, which are copied to a backup first; running
 it again changes nothing.  `magent-store-mode' is turned off, and the
-sessions open in magent-store are flushed and closed, first.  Return
-the summary line."
+sessions open in magent-store are flushed and closed, first; the last
+message says so.  Return the summary line."
   (interactive)
   (when magent-store-mode
-    ;; Left on, the mode would take each session over again at its next save.
-    (magent-store-mode -1)
-    (message "magent-store-mode turned off: magent saves its own files again"))
+    ;; Left on, the mode would take each session over again at its next
+    ;; save.  Writing them back is what this does: no offer to.
+    (let ((magent-store--export-offered t))
+      (magent-store-mode -1)))
+  (setq magent-store--exported t)
   (magent-store-stop)
   (let* ((command (magent-store--export-command))
          (reporter nil)
@@ -958,9 +991,12 @@ the summary line."
           (let* ((lines (with-current-buffer output
                           (split-string (buffer-string) "\n" t)))
                  (summary (or (car (last lines)) "no output")))
-            (if (zerop (process-exit-status process))
-                (message "magent-store: %s" summary)
-              (message "magent-store: export incomplete: %s" summary))
+            ;; Last, so that it stays in the echo area.
+            (message "magent-store: %s%s; magent-store-mode is off: magent saves \
+its own files again"
+                     (if (zerop (process-exit-status process))
+                         "" "export incomplete: ")
+                     summary)
             summary))
       (kill-buffer output))))
 
@@ -988,26 +1024,83 @@ read; M-x magent-store-export-for-magent writes them back" what)))))))
 
 (declare-function magent-runtime-load-session-file "ext:magent-runtime-api"
                   (file))
+(declare-function magent-runtime-session-from-id "ext:magent-runtime-api"
+                  (session-id &optional scope))
+(declare-function magent-runtime-session-magent-session "ext:magent-runtime-api"
+                  (session))
+(declare-function magent-agent-shell--buffers "ext:magent-agent-shell" ())
+(declare-function magent-store-search-view "magent-store-search" (hit))
+(defvar magent-session--scoped-sessions)
+
+(defun magent-store--magent-live-session (id)
+  "Return magent's session object of ID if this Emacs has it, else nil.
+A session magent holds may be streaming: loading a second copy of it
+would have magent's loader settle that copy as after a restart, writing
+a cancelled item and an interrupted turn into the live one."
+  (or (when-let* (((fboundp 'magent-runtime-session-from-id))
+                  (runtime (magent-runtime-session-from-id id)))
+        (magent-runtime-session-magent-session runtime))
+      (when (boundp 'magent-session--scoped-sessions)
+        (catch 'found
+          (maphash (lambda (_scope session)
+                     (when (equal (magent-session-get-id session) id)
+                       (throw 'found session)))
+                   magent-session--scoped-sessions)
+          nil))))
+
+(defun magent-store--magent-buffer (id)
+  "Return the live buffer of magent's own for session ID, or nil."
+  (when (fboundp 'magent-agent-shell--buffers)
+    (cl-find-if (lambda (buffer)
+                  (equal (ignore-errors
+                           (map-nested-elt (buffer-local-value
+                                            'agent-shell--state buffer)
+                                           '(:session :id)))
+                         id))
+                (ignore-errors (magent-agent-shell--buffers)))))
+
+(defun magent-store--magent-show (hit where)
+  "Show HIT's session: magent's buffer for it, else its transcript.
+WHERE says where the session lives, in the transcript's header line.
+Return the buffer shown."
+  (let ((id (alist-get 'id hit)))
+    (if-let ((buffer (magent-store--magent-buffer id)))
+        (progn (pop-to-buffer buffer) buffer)
+      (let ((buffer (magent-store-search-view hit)))
+        (with-current-buffer buffer
+          (setq header-line-format
+                (format "Session %s is %s; this is its saved transcript"
+                        id where)))
+        buffer))))
 
 (defun magent-store--magent-resume (header hit)
-  "Resume the session whose header file is HEADER in magent.
-HIT is the search result (an alist).  Return the session magent
-loaded, or nil when the loaded magent has no loader (its runtime is
-not loaded) or could not read the session: the search then shows a
-read-only transcript.  On `magent-store-search-resume-functions'
-while `magent-store-mode' is on: magent's release reads the store's
-sessions only through the mode."
-  (when (fboundp 'magent-runtime-load-session-file)
-    (let ((id (alist-get 'id hit)))
+  "Show HIT's session (header file HEADER) in magent, loading it if need be.
+A session this Emacs already holds is shown where it lives, never
+loaded again; one magent loads is displayed.  Return the session
+magent loaded, or the buffer showing a session it holds, or nil when
+the loaded magent has no loader (its runtime is not loaded) or could
+not read the session: the search then shows a read-only transcript.
+On `magent-store-search-resume-functions' while `magent-store-mode' is
+on: magent's release reads the store's sessions only through the mode."
+  (let ((id (alist-get 'id hit)))
+    (cond
+     ((magent-store--magent-live-session id)
+      (message "Session %s is already open in magent; showing it, not loading \
+it again" id)
+      (magent-store--magent-show hit "open in magent"))
+     ((fboundp 'magent-runtime-load-session-file)
       (condition-case err
           (if-let* ((loaded (magent-runtime-load-session-file header)))
-              (progn (message "Session %s is loaded in magent" id)
-                     loaded)
+              (progn
+                (magent-store--magent-show
+                 hit "loaded in magent, as the current session of its scope")
+                (message "Session %s is loaded in magent" id)
+                loaded)
             (message "Magent could not read session %s; showing its transcript"
                      id)
             nil)
         (error (user-error "Magent could not load session %s: %s"
-                           id (error-message-string err)))))))
+                           id (error-message-string err))))))))
 
 ;;;; The mode
 
@@ -1033,11 +1126,20 @@ On `after-load-functions' while the mode waits for magent."
 Events and streamed chunks are forwarded as magent appends them, saves
 become header refreshes and flushes, a session is flushed before magent
 reads it, and Emacs flushes everything before it exits.  Only the
-functions the loaded magent has are advised; the mode says once what
-it lacks (see `magent-store-magent-functions').  RET on a result of
-`magent-store-search' resumes its session in magent."
+functions the loaded magent has are advised; `magent-store-status'
+says what the mode makes of the loaded magent (see
+`magent-store-magent-functions').  RET on a result of
+`magent-store-search' resumes its session in magent.  After
+`magent-store-export-for-magent', toggling the mode on asks first."
   :global t
   :group 'magent-store
+  (when (and magent-store-mode magent-store--exported
+             (called-interactively-p 'any) (eq arg 'toggle))
+    (if (y-or-n-p "The sessions were written back for magent and \
+magent-store-mode turned off; turn it on again (its next save takes each \
+session over again)? ")
+        (setq magent-store--exported nil)
+      (setq magent-store-mode nil)))
   (if magent-store-mode
       (progn
         (magent-store--magent-install)

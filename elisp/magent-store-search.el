@@ -206,7 +206,9 @@ magent's own loader here while it is on."
 (defun magent-store-search--row (hit)
   "Return the columns of HIT."
   (vector (or (alist-get 'title hit) (alist-get 'id hit))
-          (or (alist-get 'scope-label hit) "")
+          (concat (or (alist-get 'scope-label hit) "")
+                  ;; magent's own format, read as it is.
+                  (if (eql (alist-get 'schema hit) 6) " (schema 6)" ""))
           (magent-store-search--when (alist-get 'time hit))
           (magent-store-search--highlight (car (alist-get 'excerpts hit)))))
 
@@ -312,10 +314,17 @@ TEXT is the output of `magent-store show', which exited with STATUS."
       (erase-buffer)
       (if (not (eq status 0))
           (insert (format "Cannot read session %s:\n%s" (alist-get 'id hit) text))
-        (let ((thread (json-parse-string text :object-type 'alist :array-type 'list
+        ;; The thread is one line of JSON; a notice may share the output.
+        (let ((thread (json-parse-string (if (string-match "^{.*$" text)
+                                             (match-string 0 text)
+                                           text)
+                                         :object-type 'alist :array-type 'list
                                          :null-object nil :false-object nil)))
           (insert (propertize (or (alist-get 'title hit) (alist-get 'id hit)) 'face 'bold)
-                  (format "\n%s  %s\n" (alist-get 'scope-label hit) (alist-get 'id hit)))
+                  (format "\n%s  %s%s\n" (alist-get 'scope-label hit) (alist-get 'id hit)
+                          (if (eql (alist-get 'schema hit) 6)
+                              "  (magent's own format, schema 6)"
+                            "")))
           (dolist (turn (alist-get 'turns thread))
             (dolist (item (alist-get 'items turn))
               (let ((who (or (alist-get 'role item) (alist-get 'name item) (alist-get 'type item))))

@@ -264,6 +264,9 @@ when the backend has no files for it (no event carries that state)."
 (defvar magent-store--restarts nil
   "Times of automatic restarts, newest first.")
 
+(defvar magent-store--stops nil
+  "Unexpected stops of the backend in this Emacs: (COUNT TIME WHY), or nil.")
+
 (defvar magent-store--gave-up nil
   "Non-nil once the shim told the user it could not keep the backend up.")
 
@@ -804,6 +807,7 @@ A refused batch (a full disk, say) stays in Emacs until it is saved."
 Every timer of every session is cancelled first: nothing is sent until
 the new backend has reopened the session and taken what it had not
 saved, in order; chunks keep queueing meanwhile."
+  (magent-store--note-stop backend)
   (magent-store--kill-backend backend)
   (maphash (lambda (_id session) (magent-store--session-detach session))
            magent-store--sessions)
@@ -820,6 +824,22 @@ saved, in order; chunks keep queueing meanwhile."
       (condition-case err
           (magent-store--start-backend)
         (error (magent-store--give-up (error-message-string err)))))))
+
+(defun magent-store--note-stop (backend)
+  "Count that BACKEND stopped unexpectedly, with why, for the status buffer."
+  (let ((process (magent-store--backend-process backend)))
+    (when (process-live-p process)
+      ;; The connection closes first; the exit follows within moments.
+      (accept-process-output process 0.2 nil 1))
+    (setq magent-store--stops
+          (list (1+ (or (car magent-store--stops) 0))
+                (float-time)
+                (pcase (and (processp process) (process-status process))
+                  ('signal (format "was killed by signal %d"
+                                   (process-exit-status process)))
+                  ('exit (format "exited with status %d"
+                                 (process-exit-status process)))
+                  (_ "closed its connection"))))))
 
 (defun magent-store--session-detach (session)
   "Forget that SESSION is open on a backend; cancel its timers."
@@ -878,7 +898,8 @@ skips the ones already in its log.  Then the queue follows."
      (when-let ((header (magent-store--session-header session)))
        (magent-store--send "put-header"
                            (list (magent-store--session-id session) header)
-                           nil #'ignore))
+                           nil (magent-store--header-refused
+                                (magent-store--session-id session))))
      (magent-store--resend session))
    (lambda (why)
      (setf (magent-store--session-opening session) nil)
@@ -1328,9 +1349,14 @@ HEADER is an alist or its JSON text, as for `magent-store-append-event'."
     ;; Otherwise the session's reopening sends it.
     (when (magent-store--sendable-p session)
       (magent-store--send "put-header" (list session-id text) nil
-                          (lambda (why)
-                            (message "magent-store: header of %s refused: %s"
-                                     session-id why))))))
+                          (magent-store--header-refused session-id)))))
+
+(defun magent-store--header-refused (session-id)
+  "Return a handler of a refusal of SESSION-ID's header: a message and the error."
+  (lambda (why)
+    (setq magent-store--last-error
+          (format "header of %s refused: %s" session-id why))
+    (message "magent-store: header of %s refused: %s" session-id why)))
 
 (defun magent-store-request-flush (session-id)
   "Ask for SESSION-ID to be flushed within `magent-store-flush-interval'.
@@ -1592,6 +1618,11 @@ P never gives less."
                         (or magent-store--last-error
                             (and status (alist-get 'last-error status))
                             "none"))
+                (pcase magent-store--stops
+                  ('nil "Restarts:           none\n")
+                  (`(,count ,time ,why)
+                   (format "Restarts:           %d, last at %s: the backend %s\n"
+                           count (format-time-string "%F %T" time) why)))
                 (format "Backend log:        %s\n"
                         (expand-file-name "server.log"
                                           (magent-store--log-directory))))

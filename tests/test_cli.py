@@ -120,3 +120,85 @@ def test_console_script_matches_python_m(tmp_path: Path) -> None:
     done = subprocess.run([script, "--version"], capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith(b"magent-store ")
     assert os.access(script, os.X_OK)
+
+
+# -- magent's own format (schema 6), read as it is ----------------------------------
+
+
+def _schema6_root(tmp_path: Path) -> tuple[Path, Any, Path]:
+    import random
+
+    import schema6
+
+    root = tmp_path / "root"
+    fixture = schema6.session(random.Random(7), "old-global", turns=2, shadow_rate=0.2)
+    return root, fixture, fixture.write(root)
+
+
+def _stats(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_mode, p.read_bytes() if p.is_file() else b"")
+            for p in sorted(root.rglob("*")) if ".search" not in p.relative_to(root).parts}  # fmt: skip
+
+
+def test_ls_lists_schema6_sessions_as_they_are_and_says_their_format(tmp_path: Path) -> None:
+    root, fixture, path = _schema6_root(tmp_path)
+    before = _stats(root)
+    listing = cli("ls", root)
+    assert listing.returncode == 0, listing.stderr
+    (line,) = listing.stdout.decode().splitlines()
+    fields = line.split("\t")
+    assert fields[0] == "old-global" and fields[1] == "global"
+    assert "schema 6" in fields, fields
+    assert listing.stderr == b""  # nothing said of a session that was listed
+    (entry,) = orjson.loads(cli("ls", root, "--json", "--turns").stdout)
+    assert entry["id"] == "old-global" and entry["schema"] == 6 and entry["path"] == str(path)
+    assert entry["turns"] == len(fixture.expected["turns"])
+    assert _stats(root) == before  # nothing migrated, nothing written
+
+
+def test_ls_of_a_root_without_sessions_says_so(tmp_path: Path) -> None:
+    (tmp_path / "global").mkdir()
+    listing = cli("ls", tmp_path)
+    assert listing.returncode == 0 and listing.stdout == b""
+    assert b"no sessions under" in listing.stderr
+
+
+def test_show_reads_a_schema6_session_as_it_is(tmp_path: Path) -> None:
+    root, fixture, path = _schema6_root(tmp_path)
+    before = _stats(root)
+    shown = cli("show", path)
+    assert shown.returncode == 0, shown.stderr
+    assert orjson.loads(shown.stdout) == fixture.expected
+    assert b"magent's own format (schema 6)" in shown.stderr
+    header = orjson.loads(cli("show", path, "--header").stdout)
+    assert {k: header[k] for k in fixture.header} == fixture.header
+    assert header["schema-version"] == 6
+    logged = [orjson.loads(line) for line in cli("show", path, "--log").stdout.splitlines()]
+    assert len(logged) == fixture.events and [e["seq"] for e in logged] == sorted(e["seq"] for e in logged)
+    assert _stats(root) == before
+
+
+def test_search_finds_words_of_a_schema6_session_and_says_its_format(tmp_path: Path) -> None:
+    root, fixture, path = _schema6_root(tmp_path)
+    before = _stats(root)
+    word = next(w for turn in fixture.expected["turns"] for item in turn["items"]
+                for w in str(item.get("content") or "").split() if w.isascii() and w.isalpha() and len(w) > 4)  # fmt: skip
+    found = cli("search", word, root, "--json")
+    assert found.returncode == 0, found.stderr
+    reply = orjson.loads(found.stdout)
+    assert not any("cannot be read" in n for n in reply["notices"]), reply["notices"]
+    (hit,) = reply["hits"]
+    assert hit["id"] == "old-global" and hit["header"] == str(path) and hit["schema"] == 6
+    text = cli("search", word, root)
+    assert b"schema 6" in text.stdout
+    assert _stats(root) == before
+
+
+def test_search_counts_one_matching_passage_in_the_singular(tmp_path: Path, events: Events) -> None:
+    header = tmp_path / "root" / "global" / "s1.json"
+    said = [events.thread_started(), events.turn("turn-started", "turn-1", input="hello"),
+            events.item_started("turn-1", "a1"), events.content("turn-1", "a1", "zanzibar once")]  # fmt: skip
+    assert cli("apply", header, input=jsonl(said)).returncode == 0
+    found = cli("search", "zanzibar", tmp_path / "root")
+    assert found.returncode == 0, found.stderr
+    assert b"  1 matching passage  id s1" in found.stdout, found.stdout

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import export, ledger, migrate
+from magent_store import export, fsck, ledger, migrate
 from magent_store.export import Exporter, render, salvage
 from magent_store.store import Scope, SessionFiles, SessionLock, Store, load_session, read_header
 
@@ -226,3 +226,30 @@ def test_export_cli_reports_progress_and_refuses_other_schemas(tmp_path: Path, e
     assert "1/2 exported: global/s" in done.stderr and "2/2 exported: global/s" in done.stderr
     assert "2 written back and value-identical" in done.stdout
     assert orjson.loads((root / "global" / "s1.json").read_bytes())["schema-version"] == 6
+
+
+def test_export_removes_the_stores_side_files_and_fsck_knows_them(tmp_path: Path, events: Events) -> None:
+    root = tmp_path / "root"
+    files = make_session(root, events, "g1")
+    with Store(root).open("g1", Scope.global_()) as s:  # what a backend leaves: its batch record
+        assert s.begin_batch("emacs-1", 1)
+        s.append_event(events.content("turn-1", "a1", " more"))
+        s.flush()
+    assert files.producer.exists()
+    assert fsck.fsck(root).findings == []  # beside a schema-7 session: the store's own, fine
+    result = Exporter(root).run()
+    assert result.count(export.EXPORTED) == 1, result.summary()
+    assert sorted(p.name for p in files.directory.iterdir()) == ["g1.json"]
+    # Left beside a schema-6 file by an earlier export: fsck names them, export removes them.
+    files.producer.write_bytes(b'{"producer":"emacs-1","batch":1,"seq":9}\n')
+    files.lock.write_bytes(b"")
+    check = fsck.fsck(root)
+    assert [(f.path, f.kind) for f in check.findings if f.kind != fsck.SCHEMA6] == [
+        (files.producer, fsck.STALE_PRODUCER), (files.lock, fsck.STALE_LOCK)]
+    assert Exporter(root).run().count(export.ALREADY_6) == 1
+    assert sorted(p.name for p in files.directory.iterdir()) == ["g1.json"]
+    # fsck --repair removes them too.
+    files.producer.write_bytes(b"{}\n")
+    repaired = fsck.Fsck(root, repair=True).run()
+    assert [f.repaired for f in repaired.findings if f.kind == fsck.STALE_PRODUCER] == [True]
+    assert not files.producer.exists()

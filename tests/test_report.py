@@ -261,6 +261,15 @@ def test_report_since_filters_turns(standin: Path) -> None:
     assert _report(directory, "--since", "2999-01-01")["turns"] == []
 
 
+def test_report_without_turns_after_the_backend_ran_does_not_say_to_turn_the_mode_on(tmp_path: Path) -> None:
+    # The backend ran here (its log), so the mode was on: what is missing is a turn of magent's agent loop.
+    (tmp_path / "server.log").write_text("opened session s1 (last seq 0)\n")
+    run = subprocess.run([MAGENT_STORE, "report", "--dir", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 1 and "no metrics.jsonl yet" in run.stderr
+    assert "while magent-store-mode is on" not in run.stderr
+    assert "no turn of magent's agent loop has been timed here yet" in run.stderr, run.stderr
+
+
 def test_report_errors_are_clear(tmp_path: Path) -> None:
     run = subprocess.run([MAGENT_STORE, "report", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == 1 and "no metrics.jsonl yet" in run.stderr

@@ -698,7 +698,7 @@ def test_a_hit_carries_what_it_takes_to_show_and_open_it(root: Path) -> None:
     assert hit.score < 0
     assert hit.to_json(root) == {
         "id": "s1", "root": str(root), "scope": "/src/shop", "scope-label": Scope.project("/src/shop").label(),
-        "title": header["summary-title"], "header": str(header_path), "time": answered["created-at"],
+        "title": header["summary-title"], "header": str(header_path), "schema": 7, "time": answered["created-at"],
         "score": round(hit.score, 4), "matches": 2,
         "excerpts": [  # the better passage first: the same words in fewer characters
             {"text": "Where is the flux capacitor?", "highlights": [[13, 17], [18, 27]], "turn": "t1", "item": "u1",

@@ -1109,6 +1109,34 @@ def test_put_header_writes_the_header_at_the_next_flush(s1: tuple[Backend, EPCCl
     assert read_header(header)["title"] == "A title"
 
 
+def test_a_header_whose_scope_disagrees_is_stored_with_the_sessions_scope_and_logged_once(
+    s1: tuple[Backend, EPCClient],
+) -> None:
+    backend, client = s1
+    header = backend.root / "global" / "s1.json"
+    before = read_header(header)
+    # What magent builds for a global session after two JSON round trips.
+    given = {
+        **before,
+        "scope": "project",
+        "project-root": "global",
+        "title": "Kept",
+        "approval-overrides": [{"tool": "grep", "decision": "deny"}],
+    }
+    for title in ("Kept", "Kept again"):
+        assert _call(client, "put-header", "s1", orjson.dumps({**given, "title": title}).decode()) is True
+        _call(client, "flush", "s1", [])
+        assert read_header(header) == {
+            **before,
+            "title": title,
+            "approval-overrides": [{"tool": "grep", "decision": "deny"}],
+        }
+    lines = [line for line in backend.log.read_text().splitlines() if "disagreed with the session's scope" in line]
+    assert len(lines) == 1
+    assert "session s1: the header's scope and project-root disagreed with the session's scope global" in lines[0]
+    assert "/" not in lines[0].split("session s1:")[1]  # no path, no content
+
+
 def test_a_batch_sent_again_under_its_number_is_applied_once(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
     assert _call(client, "flush", "s1", _chunks("one"), [], ["emacs-1", 1])[:2] == [4, 4]

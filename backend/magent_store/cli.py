@@ -20,15 +20,17 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, export, fsck, ledger, migrate
+from magent_store import __version__, export, fsck, ledger, migrate, schema6
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
 from magent_store.store import (
     FSYNC_MODES,
     LOG_MAX_EVENTS,
+    SCHEMA_VERSION,
     Scope,
     Session,
     SessionFiles,
+    SessionInfo,
     Store,
     StoreError,
     load_session,
@@ -119,6 +121,19 @@ def _show_json(obj: Any, *, pretty: bool) -> bytes:
 def cmd_show(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
     out = sys.stdout.buffer
+    if schema6.is_schema6(files.header):
+        # magent's own format: read as it is, nothing migrated or written.
+        old = schema6.read(files.header)
+        print(f"magent-store: {files.header}: {schema6.FORMAT_LABEL}, read as it is "
+              "(`magent-store migrate` converts it)", file=sys.stderr)  # fmt: skip
+        if args.header:
+            out.write(_show_json(old.header, pretty=args.pretty) + b"\n")
+        elif args.log:
+            for event in old.events:
+                out.write(_show_json(ledger.event_to_json(event), pretty=args.pretty) + b"\n")
+        else:
+            out.write(_show_json(ledger.thread_to_json(old.thread), pretty=args.pretty) + b"\n")
+        return 0
     if args.header:
         out.write(_show_json(read_header(files.header), pretty=args.pretty) + b"\n")
     elif args.log:
@@ -141,17 +156,55 @@ def _human_size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _schema6_info(path: Path, *, turns: bool) -> SessionInfo:
+    """A listing line of the schema-6 session at PATH, read as it is."""
+    old = schema6.read(path)
+    header, st = old.header, path.stat()
+    return SessionInfo(
+        id=header["id"], scope=Scope.from_header(header).label(),
+        title=header["summary-title"] or header["title"], status=header["status"],
+        header_path=path, bytes=st.st_size, updated=st.st_mtime,
+        turns=len(old.thread.turns) if turns else None,
+    )  # fmt: skip
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     if not args.root.is_dir():
         raise CliError(f"{args.root}: no such directory")
-    sessions = Store(args.root).list(turns=args.turns)
+    store = Store(args.root)
+    quiet = logging.getLogger("magent_store.store")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # what it skips is said below, once and with the format
+    try:
+        found = {s.header_path: (s, SCHEMA_VERSION) for s in store.list(turns=args.turns)}
+    finally:
+        quiet.setLevel(level)
+    sessions: list[tuple[SessionInfo, int]] = []
+    for path in store.headers():
+        if path in found:
+            sessions.append(found[path])
+        elif schema6.is_schema6(path):
+            try:
+                sessions.append((_schema6_info(path, turns=args.turns), schema6.SCHEMA6))
+            except StoreError as exc:
+                print(f"magent-store: skipped (cannot be read): {exc}", file=sys.stderr)
+        else:
+            try:
+                read_header(path)
+                why = f"{path}: changed while listed"
+            except StoreError as exc:
+                why = str(exc)
+            print(f"magent-store: skipped (cannot be read): {why}", file=sys.stderr)
+    if not sessions:
+        print(f"magent-store: no sessions under {args.root}", file=sys.stderr)
     if args.json:
-        sys.stdout.buffer.write(orjson.dumps([s.to_json() for s in sessions]) + b"\n")
+        sys.stdout.buffer.write(orjson.dumps([{**s.to_json(), "schema": v} for s, v in sessions]) + b"\n")
         return 0
-    for s in sessions:
+    for s, version in sessions:
         updated = dt.datetime.fromtimestamp(s.updated).strftime("%Y-%m-%d %H:%M") if s.updated else "-"
         turns = "" if s.turns is None else f"  {s.turns} turns"
-        print(f"{s.id}\t{s.scope}\t{updated}\t{_human_size(s.bytes)}{turns}\t{s.title or ''}")
+        size = f"{_human_size(s.bytes)}{turns}"
+        print(f"{s.id}\t{s.scope}\t{updated}\t{size}\tschema {version}\t{s.title or ''}")
     return 0
 
 
@@ -312,6 +365,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     directory: Path = args.dir.expanduser() if args.dir else metrics.state_directory()
     if not metrics.files(directory):
+        if (directory / "server.log").exists():  # the backend ran here: the mode was on
+            raise CliError(f"{directory}: no {metrics.FILE_NAME} yet: no turn of magent's agent loop has "
+                           "been timed here yet (sessions saved without one, by your own code say, "
+                           "record no timings)")  # fmt: skip
         raise CliError(f"{directory}: no {metrics.FILE_NAME} yet (magent-store-timing records "
                        "turns while magent-store-mode is on)")  # fmt: skip
     turns = report.build(metrics.read(directory, since=args.since),
@@ -369,7 +426,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     on, off = ("\033[1;31m", "\033[0m") if sys.stdout.isatty() else ("[", "]")
     for hit in result.hits:
         print(f"{hit.title or '(untitled)'}")
-        print(f"  {hit.scope_label}  {_when(hit.time)}  {hit.matches} matching passages  id {hit.id}")
+        passages = "1 matching passage" if hit.matches == 1 else f"{hit.matches} matching passages"
+        where = f"  ({schema6.FORMAT_LABEL})" if hit.schema == schema6.SCHEMA6 else ""
+        print(f"  {hit.scope_label}  {_when(hit.time)}  {passages}  id {hit.id}{where}")
         for e in hit.excerpts:
             print(f"    {e.role}: {_marked(e.text, e.highlights, on, off)}")
         print(f"  open: magent-store show {hit.header}")
@@ -478,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
         "show", "print a session's snapshot, header or log",
         "Print the materialized thread (the snapshot with the log replayed) as magent's\n"
         "JSON, or with --header the header, or with --log the logged events one per line.\n"
-        "Reads only: takes no lock and repairs nothing.\n\n"
+        "Reads only: takes no lock and repairs nothing.  A session in magent's own format\n"
+        "(schema 6) is read as it is, and stderr says so.\n\n"
         "examples:\n"
         "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --pretty\n"
         "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --header\n"
@@ -493,8 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "ls", "list the sessions under a root",
-        "One line per session: id, scope, last update, size on disk, title.\n"
-        "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.\n\n"
+        "One line per session: id, scope, last update, size on disk, format, title.\n"
+        "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.\n"
+        "Sessions in magent's own format (schema 6) are read as they are, nothing written.\n\n"
         "examples:\n"
         "  magent-store ls ~/.emacs.d/magent/sessions\n"
         "  magent-store ls ~/.emacs.d/magent/sessions --turns\n"

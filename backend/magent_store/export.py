@@ -392,6 +392,7 @@ class Exporter:
         version = header_schema(path)
         if version == SCHEMA6:
             self._drop_leftovers(files)
+            self._drop_stale_lock(files)
             return ExportReport(path, ALREADY_6)
         if version != 7:
             return ExportReport(path, SKIPPED, "not a session header")
@@ -439,16 +440,23 @@ class Exporter:
         return ExportReport(path, EXPORTED, None, len(body))
 
     def _drop_leftovers(self, files: SessionFiles, *, locked: bool = False) -> None:
-        """Remove the log and snapshot beside a schema-6 file (kept in the backup).
+        """Remove the log, snapshot and batch record beside a schema-6 file (kept in the backup).
 
         Unless LOCKED (we hold the session's lock), a session someone holds
         open is left alone: it is being taken over right now.
         """
         if self.dry_run or (not locked and lock_is_held(files.lock)):
             return
-        for p in (files.log, files.snapshot):
+        for p in (files.log, files.snapshot, files.producer):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+
+    def _drop_stale_lock(self, files: SessionFiles) -> None:
+        """Remove a lock file nobody holds beside a schema-6 session (taking it first, as a writer would)."""
+        if self.dry_run or not files.lock.exists() or lock_is_held(files.lock):
+            return
+        with contextlib.suppress(SessionLockedError):  # taken just now: being taken over
+            SessionLock(files).release(remove=True)
 
 
 def export(root: Path | str, *, dry_run: bool = False, backup: bool = True,

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger
+from magent_store import ledger, schema6
 from magent_store.ledger import Event, LedgerError, Thread
 from magent_store.store import (
     CorruptSessionError,
@@ -65,6 +65,7 @@ LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
 STALE_TEMP: Final = "stale-temp"
 STALE_LOCK: Final = "stale-lock"
+STALE_PRODUCER: Final = "stale-producer"  # a batch record beside no session of the store's
 # Notes.
 IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
@@ -74,7 +75,7 @@ SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> file kept by an earlier repair
 NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE})
 
 _SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock)(?P<aside>\.corrupt-\d+)?"
+    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer)(?P<aside>\.corrupt-\d+)?"
 )
 _SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
 
@@ -314,6 +315,10 @@ class Fsck:
                 self._add(Finding(path, NOT_SESSION, "file name is not a valid session id", session_id))
             return True
         files = SessionFiles(directory, session_id)
+        if paths.pop("producer", None) is not None:
+            self._producer(files, paths)
+        if not paths:
+            return True
         if "json" in paths and self._not_a_session(files, alone=set(paths) == {"json"}):
             return self._lone_lock(files) if "lock" in paths else True
         if set(paths) == {"lock"}:
@@ -344,6 +349,18 @@ class Fsck:
             self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
                               session_id, repairable=True, repaired=True))  # fmt: skip
         return True
+
+    def _producer(self, files: SessionFiles, paths: dict[str, Path]) -> None:
+        """The store's batch record: stale unless it sits beside a session of the store's (or one in use)."""
+        if ("jsonl" in paths or "snapshot" in paths or lock_is_held(files.lock)
+                or ("json" in paths and schema6.file_schema(files.header) == 7)):  # fmt: skip
+            return
+        finding = self._add(Finding(files.producer, STALE_PRODUCER, "batch record left behind beside "
+                                    "no session of the store's", files.id, repairable=True))  # fmt: skip
+        if self.repair:
+            with contextlib.suppress(FileNotFoundError):
+                files.producer.unlink()
+            finding.repaired = True
 
     def _lone_lock(self, files: SessionFiles) -> bool:
         if lock_is_held(files.lock):

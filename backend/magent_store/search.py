@@ -46,9 +46,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from magent_store import ledger
+from magent_store import ledger, schema6
 from magent_store.ledger import Thread
 from magent_store.store import (
+    SCHEMA_VERSION,
     LogScan,
     Scope,
     SessionFiles,
@@ -288,11 +289,12 @@ class Hit:
     score: float
     matches: int
     excerpts: list[Excerpt] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION  # the session's format: the store's (7) or magent's own (6)
 
     def to_json(self, root: Path) -> dict[str, Any]:
         return {
             "id": self.id, "root": str(root), "scope": self.scope, "scope-label": self.scope_label,
-            "title": self.title, "header": str(self.header), "time": self.time,
+            "title": self.title, "header": str(self.header), "schema": self.schema, "time": self.time,
             "score": round(self.score, 4), "matches": self.matches,
             "excerpts": [e.to_json() for e in self.excerpts],
         }  # fmt: skip
@@ -346,7 +348,15 @@ def _item_role(item: ledger.Item | None) -> str | None:
 
 
 def _file_stamp(files: SessionFiles) -> str:
-    return _stamp((str(files.log), str(files.snapshot)))
+    return _session_stamp(str(files.directory), files.id)
+
+
+def _session_stamp(directory: str, session_id: str) -> str:
+    """What tells a session changed: its log and snapshot, or for magent's own format its one file."""
+    stamp = _stamp((f"{directory}/{session_id}.jsonl", f"{directory}/{session_id}.snapshot"))
+    if stamp == "-:-":  # no log, no snapshot: a schema-6 session is all in its .json
+        stamp = "6:" + _stamp((f"{directory}/{session_id}.json", f"{directory}/{session_id}.json"))
+    return stamp
 
 
 def _stamp(paths: tuple[str, str]) -> str:
@@ -437,6 +447,9 @@ def _read_for_build(header: _Header) -> _Read:
 def _read_session(files: SessionFiles) -> tuple[str, Scope, LogScan, Thread]:
     """What indexing needs of a session's files (raises when they cannot be read)."""
     stamp = _file_stamp(files)  # before reading: a later write shows as a change next time
+    if schema6.is_schema6(files.header):  # magent's own format, read as it is
+        old = schema6.read(files.header)
+        return stamp, Scope.from_header(old.header), LogScan([], [], 0, False), old.thread
     scope = Scope.from_header(read_header(files.header))
     scan = scan_log(files.log)
     thread, _ = replay_session(files, scope, scan)
@@ -1023,8 +1036,7 @@ class SearchIndex:
                 seen.add(path)
                 result.checked += 1
                 entry = known.get(path)
-                if entry is not None and entry[2] == _stamp((f"{directory}/{session_id}.jsonl",
-                                                              f"{directory}/{session_id}.snapshot")):
+                if entry is not None and entry[2] == _session_stamp(directory, session_id):
                     pass  # unchanged since indexed
                 elif not ledger.valid_session_id(session_id):
                     continue  # not a session file (fsck reports these)
@@ -1264,7 +1276,7 @@ class SearchIndex:
                 continue
             header_path = self.root / session[0]
             try:
-                header = read_header(header_path)
+                header, schema = schema6.read_any_header(header_path)
             except StoreError:
                 continue  # gone since it was indexed: the next catch-up drops it
             scope = Scope.from_header(header)
@@ -1279,6 +1291,7 @@ class SearchIndex:
                 id=session[1], scope=scope.to_json(), scope_label=scope.label(),
                 title=header.get("summary-title") or header.get("title"), header=header_path,
                 time=max(times, default=None), score=min(matches)[0], matches=len(matches), excerpts=excerpts,
+                schema=schema,
             ))  # fmt: skip
         return hits
 
@@ -1318,4 +1331,6 @@ def open_index(root: Path | str) -> tuple[SearchIndex, CatchUp]:
 
 def load_hit_thread(hit: Hit) -> Thread:
     """The thread of a hit's session, read without locking (for a read-only view)."""
+    if hit.schema == schema6.SCHEMA6:
+        return schema6.read(hit.header).thread
     return load_session(SessionFiles.from_header_path(hit.header))[1]

@@ -67,6 +67,7 @@ from magent_store.store import (
     SessionNotFound,
     Store,
     StoreError,
+    conform_header_scope,
     make_private_dirs,
     write_failed,
 )
@@ -262,6 +263,7 @@ class Service:
         self._open: dict[str, OpenSession] = {}
         self._indexes: dict[str, SearchIndex] = {}
         self._lock = threading.Lock()
+        self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
 
     # -- dispatch table ------------------------------------------------------
 
@@ -478,6 +480,14 @@ class Service:
         obj = _json(header, "header")
         if not isinstance(obj, dict):
             raise CallError("header must be a JSON object")
+        changed = conform_header_scope(obj, session.scope)
+        if changed and session_id not in self._scope_conformed:
+            self._scope_conformed.add(session_id)
+            log.warning(
+                "session %s: the header's %s disagreed with the session's scope %s; "
+                "stored with the session's scope, every other field as given",
+                session_id, " and ".join(changed), session.scope.kind,
+            )
         session.put_header(obj)
         return True
 

@@ -452,6 +452,25 @@ def normalize_header(obj: Any, session_id: str | None = None, scope: Scope | Non
     return header
 
 
+def conform_header_scope(obj: dict[str, Any], scope: Scope) -> list[str]:
+    """Give header OBJ the scope fields of SCOPE, the session's; return the keys that differed.
+
+    The store knows each session's scope: a header that disagrees (magent
+    builds one from metadata a JSON round trip has changed) keeps every
+    other field rather than being refused whole.  An action's ``scope`` and
+    ``project-root`` are its origin's, so only its ``action`` is the session's.
+    """
+    changed = []
+    for key, value in scope.header_fields().items():
+        if scope.kind == "action" and key != "action":
+            continue
+        given = obj.get(key)
+        if not ledger.is_absent(given) and given != value:
+            obj[key] = value
+            changed.append(key)
+    return changed
+
+
 def summary_title(thread: Thread) -> str | None:
     """The title magent shows: the first user/assistant message, whitespace folded."""
     text = ledger.first_message_text(thread, TITLE_SOURCE_CHARS)

@@ -56,6 +56,58 @@
           (should (equal (concat (nreverse marked)) "fluxcapacitor")))
         (should (string-match-p "1 session" mode-line-process))))))
 
+(defun magent-store-search-test--write-schema6 (session-id text)
+  "Write SESSION-ID as magent itself writes it (schema 6), its reply TEXT."
+  (let ((file (expand-file-name (concat "global/" session-id ".json")
+                                magent-store-root))
+        (item `((id . "item-1") (turn-id . "turn-1") (type . "message")
+                (status . "completed") (role . "assistant") (content . ,text)
+                (created-at . 1.7e9) (updated-at . 1.7e9))))
+    (make-directory (file-name-directory file) t)
+    (with-temp-file file
+      (insert (json-serialize
+               `((id . ,session-id) (schema-version . 6) (scope . "global")
+                 (title . "An old session") (agent-jobs . []) (approval-overrides . [])
+                 (snapshot
+                  (id . ,session-id) (session-id . ,session-id) (scope . "global")
+                  (status . "idle") (created-at . 1.7e9) (updated-at . 1.7e9)
+                  (turns . [((id . "turn-1") (thread-id . ,session-id)
+                             (status . "completed") (queued-at . 1.7e9)
+                             (items . [,item]))])
+                  (snapshot-created-at . 1.7e9) (last-event-seq . 3))
+                 (journal . [])))))
+    file))
+
+(ert-deftest magent-store-search-finds-sessions-in-magents-own-format ()
+  "A session magent wrote itself (schema 6) is searched as it is, and
+its line says which format it is in."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-new" '("the flux capacitor, new"))
+    (let* ((file (magent-store-search-test--write-schema6
+                  "s-old" "the flux capacitor of old"))
+           (before (with-temp-buffer (insert-file-contents-literally file)
+                                     (buffer-string)))
+           (buffer (magent-store-search "flux capacitor")))
+      (magent-store-search-test--wait buffer)
+      (should (equal (sort (magent-store-search-test--ids buffer) #'string<)
+                     '("s-new" "s-old")))
+      (with-current-buffer buffer
+        (should (string-match-p "2 sessions" mode-line-process))
+        (should-not (string-match-p "cannot be read" mode-line-process))
+        (goto-char (point-min))
+        (should (re-search-forward "^ An old session +global (schema 6)" nil t))
+        ;; RET shows its transcript (`show' says on stderr which format it read).
+        (let* ((magent-store-search-resume-functions nil)
+               (view (call-interactively (key-binding (kbd "RET")))))
+          (with-timeout (60 (error "The transcript did not appear"))
+            (while (with-current-buffer view (string-prefix-p "Reading" (buffer-string)))
+              (accept-process-output nil 0.05)))
+          (should (string-match-p "the flux capacitor of old"
+                                  (with-current-buffer view (buffer-string))))))
+      (should (equal (with-temp-buffer (insert-file-contents-literally file)
+                                       (buffer-string))
+                     before)))))
+
 (ert-deftest magent-store-search-keys-move-rerun-and-open ()
   "n and p move between sessions, g searches again, RET shows the transcript."
   (magent-store-test--with-backend

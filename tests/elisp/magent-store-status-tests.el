@@ -90,5 +90,72 @@
       (should (= (magent-store--percentile numbers p) (1+ p))))
     (should (equal numbers (number-sequence 101 1 -1))))) ; left as it was
 
+(defmacro magent-store-status-test--with-backend (messages &rest body)
+  "Run BODY against a fresh backend, its messages collected in MESSAGES."
+  (declare (indent 1) (debug t))
+  `(let* ((tmp (make-temp-file "magent-store-status-test-" t))
+          (magent-store-root (expand-file-name "root" tmp))
+          (magent-store-python (or magent-store-test-python magent-store-python))
+          (process-environment
+           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                 process-environment))
+          (magent-store--sessions (make-hash-table :test #'equal))
+          (magent-store--recent nil)
+          (magent-store--backend nil)
+          (magent-store--last-error nil)
+          (magent-store--flush-ms nil)
+          (,messages nil))
+     (unwind-protect
+         (cl-letf (((symbol-function 'message)
+                    (lambda (format &rest args)
+                      (when format
+                        (push (apply #'format-message format args) ,messages)))))
+           ,@body)
+       (ignore-errors (magent-store-stop '(4)))
+       (when magent-store--backend
+         (magent-store--kill-backend magent-store--backend))
+       (delete-directory tmp t))))
+
+(ert-deftest magent-store-status-a-header-refused-at-opening-is-said ()
+  "A header the backend refuses is said, also when it went with the opening."
+  (magent-store-status-test--with-backend messages
+    (magent-store-start)
+    ;; Opened without waiting: the header goes once the session is open.
+    (magent-store--ensure-session "s-bad" 'global)
+    (magent-store-put-header "s-bad" '((id . "s-bad")
+                                       (approval-overrides
+                                        . [((tool . "grep") (decision . "maybe"))])))
+    (magent-store-append-event "s-bad" '((type . "thread-started")
+                                         (thread-id . "s-bad")
+                                         (created-at . 1.0e9)))
+    (magent-store-flush "s-bad")
+    (should (string-match-p "approval-overrides" (or magent-store--last-error "")))
+    (should (cl-find-if (lambda (text)
+                          (string-match-p "header of s-bad refused: .*approval-overrides"
+                                          text))
+                        messages))))
+
+(ert-deftest magent-store-status-shows-restarts-and-why ()
+  "After the backend is killed, the status says how often, when and why."
+  (magent-store-status-test--with-backend messages
+    (let ((magent-store--stops nil)
+          (magent-store--restarts nil)
+          (magent-store--gave-up nil))
+      (magent-store-open "s1")
+      (magent-store-flush "s1")
+      (should (string-match-p "^Restarts: +none$" (magent-store-status-test--text)))
+      (let ((pid (magent-store--backend-pid magent-store--backend)))
+        (signal-process pid 'SIGKILL)
+        (with-timeout (20 (ert-fail "the backend was not restarted"))
+          (while (not (and magent-store--backend
+                           (not (equal (magent-store--backend-pid
+                                        magent-store--backend)
+                                       pid))
+                           (magent-store--ready-p magent-store--backend)))
+            (accept-process-output nil 0.05))))
+      (should (string-match-p
+               "^Restarts: +1, last at [0-9-]+ [0-9:]+: the backend was killed by signal 9$"
+               (magent-store-status-test--text))))))
+
 (provide 'magent-store-status-tests)
 ;;; magent-store-status-tests.el ends here

@@ -227,6 +227,57 @@ Return the id of the last turn."
                                      (magent-store-resume-test--state
                                       (plist-get theirs :session))))))))))
 
+;;;; A global session resumed twice
+
+(ert-deftest magent-store-resume-twice-keeps-every-header-field ()
+  "A global session resumed twice still saves its whole header.
+After two round trips magent holds its origin scope as the string
+\"global\" and builds a project header from it; the store keeps the
+session's own scope and every other field."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((id "20261130-180000-tw")
+           (file (expand-file-name (concat "global/" id ".json")
+                                   magent-session-directory))
+           (messages nil)
+           (magent-store--last-error nil)
+           (record (lambda (format &rest args)
+                     (when format
+                       (push (apply #'format-message format args) messages)))))
+      (magent-store-resume-test--new-session id)
+      (magent-store-resume-test--restart)
+      (dotimes (_ 2)
+        (let ((session (plist-get (magent-session-read-file file) :session)))
+          (magent-store-resume-test--converse session 1)
+          (magent-session-save-for-session session 'global))
+        (magent-store-resume-test--restart))
+      (let ((session (plist-get (magent-session-read-file file) :session)))
+        (advice-add 'message :before record)
+        (unwind-protect
+            (progn
+              (magent-session-set-approval-override session 'grep 'deny)
+              (magent-session-set-metadata-value session 'status "reviewed")
+              (magent-session-save-for-session session 'global))
+          (advice-remove 'message record)))
+      (magent-store-resume-test--restart)
+      (let ((session (plist-get (magent-session-read-file file) :session)))
+        (should (equal (magent-session-approval-overrides session)
+                       '((grep . deny) (shell . allow))))
+        (should (equal (magent-session-metadata-value session 'status)
+                       "reviewed"))
+        (should (= 4 (length (magent-thread-turns
+                              (magent-session-thread-ledger session))))))
+      (let ((header (json-parse-string
+                     (with-temp-buffer (insert-file-contents file)
+                                       (buffer-string))
+                     :object-type 'alist)))
+        (should (equal (alist-get 'scope header) "global"))
+        (should (memq (alist-get 'project-root header) '(nil :null))))
+      ;; Nothing was refused, so nothing had to be said.
+      (should-not (cl-find-if (lambda (text) (string-match-p "refused" text))
+                              messages))
+      (should-not magent-store--last-error))))
+
 ;;;; A magent that reads schema 7 itself
 
 ;; The schema-7 design's magent-session.el (MAGENT_SESSION7) reads the
@@ -531,6 +582,44 @@ cannot read; M-x magent-store-export-for-magent writes them back")))
         (should (equal before (mapcar (lambda (f) (file-attribute-modification-time
                                                    (file-attributes f)))
                                       files)))))))
+
+(ert-deftest magent-store-resume-export-turns-the-mode-off-and-says-so-last ()
+  "The export, run with the mode on, turns it off and says so in its last
+message, not that sessions need writing back; toggling the mode afterwards
+asks before taking the sessions over again."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let ((magent-store-resume-test--messages nil)
+          (magent-store--exported nil)
+          (file (expand-file-name "global/20261130-150000-e.json"
+                                  magent-session-directory))
+          (asked nil))
+      (magent-store-resume-test--new-session "20261130-150000-e")
+      (should magent-store-mode)
+      (advice-add 'message :before #'magent-store-resume-test--record-message)
+      (unwind-protect
+          (magent-store-export-for-magent)
+        (advice-remove 'message #'magent-store-resume-test--record-message))
+      (should-not magent-store-mode)
+      (should (eql (magent-store--file-schema file) 6))
+      (should-not (cl-find-if (lambda (m) (string-match-p "cannot read" m))
+                              magent-store-resume-test--messages))
+      (should (string-match-p
+               "1 written back.*; magent-store-mode is off: magent saves its own files again"
+               (car magent-store-resume-test--messages)))
+      ;; M-x magent-store-mode, meant to turn it off: asked, and it stays off.
+      (cl-letf (((symbol-function 'y-or-n-p)
+                 (lambda (prompt) (setq asked prompt) nil)))
+        (call-interactively #'magent-store-mode))
+      (should (string-match-p "turn it on again" asked))
+      (should-not magent-store-mode)
+      (should-not (advice-member-p #'magent-store--around-save
+                                   'magent-session-save-for-session))
+      ;; Turned on on purpose (with an argument, or from Lisp): no question.
+      (setq asked nil)
+      (magent-store-mode 1)
+      (should magent-store-mode)
+      (should-not asked))))
 
 ;;;; Continuing a session magent wrote before the mode was on
 

@@ -127,5 +127,82 @@ scope, equal to magent's own save and read of the same session."
                                                      (buffer-string))))
         (should (= 0 (hash-table-count magent-runtime-api--sessions)))))))
 
+(declare-function magent-runtime-session-register "ext:magent-runtime-api"
+                  (scope session))
+
+(ert-deftest magent-store-search-ret-on-a-streaming-session-leaves-it-alone ()
+  "RET on a session that is streaming in this Emacs shows it where it
+lives and never loads a second copy: the stored turn ends exactly as
+the stream made it (magent's loader would reconcile a second copy as
+after a restart, writing a cancelled item and an interrupted turn)."
+  (magent-store-search-magent-test--runtime)
+  (magent-store-resume-test--with-magent
+    (let* ((magent-runtime-api--sessions (make-hash-table :test #'equal))
+           (id "20261130-200200-s")
+           (session (magent-store-resume-test--new-session id))
+           (thread (magent-session-thread-ledger session))
+           (turn-id nil) (item nil))
+      (magent-runtime-session-register 'global session)
+      (setq turn-id (magent-thread-turn-id
+                     (magent-thread-queue-turn thread "A streamed question")))
+      (magent-thread-start-turn thread turn-id)
+      (setq item (magent-thread-start-item thread turn-id 'message
+                                           :role 'assistant))
+      (magent-thread-append-item-content thread item "streaming words ")
+      (magent-store-flush id)
+      (let* ((buffer (magent-store-search-magent-test--search "CHUNK 3 QUOTED"))
+             (shown (magent-store-search-magent-test--ret buffer id)))
+        ;; Shown, in a buffer that says where the session lives.
+        (should (bufferp shown))
+        (should (eq (window-buffer (selected-window)) shown))
+        (should (string-match-p "open in magent"
+                                (format "%s" (buffer-local-value
+                                              'header-line-format shown))))
+        (kill-buffer shown))
+      ;; One session object for the id, the live one.
+      (should (eq (magent-session-get-if-present 'global) session))
+      (magent-thread-append-item-content thread item "and the rest")
+      (magent-thread-complete-item thread item
+                                   :content (magent-thread-item-content item))
+      (magent-thread-complete-turn thread turn-id '(:input-tokens 3))
+      (magent-session-save-for-session session 'global)
+      ;; The oracle: magent's own save and read of the live session.
+      (let ((expected (magent-store-resume-test--state
+                       (plist-get (magent-store-resume-test--own-read
+                                   (magent-store-resume-test--own-save
+                                    session 'global))
+                                  :session))))
+        (magent-store-resume-test--restart)
+        (let* ((file (expand-file-name (concat "global/" id ".json")
+                                       magent-session-directory))
+               (stored (magent-session-read-file file))
+               (turn (car (last (magent-thread-turns
+                                 (magent-session-thread-ledger
+                                  (plist-get stored :session)))))))
+          (should (eq (magent-thread-turn-status turn) 'completed))
+          (should-not (magent-thread-turn-error turn))
+          (should (equal (magent-store-resume-test--state
+                          (plist-get stored :session))
+                         expected)))))))
+
+(ert-deftest magent-store-search-ret-displays-the-session-it-loaded ()
+  "A session RET loads into magent is displayed, saying where it now is."
+  (magent-store-search-magent-test--runtime)
+  (magent-store-resume-test--with-magent
+    (let ((magent-runtime-api--sessions (make-hash-table :test #'equal))
+          (id "20261130-200300-g"))
+      (magent-store-resume-test--new-session id)
+      (magent-store-resume-test--restart)
+      (let* ((buffer (magent-store-search-magent-test--search "chunk 2"))
+             (runtime (magent-store-search-magent-test--ret buffer id))
+             (shown (window-buffer (selected-window))))
+        (should (magent-runtime-session-p runtime))
+        (should-not (eq shown buffer))
+        (should (string-match-p (regexp-quote id) (buffer-name shown)))
+        (should (string-match-p "loaded in magent"
+                                (format "%s" (buffer-local-value
+                                              'header-line-format shown))))
+        (kill-buffer shown)))))
+
 (provide 'magent-store-search-magent-tests)
 ;;; magent-store-search-magent-tests.el ends here
