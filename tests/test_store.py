@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,24 @@ def test_fsync_interval_defers_the_sync(root: Path, events: Events) -> None:
     s.close()
 
 
+def test_fsync_interval_syncs_an_idle_session_within_one_interval(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]]
+) -> None:
+    s = Store(root, fsync="interval", fsync_interval_ms=100, log_max_events=10_000).open("s1")
+    fill(s, events, turns=1)
+    s.flush()  # first flush compacts: everything is in a synced snapshot
+    s.append_content("a0", "x", False, events.now())
+    fsyncs.clear()
+    result = s.flush()
+    assert result.durable_seq < result.last_seq and fsyncs == []
+    size = (root / "global/s1.jsonl").stat().st_size
+    deadline = time.monotonic() + 5
+    while s.durable_seq < result.last_seq and time.monotonic() < deadline:
+        time.sleep(0.01)  # no flush, no close: the session is idle
+    assert ("s1.jsonl", size) in fsyncs and s.durable_seq == result.last_seq
+    s.close()
+
+
 @pytest.mark.parametrize("mode", ["always", "never"])
 def test_fsync_always_and_never_report_everything_durable(root: Path, events: Events, mode: str) -> None:
     s = Store(root, fsync=mode, log_max_events=10_000).open("s1")  # type: ignore[arg-type]
@@ -284,6 +303,49 @@ def test_fsync_never_and_interval_do_not_sync_a_flush(
         s.sync()
         assert fsyncs == ([] if mode == "never" else [(f"{mode}.jsonl", (root / f"global/{mode}.jsonl").stat().st_size)])
         s.close()
+
+
+@pytest.mark.parametrize("mode", ["always", "interval", "never"])
+def test_a_new_sessions_directories_are_fsynced_up_to_the_root_before_its_first_flush_returns(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]], mode: str
+) -> None:
+    scope = Scope.project("/home/u/proj")
+    digest = hashlib.sha1(b"/home/u/proj").hexdigest()
+    s = Store(root, fsync=mode).open("s1", scope)  # type: ignore[arg-type]
+    assert fsyncs == [], "nothing is synced before a flush"
+    fill(s, events, turns=1)
+    s.flush()
+    synced = {name for name, _ in fsyncs}
+    # Each directory the store made, and the one it made the root in.
+    assert {digest, "projects", root.name, root.parent.name} <= synced
+    fsyncs.clear()
+    s.append_content("a0", "x", False, events.now())
+    s.flush()
+    assert not {digest, "projects", root.name, root.parent.name} & {name for name, _ in fsyncs}
+    s.close()
+
+
+def test_a_failing_directory_fsync_refuses_the_flush_and_keeps_its_events(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = Store(root).open("s1", Scope.action("review"))
+    fill(s, events, turns=1)
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(store.os, "fsync", failing)
+    pending = s.pending_events
+    with pytest.raises(store.WriteFailed, match=r": cannot fsync the directory \(Input/output error\)"):
+        s.flush()
+    assert s.pending_events == pending and s.written_seq == 0
+    assert (root / "actions/review/s1.jsonl").read_bytes() == b""
+    monkeypatch.setattr(store.os, "fsync", real)
+    assert s.flush().last_seq == pending
+    s.close()
 
 
 def test_unknown_fsync_mode_is_refused(root: Path) -> None:
@@ -367,6 +429,47 @@ def test_torn_final_line_is_dropped_and_repaired(root: Path, events: Events, cap
         assert strip_snapshot_time(state(s)) == strip_snapshot_time(expected)
     assert log_path.read_bytes() == good
     assert "torn final line" in caplog.text
+
+
+def test_an_invalid_tail_is_set_aside_at_open_and_the_session_goes_on(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    st, log_path = three_chunks_after_a_flush(root, events)
+    good = log_path.read_bytes()
+    _, expected = st.load("s1")
+    # What a power loss leaves of unsynced appends: lost pages read as zeros, a cut line.
+    # The rest of an append after a lost page may be valid lines: a line with NULs starts the tail.
+    extra = (b'{"seq":99,"type":"item-content-appended","thread-id":"thread-1","turn-id":"turn-0",'
+             b'"item-id":"a0","payload":{"chunk":"c","output":false},"created-at":1700000100.0}\n')
+    tail = b"\0" * 300 + b"\n" + extra + b'{"seq":99,"type":"item-cont' + b"\0" * 40 + b"\n" + b"\0" * 17
+    log_path.write_bytes(good + tail)
+    _, thread = st.load("s1")  # a plain read skips it, changing nothing
+    assert thread.last_event_seq == expected.last_event_seq
+    assert log_path.read_bytes() == good + tail
+    with st.open("s1") as s:
+        assert s.last_seq == expected.last_event_seq
+        s.append_content("a0", "after", False, events.now())
+    aside = root / "global/s1.jsonl.tail-1"
+    assert aside.read_bytes() == tail, "set aside whole, never deleted"
+    assert stat.S_IMODE(aside.stat().st_mode) == 0o600
+    assert log_path.read_bytes().startswith(good) and log_path.read_bytes().endswith(b'"after","output":false},"created-at":' + str(events.now() - 0.5).encode() + b"}\n")
+    assert "s1.jsonl: 4 lines a crash left after the last valid one set aside in s1.jsonl.tail-1" in caplog.text
+    # A second one never overwrites the first.
+    log_path.write_bytes(log_path.read_bytes() + b"\0\n")
+    st.open("s1").close()
+    assert (root / "global/s1.jsonl.tail-2").read_bytes() == b"\0\n"
+    assert aside.read_bytes() == tail
+
+
+def test_garbage_before_a_valid_line_still_stops_and_names_the_line(root: Path, events: Events) -> None:
+    st, log_path = three_chunks_after_a_flush(root, events)
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    damaged = b"".join(lines[:-2]) + b"\x01" * 20 + b"\n" + b"".join(lines[-2:])
+    log_path.write_bytes(damaged)
+    number = len(lines) - 1
+    with pytest.raises(CorruptSessionError, match=rf"s1\.jsonl:{number}: "):
+        st.open("s1")
+    assert log_path.read_bytes() == damaged and not list(root.glob("global/*.tail-*"))
 
 
 def three_chunks_after_a_flush(root: Path, events: Events) -> tuple[Store, Path]:
@@ -588,7 +691,8 @@ def test_listing_sizes_times_and_damaged_sessions(root: Path, events: Events, ca
     d = root / "global"
     (d / "s1.jsonl").unlink()  # the snapshot holds everything
     (d / "s0.json").write_bytes(b"{not json")
-    (d / "s2.jsonl").write_bytes(b'{"seq": 1}\n')
+    # A bad line before valid ones (a bad last line alone is skipped: what a crash leaves).
+    (d / "s2.jsonl").write_bytes(b'{"seq": 1}\n' + (d / "s2.jsonl").read_bytes())
     infos = {i.id: i for i in st.list(turns=True)}
     assert sorted(infos) == ["s1", "s2"]
     assert f"skipping {d / 's0.json'}: " in caplog.text

@@ -44,6 +44,7 @@ from magent_store.store import (
     SessionLockedError,
     StoreError,
     atomic_write,
+    crash_tail,
     default_header,
     dumps,
     is_temp_file,
@@ -61,6 +62,7 @@ SNAPSHOT_INVALID: Final = "snapshot-invalid"
 CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the end of the log
 SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
 TORN_TAIL: Final = "torn-tail"
+INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (a power loss)
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
 STALE_TEMP: Final = "stale-temp"
@@ -69,12 +71,12 @@ STALE_LOCK: Final = "stale-lock"
 IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
 NOT_SESSION: Final = "not-session"
-SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> file kept by an earlier repair
+SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
 
 NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE})
 
 _SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock)(?P<aside>\.corrupt-\d+)?"
+    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock)(?P<aside>\.(?:corrupt|tail)-\d+)?"
 )
 _SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
 
@@ -212,6 +214,10 @@ def read_log(path: Path) -> LogReading:
             event = ledger.event_from_json(store_loads(line), need_seq=True)
         except (ValueError, LedgerError) as exc:
             log.bad_line, log.bad_kind, log.bad_message = number, CORRUPT_LINE, str(exc)
+            if crash_tail(line, lines[number:]):
+                log.bad_kind = INVALID_TAIL
+                log.bad_message = (f"invalid from here to the end ({exc}): what a power loss leaves of "
+                                   "appends not yet synced")  # fmt: skip
             break
         assert event.seq is not None
         if event.seq <= previous:
@@ -243,13 +249,6 @@ def _project_scope(directory: Path, thread: Thread) -> Scope | None:
     if isinstance(root, str) and hashlib.sha1(root.encode()).hexdigest() == directory.name:
         return Scope.project(root)
     return None
-
-
-def _corrupt_path(files: SessionFiles) -> Path:
-    n = 1
-    while (files.directory / f"{files.log.name}.corrupt-{n}").exists():
-        n += 1
-    return files.directory / f"{files.log.name}.corrupt-{n}"
 
 
 class Fsck:
@@ -289,8 +288,10 @@ class Fsck:
                 continue
             if match["aside"]:
                 if match["ext"] == "jsonl":
-                    self._add(Finding(path, SET_ASIDE, "lines set aside by an earlier repair; "
-                                      "inspect and delete by hand", match["id"]))  # fmt: skip
+                    why = ("invalid lines a crash left at the end of the log, set aside when the session "
+                           "was next opened" if match["aside"].startswith(".tail") else
+                           "lines set aside by an earlier repair")  # fmt: skip
+                    self._add(Finding(path, SET_ASIDE, f"{why}; inspect and delete by hand", match["id"]))
                 continue
             sessions.setdefault(match["id"], {})[match["ext"]] = path
         in_use: set[str] = set()
@@ -401,7 +402,7 @@ class Fsck:
                 f"{moved} lines from there to the end", sid, repairable=True, events=moved,
             ))  # fmt: skip
             if repair:
-                aside = _corrupt_path(files)
+                aside = files.side_file("tail" if log.bad_kind == INVALID_TAIL else "corrupt")
                 atomic_write(aside, log.data[log.good_size :], sync=self.sync)
                 os.truncate(files.log, log.good_size)
                 finding.repaired = True

@@ -25,13 +25,14 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 import orjson
 
@@ -60,6 +61,16 @@ PRODUCER_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PRODUCER_RECORD_BYTES: Final = 256
 
 FsyncMode = Literal["always", "interval", "never"]
+# Starts a timer: (seconds, callback) -> a function that cancels it.
+StartTimer = Callable[[float, Callable[[], None]], Callable[[], None]]
+
+
+def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
+    """Run CALLBACK on its own daemon thread after DELAY seconds; return its cancel."""
+    timer = threading.Timer(delay, callback)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
 
 
 class StoreError(Exception):
@@ -241,6 +252,13 @@ class SessionFiles:
     def lock(self) -> Path:
         return self.directory / f"{self.id}.lock"
 
+    def side_file(self, kind: str) -> Path:
+        """A free ``<id>.jsonl.KIND-<n>`` beside the log, for lines set aside (never deleted)."""
+        n = 1
+        while (self.directory / f"{self.log.name}.{kind}-{n}").exists():
+            n += 1
+        return self.directory / f"{self.log.name}.{kind}-{n}"
+
     @property
     def producer(self) -> Path:
         """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
@@ -251,17 +269,24 @@ class SessionFiles:
 # Private files
 
 
-def make_private_dirs(path: Path) -> None:
-    """Create PATH and its missing parents as 0700, whatever the umask."""
+def make_private_dirs(path: Path) -> list[Path]:
+    """Create PATH and its missing parents as 0700, whatever the umask.
+
+    Returns the directories it created, outermost first: their names are
+    on disk only once their parents are fsynced (see `sync_directories`).
+    """
     missing: list[Path] = []
     p = path
     while not p.exists():
         missing.append(p)
         p = p.parent
+    made: list[Path] = []
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o700)
             os.chmod(d, 0o700)
+            made.append(d)
+    return made
 
 
 def _open_private(path: Path, flags: int) -> int:
@@ -304,27 +329,50 @@ def write_failed(path: Path, exc: OSError, needed: int, what: str = "") -> Write
 
 
 def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def sync_directories(directories: list[Path]) -> None:
+    """Fsync each of DIRECTORIES, so the names made in them survive a power loss.
+
+    A failure raises `WriteFailed` naming the directory: what depends on
+    those names must not be reported saved.
+    """
+    for directory in directories:
+        try:
+            _fsync_dir(directory)
+        except OSError as exc:
+            error = WriteFailed(
+                f"{directory}: cannot fsync the directory ({exc.strerror or exc}): "
+                "what was just written in it might not survive a power loss"
+            )
+            error.errno = exc.errno
+            raise error from None
+
+
 def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], None] | None = None) -> None:
     """Replace PATH by DATA: temp file in the same directory, fsync, rename, fsync the directory.
 
-    A failed write (a full disk, say) leaves PATH as it was, removes the temp
-    file and raises `WriteFailed` naming PATH and the space it needs.
+    The temp file is fsynced before its rename even without SYNC: a power
+    loss then leaves the old file or the new one, never an empty or cut
+    one.  Without SYNC the directory is fsynced only when PATH is a new
+    name (a session's first header, say), so a file once written is never
+    lost whole.  A failed write (a full disk, say) leaves PATH as it was,
+    removes the temp file and raises `WriteFailed` naming PATH and the
+    space it needs; so does a failed directory fsync.
     """
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    new_name = not sync and not path.exists()
     try:
         fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             try:
                 _write_all(fd, data)
-                if sync:
-                    os.fsync(fd)
+                os.fsync(fd)
             finally:
                 os.close(fd)
             if crash:
@@ -340,9 +388,8 @@ def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], 
         raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
     if crash:
         crash(f"{path.suffix[1:]}-renamed")
-    if sync:
-        with contextlib.suppress(OSError):
-            _fsync_dir(path.parent)
+    if sync or new_name:
+        sync_directories([path.parent])
 
 
 def dumps(obj: Any) -> bytes:
@@ -498,12 +545,39 @@ class LogScan:
 
     events: list[Event]
     lines: list[bytes]
-    good_size: int  # bytes up to the end of the last complete line
+    good_size: int  # bytes up to the end of the last valid line
     torn: bool  # a final line without its newline was dropped
+    # Complete lines after the last valid one, none of them valid (with a
+    # torn one, what a power loss leaves of unsynced appends), skipped.
+    invalid_tail: int = 0
+
+
+def _valid_line(line: bytes) -> bool:
+    try:
+        ledger.event_from_json(loads(line), need_seq=True)
+    except (ValueError, LedgerError):
+        return False
+    return True
+
+
+def crash_tail(line: bytes, after: list[bytes]) -> bool:
+    """True when invalid LINE and the lines AFTER it are what a power loss leaves of unsynced appends.
+
+    That is, no valid line follows, or LINE holds a NUL byte: a page that
+    never reached the disk reads as zeros, and the store never writes a
+    NUL (JSON escapes it), so what follows it is the rest of that append.
+    """
+    return b"\0" in line or not any(_valid_line(later) for later in after)
 
 
 def scan_log(path: Path) -> LogScan:
-    """Read and validate every line of the log at PATH (missing → empty)."""
+    """Read and validate every line of the log at PATH (missing → empty).
+
+    Invalid lines with no valid line after them are skipped, and so is
+    everything from a line holding NUL bytes on: a power loss leaves such
+    a tail (zeros, a cut line).  Any other invalid line before a valid one
+    is corruption, raised naming the line.
+    """
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -511,22 +585,32 @@ def scan_log(path: Path) -> LogScan:
     lines = data.split(b"\n")
     tail = lines.pop()  # after the final "\n" this is b""; else a torn append
     torn = tail != b""
-    if torn:
-        log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
     events: list[Event] = []
     previous = 0
+    good_size = 0
+    invalid_tail = 0
     exact = _LONG_INTEGER.search(data) is not None
     for number, line in enumerate(lines, 1):
         try:
             event = ledger.event_from_json(loads(line) if exact else orjson.loads(line), need_seq=True)
         except (ValueError, LedgerError) as exc:
-            raise CorruptSessionError(f"{path}:{number}: {exc}") from None
+            if not crash_tail(line, lines[number:]):
+                raise CorruptSessionError(f"{path}:{number}: {exc}") from None
+            invalid_tail = len(lines) - number + 1
+            del lines[number - 1 :]
+            break
         assert event.seq is not None
         if event.seq <= previous:
             raise CorruptSessionError(f"{path}:{number}: seq {event.seq} does not follow {previous}")
         previous = event.seq
         events.append(event)
-    return LogScan(events, lines, len(data) - len(tail), torn)
+        good_size += len(line) + 1
+    if invalid_tail:
+        log.warning("%s: skipping %d lines a crash left after the last valid one (line %d on)", path,
+                    invalid_tail + torn, len(lines) + 1)  # fmt: skip
+    elif torn:
+        log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
+    return LogScan(events, lines, good_size, torn, invalid_tail)
 
 
 def replay_session(
@@ -637,6 +721,22 @@ class FlushResult:
     seconds: float
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concatenate[Session, _P], _R]:
+    """METHOD under the session's I/O lock (the idle fsync runs on a timer's thread)."""
+
+    def locked(self: Session, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._io_lock:
+            return method(self, *args, **kwargs)
+
+    locked.__doc__ = method.__doc__
+    locked.__name__ = method.__name__
+    return locked
+
+
 class Session:
     """One session open for writing: the lock, the ledger state, the pending log."""
 
@@ -651,12 +751,22 @@ class Session:
         log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
         initial: Thread | None = None,
+        root: Path | None = None,
+        made: list[Path] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        start_timer: StartTimer = thread_timer,
     ) -> None:
         """Open FILES for writing under SCOPE.
 
         INITIAL is the thread as its writer created it (creation time,
         metadata, status, scope, any turns a fork copied): what the session
         starts from when it has no snapshot yet, since no event carries it.
+        ROOT is the session root, and MADE the directories the caller just
+        created for it: the first flush fsyncs their parents, and a new
+        session's directories up to ROOT, before it reports anything saved.
+        With ``fsync = interval`` a log left unsynced by a flush is synced by
+        a timer (START-TIMER, on CLOCK's seconds) one interval after the
+        last sync, so an idle session loses no more than a busy one.
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -669,6 +779,10 @@ class Session:
         self.log_max_events = log_max_events
         self.log_growth = log_growth
         self._crash = crash
+        self._clock = clock
+        self._start_timer = start_timer
+        self._cancel_idle_sync: Callable[[], None] | None = None
+        self._io_lock = threading.RLock()
         # Told what each flush wrote (the search index); must never raise.
         self.after_flush: Callable[[Session, list[bytes]], None] | None = None
         self._pending: list[bytes] = []
@@ -679,7 +793,10 @@ class Session:
         self._closed = False
         self._producer_fd = -1
         self._next_batch: tuple[str, int] | None = None
-        make_private_dirs(files.directory)
+        self._root = root
+        made = [*(made or []), *make_private_dirs(files.directory)]
+        # Directories whose new entries the next flush must fsync first.
+        self._unsynced_dirs: list[Path] = [d.parent for d in made]
         self._lock = SessionLock(files)
         try:
             self._remove_stale_temps()
@@ -728,13 +845,54 @@ class Session:
         self._snapshot_size = files.snapshot.stat().st_size if self._snapshot_on_disk else 0
         for line in scan.lines:
             self._remember(line + b"\n")
+        if scan.invalid_tail:
+            self._set_aside_tail(scan)
+        new_log = not files.log.exists()
         self._log_fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        if scan.torn:
+        if new_log or self._header_on_disk is None:
+            self._unsynced_dirs += self._directory_chain()
+        if scan.torn and not scan.invalid_tail:
             os.ftruncate(self._log_fd, scan.good_size)
             log.warning("%s: torn final line dropped and the log repaired", files.log)
         self._durable_seq = self._written_seq = self.thread.last_event_seq
-        self._last_sync = time.monotonic()
+        self._last_sync = self._clock()
         self._unsynced = False
+
+    def _set_aside_tail(self, scan: LogScan) -> None:
+        """Move the log's invalid tail to a side file beside it (synced first), then cut the log."""
+        files = self.files
+        with open(files.log, "rb") as f:
+            f.seek(scan.good_size)
+            tail = f.read()
+        aside = files.side_file("tail")
+        atomic_write(aside, tail, sync=True)
+        fd = _open_private(files.log, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, scan.good_size)
+            os.fsync(fd)
+        except OSError as exc:
+            raise write_failed(files.log, exc, 0, f"; its invalid tail is copied to {aside.name}") from None
+        finally:
+            os.close(fd)
+        log.warning("%s: %d lines a crash left after the last valid one set aside in %s", files.log,
+                    scan.invalid_tail + scan.torn, aside.name)  # fmt: skip
+
+    def _directory_chain(self) -> list[Path]:
+        """The session's directory and its parents up to the root: the names a new session needs."""
+        chain = [self.files.directory]
+        root = self._root
+        if root is not None and root in self.files.directory.parents:
+            p = self.files.directory
+            while p != root:
+                p = p.parent
+                chain.append(p)
+        return chain
+
+    def _sync_new_names(self) -> None:
+        """Fsync the directories holding names this session made and no fsync covers yet."""
+        if self._unsynced_dirs:
+            sync_directories(list(dict.fromkeys(self._unsynced_dirs)))
+            self._unsynced_dirs = []
 
     def _remove_stale_temps(self) -> None:
         """Remove what an interrupted atomic write of this session left behind.
@@ -745,7 +903,7 @@ class Session:
             for path in self.files.directory.glob(f".{self.files.id}.{ext}.tmp-*"):
                 if is_temp_file(path.name):
                     with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+                        os.unlink(path)
                         log.info("%s: removed the temp file of an interrupted write", path)
 
     def _reload(self) -> None:
@@ -792,6 +950,7 @@ class Session:
         else:
             log.warning("%s: not a producer record; the next writer starts afresh", self.files.producer)
 
+    @_locked
     def begin_batch(self, producer: Any, batch: Any) -> bool:
         """Get ready for batch number BATCH of writer PRODUCER; False: it is in the log already.
 
@@ -818,6 +977,7 @@ class Session:
         self._next_batch = (producer, batch)
         return True
 
+    @_locked
     def abort_batch(self) -> None:
         """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
         self._next_batch = None
@@ -969,6 +1129,7 @@ class Session:
 
     # -- flushing ---------------------------------------------------------
 
+    @_locked
     def flush(self, *, compact: bool | None = None) -> FlushResult:
         """Write pending events, then the header if it changed, then compact if due.
 
@@ -1033,6 +1194,7 @@ class Session:
         )
 
     def _write_pending(self) -> int:
+        self._sync_new_names()
         if not self._pending:
             self._maybe_sync(force=False)
             return 0
@@ -1064,7 +1226,7 @@ class Session:
             self._durable_seq = self._written_seq
             self._unsynced = False
             return
-        now = time.monotonic()
+        now = self._clock()
         if force or self.fsync == "always" or now - self._last_sync >= self.fsync_interval:
             try:
                 os.fsync(self._log_fd)
@@ -1073,7 +1235,28 @@ class Session:
             self._last_sync = now
             self._durable_seq = self._written_seq
             self._unsynced = False
+        elif self._cancel_idle_sync is None:
+            delay = max(0.0, self._last_sync + self.fsync_interval - now)
+            self._cancel_idle_sync = self._start_timer(delay, self._idle_sync)
 
+    def _idle_sync(self) -> None:
+        """The interval's fsync when no flush came to make it (on the timer's thread)."""
+        with self._io_lock:
+            self._cancel_idle_sync = None
+            if self._closed or self._log_fd < 0:
+                return
+            try:
+                self._maybe_sync(force=True)
+            except StoreError as exc:
+                log.error("%s (the next flush tries again)", exc)
+                self._maybe_sync(force=False)  # the timer again, for a session that stays idle
+
+    def _stop_idle_sync(self) -> None:
+        if self._cancel_idle_sync is not None:
+            self._cancel_idle_sync()
+            self._cancel_idle_sync = None
+
+    @_locked
     def sync(self) -> None:
         """Fsync the log now (for ``interval`` mode's timer and for close)."""
         self._check_open()
@@ -1113,6 +1296,7 @@ class Session:
 
     # -- closing ----------------------------------------------------------
 
+    @_locked
     def close(self) -> None:
         """Flush everything, sync, release the lock.  Safe to call twice."""
         if self._closed:
@@ -1121,6 +1305,7 @@ class Session:
             self.flush()
             self.sync()
         finally:
+            self._stop_idle_sync()
             self._closed = True
             if self._log_fd >= 0:
                 os.close(self._log_fd)
@@ -1128,12 +1313,14 @@ class Session:
             self._close_producer()
             self._lock.release(remove=True)
 
+    @_locked
     def abandon(self, *, remove_lock: bool = False) -> None:
         """Drop the session without writing anything more.
 
         Pending events are discarded: this is what a crash leaves behind, and
         how a refused batch leaves the disk as it was (REMOVE-LOCK then).
         """
+        self._stop_idle_sync()
         self._closed = True
         self._pending = []
         if self._log_fd >= 0:
@@ -1202,9 +1389,13 @@ class Store:
         log_max_events: int = LOG_MAX_EVENTS,
         log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        start_timer: StartTimer = thread_timer,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        self.clock = clock  # the interval's clock and timers (a test's own time)
+        self.start_timer = start_timer
         self.root = Path(root).expanduser()
         self.fsync: FsyncMode = fsync
         self.fsync_interval_ms = fsync_interval_ms
@@ -1222,12 +1413,12 @@ class Store:
         """
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
-        make_private_dirs(self.root)
+        made = make_private_dirs(self.root)
         self._take_over(files)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
-            crash=self.crash,
+            crash=self.crash, root=self.root, made=made, clock=self.clock, start_timer=self.start_timer,
         )  # fmt: skip
 
     def _take_over(self, files: SessionFiles) -> None:
