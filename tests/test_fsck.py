@@ -238,6 +238,34 @@ def test_stale_lock_is_removed_and_a_held_one_left_alone(root: Path) -> None:
     assert fsck.fsck(root).findings != [] and kinds(fsck.fsck(root)) == [fsck.STALE_TEMP]
 
 
+def test_a_lock_left_by_a_crash_is_a_note_not_damage(root: Path) -> None:
+    files = make_session(root, "s1")
+    files.lock.write_text("4242\n")  # what a power loss or kill -9 leaves: nobody holds it
+    done = cli("fsck", root)
+    assert done.returncode == 0, done.stdout
+    assert "stale-lock: global/s1.lock: lock file left by a process that ended (a crash, say); " \
+        "nobody holds it and nothing is wrong" in done.stdout
+    assert done.stdout.rstrip().endswith("0 problems found, 0 repaired, 0 remaining; 1 notes — healthy")
+    check = fsck.fsck(root)
+    assert check.healthy and not only(check, fsck.STALE_LOCK).damage
+    assert files.lock.exists(), "fsck without --repair changes nothing"
+    assert fsck.fsck(root, repair=True).healthy and not files.lock.exists()
+
+
+def test_an_invalid_tail_is_named_as_such_and_repaired_into_its_side_file(root: Path) -> None:
+    files = make_session(root)
+    good = files.log.read_bytes()
+    files.log.write_bytes(good + b"\0" * 100 + b"\n" + b'{"seq":9')
+    check = fsck.fsck(root)
+    finding = only(check, fsck.INVALID_TAIL)
+    assert finding.damage and finding.repairable and "what a power loss leaves" in finding.message
+    assert fsck.fsck(root, repair=True).healthy
+    assert files.log.read_bytes() == good
+    assert (files.directory / "s1.jsonl.tail-1").read_bytes() == b"\0" * 100 + b"\n" + b'{"seq":9'
+    after = fsck.fsck(root)
+    assert kinds(after) == [fsck.SET_ASIDE] and "a crash left" in after.findings[0].message
+
+
 def test_invalid_header_is_reported_and_left(root: Path) -> None:
     files = make_session(root)
     header = orjson.loads(files.header.read_bytes())

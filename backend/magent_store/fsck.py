@@ -4,8 +4,9 @@ For each session (``<id>.json`` header, ``<id>.jsonl`` log, ``<id>.snapshot``)
 in ``global/``, ``projects/*/`` and ``actions/*/`` it checks the header (valid,
 naming its file), the snapshot (present when the log needs one, valid),
 every log line (valid, seqs strictly increasing), that the log continues the
-snapshot, a torn final line, orphans (a log or snapshot without a header),
-stale temp files of interrupted atomic writes and locks nobody holds.
+snapshot, a torn final line or an invalid tail a power loss left, orphans
+(a log or snapshot without a header) and stale temp files of interrupted
+atomic writes; a lock nobody holds is a note, not damage.
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
@@ -66,14 +67,18 @@ INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
 STALE_TEMP: Final = "stale-temp"
-STALE_LOCK: Final = "stale-lock"
+STALE_LOCK: Final = "stale-lock"  # a note: see NOTES
 # Notes.
 IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
 NOT_SESSION: Final = "not-session"
 SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
 
-NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE})
+# A lock nobody holds is what any crash leaves: nothing is wrong (--repair removes it).
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK})
+STALE_LOCK_MESSAGE: Final = (
+    "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
+)
 
 _SESSION_FILE_RE: Final = re.compile(
     r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock)(?P<aside>\.(?:corrupt|tail)-\d+)?"
@@ -326,7 +331,7 @@ class Fsck:
         self.result.sessions += 1
         if not self.repair:
             if files.lock.exists():
-                self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+                self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                                   session_id, repairable=True))  # fmt: skip
             self._check(files, repair=False)
             return True
@@ -342,14 +347,14 @@ class Fsck:
         finally:
             lock.release(remove=True)
         if stale_lock:
-            self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+            self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                               session_id, repairable=True, repaired=True))  # fmt: skip
         return True
 
     def _lone_lock(self, files: SessionFiles) -> bool:
         if lock_is_held(files.lock):
             return False  # a session being created
-        finding = self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+        finding = self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                                     files.id, repairable=True))  # fmt: skip
         if self.repair:
             with contextlib.suppress(FileNotFoundError):
