@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -551,6 +553,100 @@ def test_missing_header_after_an_interrupted_first_flush_is_recovered(root: Path
     with st.open("s1") as again:
         assert again.last_seq == s.last_seq
     assert (root / "global/s1.json").exists() and (root / "global/s1.snapshot").exists()
+
+
+# --- files gone under the store ---------------------------------------------------------
+
+
+def _remove_directory(d: Path) -> None:
+    shutil.rmtree(d)
+
+
+def _recreate_directory(d: Path) -> None:
+    shutil.rmtree(d)
+    d.mkdir(mode=0o700)
+
+
+@pytest.mark.parametrize(
+    "remove",
+    [
+        _remove_directory,
+        _recreate_directory,
+        lambda d: (d / "s1.jsonl").unlink(),
+        lambda d: (d / "s1.jsonl").rename(d / "elsewhere"),
+        lambda d: (d / "s1.json").unlink(),
+    ],
+    ids=["directory-removed", "directory-recreated", "log-removed", "log-renamed", "header-removed"],
+)
+def test_files_gone_under_an_open_session_are_written_again_before_the_flush_returns(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture, remove: Callable[[Path], None]
+) -> None:
+    scope = Scope.action("review")
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1", scope)
+    fill(s, events, turns=1)
+    s.put_header({"title": "kept"})
+    s.flush()
+    s.append_content("a0", "more", False, events.now())
+    assert not s.flush().compacted
+    remove(root / "actions/review")
+    s.append_content("a0", "after", False, events.now())
+    result = s.flush()
+    assert result.durable_seq == result.last_seq == s.last_seq
+    header, thread = st.load("s1", scope)  # read back from the disk alone
+    assert header["title"] == "kept" and header["action"] == "review"
+    assert strip_snapshot_time(store.dumps(ledger.thread_to_json(thread))) == strip_snapshot_time(state(s))
+    assert "again from what the store holds" in caplog.text
+    s.append_content("a0", "and on", False, events.now())
+    s.close()
+    assert strip_snapshot_time(loaded(st, "s1", scope)) == strip_snapshot_time(state(s))
+    assert not (root / "actions/review/s1.lock").exists()
+
+
+def test_a_full_disk_while_writing_gone_files_again_keeps_everything_for_the_next_flush(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    for i in range(store.LOG_TAIL_EVENTS + 50):  # more than the log's tail holds
+        s.append_content("a0", f"<{i}>", False, events.now())
+    s.flush()
+    shutil.rmtree(root / "global")
+    s.append_content("a0", "after", False, events.now())
+    real = store._write_all
+
+    def enospc(fd: int, data: bytes | memoryview) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store, "_write_all", enospc)
+    with pytest.raises(store.WriteFailed, match="no space left"):
+        s.flush()
+    monkeypatch.setattr(store, "_write_all", real)
+    assert s.flush().durable_seq == s.last_seq
+    s.close()
+    assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(state(s))
+
+
+def test_files_gone_and_not_writable_again_refuse_the_flush_naming_the_path(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    shutil.rmtree(root / "global")
+    (root / "global").write_bytes(b"a file where the directory was")
+    s.append_content("a0", "after", False, events.now())
+    with pytest.raises(store.WriteFailed, match=rf"{root / 'global/s1.jsonl'}: the session's files are gone and cannot be written again"):
+        s.flush()
+    assert s.pending_events == 1, "the events stay for the next flush"
+    # A numbered batch is refused too, and the session is not read back from the empty place.
+    assert s.begin_batch("emacs-1", 1)
+    s.append_content("a0", "batch", False, events.now())
+    with pytest.raises(store.WriteFailed):
+        s.flush()
+    with pytest.raises(StoreError, match="gone"):
+        s.abort_batch()
+    assert (root / "global").read_bytes() == b"a file where the directory was"
 
 
 # --- crash safety ----------------------------------------------------------------------

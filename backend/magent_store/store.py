@@ -793,6 +793,7 @@ class Session:
         self._closed = False
         self._producer_fd = -1
         self._next_batch: tuple[str, int] | None = None
+        self._rewriting = False
         self._root = root
         made = [*(made or []), *make_private_dirs(files.directory)]
         # Directories whose new entries the next flush must fsync first.
@@ -908,6 +909,13 @@ class Session:
 
     def _reload(self) -> None:
         """Read the session back from disk, dropping what is in memory only (not the header)."""
+        if self._log_fd >= 0 and (self._rewriting or not self._files_in_place()):
+            # What the disk holds is not this session: reading it back would lose it.
+            self.abandon()
+            raise StoreError(
+                f"session {self.files.id!r}: its files at {self.files.log} are gone and could not be "
+                "written again; its unsaved entries stay with their sender: open it again"
+            )
         header, given = self.header, self._header_given
         self._pending = []
         self._tail.clear()
@@ -1141,6 +1149,10 @@ class Session:
         """
         self._check_open()
         started = time.perf_counter()
+        if not self._files_in_place():
+            self._write_again()
+        if self._rewriting:
+            compact = True
         events_written = len(self._pending)
         written = self._pending
         batch = self._next_batch
@@ -1181,6 +1193,7 @@ class Session:
         if self.thread.id is not None and (compact or (compact is None and due)):
             self._compact()
             compacted = True
+            self._rewriting = False
         if self.after_flush is not None and written:
             self.after_flush(self, written)
         return FlushResult(
@@ -1192,6 +1205,60 @@ class Session:
             compacted=compacted,
             seconds=time.perf_counter() - started,
         )
+
+    # -- files gone under the store ----------------------------------------
+
+    def _files_in_place(self) -> bool:
+        """True while the log at our path is the file we append to, and the header is there."""
+        try:
+            here = os.stat(self.files.log)
+        except OSError:
+            return False
+        mine = os.fstat(self._log_fd)
+        if mine.st_nlink == 0 or (here.st_ino, here.st_dev) != (mine.st_ino, mine.st_dev):
+            return False
+        if self._header_on_disk is not None and not self.files.header.exists():
+            log.warning("%s: the header is no longer there; writing it again from what the store holds",
+                        self.files.header)  # fmt: skip
+            self._header_on_disk = None  # written again by this flush
+        return True
+
+    def _write_again(self) -> None:
+        """Start the session's files afresh where they belong; this flush then writes them all.
+
+        Called when the log was removed or replaced under us (its directory
+        removed, say): what we hold in memory is the session, so the flush
+        writes a snapshot of it, the log's tail and the header, syncing the
+        directories it makes, before it reports anything saved.
+        """
+        files = self.files
+        log.warning("%s: the session's files are no longer there (removed or replaced); "
+                    "writing them again from what the store holds", files.log)  # fmt: skip
+        try:
+            made = make_private_dirs(files.directory)
+            fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            where = Path(exc.filename) if isinstance(exc.filename, str) else files.directory
+            error = WriteFailed(
+                f"{where}: the session's files are gone and cannot be written again "
+                f"({exc.strerror or exc}); nothing of this flush is saved"
+            )
+            error.errno = exc.errno
+            raise error from None
+        os.close(self._log_fd)
+        self._log_fd = fd
+        self._unsynced_dirs += [d.parent for d in made] + self._directory_chain()
+        self._header_on_disk = None
+        self._close_producer()
+        self._rewriting = True  # until a compaction has written the whole session again
+        # The log now holds nothing: every line written so far goes back in.
+        self._pending = [*self._tail, *self._pending]
+        self._pending_first_seq = self._written_seq - len(self._tail) + 1
+        self._tail.clear()
+        self._tail_bytes = 0
+        # The lock file went with the directory: take the lock again where it belongs.
+        self._lock.release(remove=False)
+        self._lock = SessionLock(files)
 
     def _write_pending(self) -> int:
         self._sync_new_names()
