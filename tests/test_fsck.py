@@ -278,6 +278,45 @@ def test_invalid_header_is_reported_and_left(root: Path) -> None:
     assert cli("fsck", "--repair", root).returncode == 1
 
 
+@pytest.mark.parametrize("cut", [0, 30])
+@pytest.mark.parametrize("scope", [None, Scope.project("/home/u/proj")], ids=["global", "project"])
+def test_a_header_a_power_loss_left_empty_or_cut_is_rebuilt_and_the_old_one_kept(
+    root: Path, cut: int, scope: Scope | None
+) -> None:
+    files = make_session(root, scope=scope)
+    before = state(files)
+    good = orjson.loads(files.header.read_bytes())
+    damaged = files.header.read_bytes()[:cut]
+    files.header.write_bytes(damaged)
+    check = fsck.fsck(root)
+    finding = only(check, fsck.HEADER_INVALID)
+    assert finding.repairable and "rebuildable from the snapshot" in finding.message
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.HEADER_INVALID).repaired and repaired.healthy
+    assert state(files) == before
+    header = read_header(files.header)
+    assert {k: header[k] for k in ("id", "scope", "project-root", "summary-title")} == {
+        k: good.get(k) for k in ("id", "scope", "project-root", "summary-title")
+    }
+    assert (files.directory / "s1.json.corrupt-1").read_bytes() == damaged, "never deleted"
+    assert kinds(fsck.fsck(root)) == [fsck.SET_ASIDE]
+
+
+def test_a_cut_snapshot_is_rebuilt_from_a_log_that_starts_at_seq_1_and_the_old_one_kept(root: Path) -> None:
+    files = make_session(root)
+    assert orjson.loads(log_lines(files)[0])["seq"] == 1
+    before = state(files)
+    damaged = files.snapshot.read_bytes()[:100]
+    files.snapshot.write_bytes(damaged)
+    check = fsck.fsck(root)
+    assert only(check, fsck.SNAPSHOT_INVALID).repairable
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.SNAPSHOT_INVALID).repaired and repaired.healthy
+    assert state(files) == before
+    assert (files.directory / "s1.snapshot.corrupt-1").read_bytes() == damaged
+    assert kinds(fsck.fsck(root)) == [fsck.SET_ASIDE]
+
+
 def test_invalid_snapshot_is_reported_and_left(root: Path) -> None:
     files = make_session(root)
     snapshot = orjson.loads(files.snapshot.read_bytes())

@@ -10,8 +10,10 @@ atomic writes; a lock nobody holds is a note, not damage.
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
-removed; a missing snapshot is rebuilt from a log that starts at seq 1; a
-missing header is rebuilt from the snapshot (scope from its directory).  A
+removed; a missing snapshot, or one that is not JSON at all (empty, cut), is rebuilt
+from a log that starts at seq 1; a missing header, or one that is not JSON
+at all, is rebuilt from the snapshot (scope from its directory).  A
+damaged file replaced so is kept as ``<file>.corrupt-<n>``.  A
 corrupt line in the middle of a log is never deleted: the log is cut there
 and the rest moved to ``<id>.jsonl.corrupt-<n>`` beside it.  Everything else
 is reported and left as it is.  A session open for writing is not touched.
@@ -237,6 +239,24 @@ def read_log(path: Path) -> LogReading:
     return log
 
 
+def _is_json(path: Path) -> bool:
+    try:
+        store_loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _set_aside(path: Path, sync: bool) -> Path:
+    """Move PATH to a free ``PATH.corrupt-<n>`` beside it (a synced copy first): a repair deletes nothing."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.corrupt-{n}")).exists():
+        n += 1
+    atomic_write(aside, path.read_bytes(), sync=sync)
+    path.unlink()
+    return aside
+
+
 def _directory_scope(directory: Path, root: Path) -> Scope | None:
     """The scope a directory implies; None for a project (its root is only in the files)."""
     relative = directory.relative_to(root).parts
@@ -292,10 +312,11 @@ class Fsck:
             if match is None:
                 continue
             if match["aside"]:
-                if match["ext"] == "jsonl":
+                if match["ext"] != "lock":
                     why = ("invalid lines a crash left at the end of the log, set aside when the session "
                            "was next opened" if match["aside"].startswith(".tail") else
-                           "lines set aside by an earlier repair")  # fmt: skip
+                           "lines set aside by an earlier repair" if match["ext"] == "jsonl" else
+                           "a damaged file replaced by an earlier repair")  # fmt: skip
                     self._add(Finding(path, SET_ASIDE, f"{why}; inspect and delete by hand", match["id"]))
                 continue
             sessions.setdefault(match["id"], {})[match["ext"]] = path
@@ -391,14 +412,19 @@ class Fsck:
     def _check(self, files: SessionFiles, *, repair: bool) -> None:
         sid = files.id
         header: dict[str, Any] | None = None
+        unreadable: Finding | None = None  # a header that is not JSON at all
         header_present = files.header.exists()
         if header_present:
             try:
                 header = read_header(files.header)
             except StoreError as exc:
                 message = str(exc).removeprefix(f"{files.header}: ")
-                self._add(Finding(files.header, HEADER_INVALID, message, sid))
-                return  # without a header nothing else can be trusted
+                finding = self._add(Finding(files.header, HEADER_INVALID, message, sid))
+                if not _is_json(files.header):
+                    # Empty or cut: what a power loss leaves of a header never synced.
+                    unreadable = finding
+                else:
+                    return  # a header that says something else: nothing can be trusted
         log = read_log(files.log)
         if log.bad_line is not None:
             moved = log.moved_lines
@@ -425,10 +451,13 @@ class Fsck:
         thread = self._check_snapshot(files, log, scope, repair=repair)
         if header is None:
             if thread is None:
+                if unreadable is not None:
+                    unreadable.message += "; no valid snapshot to rebuild it from"
+                    return
                 self._add(Finding(files.header, ORPHAN, "a log or snapshot without a header, and no "
                                   "valid snapshot to rebuild it from", sid))  # fmt: skip
             else:
-                self._rebuild_header(files, thread, repair=repair)
+                self._rebuild_header(files, thread, repair=repair, invalid=unreadable)
 
     def _check_snapshot(
         self, files: SessionFiles, log: LogReading, scope: Scope | None, *, repair: bool
@@ -440,8 +469,23 @@ class Fsck:
                 snapshot_obj = store_loads(files.snapshot.read_bytes())
                 ledger.thread_from_json(snapshot_obj)
             except (orjson.JSONDecodeError, LedgerError) as exc:
-                self._add(Finding(files.snapshot, SNAPSHOT_INVALID, str(exc), sid))
-                return None
+                # A cut or empty snapshot is rebuilt from a log that holds every event.
+                can = (isinstance(exc, orjson.JSONDecodeError) and scope is not None
+                       and bool(log.events) and log.events[0].seq == 1)  # fmt: skip
+                why = "; rebuildable from the log, which starts at seq 1" if can else ""
+                finding = self._add(Finding(files.snapshot, SNAPSHOT_INVALID, f"{exc}{why}", sid,
+                                            repairable=can))  # fmt: skip
+                if not (can and repair):
+                    return None
+                aside = _set_aside(files.snapshot, self.sync)
+                thread = self._replay(files, log, scope)
+                if thread is None:
+                    return None
+                thread.snapshot_created_at = time.time()
+                atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=self.sync)
+                finding.repaired = True
+                finding.message += f"; the old one moved to {aside.name}"
+                return thread
             return self._replay(files, log, scope)
         if not log.events:
             return None  # an empty session writes no snapshot
@@ -473,7 +517,10 @@ class Fsck:
             return None
         return thread
 
-    def _rebuild_header(self, files: SessionFiles, thread: Thread, *, repair: bool) -> None:
+    def _rebuild_header(
+        self, files: SessionFiles, thread: Thread, *, repair: bool, invalid: Finding | None = None
+    ) -> None:
+        """Report (and with REPAIR write) the header THREAD implies: missing, or INVALID's."""
         scope = _directory_scope(files.directory, self.root) or _project_scope(files.directory, thread)
         matches = thread.session_id == files.id
         can = scope is not None and matches
@@ -482,9 +529,17 @@ class Fsck:
             f"the snapshot is of session {thread.session_id!r}" if not matches else
             "the snapshot's project root does not hash to its directory"
         )  # fmt: skip
-        finding = self._add(Finding(files.header, ORPHAN, f"a log or snapshot without a header; {why}",
-                                    files.id, repairable=can))  # fmt: skip
+        if invalid is None:
+            finding = self._add(Finding(files.header, ORPHAN, f"a log or snapshot without a header; {why}",
+                                        files.id, repairable=can))  # fmt: skip
+        else:
+            finding = invalid
+            finding.message += f"; {why}"
+            finding.repairable = can
         if repair and scope is not None and can:
+            if invalid is not None:
+                aside = _set_aside(files.header, self.sync)
+                finding.message += f"; the old one moved to {aside.name}"
             header = default_header(files.id, scope)
             header["summary-title"] = summary_title(thread)
             atomic_write(files.header, dumps(header), sync=self.sync)
