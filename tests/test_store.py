@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -17,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import Events
+from conftest import Events, need
 from magent_store import ledger, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
@@ -875,6 +876,68 @@ def test_files_0600_and_directories_0700_whatever_the_umask(root: Path, events: 
         assert mode == expected, f"{path}: {oct(mode)}"
 
 
+# --- nothing outside the root -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["s1.jsonl", "s1.lock", "s1.producer", "s1.json", "s1.snapshot", "temp"])
+def test_a_link_planted_in_a_session_directory_is_never_followed(
+    root: Path, events: Events, tmp_path: Path, name: str
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    outside.chmod(0o644)
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:  # a session with all its files
+        assert s.begin_batch("emacs-1", 1)
+        fill(s, events, turns=1)
+        s.flush()
+    directory = root / "global"
+    if name == "temp":
+        name = f".s1.json.tmp-{os.getpid()}"
+    else:
+        (directory / name).unlink(missing_ok=True)
+    (directory / name).symlink_to(outside)
+    with contextlib.suppress(StoreError), st.open("s1") as s:
+        if name.startswith("."):
+            (directory / name).unlink(missing_ok=True)  # planted again after the open's cleanup
+            (directory / name).symlink_to(outside)
+        assert s.begin_batch("emacs-1", 2)
+        s.append_content("a0", "more", False, events.now())
+        s.put_header({"title": "changed"})
+        s.compact()
+    assert outside.read_bytes() == b"precious"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644
+
+
+def test_a_link_at_the_log_is_refused_with_a_message(root: Path, events: Events, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"")
+    (root / "global").mkdir(parents=True)
+    (root / "global/s1.jsonl").symlink_to(outside)
+    with pytest.raises(StoreError, match=r"s1\.jsonl: a symbolic link; the store never follows one"):
+        Store(root).open("s1")
+    assert not (root / "global/s1.lock").exists()
+
+
+def test_a_session_directory_writable_by_others_is_made_0700(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    (root / "global").mkdir(parents=True)
+    (root / "global").chmod(0o777)
+    Store(root).open("s1").close()
+    assert stat.S_IMODE((root / "global").stat().st_mode) == 0o700
+    assert "was writable by others; made 0700" in caplog.text
+
+
+def test_a_session_directory_of_another_user_is_refused(root: Path) -> None:
+    need(os.getuid() == 0, "root, to give a directory to another user", "run the test as root")
+    (root / "global").mkdir(parents=True)
+    os.chown(root / "global", 4242, 4242)
+    with pytest.raises(StoreError, match=r"global: owned by user 4242, not by you; refused"):
+        Store(root).open("s1")
+    assert list((root / "global").iterdir()) == []
+
+
 # --- listing and deleting ------------------------------------------------------------------
 
 
@@ -890,13 +953,13 @@ def _sessions(root: Path, n: int, events: Events) -> Store:
 def test_listing_reads_headers_only(root: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
     st = _sessions(root, 3, events)
     opened: list[str] = []
-    real = Path.read_bytes
+    real = store.read_file
 
-    def spy(self: Path) -> bytes:
-        opened.append(self.name)
-        return real(self)
+    def spy(path: Path) -> bytes:
+        opened.append(path.name)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", spy)
+    monkeypatch.setattr(store, "read_file", spy)
     infos = st.list()
     assert sorted(opened) == ["s0.json", "s1.json", "s2.json"]
     assert [i.id for i in infos] == ["s0", "s1", "s2"]

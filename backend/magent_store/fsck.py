@@ -24,6 +24,7 @@ Reading and writing go through `store`; values are decoded by `ledger`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -54,6 +55,7 @@ from magent_store.store import (
     read_header,
     replay_session,
     summary_title,
+    truncate_file,
 )
 from magent_store.store import loads as store_loads
 
@@ -167,9 +169,13 @@ class Check:
 def lock_is_held(path: Path) -> bool:
     """True when a live process holds the lock at PATH (without creating it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except (FileNotFoundError, IsADirectoryError):
         return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link is nobody's lock: never followed
+            return False
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -435,14 +441,14 @@ class Fsck:
             if repair:
                 aside = files.side_file("tail" if log.bad_kind == INVALID_TAIL else "corrupt")
                 atomic_write(aside, log.data[log.good_size :], sync=self.sync)
-                os.truncate(files.log, log.good_size)
+                truncate_file(files.log, log.good_size)
                 finding.repaired = True
                 finding.message += f" moved to {aside.name}"
         elif log.torn:
             finding = self._add(Finding(files.log, TORN_TAIL, f"a torn final line of {len(log.torn)} bytes",
                                         sid, repairable=True))  # fmt: skip
             if repair:
-                os.truncate(files.log, log.good_size)
+                truncate_file(files.log, log.good_size)
                 finding.repaired = True
         if header is not None:
             scope: Scope | None = Scope.from_header(header)

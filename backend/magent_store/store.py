@@ -289,14 +289,63 @@ def make_private_dirs(path: Path) -> list[Path]:
     return made
 
 
+def _link_refused(path: Path) -> WriteFailed:
+    error = WriteFailed(
+        f"{path}: a symbolic link; the store never follows one in a session directory "
+        "(remove it, or put the file it points to in its place)"
+    )
+    error.errno = errno.ELOOP
+    return error
+
+
 def _open_private(path: Path, flags: int) -> int:
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    """Open PATH as the store's own file (0600), never through a symbolic link."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path) from None
+        raise
     try:
         os.fchmod(fd, 0o600)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of the session file at PATH, never read through a symbolic link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path) from None
+        raise
+    with open(fd, "rb") as f:
+        return f.read()
+
+
+def truncate_file(path: Path, size: int) -> None:
+    """Cut the session file at PATH to SIZE bytes, never through a symbolic link."""
+    fd = _open_private(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def check_directory(directory: Path) -> None:
+    """Refuse a session directory that is not the user's own; make one writable by others 0700."""
+    st = os.stat(directory)
+    if st.st_uid != os.getuid():
+        raise StoreError(
+            f"{directory}: owned by user {st.st_uid}, not by you; refused, since whoever owns it "
+            "could change your sessions (use a directory of your own)"
+        )
+    if st.st_mode & 0o022:
+        os.chmod(directory, 0o700)
+        log.warning("%s: was writable by others; made 0700", directory)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -368,7 +417,11 @@ def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], 
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     new_name = not sync and not path.exists()
     try:
-        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:  # left by an earlier attempt, or planted: a name, not ours to follow
+            os.unlink(tmp)
+            fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             try:
                 _write_all(fd, data)
@@ -516,8 +569,8 @@ def summary_title(thread: Thread) -> str | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        data = read_file(path)
+    except (FileNotFoundError, WriteFailed):
         raise
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
@@ -579,7 +632,7 @@ def scan_log(path: Path) -> LogScan:
     is corruption, raised naming the line.
     """
     try:
-        data = path.read_bytes()
+        data = read_file(path)
     except FileNotFoundError:
         return LogScan([], [], 0, False)
     lines = data.split(b"\n")
@@ -796,6 +849,7 @@ class Session:
         self._rewriting = False
         self._root = root
         made = [*(made or []), *make_private_dirs(files.directory)]
+        check_directory(files.directory)
         # Directories whose new entries the next flush must fsync first.
         self._unsynced_dirs: list[Path] = [d.parent for d in made]
         self._lock = SessionLock(files)
@@ -819,7 +873,7 @@ class Session:
             )
         try:
             self.header = read_header(files.header)
-            self._header_on_disk: bytes | None = files.header.read_bytes()
+            self._header_on_disk: bytes | None = read_file(files.header)
             self._header_given = True
         except SessionNotFound:
             if files.snapshot.exists():
@@ -862,9 +916,7 @@ class Session:
     def _set_aside_tail(self, scan: LogScan) -> None:
         """Move the log's invalid tail to a side file beside it (synced first), then cut the log."""
         files = self.files
-        with open(files.log, "rb") as f:
-            f.seek(scan.good_size)
-            tail = f.read()
+        tail = read_file(files.log)[scan.good_size :]
         aside = files.side_file("tail")
         atomic_write(aside, tail, sync=True)
         fd = _open_private(files.log, os.O_WRONLY)
@@ -941,7 +993,7 @@ class Session:
         self._batch = 0
         self._commit_seq = self._written_seq
         try:
-            obj = orjson.loads(self.files.producer.read_bytes())
+            obj = orjson.loads(read_file(self.files.producer))
         except FileNotFoundError:
             return
         except (OSError, orjson.JSONDecodeError) as exc:
@@ -1001,7 +1053,7 @@ class Session:
                 break
             offset += len(line) + 1
         dropped = self.thread.last_event_seq - self._commit_seq
-        os.truncate(self.files.log, offset)
+        truncate_file(self.files.log, offset)
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
@@ -1496,9 +1548,8 @@ class Store:
         refused, its file unchanged.
         """
         try:
-            with files.header.open("rb") as f:
-                head = f.read(1024)
-        except FileNotFoundError:
+            head = read_file(files.header)[:1024]
+        except (FileNotFoundError, WriteFailed):
             return
         except OSError as exc:
             raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
