@@ -847,6 +847,9 @@ class Session:
         self._producer_fd = -1
         self._next_batch: tuple[str, int] | None = None
         self._rewriting = False
+        # Checked at every flush (see `_files_in_place`): plain strings cost the least.
+        self._log_name = os.fspath(files.log)
+        self._header_name = os.fspath(files.header)
         self._root = root
         made = [*(made or []), *make_private_dirs(files.directory)]
         check_directory(files.directory)
@@ -1263,13 +1266,13 @@ class Session:
     def _files_in_place(self) -> bool:
         """True while the log at our path is the file we append to, and the header is there."""
         try:
-            here = os.stat(self.files.log)
+            here = os.stat(self._log_name)
         except OSError:
             return False
         mine = os.fstat(self._log_fd)
-        if mine.st_nlink == 0 or (here.st_ino, here.st_dev) != (mine.st_ino, mine.st_dev):
+        if mine.st_nlink == 0 or here.st_ino != mine.st_ino or here.st_dev != mine.st_dev:
             return False
-        if self._header_on_disk is not None and not self.files.header.exists():
+        if self._header_on_disk is not None and not os.path.lexists(self._header_name):
             log.warning("%s: the header is no longer there; writing it again from what the store holds",
                         self.files.header)  # fmt: skip
             self._header_on_disk = None  # written again by this flush
