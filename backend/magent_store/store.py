@@ -65,6 +65,11 @@ FsyncMode = Literal["always", "interval", "never"]
 StartTimer = Callable[[float, Callable[[], None]], Callable[[], None]]
 
 
+def monotonic() -> float:
+    """The clock of fsync intervals (`time.monotonic`, looked up at each call)."""
+    return time.monotonic()
+
+
 def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
     """Run CALLBACK on its own daemon thread after DELAY seconds; return its cancel."""
     timer = threading.Timer(delay, callback)
@@ -389,12 +394,15 @@ def sync_directories(directories: list[Path]) -> None:
     """Fsync each of DIRECTORIES, so the names made in them survive a power loss.
 
     A failure raises `WriteFailed` naming the directory: what depends on
-    those names must not be reported saved.
+    those names must not be reported saved.  A file system that does not
+    sync directories at all (EINVAL) leaves nothing more to do.
     """
     for directory in directories:
         try:
             _fsync_dir(directory)
         except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOTSUP):
+                continue  # a file system that cannot sync a directory: nothing more to do
             error = WriteFailed(
                 f"{directory}: cannot fsync the directory ({exc.strerror or exc}): "
                 "what was just written in it might not survive a power loss"
@@ -616,20 +624,28 @@ def _valid_line(line: bytes) -> bool:
 def crash_tail(line: bytes, after: list[bytes]) -> bool:
     """True when invalid LINE and the lines AFTER it are what a power loss leaves of unsynced appends.
 
-    That is, no valid line follows, or LINE holds a NUL byte: a page that
-    never reached the disk reads as zeros, and the store never writes a
-    NUL (JSON escapes it), so what follows it is the rest of that append.
+    That is, LINE holds a NUL byte (a page that never reached the disk
+    reads as zeros, and the store never writes a NUL: JSON escapes it, so
+    what follows is the rest of that append), or LINE is not JSON at all
+    (cut) and no valid line follows.  A line that is JSON but no valid
+    event was written so: that is corruption, never set aside silently.
     """
-    return b"\0" in line or not any(_valid_line(later) for later in after)
+    if b"\0" in line:
+        return True
+    try:
+        loads(line)
+    except ValueError:
+        return not any(_valid_line(later) for later in after)
+    return False
 
 
 def scan_log(path: Path) -> LogScan:
     """Read and validate every line of the log at PATH (missing → empty).
 
-    Invalid lines with no valid line after them are skipped, and so is
-    everything from a line holding NUL bytes on: a power loss leaves such
-    a tail (zeros, a cut line).  Any other invalid line before a valid one
-    is corruption, raised naming the line.
+    What a power loss leaves of unsynced appends is skipped: everything
+    from a line holding NUL bytes on, or lines that are not JSON at all
+    with no valid line after them (see `crash_tail`).  Any other invalid
+    line is corruption, raised naming the line.
     """
     try:
         data = read_file(path)
@@ -806,7 +822,7 @@ class Session:
         initial: Thread | None = None,
         root: Path | None = None,
         made: list[Path] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
     ) -> None:
         """Open FILES for writing under SCOPE.
@@ -1511,7 +1527,7 @@ class Store:
         log_max_events: int = LOG_MAX_EVENTS,
         log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
     ) -> None:
         if fsync not in FSYNC_MODES:
