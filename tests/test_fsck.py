@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -264,6 +265,28 @@ def test_an_invalid_tail_is_named_as_such_and_repaired_into_its_side_file(root: 
     assert (files.directory / "s1.jsonl.tail-1").read_bytes() == b"\0" * 100 + b"\n" + b'{"seq":9'
     after = fsck.fsck(root)
     assert kinds(after) == [fsck.SET_ASIDE] and "a crash left" in after.findings[0].message
+
+
+def test_a_flipped_digit_is_named_by_fsck_and_repair_sets_aside_from_there(root: Path) -> None:
+    files = make_session(root, more=6)
+    lines = log_lines(files)
+    damaged_line = len(lines) - 2
+    line = lines[damaged_line - 1]
+    at = line.index(b" more ") + len(b" more ")
+    lines[damaged_line - 1] = line[:at] + b"9" + line[at + 1:]
+    files.log.write_bytes(b"".join(lines))
+    check = fsck.fsck(root)
+    finding = only(check, fsck.CHECKSUM)
+    assert finding.damage and finding.repairable
+    assert re.search(rf"bytes \d+-\d+ \(lines \d+-{len(lines)}\) do not match", finding.message), finding.message
+    start = int(re.search(r"bytes (\d+)-", finding.message)[1])  # type: ignore[index]
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.CHECKSUM).repaired and repaired.healthy
+    assert files.log.read_bytes() == b"".join(lines)[:start]
+    assert (files.directory / "s1.jsonl.corrupt-1").read_bytes() == b"".join(lines)[start:], "nothing deleted"
+    assert kinds(fsck.fsck(root)) == [fsck.SET_ASIDE]
+    with Store(root).open("s1"):
+        pass
 
 
 def test_invalid_header_is_reported_and_left(root: Path) -> None:

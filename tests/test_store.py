@@ -69,7 +69,7 @@ def test_flush_then_load_gives_the_same_thread(root: Path, events: Events) -> No
         expected = state(s)
     assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
     files = st.files("s1", Scope.global_())
-    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot"}
+    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"}
 
 
 def test_store_assigns_seq_and_ignores_incoming(root: Path, events: Events) -> None:
@@ -88,14 +88,16 @@ def test_flush_writes_all_pending_lines_at_once(root: Path, events: Events, monk
     s = st.open("s1")
     fill(s, events)
     s.flush()
-    writes: list[int] = []
+    writes: list[tuple[int, int]] = []
     real = store._write_all
-    monkeypatch.setattr(store, "_write_all", lambda fd, data: (writes.append(len(data)), real(fd, data)))
+    monkeypatch.setattr(store, "_write_all", lambda fd, data: (writes.append((fd, len(data))), real(fd, data)))
     for i in range(10):
         s.append_content("a1", f"chunk {i}", False, events.now())
     assert s.pending_events == 10
     result = s.flush()
-    assert writes == [result.bytes_written] and result.events_written == 10 and s.pending_events == 0
+    assert [n for fd, n in writes if fd == s._log_fd] == [result.bytes_written]
+    assert len(writes) == 2, "the log's write and its checksum's"
+    assert result.events_written == 10 and s.pending_events == 0
     assert not result.compacted and not result.header_written
     s.close()
 
@@ -875,6 +877,66 @@ def test_files_0600_and_directories_0700_whatever_the_umask(root: Path, events: 
         assert mode == expected, f"{path}: {oct(mode)}"
 
 
+# --- corruption at rest ----------------------------------------------------------------------
+
+
+def _flip_a_digit(log_path: Path, line_number: int) -> tuple[int, int]:
+    """Change one digit inside a chunk on line LINE-NUMBER (1-based); the line stays valid JSON."""
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    line = lines[line_number - 1]
+    at = line.index(b'"chunk":"') + len(b'"chunk":"')
+    while not line[at:at + 1].isdigit():
+        at += 1
+    lines[line_number - 1] = line[:at] + (b"7" if line[at:at + 1] != b"7" else b"3") + line[at + 1:]
+    log_path.write_bytes(b"".join(lines))
+    start = sum(len(x) for x in lines[: line_number - 1])
+    return start, start + at
+
+
+def test_a_flipped_digit_in_the_log_is_detected_at_open_naming_the_damaged_range(
+    root: Path, events: Events
+) -> None:
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events, turns=1)
+        s.flush()
+        for i in range(3):  # three flushes of two chunks each
+            s.append_content("a0", f"chunk {i}0", False, events.now())
+            s.append_content("a0", f"chunk {i}1", False, events.now())
+            s.flush()
+    log_path = root / "global/s1.jsonl"
+    total = len(log_path.read_bytes().splitlines())
+    _flip_a_digit(log_path, total - 2)  # in the second of the three flushes
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    start = sum(len(x) for x in lines[: total - 4])
+    end = start + len(lines[total - 4]) + len(lines[total - 3])
+    before = log_path.read_bytes()
+    with pytest.raises(CorruptSessionError, match=(
+        rf"s1\.jsonl: bytes {start}-{end} \(lines {total - 3}-{total - 2}\) do not match the checksum kept "
+        r"when they were written \(s1\.sums\): changed since; run `magent-store fsck --repair`"
+    )):
+        st.open("s1")
+    assert log_path.read_bytes() == before and not (root / "global/s1.lock").exists()
+
+
+def test_checksums_raise_no_alarm_through_compaction_a_torn_tail_and_reopening(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=7, log_growth=0.0)
+    for round in range(4):
+        with st.open("s1") as s:
+            if round == 0:
+                fill(s, events, turns=1)
+            for i in range(9):
+                s.append_content("a0", f"<{round}.{i}>", False, events.now())
+                if i % 2:
+                    s.flush()
+        with open(root / "global/s1.jsonl", "ab") as f:
+            f.write(b'{"seq":99,')
+    _, thread = st.load("s1")
+    assert thread.last_event_seq == s.last_seq
+    sums = (root / "global/s1.sums").read_bytes().splitlines()
+    assert sums and all(orjson.loads(line)["ino"] == (root / "global/s1.jsonl").stat().st_ino for line in sums)
+
+
 # --- nothing outside the root -------------------------------------------------------------
 
 
@@ -973,7 +1035,7 @@ def test_delete_removes_the_three_files(root: Path, events: Events) -> None:
         st.delete("s0")
     s.close()
     st.delete("s0")
-    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"]
     with pytest.raises(store.SessionNotFound):
         st.delete("s0")
 

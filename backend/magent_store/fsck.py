@@ -6,7 +6,8 @@ naming its file), the snapshot (present when the log needs one, valid),
 every log line (valid, seqs strictly increasing), that the log continues the
 snapshot, a torn final line or an invalid tail a power loss left, orphans
 (a log or snapshot without a header) and stale temp files of interrupted
-atomic writes; a lock nobody holds is a note, not damage.
+atomic writes, and that the log's committed bytes match their checksums
+(``<id>.sums``); a lock nobody holds is a note, not damage.
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
@@ -49,11 +50,14 @@ from magent_store.store import (
     StoreError,
     atomic_write,
     crash_tail,
+    damage_message,
+    damaged_range,
     default_header,
     dumps,
     is_temp_file,
     read_header,
     replay_session,
+    sum_line,
     summary_title,
     truncate_file,
 )
@@ -68,6 +72,7 @@ CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the e
 SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
 TORN_TAIL: Final = "torn-tail"
 INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (a power loss)
+CHECKSUM: Final = "checksum"  # committed bytes that changed since they were written
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
 STALE_TEMP: Final = "stale-temp"
@@ -450,6 +455,7 @@ class Fsck:
             if repair:
                 truncate_file(files.log, log.good_size)
                 finding.repaired = True
+        log = self._check_sums(files, log, repair=repair)
         if header is not None:
             scope: Scope | None = Scope.from_header(header)
         else:
@@ -464,6 +470,30 @@ class Fsck:
                                   "valid snapshot to rebuild it from", sid))  # fmt: skip
             else:
                 self._rebuild_header(files, thread, repair=repair, invalid=unreadable)
+
+    def _check_sums(self, files: SessionFiles, log: LogReading, *, repair: bool) -> LogReading:
+        """Compare the log's valid part with its checksums; the log as it now reads."""
+        try:
+            ino = os.stat(files.log).st_ino
+        except FileNotFoundError:
+            return log
+        data = log.data[: log.good_size]
+        damaged, _ = damaged_range(files, data, ino)
+        if damaged is None:
+            return log
+        start = damaged[0]
+        moved = data[start:].count(b"\n")
+        message = f"{damage_message(files, data, damaged)}; {moved} lines from there to the end"
+        finding = self._add(Finding(files.log, CHECKSUM, message, files.id, repairable=True, events=moved))
+        if not repair:
+            return log
+        aside = files.side_file("corrupt")
+        atomic_write(aside, log.data[start:], sync=self.sync)
+        truncate_file(files.log, start)
+        atomic_write(files.sums, sum_line(ino, 0, data[:start]) if start else b"", sync=self.sync)
+        finding.repaired = True
+        finding.message += f" moved to {aside.name}"
+        return read_log(files.log)
 
     def _check_snapshot(
         self, files: SessionFiles, log: LogReading, scope: Scope | None, *, repair: bool

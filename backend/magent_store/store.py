@@ -2,7 +2,9 @@
 
 A session is three files in its scope's directory: ``<id>.json`` (the
 header), ``<id>.jsonl`` (the log, one event per line) and ``<id>.snapshot``
-(the materialized thread), plus ``<id>.lock`` while a writer holds it.
+(the materialized thread), plus ``<id>.lock`` while a writer holds it,
+``<id>.producer`` (the last batch logged) and ``<id>.sums`` (checksums of
+the log's committed ranges), which magent never reads.
 
 Appending buffers an encoded log line in memory (O(chunk)).  `Session.flush`
 writes every pending line in one ``write``, syncs as the fsync policy says,
@@ -28,6 +30,7 @@ import re
 import threading
 import time
 import unicodedata
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -256,6 +259,11 @@ class SessionFiles:
     @property
     def lock(self) -> Path:
         return self.directory / f"{self.id}.lock"
+
+    @property
+    def sums(self) -> Path:
+        """Checksums of the log's committed ranges (see `damaged_range`); magent never reads it."""
+        return self.directory / f"{self.id}.sums"
 
     def side_file(self, kind: str) -> Path:
         """A free ``<id>.jsonl.KIND-<n>`` beside the log, for lines set aside (never deleted)."""
@@ -611,6 +619,7 @@ class LogScan:
     # Complete lines after the last valid one, none of them valid (with a
     # torn one, what a power loss leaves of unsynced appends), skipped.
     invalid_tail: int = 0
+    data: bytes = b""  # the file as read
 
 
 def _valid_line(line: bytes) -> bool:
@@ -679,7 +688,56 @@ def scan_log(path: Path) -> LogScan:
                     invalid_tail + torn, len(lines) + 1)  # fmt: skip
     elif torn:
         log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
-    return LogScan(events, lines, good_size, torn, invalid_tail)
+    return LogScan(events, lines, good_size, torn, invalid_tail, data)
+
+
+# ---------------------------------------------------------------------------
+# Checksums of the committed log
+#
+# ``<id>.sums`` holds one line per write of the log: its inode, the byte
+# range and the CRC-32 of those bytes.  Opening a session and fsck compare
+# them with the log, so a byte changed at rest (a flipped digit still reads
+# as valid JSON) is found and named.  Lines of another inode (a log
+# replaced since) or beyond the log's end (what a crash cut) are not
+# checked; a range no line covers is not checked either.  The file is not
+# synced: a power loss costs checks, never data.
+
+
+def sum_line(ino: int, start: int, data: bytes) -> bytes:
+    return orjson.dumps({"ino": ino, "from": start, "to": start + len(data), "crc": zlib.crc32(data)}) + b"\n"
+
+
+def damaged_range(files: SessionFiles, data: bytes, ino: int) -> tuple[tuple[int, int] | None, bool]:
+    """The first range of log DATA (inode INO) that does not match its checksum (or None),
+    and whether a checksum of this log covers bytes beyond DATA."""
+    try:
+        sums = read_file(files.sums)
+    except (FileNotFoundError, WriteFailed):
+        return None, False
+    except OSError as exc:
+        log.warning("%s: cannot read (%s); the log is not checked", files.sums, exc.strerror)
+        return None, False
+    beyond = False
+    for line in sums.split(b"\n"):
+        try:
+            record = orjson.loads(line)
+            start, end, crc = record["from"], record["to"], record["crc"]
+            if record["ino"] != ino or not 0 <= start <= end:
+                continue
+        except (ValueError, TypeError, KeyError):
+            continue  # a line a crash cut, or zeros
+        if end > len(data):
+            beyond = True
+        elif zlib.crc32(data[start:end]) != crc:
+            return (start, end), beyond
+    return None, beyond
+
+
+def damage_message(files: SessionFiles, data: bytes, where: tuple[int, int]) -> str:
+    start, end = where
+    first, last = data[:start].count(b"\n") + 1, data[:end].count(b"\n")
+    return (f"bytes {start}-{end} (lines {first}-{last}) do not match the checksum kept when they "
+            f"were written ({files.sums.name}): changed since")  # fmt: skip
 
 
 def replay_session(
@@ -861,6 +919,7 @@ class Session:
         self._log_fd = -1
         self._closed = False
         self._producer_fd = -1
+        self._sums_fd = -1
         self._next_batch: tuple[str, int] | None = None
         self._rewriting = False
         # Checked at every flush (see `_files_in_place`): plain strings cost the least.
@@ -923,6 +982,18 @@ class Session:
             self._set_aside_tail(scan)
         new_log = not files.log.exists()
         self._log_fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._log_ino = os.fstat(self._log_fd).st_ino
+        data = scan.data[: scan.good_size]
+        damaged, beyond = damaged_range(files, data, self._log_ino)
+        if damaged is not None:
+            os.close(self._log_fd)
+            self._log_fd = -1
+            raise CorruptSessionError(
+                f"{files.log}: {damage_message(files, data, damaged)}; run `magent-store fsck --repair` "
+                "to set aside the log from there (nothing is deleted)"
+            )
+        if beyond:  # the log was cut since (a torn tail): appends would land in those ranges
+            self._rewrite_sums(data)
         if new_log or self._header_on_disk is None:
             self._unsynced_dirs += self._directory_chain()
         if scan.torn and not scan.invalid_tail:
@@ -931,6 +1002,40 @@ class Session:
         self._durable_seq = self._written_seq = self.thread.last_event_seq
         self._last_sync = self._clock()
         self._unsynced = False
+
+    def _rewrite_sums(self, data: bytes) -> None:
+        """Make the checksums cover exactly the log's DATA (now checked or just written).
+
+        Rewritten in place, unsynced: what a crash leaves of it is lines of
+        an older log (not checked) or a cut line (skipped), never a false alarm.
+        """
+        self._close_sums()
+        if not data and not self.files.sums.exists():
+            return
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+            self._sums_fd = _open_private(self.files.sums, flags)
+            if data:
+                _write_all(self._sums_fd, sum_line(self._log_ino, 0, data))
+        except OSError as exc:
+            log.warning("%s: cannot keep checksums (%s); the log is not checked", self.files.sums,
+                        exc.strerror)  # fmt: skip
+            self._close_sums()
+
+    def _add_sum(self, start: int, data: bytes) -> None:
+        """Keep the checksum of DATA, just written to the log at START (best effort)."""
+        try:
+            if self._sums_fd < 0:
+                self._sums_fd = _open_private(self.files.sums, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            _write_all(self._sums_fd, sum_line(self._log_ino, start, data))
+        except OSError as exc:
+            log.warning("%s: cannot keep a checksum (%s); that part of the log is not checked",
+                        self.files.sums, exc.strerror)  # fmt: skip
+
+    def _close_sums(self) -> None:
+        if self._sums_fd >= 0:
+            os.close(self._sums_fd)
+            self._sums_fd = -1
 
     def _set_aside_tail(self, scan: LogScan) -> None:
         """Move the log's invalid tail to a side file beside it (synced first), then cut the log."""
@@ -971,7 +1076,7 @@ class Session:
 
         We hold the session's lock: nobody else is writing these files now.
         """
-        for ext in ("json", "jsonl", "snapshot", "producer"):
+        for ext in ("json", "jsonl", "snapshot", "producer", "sums"):
             for path in self.files.directory.glob(f".{self.files.id}.{ext}.tmp-*"):
                 if is_temp_file(path.name):
                     with contextlib.suppress(FileNotFoundError):
@@ -994,6 +1099,7 @@ class Session:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+        self._close_sums()
         self._load(copy.deepcopy(self._initial))
         self.header, self._header_given = header, given
 
@@ -1318,6 +1424,8 @@ class Session:
             raise error from None
         os.close(self._log_fd)
         self._log_fd = fd
+        self._log_ino = os.fstat(fd).st_ino
+        self._close_sums()
         self._unsynced_dirs += [d.parent for d in made] + self._directory_chain()
         self._header_on_disk = None
         self._close_producer()
@@ -1342,6 +1450,7 @@ class Session:
             _write_all(self._log_fd, data)
             if self._crash:
                 self._crash("log-written")
+            self._add_sum(size, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._log_fd, size)
@@ -1426,6 +1535,8 @@ class Session:
         atomic_write(self.files.log, b"".join(self._tail), sync=sync, crash=self._crash)
         os.close(self._log_fd)
         self._log_fd = _open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._log_ino = os.fstat(self._log_fd).st_ino
+        self._rewrite_sums(b"".join(self._tail))
         self._since_snapshot = 0
         self._log_bytes_since_snapshot = 0
         # Every written event is now in a synced snapshot (or the policy promises nothing).
@@ -1468,6 +1579,7 @@ class Session:
         self._lock.release(remove=remove_lock)
 
     def _close_producer(self) -> None:
+        self._close_sums()
         if self._producer_fd >= 0:
             os.close(self._producer_fd)
             self._producer_fd = -1
@@ -1635,7 +1747,7 @@ class Store:
             raise SessionNotFound(f"no session {session_id!r} in {files.directory}")
         lock = SessionLock(files)
         try:
-            for p in (files.header, files.log, files.snapshot, files.producer):
+            for p in (files.header, files.log, files.snapshot, files.producer, files.sums):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
         finally:
