@@ -236,6 +236,45 @@ def test_fsync_interval_syncs_an_idle_session_within_one_interval(
     s.close()
 
 
+def test_a_failing_idle_fsync_is_logged_and_tried_again_an_interval_later(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    timers: list[tuple[float, Callable[[], None]]] = []
+
+    def start_timer(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
+        timers.append((now[0] + delay, fn))
+        return lambda: None
+
+    st = Store(root, fsync="interval", fsync_interval_ms=1000, log_max_events=10_000,
+               clock=lambda: now[0], start_timer=start_timer)  # fmt: skip
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    s.append_content("a0", "x", False, events.now())
+    s.flush()
+    [(due, fire)] = timers
+    assert due == 1.0, "one interval after the last sync"
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(store.os, "fsync", failing)
+    timers.clear()
+    now[0] = due
+    fire()  # on the timer's thread in real life: it must not raise
+    assert "s1.jsonl: cannot write (Input/output error); fsync failed" in caplog.text
+    assert s.durable_seq < s.last_seq
+    [(due, fire)] = timers
+    assert due == 2.0
+    monkeypatch.setattr(store.os, "fsync", real)
+    now[0] = due
+    fire()
+    assert s.durable_seq == s.last_seq
+    s.close()
+
+
 @pytest.mark.parametrize("mode", ["always", "never"])
 def test_fsync_always_and_never_report_everything_durable(root: Path, events: Events, mode: str) -> None:
     s = Store(root, fsync=mode, log_max_events=10_000).open("s1")  # type: ignore[arg-type]

@@ -1495,8 +1495,9 @@ class Session:
             try:
                 self._maybe_sync(force=True)
             except StoreError as exc:
-                log.error("%s (the next flush tries again)", exc)
-                self._maybe_sync(force=False)  # the timer again, for a session that stays idle
+                log.error("%s (tried again in one interval, or by the next flush)", exc)
+                # Again for a session that stays idle: its events are still not on disk.
+                self._cancel_idle_sync = self._start_timer(self.fsync_interval, self._idle_sync)
 
     def _stop_idle_sync(self) -> None:
         if self._cancel_idle_sync is not None:
