@@ -455,7 +455,8 @@ class Fsck:
             if repair:
                 truncate_file(files.log, log.good_size)
                 finding.repaired = True
-        log = self._check_sums(files, log, repair=repair)
+        cut = repair and (log.bad_line is not None or bool(log.torn))
+        log = self._check_sums(files, log, repair=repair, cut=cut)
         if header is not None:
             scope: Scope | None = Scope.from_header(header)
         else:
@@ -471,15 +472,21 @@ class Fsck:
             else:
                 self._rebuild_header(files, thread, repair=repair, invalid=unreadable)
 
-    def _check_sums(self, files: SessionFiles, log: LogReading, *, repair: bool) -> LogReading:
-        """Compare the log's valid part with its checksums; the log as it now reads."""
+    def _check_sums(self, files: SessionFiles, log: LogReading, *, repair: bool, cut: bool) -> LogReading:
+        """Compare the log's valid part with its checksums; the log as it now reads.
+
+        CUT: this repair has just cut the log, so checksums of what it no
+        longer holds go (bytes appended there later must raise no alarm).
+        """
         try:
             ino = os.stat(files.log).st_ino
         except FileNotFoundError:
             return log
         data = log.data[: log.good_size]
-        damaged, _ = damaged_range(files, data, ino)
+        damaged, beyond = damaged_range(files, data, ino)
         if damaged is None:
+            if beyond and cut:
+                atomic_write(files.sums, sum_line(ino, 0, data) if data else b"", sync=self.sync)
             return log
         start = damaged[0]
         moved = data[start:].count(b"\n")
