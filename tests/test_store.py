@@ -632,9 +632,12 @@ def test_files_gone_under_an_open_session_are_written_again_before_the_flush_ret
     s.append_content("a0", "more", False, events.now())
     assert not s.flush().compacted
     remove(root / "actions/review")
+    told: list[list[bytes]] = []
+    s.after_flush = lambda session, lines: told.append(lines)
     s.append_content("a0", "after", False, events.now())
     result = s.flush()
     assert result.durable_seq == result.last_seq == s.last_seq
+    assert [len(lines) for lines in told] == [1], "the search index hears of the new event only"
     header, thread = st.load("s1", scope)  # read back from the disk alone
     assert header["title"] == "kept" and header["action"] == "review"
     assert strip_snapshot_time(store.dumps(ledger.thread_to_json(thread))) == strip_snapshot_time(state(s))

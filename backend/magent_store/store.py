@@ -1326,12 +1326,11 @@ class Session:
         """
         self._check_open()
         started = time.perf_counter()
-        if not self._files_in_place():
-            self._write_again()
+        resent = self._write_again() if not self._files_in_place() else 0
         if self._rewriting:
             compact = True
         events_written = len(self._pending)
-        written = self._pending
+        written = self._pending[resent:]  # lines written before are not news to `after_flush`
         batch = self._next_batch
         if batch is None:
             bytes_written = self._write_pending()
@@ -1400,13 +1399,14 @@ class Session:
             self._header_on_disk = None  # written again by this flush
         return True
 
-    def _write_again(self) -> None:
+    def _write_again(self) -> int:
         """Start the session's files afresh where they belong; this flush then writes them all.
 
         Called when the log was removed or replaced under us (its directory
         removed, say): what we hold in memory is the session, so the flush
         writes a snapshot of it, the log's tail and the header, syncing the
-        directories it makes, before it reports anything saved.
+        directories it makes, before it reports anything saved.  Returns how
+        many lines written before it queues again.
         """
         files = self.files
         log.warning("%s: the session's files are no longer there (removed or replaced); "
@@ -1430,14 +1430,16 @@ class Session:
         self._header_on_disk = None
         self._close_producer()
         self._rewriting = True  # until a compaction has written the whole session again
-        # The log now holds nothing: every line written so far goes back in.
+        # The log now holds nothing: the lines it kept go back in (the snapshot holds the rest).
+        resent = len(self._tail)
         self._pending = [*self._tail, *self._pending]
-        self._pending_first_seq = self._written_seq - len(self._tail) + 1
+        self._pending_first_seq = self._written_seq - resent + 1
         self._tail.clear()
         self._tail_bytes = 0
         # The lock file went with the directory: take the lock again where it belongs.
         self._lock.release(remove=False)
         self._lock = SessionLock(files)
+        return resent
 
     def _write_pending(self) -> int:
         self._sync_new_names()
