@@ -12,6 +12,8 @@ THREAD = "thread-1"
 
 # What the tests that could not run were missing: one loud line each at the end.
 MISSING: set[str] = set()
+# Lines a test wants in the summary (the crash states tried and violating, say).
+REPORT: list[str] = []
 
 
 def examples(n: int) -> int:
@@ -40,6 +42,8 @@ def need(present: object, what: str, how: str) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in REPORT:
+        terminalreporter.write_line(line)
     skipped = [str(report.longrepr) for report in terminalreporter.stats.get("skipped", [])]
     for message in MISSING:
         count = sum(message in text for text in skipped)

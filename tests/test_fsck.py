@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,6 +239,67 @@ def test_stale_lock_is_removed_and_a_held_one_left_alone(root: Path) -> None:
     assert fsck.fsck(root).findings != [] and kinds(fsck.fsck(root)) == [fsck.STALE_TEMP]
 
 
+def test_a_lock_left_by_a_crash_is_a_note_not_damage(root: Path) -> None:
+    files = make_session(root, "s1")
+    files.lock.write_text("4242\n")  # what a power loss or kill -9 leaves: nobody holds it
+    done = cli("fsck", root)
+    assert done.returncode == 0, done.stdout
+    assert "stale-lock: global/s1.lock: lock file left by a process that ended (a crash, say); " \
+        "nobody holds it and nothing is wrong" in done.stdout
+    assert done.stdout.rstrip().endswith("0 problems found, 0 repaired, 0 remaining; 1 notes — healthy")
+    check = fsck.fsck(root)
+    assert check.healthy and not only(check, fsck.STALE_LOCK).damage
+    assert files.lock.exists(), "fsck without --repair changes nothing"
+    assert fsck.fsck(root, repair=True).healthy and not files.lock.exists()
+
+
+def test_an_invalid_tail_is_named_as_such_and_repaired_into_its_side_file(root: Path) -> None:
+    files = make_session(root)
+    good = files.log.read_bytes()
+    files.log.write_bytes(good + b"\0" * 100 + b"\n" + b'{"seq":9')
+    check = fsck.fsck(root)
+    finding = only(check, fsck.INVALID_TAIL)
+    assert finding.damage and finding.repairable and "what a power loss leaves" in finding.message
+    assert fsck.fsck(root, repair=True).healthy
+    assert files.log.read_bytes() == good
+    assert (files.directory / "s1.jsonl.tail-1").read_bytes() == b"\0" * 100 + b"\n" + b'{"seq":9'
+    after = fsck.fsck(root)
+    assert kinds(after) == [fsck.SET_ASIDE] and "a crash left" in after.findings[0].message
+
+
+def test_a_flipped_digit_is_named_by_fsck_and_repair_sets_aside_from_there(root: Path) -> None:
+    files = make_session(root, more=6)
+    lines = log_lines(files)
+    damaged_line = len(lines) - 2
+    line = lines[damaged_line - 1]
+    at = line.index(b" more ") + len(b" more ")
+    lines[damaged_line - 1] = line[:at] + b"9" + line[at + 1:]
+    files.log.write_bytes(b"".join(lines))
+    check = fsck.fsck(root)
+    finding = only(check, fsck.CHECKSUM)
+    assert finding.damage and finding.repairable
+    assert re.search(rf"bytes \d+-\d+ \(lines \d+-{len(lines)}\) do not match", finding.message), finding.message
+    start = int(re.search(r"bytes (\d+)-", finding.message)[1])  # type: ignore[index]
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.CHECKSUM).repaired and repaired.healthy
+    assert files.log.read_bytes() == b"".join(lines)[:start]
+    assert (files.directory / "s1.jsonl.corrupt-1").read_bytes() == b"".join(lines)[start:], "nothing deleted"
+    assert kinds(fsck.fsck(root)) == [fsck.SET_ASIDE]
+    with Store(root).open("s1"):
+        pass
+
+
+def test_a_repair_that_cuts_the_log_cuts_its_checksums_too(root: Path) -> None:
+    files = make_session(root)
+    good = files.log.read_bytes()
+    files.log.write_bytes(good[:-5])  # a torn last line, its checksum kept
+    assert fsck.fsck(root, repair=True).healthy
+    # Whatever is appended next where the torn line was raises no alarm.
+    with files.log.open("ab") as f:
+        f.write(good[len(good.rsplit(b"\n", 2)[0]) + 1 :])
+    assert fsck.fsck(root).healthy
+
+
 def test_invalid_header_is_reported_and_left(root: Path) -> None:
     files = make_session(root)
     header = orjson.loads(files.header.read_bytes())
@@ -248,6 +310,45 @@ def test_invalid_header_is_reported_and_left(root: Path) -> None:
     assert "is not this session" in finding.message and not finding.repairable
     assert not check.healthy and tree(root) == before
     assert cli("fsck", "--repair", root).returncode == 1
+
+
+@pytest.mark.parametrize("cut", [0, 30])
+@pytest.mark.parametrize("scope", [None, Scope.project("/home/u/proj")], ids=["global", "project"])
+def test_a_header_a_power_loss_left_empty_or_cut_is_rebuilt_and_the_old_one_kept(
+    root: Path, cut: int, scope: Scope | None
+) -> None:
+    files = make_session(root, scope=scope)
+    before = state(files)
+    good = orjson.loads(files.header.read_bytes())
+    damaged = files.header.read_bytes()[:cut]
+    files.header.write_bytes(damaged)
+    check = fsck.fsck(root)
+    finding = only(check, fsck.HEADER_INVALID)
+    assert finding.repairable and "rebuildable from the snapshot" in finding.message
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.HEADER_INVALID).repaired and repaired.healthy
+    assert state(files) == before
+    header = read_header(files.header)
+    assert {k: header[k] for k in ("id", "scope", "project-root", "summary-title")} == {
+        k: good.get(k) for k in ("id", "scope", "project-root", "summary-title")
+    }
+    assert (files.directory / "s1.json.corrupt-1").read_bytes() == damaged, "never deleted"
+    assert kinds(fsck.fsck(root)) == [fsck.SET_ASIDE]
+
+
+def test_a_cut_snapshot_is_rebuilt_from_a_log_that_starts_at_seq_1_and_the_old_one_kept(root: Path) -> None:
+    files = make_session(root)
+    assert orjson.loads(log_lines(files)[0])["seq"] == 1
+    before = state(files)
+    damaged = files.snapshot.read_bytes()[:100]
+    files.snapshot.write_bytes(damaged)
+    check = fsck.fsck(root)
+    assert only(check, fsck.SNAPSHOT_INVALID).repairable
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.SNAPSHOT_INVALID).repaired and repaired.healthy
+    assert state(files) == before
+    assert (files.directory / "s1.snapshot.corrupt-1").read_bytes() == damaged
+    assert kinds(fsck.fsck(root)) == [fsck.SET_ASIDE]
 
 
 def test_invalid_snapshot_is_reported_and_left(root: Path) -> None:

@@ -1971,6 +1971,7 @@ def test_a_session_that_cannot_be_written_at_the_end_costs_no_other(here: Backen
         _start_item(client, session_id)
         _call(client, "append", session_id, _chunks(f"last of {session_id}"))
     shutil.rmtree(gone)
+    gone.write_bytes(b"a file where its root was: its files cannot be written again")
     _hang_up(client)
     assert here.exited() == 0
     _, thread = load_session(SessionFiles.from_header_path(kept / "global" / "s2.json"))

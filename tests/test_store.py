@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from conftest import Events
+from conftest import Events, need
 from magent_store import ledger, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
@@ -65,7 +69,7 @@ def test_flush_then_load_gives_the_same_thread(root: Path, events: Events) -> No
         expected = state(s)
     assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
     files = st.files("s1", Scope.global_())
-    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot"}
+    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"}
 
 
 def test_store_assigns_seq_and_ignores_incoming(root: Path, events: Events) -> None:
@@ -84,14 +88,16 @@ def test_flush_writes_all_pending_lines_at_once(root: Path, events: Events, monk
     s = st.open("s1")
     fill(s, events)
     s.flush()
-    writes: list[int] = []
+    writes: list[tuple[int, int]] = []
     real = store._write_all
-    monkeypatch.setattr(store, "_write_all", lambda fd, data: (writes.append(len(data)), real(fd, data)))
+    monkeypatch.setattr(store, "_write_all", lambda fd, data: (writes.append((fd, len(data))), real(fd, data)))
     for i in range(10):
         s.append_content("a1", f"chunk {i}", False, events.now())
     assert s.pending_events == 10
     result = s.flush()
-    assert writes == [result.bytes_written] and result.events_written == 10 and s.pending_events == 0
+    assert [n for fd, n in writes if fd == s._log_fd] == [result.bytes_written]
+    assert len(writes) == 2, "the log's write and its checksum's"
+    assert result.events_written == 10 and s.pending_events == 0
     assert not result.compacted and not result.header_written
     s.close()
 
@@ -212,6 +218,63 @@ def test_fsync_interval_defers_the_sync(root: Path, events: Events) -> None:
     s.close()
 
 
+def test_fsync_interval_syncs_an_idle_session_within_one_interval(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]]
+) -> None:
+    s = Store(root, fsync="interval", fsync_interval_ms=100, log_max_events=10_000).open("s1")
+    fill(s, events, turns=1)
+    s.flush()  # first flush compacts: everything is in a synced snapshot
+    s.append_content("a0", "x", False, events.now())
+    fsyncs.clear()
+    result = s.flush()
+    assert result.durable_seq < result.last_seq and fsyncs == []
+    size = (root / "global/s1.jsonl").stat().st_size
+    deadline = time.monotonic() + 5
+    while s.durable_seq < result.last_seq and time.monotonic() < deadline:
+        time.sleep(0.01)  # no flush, no close: the session is idle
+    assert ("s1.jsonl", size) in fsyncs and s.durable_seq == result.last_seq
+    s.close()
+
+
+def test_a_failing_idle_fsync_is_logged_and_tried_again_an_interval_later(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    timers: list[tuple[float, Callable[[], None]]] = []
+
+    def start_timer(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
+        timers.append((now[0] + delay, fn))
+        return lambda: None
+
+    st = Store(root, fsync="interval", fsync_interval_ms=1000, log_max_events=10_000,
+               clock=lambda: now[0], start_timer=start_timer)  # fmt: skip
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    s.append_content("a0", "x", False, events.now())
+    s.flush()
+    [(due, fire)] = timers
+    assert due == 1.0, "one interval after the last sync"
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(store.os, "fsync", failing)
+    timers.clear()
+    now[0] = due
+    fire()  # on the timer's thread in real life: it must not raise
+    assert "s1.jsonl: cannot write (Input/output error); fsync failed" in caplog.text
+    assert s.durable_seq < s.last_seq
+    [(due, fire)] = timers
+    assert due == 2.0
+    monkeypatch.setattr(store.os, "fsync", real)
+    now[0] = due
+    fire()
+    assert s.durable_seq == s.last_seq
+    s.close()
+
+
 @pytest.mark.parametrize("mode", ["always", "never"])
 def test_fsync_always_and_never_report_everything_durable(root: Path, events: Events, mode: str) -> None:
     s = Store(root, fsync=mode, log_max_events=10_000).open("s1")  # type: ignore[arg-type]
@@ -284,6 +347,49 @@ def test_fsync_never_and_interval_do_not_sync_a_flush(
         s.sync()
         assert fsyncs == ([] if mode == "never" else [(f"{mode}.jsonl", (root / f"global/{mode}.jsonl").stat().st_size)])
         s.close()
+
+
+@pytest.mark.parametrize("mode", ["always", "interval", "never"])
+def test_a_new_sessions_directories_are_fsynced_up_to_the_root_before_its_first_flush_returns(
+    root: Path, events: Events, fsyncs: list[tuple[str, int]], mode: str
+) -> None:
+    scope = Scope.project("/home/u/proj")
+    digest = hashlib.sha1(b"/home/u/proj").hexdigest()
+    s = Store(root, fsync=mode).open("s1", scope)  # type: ignore[arg-type]
+    assert fsyncs == [], "nothing is synced before a flush"
+    fill(s, events, turns=1)
+    s.flush()
+    synced = {name for name, _ in fsyncs}
+    # Each directory the store made, and the one it made the root in.
+    assert {digest, "projects", root.name, root.parent.name} <= synced
+    fsyncs.clear()
+    s.append_content("a0", "x", False, events.now())
+    s.flush()
+    assert not {digest, "projects", root.name, root.parent.name} & {name for name, _ in fsyncs}
+    s.close()
+
+
+def test_a_failing_directory_fsync_refuses_the_flush_and_keeps_its_events(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = Store(root).open("s1", Scope.action("review"))
+    fill(s, events, turns=1)
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(store.os, "fsync", failing)
+    pending = s.pending_events
+    with pytest.raises(store.WriteFailed, match=r": cannot fsync the directory \(Input/output error\)"):
+        s.flush()
+    assert s.pending_events == pending and s.written_seq == 0
+    assert (root / "actions/review/s1.jsonl").read_bytes() == b""
+    monkeypatch.setattr(store.os, "fsync", real)
+    assert s.flush().last_seq == pending
+    s.close()
 
 
 def test_unknown_fsync_mode_is_refused(root: Path) -> None:
@@ -369,6 +475,47 @@ def test_torn_final_line_is_dropped_and_repaired(root: Path, events: Events, cap
     assert "torn final line" in caplog.text
 
 
+def test_an_invalid_tail_is_set_aside_at_open_and_the_session_goes_on(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    st, log_path = three_chunks_after_a_flush(root, events)
+    good = log_path.read_bytes()
+    _, expected = st.load("s1")
+    # What a power loss leaves of unsynced appends: lost pages read as zeros, a cut line.
+    # The rest of an append after a lost page may be valid lines: a line with NULs starts the tail.
+    extra = (b'{"seq":99,"type":"item-content-appended","thread-id":"thread-1","turn-id":"turn-0",'
+             b'"item-id":"a0","payload":{"chunk":"c","output":false},"created-at":1700000100.0}\n')
+    tail = b"\0" * 300 + b"\n" + extra + b'{"seq":99,"type":"item-cont' + b"\0" * 40 + b"\n" + b"\0" * 17
+    log_path.write_bytes(good + tail)
+    _, thread = st.load("s1")  # a plain read skips it, changing nothing
+    assert thread.last_event_seq == expected.last_event_seq
+    assert log_path.read_bytes() == good + tail
+    with st.open("s1") as s:
+        assert s.last_seq == expected.last_event_seq
+        s.append_content("a0", "after", False, events.now())
+    aside = root / "global/s1.jsonl.tail-1"
+    assert aside.read_bytes() == tail, "set aside whole, never deleted"
+    assert stat.S_IMODE(aside.stat().st_mode) == 0o600
+    assert log_path.read_bytes().startswith(good) and log_path.read_bytes().endswith(b'"after","output":false},"created-at":' + str(events.now() - 0.5).encode() + b"}\n")
+    assert "s1.jsonl: 4 lines a crash left after the last valid one set aside in s1.jsonl.tail-1" in caplog.text
+    # A second one never overwrites the first.
+    log_path.write_bytes(log_path.read_bytes() + b"\0\n")
+    st.open("s1").close()
+    assert (root / "global/s1.jsonl.tail-2").read_bytes() == b"\0\n"
+    assert aside.read_bytes() == tail
+
+
+def test_garbage_before_a_valid_line_still_stops_and_names_the_line(root: Path, events: Events) -> None:
+    st, log_path = three_chunks_after_a_flush(root, events)
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    damaged = b"".join(lines[:-2]) + b"\x01" * 20 + b"\n" + b"".join(lines[-2:])
+    log_path.write_bytes(damaged)
+    number = len(lines) - 1
+    with pytest.raises(CorruptSessionError, match=rf"s1\.jsonl:{number}: "):
+        st.open("s1")
+    assert log_path.read_bytes() == damaged and not list(root.glob("global/*.tail-*"))
+
+
 def three_chunks_after_a_flush(root: Path, events: Events) -> tuple[Store, Path]:
     """A closed session whose log ends with three content appends; its log's path."""
     st = Store(root, log_max_events=10_000)
@@ -448,6 +595,103 @@ def test_missing_header_after_an_interrupted_first_flush_is_recovered(root: Path
     with st.open("s1") as again:
         assert again.last_seq == s.last_seq
     assert (root / "global/s1.json").exists() and (root / "global/s1.snapshot").exists()
+
+
+# --- files gone under the store ---------------------------------------------------------
+
+
+def _remove_directory(d: Path) -> None:
+    shutil.rmtree(d)
+
+
+def _recreate_directory(d: Path) -> None:
+    shutil.rmtree(d)
+    d.mkdir(mode=0o700)
+
+
+@pytest.mark.parametrize(
+    "remove",
+    [
+        _remove_directory,
+        _recreate_directory,
+        lambda d: (d / "s1.jsonl").unlink(),
+        lambda d: (d / "s1.jsonl").rename(d / "elsewhere"),
+        lambda d: (d / "s1.json").unlink(),
+    ],
+    ids=["directory-removed", "directory-recreated", "log-removed", "log-renamed", "header-removed"],
+)
+def test_files_gone_under_an_open_session_are_written_again_before_the_flush_returns(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture, remove: Callable[[Path], None]
+) -> None:
+    scope = Scope.action("review")
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1", scope)
+    fill(s, events, turns=1)
+    s.put_header({"title": "kept"})
+    s.flush()
+    s.append_content("a0", "more", False, events.now())
+    assert not s.flush().compacted
+    remove(root / "actions/review")
+    told: list[list[bytes]] = []
+    s.after_flush = lambda session, lines: told.append(lines)
+    s.append_content("a0", "after", False, events.now())
+    result = s.flush()
+    assert result.durable_seq == result.last_seq == s.last_seq
+    assert [len(lines) for lines in told] == [1], "the search index hears of the new event only"
+    header, thread = st.load("s1", scope)  # read back from the disk alone
+    assert header["title"] == "kept" and header["action"] == "review"
+    assert strip_snapshot_time(store.dumps(ledger.thread_to_json(thread))) == strip_snapshot_time(state(s))
+    assert "again from what the store holds" in caplog.text
+    s.append_content("a0", "and on", False, events.now())
+    s.close()
+    assert strip_snapshot_time(loaded(st, "s1", scope)) == strip_snapshot_time(state(s))
+    assert not (root / "actions/review/s1.lock").exists()
+
+
+def test_a_full_disk_while_writing_gone_files_again_keeps_everything_for_the_next_flush(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    for i in range(store.LOG_TAIL_EVENTS + 50):  # more than the log's tail holds
+        s.append_content("a0", f"<{i}>", False, events.now())
+    s.flush()
+    shutil.rmtree(root / "global")
+    s.append_content("a0", "after", False, events.now())
+    real = store._write_all
+
+    def enospc(fd: int, data: bytes | memoryview) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store, "_write_all", enospc)
+    with pytest.raises(store.WriteFailed, match="no space left"):
+        s.flush()
+    monkeypatch.setattr(store, "_write_all", real)
+    assert s.flush().durable_seq == s.last_seq
+    s.close()
+    assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(state(s))
+
+
+def test_files_gone_and_not_writable_again_refuse_the_flush_naming_the_path(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=10_000)
+    s = st.open("s1")
+    fill(s, events, turns=1)
+    s.flush()
+    shutil.rmtree(root / "global")
+    (root / "global").write_bytes(b"a file where the directory was")
+    s.append_content("a0", "after", False, events.now())
+    with pytest.raises(store.WriteFailed, match=rf"{root / 'global/s1.jsonl'}: the session's files are gone and cannot be written again"):
+        s.flush()
+    assert s.pending_events == 1, "the events stay for the next flush"
+    # A numbered batch is refused too, and the session is not read back from the empty place.
+    assert s.begin_batch("emacs-1", 1)
+    s.append_content("a0", "batch", False, events.now())
+    with pytest.raises(store.WriteFailed):
+        s.flush()
+    with pytest.raises(StoreError, match="gone"):
+        s.abort_batch()
+    assert (root / "global").read_bytes() == b"a file where the directory was"
 
 
 # --- crash safety ----------------------------------------------------------------------
@@ -675,6 +919,128 @@ def test_files_0600_and_directories_0700_whatever_the_umask(root: Path, events: 
         assert mode == expected, f"{path}: {oct(mode)}"
 
 
+# --- corruption at rest ----------------------------------------------------------------------
+
+
+def _flip_a_digit(log_path: Path, line_number: int) -> tuple[int, int]:
+    """Change one digit inside a chunk on line LINE-NUMBER (1-based); the line stays valid JSON."""
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    line = lines[line_number - 1]
+    at = line.index(b'"chunk":"') + len(b'"chunk":"')
+    while not line[at:at + 1].isdigit():
+        at += 1
+    lines[line_number - 1] = line[:at] + (b"7" if line[at:at + 1] != b"7" else b"3") + line[at + 1:]
+    log_path.write_bytes(b"".join(lines))
+    start = sum(len(x) for x in lines[: line_number - 1])
+    return start, start + at
+
+
+def test_a_flipped_digit_in_the_log_is_detected_at_open_naming_the_damaged_range(
+    root: Path, events: Events
+) -> None:
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:
+        fill(s, events, turns=1)
+        s.flush()
+        for i in range(3):  # three flushes of two chunks each
+            s.append_content("a0", f"chunk {i}0", False, events.now())
+            s.append_content("a0", f"chunk {i}1", False, events.now())
+            s.flush()
+    log_path = root / "global/s1.jsonl"
+    total = len(log_path.read_bytes().splitlines())
+    _flip_a_digit(log_path, total - 2)  # in the second of the three flushes
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    start = sum(len(x) for x in lines[: total - 4])
+    end = start + len(lines[total - 4]) + len(lines[total - 3])
+    before = log_path.read_bytes()
+    with pytest.raises(CorruptSessionError, match=(
+        rf"s1\.jsonl: bytes {start}-{end} \(lines {total - 3}-{total - 2}\) do not match the checksum kept "
+        r"when they were written \(s1\.sums\): changed since; run `magent-store fsck --repair`"
+    )):
+        st.open("s1")
+    assert log_path.read_bytes() == before and not (root / "global/s1.lock").exists()
+
+
+def test_checksums_raise_no_alarm_through_compaction_a_torn_tail_and_reopening(root: Path, events: Events) -> None:
+    st = Store(root, log_max_events=7, log_growth=0.0)
+    for round in range(4):
+        with st.open("s1") as s:
+            if round == 0:
+                fill(s, events, turns=1)
+            for i in range(9):
+                s.append_content("a0", f"<{round}.{i}>", False, events.now())
+                if i % 2:
+                    s.flush()
+        with open(root / "global/s1.jsonl", "ab") as f:
+            f.write(b'{"seq":99,')
+    _, thread = st.load("s1")
+    assert thread.last_event_seq == s.last_seq
+    sums = (root / "global/s1.sums").read_bytes().splitlines()
+    assert sums and all(orjson.loads(line)["ino"] == (root / "global/s1.jsonl").stat().st_ino for line in sums)
+
+
+# --- nothing outside the root -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["s1.jsonl", "s1.lock", "s1.producer", "s1.json", "s1.snapshot", "temp"])
+def test_a_link_planted_in_a_session_directory_is_never_followed(
+    root: Path, events: Events, tmp_path: Path, name: str
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    outside.chmod(0o644)
+    st = Store(root, log_max_events=10_000)
+    with st.open("s1") as s:  # a session with all its files
+        assert s.begin_batch("emacs-1", 1)
+        fill(s, events, turns=1)
+        s.flush()
+    directory = root / "global"
+    if name == "temp":
+        name = f".s1.json.tmp-{os.getpid()}"
+    else:
+        (directory / name).unlink(missing_ok=True)
+    (directory / name).symlink_to(outside)
+    with contextlib.suppress(StoreError), st.open("s1") as s:
+        if name.startswith("."):
+            (directory / name).unlink(missing_ok=True)  # planted again after the open's cleanup
+            (directory / name).symlink_to(outside)
+        assert s.begin_batch("emacs-1", 2)
+        s.append_content("a0", "more", False, events.now())
+        s.put_header({"title": "changed"})
+        s.compact()
+    assert outside.read_bytes() == b"precious"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644
+
+
+def test_a_link_at_the_log_is_refused_with_a_message(root: Path, events: Events, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"")
+    (root / "global").mkdir(parents=True)
+    (root / "global/s1.jsonl").symlink_to(outside)
+    with pytest.raises(StoreError, match=r"s1\.jsonl: a symbolic link; the store never follows one"):
+        Store(root).open("s1")
+    assert not (root / "global/s1.lock").exists()
+
+
+def test_a_session_directory_writable_by_others_is_made_0700(
+    root: Path, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    (root / "global").mkdir(parents=True)
+    (root / "global").chmod(0o777)
+    Store(root).open("s1").close()
+    assert stat.S_IMODE((root / "global").stat().st_mode) == 0o700
+    assert "was writable by others; made 0700" in caplog.text
+
+
+def test_a_session_directory_of_another_user_is_refused(root: Path) -> None:
+    need(os.getuid() == 0, "root, to give a directory to another user", "run the test as root")
+    (root / "global").mkdir(parents=True)
+    os.chown(root / "global", 4242, 4242)
+    with pytest.raises(StoreError, match=r"global: owned by user 4242, not by you; refused"):
+        Store(root).open("s1")
+    assert list((root / "global").iterdir()) == []
+
+
 # --- listing and deleting ------------------------------------------------------------------
 
 
@@ -690,13 +1056,13 @@ def _sessions(root: Path, n: int, events: Events) -> Store:
 def test_listing_reads_headers_only(root: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
     st = _sessions(root, 3, events)
     opened: list[str] = []
-    real = Path.read_bytes
+    real = store.read_file
 
-    def spy(self: Path) -> bytes:
-        opened.append(self.name)
-        return real(self)
+    def spy(path: Path) -> bytes:
+        opened.append(path.name)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", spy)
+    monkeypatch.setattr(store, "read_file", spy)
     infos = st.list()
     assert sorted(opened) == ["s0.json", "s1.json", "s2.json"]
     assert [i.id for i in infos] == ["s0", "s1", "s2"]
@@ -711,7 +1077,7 @@ def test_delete_removes_the_three_files(root: Path, events: Events) -> None:
         st.delete("s0")
     s.close()
     st.delete("s0")
-    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"]
     with pytest.raises(store.SessionNotFound):
         st.delete("s0")
 

@@ -4,13 +4,17 @@ For each session (``<id>.json`` header, ``<id>.jsonl`` log, ``<id>.snapshot``)
 in ``global/``, ``projects/*/`` and ``actions/*/`` it checks the header (valid,
 naming its file), the snapshot (present when the log needs one, valid),
 every log line (valid, seqs strictly increasing), that the log continues the
-snapshot, a torn final line, orphans (a log or snapshot without a header),
-stale temp files of interrupted atomic writes and locks nobody holds.
+snapshot, a torn final line or an invalid tail a power loss left, orphans
+(a log or snapshot without a header) and stale temp files of interrupted
+atomic writes, and that the log's committed bytes match their checksums
+(``<id>.sums``); a lock nobody holds is a note, not damage.
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
-removed; a missing snapshot is rebuilt from a log that starts at seq 1; a
-missing header is rebuilt from the snapshot (scope from its directory).  A
+removed; a missing snapshot, or one that is not JSON at all (empty, cut), is rebuilt
+from a log that starts at seq 1; a missing header, or one that is not JSON
+at all, is rebuilt from the snapshot (scope from its directory).  A
+damaged file replaced so is kept as ``<file>.corrupt-<n>``.  A
 corrupt line in the middle of a log is never deleted: the log is cut there
 and the rest moved to ``<id>.jsonl.corrupt-<n>`` beside it.  Everything else
 is reported and left as it is.  A session open for writing is not touched.
@@ -21,6 +25,7 @@ Reading and writing go through `store`; values are decoded by `ledger`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -44,12 +49,17 @@ from magent_store.store import (
     SessionLockedError,
     StoreError,
     atomic_write,
+    crash_tail,
+    damage_message,
+    damaged_range,
     default_header,
     dumps,
     is_temp_file,
     read_header,
     replay_session,
+    sum_line,
     summary_title,
+    truncate_file,
 )
 from magent_store.store import loads as store_loads
 
@@ -61,21 +71,27 @@ SNAPSHOT_INVALID: Final = "snapshot-invalid"
 CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the end of the log
 SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
 TORN_TAIL: Final = "torn-tail"
+INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (a power loss)
+CHECKSUM: Final = "checksum"  # committed bytes that changed since they were written
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
 STALE_TEMP: Final = "stale-temp"
-STALE_LOCK: Final = "stale-lock"
+STALE_LOCK: Final = "stale-lock"  # a note: see NOTES
 STALE_PRODUCER: Final = "stale-producer"  # a batch record beside no session of the store's
 # Notes.
 IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
 NOT_SESSION: Final = "not-session"
-SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> file kept by an earlier repair
+SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
 
-NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE})
+# A lock nobody holds is what any crash leaves: nothing is wrong (--repair removes it).
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK})
+STALE_LOCK_MESSAGE: Final = (
+    "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
+)
 
 _SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer)(?P<aside>\.corrupt-\d+)?"
+    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer)(?P<aside>\.(?:corrupt|tail)-\d+)?"
 )
 _SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
 
@@ -159,9 +175,13 @@ class Check:
 def lock_is_held(path: Path) -> bool:
     """True when a live process holds the lock at PATH (without creating it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except (FileNotFoundError, IsADirectoryError):
         return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link is nobody's lock: never followed
+            return False
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -213,6 +233,10 @@ def read_log(path: Path) -> LogReading:
             event = ledger.event_from_json(store_loads(line), need_seq=True)
         except (ValueError, LedgerError) as exc:
             log.bad_line, log.bad_kind, log.bad_message = number, CORRUPT_LINE, str(exc)
+            if crash_tail(line, lines[number:]):
+                log.bad_kind = INVALID_TAIL
+                log.bad_message = (f"invalid from here to the end ({exc}): what a power loss leaves of "
+                                   "appends not yet synced")  # fmt: skip
             break
         assert event.seq is not None
         if event.seq <= previous:
@@ -225,6 +249,24 @@ def read_log(path: Path) -> LogReading:
         offset += len(line) + 1
     log.good_size = offset
     return log
+
+
+def _is_json(path: Path) -> bool:
+    try:
+        store_loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _set_aside(path: Path, sync: bool) -> Path:
+    """Move PATH to a free ``PATH.corrupt-<n>`` beside it (a synced copy first): a repair deletes nothing."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.corrupt-{n}")).exists():
+        n += 1
+    atomic_write(aside, path.read_bytes(), sync=sync)
+    path.unlink()
+    return aside
 
 
 def _directory_scope(directory: Path, root: Path) -> Scope | None:
@@ -244,13 +286,6 @@ def _project_scope(directory: Path, thread: Thread) -> Scope | None:
     if isinstance(root, str) and hashlib.sha1(root.encode()).hexdigest() == directory.name:
         return Scope.project(root)
     return None
-
-
-def _corrupt_path(files: SessionFiles) -> Path:
-    n = 1
-    while (files.directory / f"{files.log.name}.corrupt-{n}").exists():
-        n += 1
-    return files.directory / f"{files.log.name}.corrupt-{n}"
 
 
 class Fsck:
@@ -289,9 +324,12 @@ class Fsck:
             if match is None:
                 continue
             if match["aside"]:
-                if match["ext"] == "jsonl":
-                    self._add(Finding(path, SET_ASIDE, "lines set aside by an earlier repair; "
-                                      "inspect and delete by hand", match["id"]))  # fmt: skip
+                if match["ext"] != "lock":
+                    why = ("invalid lines a crash left at the end of the log, set aside when the session "
+                           "was next opened" if match["aside"].startswith(".tail") else
+                           "lines set aside by an earlier repair" if match["ext"] == "jsonl" else
+                           "a damaged file replaced by an earlier repair")  # fmt: skip
+                    self._add(Finding(path, SET_ASIDE, f"{why}; inspect and delete by hand", match["id"]))
                 continue
             sessions.setdefault(match["id"], {})[match["ext"]] = path
         in_use: set[str] = set()
@@ -330,7 +368,7 @@ class Fsck:
         self.result.sessions += 1
         if not self.repair:
             if files.lock.exists():
-                self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+                self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                                   session_id, repairable=True))  # fmt: skip
             self._check(files, repair=False)
             return True
@@ -346,7 +384,7 @@ class Fsck:
         finally:
             lock.release(remove=True)
         if stale_lock:
-            self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+            self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                               session_id, repairable=True, repaired=True))  # fmt: skip
         return True
 
@@ -365,7 +403,7 @@ class Fsck:
     def _lone_lock(self, files: SessionFiles) -> bool:
         if lock_is_held(files.lock):
             return False  # a session being created
-        finding = self._add(Finding(files.lock, STALE_LOCK, "lock file left behind; nobody holds it",
+        finding = self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                                     files.id, repairable=True))  # fmt: skip
         if self.repair:
             with contextlib.suppress(FileNotFoundError):
@@ -402,14 +440,19 @@ class Fsck:
     def _check(self, files: SessionFiles, *, repair: bool) -> None:
         sid = files.id
         header: dict[str, Any] | None = None
+        unreadable: Finding | None = None  # a header that is not JSON at all
         header_present = files.header.exists()
         if header_present:
             try:
                 header = read_header(files.header)
             except StoreError as exc:
                 message = str(exc).removeprefix(f"{files.header}: ")
-                self._add(Finding(files.header, HEADER_INVALID, message, sid))
-                return  # without a header nothing else can be trusted
+                finding = self._add(Finding(files.header, HEADER_INVALID, message, sid))
+                if not _is_json(files.header):
+                    # Empty or cut: what a power loss leaves of a header never synced.
+                    unreadable = finding
+                else:
+                    return  # a header that says something else: nothing can be trusted
         log = read_log(files.log)
         if log.bad_line is not None:
             moved = log.moved_lines
@@ -418,17 +461,19 @@ class Fsck:
                 f"{moved} lines from there to the end", sid, repairable=True, events=moved,
             ))  # fmt: skip
             if repair:
-                aside = _corrupt_path(files)
+                aside = files.side_file("tail" if log.bad_kind == INVALID_TAIL else "corrupt")
                 atomic_write(aside, log.data[log.good_size :], sync=self.sync)
-                os.truncate(files.log, log.good_size)
+                truncate_file(files.log, log.good_size)
                 finding.repaired = True
                 finding.message += f" moved to {aside.name}"
         elif log.torn:
             finding = self._add(Finding(files.log, TORN_TAIL, f"a torn final line of {len(log.torn)} bytes",
                                         sid, repairable=True))  # fmt: skip
             if repair:
-                os.truncate(files.log, log.good_size)
+                truncate_file(files.log, log.good_size)
                 finding.repaired = True
+        cut = repair and (log.bad_line is not None or bool(log.torn))
+        log = self._check_sums(files, log, repair=repair, cut=cut)
         if header is not None:
             scope: Scope | None = Scope.from_header(header)
         else:
@@ -436,10 +481,43 @@ class Fsck:
         thread = self._check_snapshot(files, log, scope, repair=repair)
         if header is None:
             if thread is None:
+                if unreadable is not None:
+                    unreadable.message += "; no valid snapshot to rebuild it from"
+                    return
                 self._add(Finding(files.header, ORPHAN, "a log or snapshot without a header, and no "
                                   "valid snapshot to rebuild it from", sid))  # fmt: skip
             else:
-                self._rebuild_header(files, thread, repair=repair)
+                self._rebuild_header(files, thread, repair=repair, invalid=unreadable)
+
+    def _check_sums(self, files: SessionFiles, log: LogReading, *, repair: bool, cut: bool) -> LogReading:
+        """Compare the log's valid part with its checksums; the log as it now reads.
+
+        CUT: this repair has just cut the log, so checksums of what it no
+        longer holds go (bytes appended there later must raise no alarm).
+        """
+        try:
+            ino = os.stat(files.log).st_ino
+        except FileNotFoundError:
+            return log
+        data = log.data[: log.good_size]
+        damaged, beyond = damaged_range(files, data, ino)
+        if damaged is None:
+            if beyond and cut:
+                atomic_write(files.sums, sum_line(ino, 0, data) if data else b"", sync=self.sync)
+            return log
+        start = damaged[0]
+        moved = data[start:].count(b"\n")
+        message = f"{damage_message(files, data, damaged)}; {moved} lines from there to the end"
+        finding = self._add(Finding(files.log, CHECKSUM, message, files.id, repairable=True, events=moved))
+        if not repair:
+            return log
+        aside = files.side_file("corrupt")
+        atomic_write(aside, log.data[start:], sync=self.sync)
+        truncate_file(files.log, start)
+        atomic_write(files.sums, sum_line(ino, 0, data[:start]) if start else b"", sync=self.sync)
+        finding.repaired = True
+        finding.message += f" moved to {aside.name}"
+        return read_log(files.log)
 
     def _check_snapshot(
         self, files: SessionFiles, log: LogReading, scope: Scope | None, *, repair: bool
@@ -451,8 +529,23 @@ class Fsck:
                 snapshot_obj = store_loads(files.snapshot.read_bytes())
                 ledger.thread_from_json(snapshot_obj)
             except (orjson.JSONDecodeError, LedgerError) as exc:
-                self._add(Finding(files.snapshot, SNAPSHOT_INVALID, str(exc), sid))
-                return None
+                # A cut or empty snapshot is rebuilt from a log that holds every event.
+                can = (isinstance(exc, orjson.JSONDecodeError) and scope is not None
+                       and bool(log.events) and log.events[0].seq == 1)  # fmt: skip
+                why = "; rebuildable from the log, which starts at seq 1" if can else ""
+                finding = self._add(Finding(files.snapshot, SNAPSHOT_INVALID, f"{exc}{why}", sid,
+                                            repairable=can))  # fmt: skip
+                if not (can and repair):
+                    return None
+                aside = _set_aside(files.snapshot, self.sync)
+                thread = self._replay(files, log, scope)
+                if thread is None:
+                    return None
+                thread.snapshot_created_at = time.time()
+                atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=self.sync)
+                finding.repaired = True
+                finding.message += f"; the old one moved to {aside.name}"
+                return thread
             return self._replay(files, log, scope)
         if not log.events:
             return None  # an empty session writes no snapshot
@@ -484,7 +577,10 @@ class Fsck:
             return None
         return thread
 
-    def _rebuild_header(self, files: SessionFiles, thread: Thread, *, repair: bool) -> None:
+    def _rebuild_header(
+        self, files: SessionFiles, thread: Thread, *, repair: bool, invalid: Finding | None = None
+    ) -> None:
+        """Report (and with REPAIR write) the header THREAD implies: missing, or INVALID's."""
         scope = _directory_scope(files.directory, self.root) or _project_scope(files.directory, thread)
         matches = thread.session_id == files.id
         can = scope is not None and matches
@@ -493,9 +589,17 @@ class Fsck:
             f"the snapshot is of session {thread.session_id!r}" if not matches else
             "the snapshot's project root does not hash to its directory"
         )  # fmt: skip
-        finding = self._add(Finding(files.header, ORPHAN, f"a log or snapshot without a header; {why}",
-                                    files.id, repairable=can))  # fmt: skip
+        if invalid is None:
+            finding = self._add(Finding(files.header, ORPHAN, f"a log or snapshot without a header; {why}",
+                                        files.id, repairable=can))  # fmt: skip
+        else:
+            finding = invalid
+            finding.message += f"; {why}"
+            finding.repairable = can
         if repair and scope is not None and can:
+            if invalid is not None:
+                aside = _set_aside(files.header, self.sync)
+                finding.message += f"; the old one moved to {aside.name}"
             header = default_header(files.id, scope)
             header["summary-title"] = summary_title(thread)
             atomic_write(files.header, dumps(header), sync=self.sync)

@@ -2,7 +2,9 @@
 
 A session is three files in its scope's directory: ``<id>.json`` (the
 header), ``<id>.jsonl`` (the log, one event per line) and ``<id>.snapshot``
-(the materialized thread), plus ``<id>.lock`` while a writer holds it.
+(the materialized thread), plus ``<id>.lock`` while a writer holds it,
+``<id>.producer`` (the last batch logged) and ``<id>.sums`` (checksums of
+the log's committed ranges), which magent never reads.
 
 Appending buffers an encoded log line in memory (O(chunk)).  `Session.flush`
 writes every pending line in one ``write``, syncs as the fsync policy says,
@@ -25,13 +27,15 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import unicodedata
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 import orjson
 
@@ -60,6 +64,21 @@ PRODUCER_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PRODUCER_RECORD_BYTES: Final = 256
 
 FsyncMode = Literal["always", "interval", "never"]
+# Starts a timer: (seconds, callback) -> a function that cancels it.
+StartTimer = Callable[[float, Callable[[], None]], Callable[[], None]]
+
+
+def monotonic() -> float:
+    """The clock of fsync intervals (`time.monotonic`, looked up at each call)."""
+    return time.monotonic()
+
+
+def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
+    """Run CALLBACK on its own daemon thread after DELAY seconds; return its cancel."""
+    timer = threading.Timer(delay, callback)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
 
 
 class StoreError(Exception):
@@ -242,6 +261,18 @@ class SessionFiles:
         return self.directory / f"{self.id}.lock"
 
     @property
+    def sums(self) -> Path:
+        """Checksums of the log's committed ranges (see `damaged_range`); magent never reads it."""
+        return self.directory / f"{self.id}.sums"
+
+    def side_file(self, kind: str) -> Path:
+        """A free ``<id>.jsonl.KIND-<n>`` beside the log, for lines set aside (never deleted)."""
+        n = 1
+        while (self.directory / f"{self.log.name}.{kind}-{n}").exists():
+            n += 1
+        return self.directory / f"{self.log.name}.{kind}-{n}"
+
+    @property
     def producer(self) -> Path:
         """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
         return self.directory / f"{self.id}.producer"
@@ -251,27 +282,83 @@ class SessionFiles:
 # Private files
 
 
-def make_private_dirs(path: Path) -> None:
-    """Create PATH and its missing parents as 0700, whatever the umask."""
+def make_private_dirs(path: Path) -> list[Path]:
+    """Create PATH and its missing parents as 0700, whatever the umask.
+
+    Returns the directories it created, outermost first: their names are
+    on disk only once their parents are fsynced (see `sync_directories`).
+    """
     missing: list[Path] = []
     p = path
     while not p.exists():
         missing.append(p)
         p = p.parent
+    made: list[Path] = []
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o700)
             os.chmod(d, 0o700)
+            made.append(d)
+    return made
+
+
+def _link_refused(path: Path) -> WriteFailed:
+    error = WriteFailed(
+        f"{path}: a symbolic link; the store never follows one in a session directory "
+        "(remove it, or put the file it points to in its place)"
+    )
+    error.errno = errno.ELOOP
+    return error
 
 
 def _open_private(path: Path, flags: int) -> int:
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    """Open PATH as the store's own file (0600), never through a symbolic link."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path) from None
+        raise
     try:
         os.fchmod(fd, 0o600)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of the session file at PATH, never read through a symbolic link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path) from None
+        raise
+    with open(fd, "rb") as f:
+        return f.read()
+
+
+def truncate_file(path: Path, size: int) -> None:
+    """Cut the session file at PATH to SIZE bytes, never through a symbolic link."""
+    fd = _open_private(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def check_directory(directory: Path) -> None:
+    """Refuse a session directory that is not the user's own; make one writable by others 0700."""
+    st = os.stat(directory)
+    if st.st_uid != os.getuid():
+        raise StoreError(
+            f"{directory}: owned by user {st.st_uid}, not by you; refused, since whoever owns it "
+            "could change your sessions (use a directory of your own)"
+        )
+    if st.st_mode & 0o022:
+        os.chmod(directory, 0o700)
+        log.warning("%s: was writable by others; made 0700", directory)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -304,27 +391,57 @@ def write_failed(path: Path, exc: OSError, needed: int, what: str = "") -> Write
 
 
 def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def sync_directories(directories: list[Path]) -> None:
+    """Fsync each of DIRECTORIES, so the names made in them survive a power loss.
+
+    A failure raises `WriteFailed` naming the directory: what depends on
+    those names must not be reported saved.  A file system that does not
+    sync directories at all (EINVAL) leaves nothing more to do.
+    """
+    for directory in directories:
+        try:
+            _fsync_dir(directory)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOTSUP):
+                continue  # a file system that cannot sync a directory: nothing more to do
+            error = WriteFailed(
+                f"{directory}: cannot fsync the directory ({exc.strerror or exc}): "
+                "what was just written in it might not survive a power loss"
+            )
+            error.errno = exc.errno
+            raise error from None
+
+
 def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], None] | None = None) -> None:
     """Replace PATH by DATA: temp file in the same directory, fsync, rename, fsync the directory.
 
-    A failed write (a full disk, say) leaves PATH as it was, removes the temp
-    file and raises `WriteFailed` naming PATH and the space it needs.
+    The temp file is fsynced before its rename even without SYNC: a power
+    loss then leaves the old file or the new one, never an empty or cut
+    one.  Without SYNC the directory is fsynced only when PATH is a new
+    name (a session's first header, say), so a file once written is never
+    lost whole.  A failed write (a full disk, say) leaves PATH as it was,
+    removes the temp file and raises `WriteFailed` naming PATH and the
+    space it needs; so does a failed directory fsync.
     """
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    new_name = not sync and not path.exists()
     try:
-        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:  # left by an earlier attempt, or planted: a name, not ours to follow
+            os.unlink(tmp)
+            fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             try:
                 _write_all(fd, data)
-                if sync:
-                    os.fsync(fd)
+                os.fsync(fd)
             finally:
                 os.close(fd)
             if crash:
@@ -340,9 +457,8 @@ def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], 
         raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
     if crash:
         crash(f"{path.suffix[1:]}-renamed")
-    if sync:
-        with contextlib.suppress(OSError):
-            _fsync_dir(path.parent)
+    if sync or new_name:
+        sync_directories([path.parent])
 
 
 def dumps(obj: Any) -> bytes:
@@ -488,8 +604,8 @@ def summary_title(thread: Thread) -> str | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        data = read_file(path)
+    except (FileNotFoundError, WriteFailed):
         raise
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
@@ -517,35 +633,130 @@ class LogScan:
 
     events: list[Event]
     lines: list[bytes]
-    good_size: int  # bytes up to the end of the last complete line
+    good_size: int  # bytes up to the end of the last valid line
     torn: bool  # a final line without its newline was dropped
+    # Complete lines after the last valid one, none of them valid (with a
+    # torn one, what a power loss leaves of unsynced appends), skipped.
+    invalid_tail: int = 0
+    data: bytes = b""  # the file as read
+
+
+def _valid_line(line: bytes) -> bool:
+    try:
+        ledger.event_from_json(loads(line), need_seq=True)
+    except (ValueError, LedgerError):
+        return False
+    return True
+
+
+def crash_tail(line: bytes, after: list[bytes]) -> bool:
+    """True when invalid LINE and the lines AFTER it are what a power loss leaves of unsynced appends.
+
+    That is, LINE holds a NUL byte (a page that never reached the disk
+    reads as zeros, and the store never writes a NUL: JSON escapes it, so
+    what follows is the rest of that append), or LINE is not JSON at all
+    (cut) and no valid line follows.  A line that is JSON but no valid
+    event was written so: that is corruption, never set aside silently.
+    """
+    if b"\0" in line:
+        return True
+    try:
+        loads(line)
+    except ValueError:
+        return not any(_valid_line(later) for later in after)
+    return False
 
 
 def scan_log(path: Path) -> LogScan:
-    """Read and validate every line of the log at PATH (missing → empty)."""
+    """Read and validate every line of the log at PATH (missing → empty).
+
+    What a power loss leaves of unsynced appends is skipped: everything
+    from a line holding NUL bytes on, or lines that are not JSON at all
+    with no valid line after them (see `crash_tail`).  Any other invalid
+    line is corruption, raised naming the line.
+    """
     try:
-        data = path.read_bytes()
+        data = read_file(path)
     except FileNotFoundError:
         return LogScan([], [], 0, False)
     lines = data.split(b"\n")
     tail = lines.pop()  # after the final "\n" this is b""; else a torn append
     torn = tail != b""
-    if torn:
-        log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
     events: list[Event] = []
     previous = 0
+    good_size = 0
+    invalid_tail = 0
     exact = _LONG_INTEGER.search(data) is not None
     for number, line in enumerate(lines, 1):
         try:
             event = ledger.event_from_json(loads(line) if exact else orjson.loads(line), need_seq=True)
         except (ValueError, LedgerError) as exc:
-            raise CorruptSessionError(f"{path}:{number}: {exc}") from None
+            if not crash_tail(line, lines[number:]):
+                raise CorruptSessionError(f"{path}:{number}: {exc}") from None
+            invalid_tail = len(lines) - number + 1
+            del lines[number - 1 :]
+            break
         assert event.seq is not None
         if event.seq <= previous:
             raise CorruptSessionError(f"{path}:{number}: seq {event.seq} does not follow {previous}")
         previous = event.seq
         events.append(event)
-    return LogScan(events, lines, len(data) - len(tail), torn)
+        good_size += len(line) + 1
+    if invalid_tail:
+        log.warning("%s: skipping %d lines a crash left after the last valid one (line %d on)", path,
+                    invalid_tail + torn, len(lines) + 1)  # fmt: skip
+    elif torn:
+        log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
+    return LogScan(events, lines, good_size, torn, invalid_tail, data)
+
+
+# ---------------------------------------------------------------------------
+# Checksums of the committed log
+#
+# ``<id>.sums`` holds one line per write of the log: its inode, the byte
+# range and the CRC-32 of those bytes.  Opening a session and fsck compare
+# them with the log, so a byte changed at rest (a flipped digit still reads
+# as valid JSON) is found and named.  Lines of another inode (a log
+# replaced since) or beyond the log's end (what a crash cut) are not
+# checked; a range no line covers is not checked either.  The file is not
+# synced: a power loss costs checks, never data.
+
+
+def sum_line(ino: int, start: int, data: bytes) -> bytes:
+    return orjson.dumps({"ino": ino, "from": start, "to": start + len(data), "crc": zlib.crc32(data)}) + b"\n"
+
+
+def damaged_range(files: SessionFiles, data: bytes, ino: int) -> tuple[tuple[int, int] | None, bool]:
+    """The first range of log DATA (inode INO) that does not match its checksum (or None),
+    and whether a checksum of this log covers bytes beyond DATA."""
+    try:
+        sums = read_file(files.sums)
+    except (FileNotFoundError, WriteFailed):
+        return None, False
+    except OSError as exc:
+        log.warning("%s: cannot read (%s); the log is not checked", files.sums, exc.strerror)
+        return None, False
+    beyond = False
+    for line in sums.split(b"\n"):
+        try:
+            record = orjson.loads(line)
+            start, end, crc = record["from"], record["to"], record["crc"]
+            if record["ino"] != ino or not 0 <= start <= end:
+                continue
+        except (ValueError, TypeError, KeyError):
+            continue  # a line a crash cut, or zeros
+        if end > len(data):
+            beyond = True
+        elif zlib.crc32(data[start:end]) != crc:
+            return (start, end), beyond
+    return None, beyond
+
+
+def damage_message(files: SessionFiles, data: bytes, where: tuple[int, int]) -> str:
+    start, end = where
+    first, last = data[:start].count(b"\n") + 1, data[:end].count(b"\n")
+    return (f"bytes {start}-{end} (lines {first}-{last}) do not match the checksum kept when they "
+            f"were written ({files.sums.name}): changed since")  # fmt: skip
 
 
 def replay_session(
@@ -656,6 +867,22 @@ class FlushResult:
     seconds: float
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concatenate[Session, _P], _R]:
+    """METHOD under the session's I/O lock (the idle fsync runs on a timer's thread)."""
+
+    def locked(self: Session, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._io_lock:
+            return method(self, *args, **kwargs)
+
+    locked.__doc__ = method.__doc__
+    locked.__name__ = method.__name__
+    return locked
+
+
 class Session:
     """One session open for writing: the lock, the ledger state, the pending log."""
 
@@ -670,12 +897,22 @@ class Session:
         log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
         initial: Thread | None = None,
+        root: Path | None = None,
+        made: list[Path] | None = None,
+        clock: Callable[[], float] = monotonic,
+        start_timer: StartTimer = thread_timer,
     ) -> None:
         """Open FILES for writing under SCOPE.
 
         INITIAL is the thread as its writer created it (creation time,
         metadata, status, scope, any turns a fork copied): what the session
         starts from when it has no snapshot yet, since no event carries it.
+        ROOT is the session root, and MADE the directories the caller just
+        created for it: the first flush fsyncs their parents, and a new
+        session's directories up to ROOT, before it reports anything saved.
+        With ``fsync = interval`` a log left unsynced by a flush is synced by
+        a timer (START-TIMER, on CLOCK's seconds) one interval after the
+        last sync, so an idle session loses no more than a busy one.
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -688,6 +925,10 @@ class Session:
         self.log_max_events = log_max_events
         self.log_growth = log_growth
         self._crash = crash
+        self._clock = clock
+        self._start_timer = start_timer
+        self._cancel_idle_sync: Callable[[], None] | None = None
+        self._io_lock = threading.RLock()
         # Told what each flush wrote (the search index); must never raise.
         self.after_flush: Callable[[Session, list[bytes]], None] | None = None
         self._pending: list[bytes] = []
@@ -697,9 +938,18 @@ class Session:
         self._log_fd = -1
         self._closed = False
         self._producer_fd = -1
+        self._sums_fd = -1
         self._next_batch: tuple[str, int] | None = None
         self._new_writer = False  # the next batch's writer is not the one the record names
-        make_private_dirs(files.directory)
+        self._rewriting = False
+        # Checked at every flush (see `_files_in_place`): plain strings cost the least.
+        self._log_name = os.fspath(files.log)
+        self._header_name = os.fspath(files.header)
+        self._root = root
+        made = [*(made or []), *make_private_dirs(files.directory)]
+        check_directory(files.directory)
+        # Directories whose new entries the next flush must fsync first.
+        self._unsynced_dirs: list[Path] = [d.parent for d in made]
         self._lock = SessionLock(files)
         try:
             self._remove_stale_temps()
@@ -721,7 +971,7 @@ class Session:
             )
         try:
             self.header = read_header(files.header)
-            self._header_on_disk: bytes | None = files.header.read_bytes()
+            self._header_on_disk: bytes | None = read_file(files.header)
             self._header_given = True
         except SessionNotFound:
             if files.snapshot.exists():
@@ -748,28 +998,120 @@ class Session:
         self._snapshot_size = files.snapshot.stat().st_size if self._snapshot_on_disk else 0
         for line in scan.lines:
             self._remember(line + b"\n")
+        if scan.invalid_tail:
+            self._set_aside_tail(scan)
+        new_log = not files.log.exists()
         self._log_fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        if scan.torn:
+        self._log_ino = os.fstat(self._log_fd).st_ino
+        data = scan.data[: scan.good_size]
+        damaged, beyond = damaged_range(files, data, self._log_ino)
+        if damaged is not None:
+            os.close(self._log_fd)
+            self._log_fd = -1
+            raise CorruptSessionError(
+                f"{files.log}: {damage_message(files, data, damaged)}; run `magent-store fsck --repair` "
+                "to set aside the log from there (nothing is deleted)"
+            )
+        if beyond:  # the log was cut since (a torn tail): appends would land in those ranges
+            self._rewrite_sums(data)
+        if new_log or self._header_on_disk is None:
+            self._unsynced_dirs += self._directory_chain()
+        if scan.torn and not scan.invalid_tail:
             os.ftruncate(self._log_fd, scan.good_size)
             log.warning("%s: torn final line dropped and the log repaired", files.log)
         self._durable_seq = self._written_seq = self.thread.last_event_seq
-        self._last_sync = time.monotonic()
+        self._last_sync = self._clock()
         self._unsynced = False
+
+    def _rewrite_sums(self, data: bytes) -> None:
+        """Make the checksums cover exactly the log's DATA (now checked or just written).
+
+        Rewritten in place, unsynced: what a crash leaves of it is lines of
+        an older log (not checked) or a cut line (skipped), never a false alarm.
+        """
+        self._close_sums()
+        if not data and not self.files.sums.exists():
+            return
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+            self._sums_fd = _open_private(self.files.sums, flags)
+            if data:
+                _write_all(self._sums_fd, sum_line(self._log_ino, 0, data))
+        except OSError as exc:
+            log.warning("%s: cannot keep checksums (%s); the log is not checked", self.files.sums,
+                        exc.strerror)  # fmt: skip
+            self._close_sums()
+
+    def _add_sum(self, start: int, data: bytes) -> None:
+        """Keep the checksum of DATA, just written to the log at START (best effort)."""
+        try:
+            if self._sums_fd < 0:
+                self._sums_fd = _open_private(self.files.sums, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            _write_all(self._sums_fd, sum_line(self._log_ino, start, data))
+        except OSError as exc:
+            log.warning("%s: cannot keep a checksum (%s); that part of the log is not checked",
+                        self.files.sums, exc.strerror)  # fmt: skip
+
+    def _close_sums(self) -> None:
+        if self._sums_fd >= 0:
+            os.close(self._sums_fd)
+            self._sums_fd = -1
+
+    def _set_aside_tail(self, scan: LogScan) -> None:
+        """Move the log's invalid tail to a side file beside it (synced first), then cut the log."""
+        files = self.files
+        tail = read_file(files.log)[scan.good_size :]
+        aside = files.side_file("tail")
+        atomic_write(aside, tail, sync=True)
+        fd = _open_private(files.log, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, scan.good_size)
+            os.fsync(fd)
+        except OSError as exc:
+            raise write_failed(files.log, exc, 0, f"; its invalid tail is copied to {aside.name}") from None
+        finally:
+            os.close(fd)
+        log.warning("%s: %d lines a crash left after the last valid one set aside in %s", files.log,
+                    scan.invalid_tail + scan.torn, aside.name)  # fmt: skip
+
+    def _directory_chain(self) -> list[Path]:
+        """The session's directory and its parents up to the root: the names a new session needs."""
+        chain = [self.files.directory]
+        root = self._root
+        if root is not None and root in self.files.directory.parents:
+            p = self.files.directory
+            while p != root:
+                p = p.parent
+                chain.append(p)
+        return chain
+
+    def _sync_new_names(self) -> None:
+        """Fsync the directories holding names this session made and no fsync covers yet."""
+        if self._unsynced_dirs:
+            sync_directories(list(dict.fromkeys(self._unsynced_dirs)))
+            self._unsynced_dirs = []
 
     def _remove_stale_temps(self) -> None:
         """Remove what an interrupted atomic write of this session left behind.
 
         We hold the session's lock: nobody else is writing these files now.
         """
-        for ext in ("json", "jsonl", "snapshot", "producer"):
+        for ext in ("json", "jsonl", "snapshot", "producer", "sums"):
             for path in self.files.directory.glob(f".{self.files.id}.{ext}.tmp-*"):
                 if is_temp_file(path.name):
                     with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+                        os.unlink(path)
                         log.info("%s: removed the temp file of an interrupted write", path)
 
     def _reload(self) -> None:
         """Read the session back from disk, dropping what is in memory only (not the header)."""
+        if self._log_fd >= 0 and (self._rewriting or not self._files_in_place()):
+            # What the disk holds is not this session: reading it back would lose it.
+            self.abandon()
+            raise StoreError(
+                f"session {self.files.id!r}: its files at {self.files.log} are gone and could not be "
+                "written again; its unsaved entries stay with their sender: open it again"
+            )
         header, given = self.header, self._header_given
         self._pending = []
         self._tail.clear()
@@ -777,6 +1119,7 @@ class Session:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+        self._close_sums()
         self._load(copy.deepcopy(self._initial))
         self.header, self._header_given = header, given
 
@@ -795,7 +1138,7 @@ class Session:
         self._batch = 0
         self._commit_seq = self._written_seq
         try:
-            obj = orjson.loads(self.files.producer.read_bytes())
+            obj = orjson.loads(read_file(self.files.producer))
         except FileNotFoundError:
             return
         except (OSError, orjson.JSONDecodeError) as exc:
@@ -812,6 +1155,7 @@ class Session:
         else:
             log.warning("%s: not a producer record; the next writer starts afresh", self.files.producer)
 
+    @_locked
     def begin_batch(self, producer: Any, batch: Any) -> bool:
         """Get ready for batch number BATCH of writer PRODUCER; False: it is in the log already.
 
@@ -839,6 +1183,7 @@ class Session:
         self._next_batch = (producer, batch)
         return True
 
+    @_locked
     def abort_batch(self) -> None:
         """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
         self._next_batch = None
@@ -855,7 +1200,7 @@ class Session:
                 break
             offset += len(line) + 1
         dropped = self.thread.last_event_seq - self._commit_seq
-        os.truncate(self.files.log, offset)
+        truncate_file(self.files.log, offset)
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
@@ -1008,6 +1353,7 @@ class Session:
 
     # -- flushing ---------------------------------------------------------
 
+    @_locked
     def flush(self, *, compact: bool | None = None) -> FlushResult:
         """Write pending events, then the header if it changed, then compact if due.
 
@@ -1019,8 +1365,11 @@ class Session:
         """
         self._check_open()
         started = time.perf_counter()
+        resent = self._write_again() if not self._files_in_place() else 0
+        if self._rewriting:
+            compact = True
         events_written = len(self._pending)
-        written = self._pending
+        written = self._pending[resent:]  # lines written before are not news to `after_flush`
         batch = self._next_batch
         if batch is None:
             bytes_written = self._write_pending()
@@ -1062,6 +1411,7 @@ class Session:
         if self.thread.id is not None and (compact or (compact is None and due)):
             self._compact()
             compacted = True
+            self._rewriting = False
         if self.after_flush is not None and written:
             self.after_flush(self, written)
         return FlushResult(
@@ -1074,7 +1424,67 @@ class Session:
             seconds=time.perf_counter() - started,
         )
 
+    # -- files gone under the store ----------------------------------------
+
+    def _files_in_place(self) -> bool:
+        """True while the log at our path is the file we append to, and the header is there."""
+        try:
+            here = os.stat(self._log_name)
+        except OSError:
+            return False
+        mine = os.fstat(self._log_fd)
+        if mine.st_nlink == 0 or here.st_ino != mine.st_ino or here.st_dev != mine.st_dev:
+            return False
+        if self._header_on_disk is not None and not os.path.lexists(self._header_name):
+            log.warning("%s: the header is no longer there; writing it again from what the store holds",
+                        self.files.header)  # fmt: skip
+            self._header_on_disk = None  # written again by this flush
+        return True
+
+    def _write_again(self) -> int:
+        """Start the session's files afresh where they belong; this flush then writes them all.
+
+        Called when the log was removed or replaced under us (its directory
+        removed, say): what we hold in memory is the session, so the flush
+        writes a snapshot of it, the log's tail and the header, syncing the
+        directories it makes, before it reports anything saved.  Returns how
+        many lines written before it queues again.
+        """
+        files = self.files
+        log.warning("%s: the session's files are no longer there (removed or replaced); "
+                    "writing them again from what the store holds", files.log)  # fmt: skip
+        try:
+            made = make_private_dirs(files.directory)
+            fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            where = Path(exc.filename) if isinstance(exc.filename, str) else files.directory
+            error = WriteFailed(
+                f"{where}: the session's files are gone and cannot be written again "
+                f"({exc.strerror or exc}); nothing of this flush is saved"
+            )
+            error.errno = exc.errno
+            raise error from None
+        os.close(self._log_fd)
+        self._log_fd = fd
+        self._log_ino = os.fstat(fd).st_ino
+        self._close_sums()
+        self._unsynced_dirs += [d.parent for d in made] + self._directory_chain()
+        self._header_on_disk = None
+        self._close_producer()
+        self._rewriting = True  # until a compaction has written the whole session again
+        # The log now holds nothing: the lines it kept go back in (the snapshot holds the rest).
+        resent = len(self._tail)
+        self._pending = [*self._tail, *self._pending]
+        self._pending_first_seq = self._written_seq - resent + 1
+        self._tail.clear()
+        self._tail_bytes = 0
+        # The lock file went with the directory: take the lock again where it belongs.
+        self._lock.release(remove=False)
+        self._lock = SessionLock(files)
+        return resent
+
     def _write_pending(self) -> int:
+        self._sync_new_names()
         if not self._pending:
             self._maybe_sync(force=False)
             return 0
@@ -1084,6 +1494,7 @@ class Session:
             _write_all(self._log_fd, data)
             if self._crash:
                 self._crash("log-written")
+            self._add_sum(size, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._log_fd, size)
@@ -1106,7 +1517,7 @@ class Session:
             self._durable_seq = self._written_seq
             self._unsynced = False
             return
-        now = time.monotonic()
+        now = self._clock()
         if force or self.fsync == "always" or now - self._last_sync >= self.fsync_interval:
             try:
                 os.fsync(self._log_fd)
@@ -1115,7 +1526,29 @@ class Session:
             self._last_sync = now
             self._durable_seq = self._written_seq
             self._unsynced = False
+        elif self._cancel_idle_sync is None:
+            delay = max(0.0, self._last_sync + self.fsync_interval - now)
+            self._cancel_idle_sync = self._start_timer(delay, self._idle_sync)
 
+    def _idle_sync(self) -> None:
+        """The interval's fsync when no flush came to make it (on the timer's thread)."""
+        with self._io_lock:
+            self._cancel_idle_sync = None
+            if self._closed or self._log_fd < 0:
+                return
+            try:
+                self._maybe_sync(force=True)
+            except StoreError as exc:
+                log.error("%s (tried again in one interval, or by the next flush)", exc)
+                # Again for a session that stays idle: its events are still not on disk.
+                self._cancel_idle_sync = self._start_timer(self.fsync_interval, self._idle_sync)
+
+    def _stop_idle_sync(self) -> None:
+        if self._cancel_idle_sync is not None:
+            self._cancel_idle_sync()
+            self._cancel_idle_sync = None
+
+    @_locked
     def sync(self) -> None:
         """Fsync the log now (for ``interval`` mode's timer and for close)."""
         self._check_open()
@@ -1147,6 +1580,8 @@ class Session:
         atomic_write(self.files.log, b"".join(self._tail), sync=sync, crash=self._crash)
         os.close(self._log_fd)
         self._log_fd = _open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._log_ino = os.fstat(self._log_fd).st_ino
+        self._rewrite_sums(b"".join(self._tail))
         self._since_snapshot = 0
         self._log_bytes_since_snapshot = 0
         # Every written event is now in a synced snapshot (or the policy promises nothing).
@@ -1155,6 +1590,7 @@ class Session:
 
     # -- closing ----------------------------------------------------------
 
+    @_locked
     def close(self) -> None:
         """Flush everything, sync, release the lock.  Safe to call twice."""
         if self._closed:
@@ -1163,6 +1599,7 @@ class Session:
             self.flush()
             self.sync()
         finally:
+            self._stop_idle_sync()
             self._closed = True
             if self._log_fd >= 0:
                 os.close(self._log_fd)
@@ -1170,12 +1607,14 @@ class Session:
             self._close_producer()
             self._lock.release(remove=True)
 
+    @_locked
     def abandon(self, *, remove_lock: bool = False) -> None:
         """Drop the session without writing anything more.
 
         Pending events are discarded: this is what a crash leaves behind, and
         how a refused batch leaves the disk as it was (REMOVE-LOCK then).
         """
+        self._stop_idle_sync()
         self._closed = True
         self._pending = []
         if self._log_fd >= 0:
@@ -1185,6 +1624,7 @@ class Session:
         self._lock.release(remove=remove_lock)
 
     def _close_producer(self) -> None:
+        self._close_sums()
         if self._producer_fd >= 0:
             os.close(self._producer_fd)
             self._producer_fd = -1
@@ -1244,9 +1684,13 @@ class Store:
         log_max_events: int = LOG_MAX_EVENTS,
         log_growth: float = LOG_GROWTH,
         crash: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = monotonic,
+        start_timer: StartTimer = thread_timer,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        self.clock = clock  # the interval's clock and timers (a test's own time)
+        self.start_timer = start_timer
         self.root = Path(root).expanduser()
         self.fsync: FsyncMode = fsync
         self.fsync_interval_ms = fsync_interval_ms
@@ -1264,12 +1708,12 @@ class Store:
         """
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
-        make_private_dirs(self.root)
+        made = make_private_dirs(self.root)
         self._take_over(files)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
-            crash=self.crash,
+            crash=self.crash, root=self.root, made=made, clock=self.clock, start_timer=self.start_timer,
         )  # fmt: skip
 
     def _take_over(self, files: SessionFiles) -> None:
@@ -1280,9 +1724,8 @@ class Store:
         refused, its file unchanged.
         """
         try:
-            with files.header.open("rb") as f:
-                head = f.read(1024)
-        except FileNotFoundError:
+            head = read_file(files.header)[:1024]
+        except (FileNotFoundError, WriteFailed):
             return
         except OSError as exc:
             raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
@@ -1349,7 +1792,7 @@ class Store:
             raise SessionNotFound(f"no session {session_id!r} in {files.directory}")
         lock = SessionLock(files)
         try:
-            for p in (files.header, files.log, files.snapshot, files.producer):
+            for p in (files.header, files.log, files.snapshot, files.producer, files.sums):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
         finally:
