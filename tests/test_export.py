@@ -242,14 +242,16 @@ def test_export_removes_the_stores_side_files_and_fsck_knows_them(tmp_path: Path
     assert sorted(p.name for p in files.directory.iterdir()) == ["g1.json"]
     # Left beside a schema-6 file by an earlier export: fsck names them, export removes them.
     files.producer.write_bytes(b'{"producer":"emacs-1","batch":1,"seq":9}\n')
+    files.sums.write_bytes(b"")
     files.lock.write_bytes(b"")
     check = fsck.fsck(root)
     assert [(f.path, f.kind) for f in check.findings if f.kind != fsck.SCHEMA6] == [
-        (files.producer, fsck.STALE_PRODUCER), (files.lock, fsck.STALE_LOCK)]
+        (files.producer, fsck.STALE_PRODUCER), (files.sums, fsck.STALE_SUMS), (files.lock, fsck.STALE_LOCK)]
     assert Exporter(root).run().count(export.ALREADY_6) == 1
     assert sorted(p.name for p in files.directory.iterdir()) == ["g1.json"]
     # fsck --repair removes them too.
     files.producer.write_bytes(b"{}\n")
+    files.sums.write_bytes(b"")
     repaired = fsck.Fsck(root, repair=True).run()
-    assert [f.repaired for f in repaired.findings if f.kind == fsck.STALE_PRODUCER] == [True]
-    assert not files.producer.exists()
+    assert [f.repaired for f in repaired.findings if f.kind in (fsck.STALE_PRODUCER, fsck.STALE_SUMS)] == [True, True]
+    assert not files.producer.exists() and not files.sums.exists()

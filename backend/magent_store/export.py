@@ -440,14 +440,14 @@ class Exporter:
         return ExportReport(path, EXPORTED, None, len(body))
 
     def _drop_leftovers(self, files: SessionFiles, *, locked: bool = False) -> None:
-        """Remove the log, snapshot and batch record beside a schema-6 file (kept in the backup).
+        """Remove the log, snapshot, batch record and checksums beside a schema-6 file (kept in the backup).
 
         Unless LOCKED (we hold the session's lock), a session someone holds
         open is left alone: it is being taken over right now.
         """
         if self.dry_run or (not locked and lock_is_held(files.lock)):
             return
-        for p in (files.log, files.snapshot, files.producer):
+        for p in (files.log, files.snapshot, files.producer, files.sums):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

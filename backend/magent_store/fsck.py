@@ -78,6 +78,7 @@ REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snap
 STALE_TEMP: Final = "stale-temp"
 STALE_LOCK: Final = "stale-lock"  # a note: see NOTES
 STALE_PRODUCER: Final = "stale-producer"  # a batch record beside no session of the store's
+STALE_SUMS: Final = "stale-sums"  # the log's checksums beside no session of the store's
 # Notes.
 IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
@@ -91,7 +92,7 @@ STALE_LOCK_MESSAGE: Final = (
 )
 
 _SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer)(?P<aside>\.(?:corrupt|tail)-\d+)?"
+    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer|sums)(?P<aside>\.(?:corrupt|tail)-\d+)?"
 )
 _SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
 
@@ -353,8 +354,11 @@ class Fsck:
                 self._add(Finding(path, NOT_SESSION, "file name is not a valid session id", session_id))
             return True
         files = SessionFiles(directory, session_id)
-        if paths.pop("producer", None) is not None:
-            self._producer(files, paths)
+        for ext, path, kind, what in (
+                ("producer", files.producer, STALE_PRODUCER, "batch record"),
+                ("sums", files.sums, STALE_SUMS, "log's checksums")):  # fmt: skip
+            if paths.pop(ext, None) is not None:
+                self._side_file(files, paths, path, kind, what)
         if not paths:
             return True
         if "json" in paths and self._not_a_session(files, alone=set(paths) == {"json"}):
@@ -388,16 +392,17 @@ class Fsck:
                               session_id, repairable=True, repaired=True))  # fmt: skip
         return True
 
-    def _producer(self, files: SessionFiles, paths: dict[str, Path]) -> None:
-        """The store's batch record: stale unless it sits beside a session of the store's (or one in use)."""
+    def _side_file(self, files: SessionFiles, paths: dict[str, Path],
+                   path: Path, kind: str, what: str) -> None:  # fmt: skip
+        """A side file of the store's (batch record, checksums): stale beside no session of the store's."""
         if ("jsonl" in paths or "snapshot" in paths or lock_is_held(files.lock)
                 or ("json" in paths and schema6.file_schema(files.header) == 7)):  # fmt: skip
             return
-        finding = self._add(Finding(files.producer, STALE_PRODUCER, "batch record left behind beside "
-                                    "no session of the store's", files.id, repairable=True))  # fmt: skip
+        finding = self._add(Finding(path, kind, f"{what} left behind beside no session of the store's",
+                                    files.id, repairable=True))  # fmt: skip
         if self.repair:
             with contextlib.suppress(FileNotFoundError):
-                files.producer.unlink()
+                path.unlink()
             finding.repaired = True
 
     def _lone_lock(self, files: SessionFiles) -> bool:
