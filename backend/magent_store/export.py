@@ -31,7 +31,6 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
-from magent_store.fsck import lock_is_held, read_log
 from magent_store.ledger import LedgerError, Thread
 from magent_store.migrate import new_backup_path
 from magent_store.store import (
@@ -45,8 +44,10 @@ from magent_store.store import (
     atomic_write,
     dumps,
     loads,
+    lock_is_held,
     make_private_dirs,
     read_header,
+    read_log_file,
     replay_session,
     scan_log,
 )
@@ -90,9 +91,8 @@ def salvage(files: SessionFiles) -> Salvaged:
     try:
         scan = scan_log(files.log)
     except CorruptSessionError:
-        log = read_log(files.log)
-        damage.append(f"log unreadable from line {log.bad_line}")
-        scan = log.scan()
+        scan = read_log_file(files.log)
+        damage.append(f"log unreadable from line {scan.bad_line}")
     if scan.torn:
         damage.append("torn log")
     snapshot_ok = files.snapshot.exists()

@@ -25,8 +25,6 @@ Reading and writing go through `store`; values are decoded by `ledger`.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import os
 import re
@@ -38,7 +36,12 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.ledger import Event, LedgerError, Thread
+from magent_store.ledger import LedgerError, Thread
+
+# Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
+from magent_store.store import CORRUPT_LINE as CORRUPT_LINE
+from magent_store.store import INVALID_TAIL as INVALID_TAIL
+from magent_store.store import SEQ_ORDER as SEQ_ORDER
 from magent_store.store import (
     CorruptSessionError,
     InvalidSessionId,
@@ -49,13 +52,14 @@ from magent_store.store import (
     SessionLockedError,
     StoreError,
     atomic_write,
-    crash_tail,
     damage_message,
     damaged_range,
     default_header,
     dumps,
     is_temp_file,
+    lock_is_held,
     read_header,
+    read_log_file,
     replay_session,
     sum_line,
     summary_title,
@@ -68,10 +72,7 @@ HEADER_INVALID: Final = "header-invalid"
 ORPHAN: Final = "orphan"  # a log or snapshot without a header
 SNAPSHOT_MISSING: Final = "snapshot-missing"
 SNAPSHOT_INVALID: Final = "snapshot-invalid"
-CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the end of the log
-SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
 TORN_TAIL: Final = "torn-tail"
-INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (a power loss)
 CHECKSUM: Final = "checksum"  # committed bytes that changed since they were written
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
@@ -171,85 +172,6 @@ class Check:
             "healthy": self.healthy,
             "findings": [f.to_json(self.root) for f in self.findings],
         }
-
-
-def lock_is_held(path: Path) -> bool:
-    """True when a live process holds the lock at PATH (without creating it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except (FileNotFoundError, IsADirectoryError):
-        return False
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a link is nobody's lock: never followed
-            return False
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing also drops the lock we may have taken
-    return False
-
-
-@dataclass(slots=True)
-class LogReading:
-    """A log read tolerantly: the valid prefix, and where and why it stops."""
-
-    data: bytes
-    events: list[Event]
-    lines: list[bytes]
-    good_size: int  # bytes of the valid prefix
-    bad_line: int | None = None  # 1-based number of the first bad line
-    bad_kind: str | None = None
-    bad_message: str | None = None
-    torn: bytes = b""  # a final line without its newline
-
-    def scan(self) -> LogScan:
-        return LogScan(self.events, self.lines, self.good_size, bool(self.torn))
-
-    @property
-    def moved_lines(self) -> int:
-        """Lines from the bad one to the end (a torn tail counts as one)."""
-        if self.bad_line is None:
-            return 0
-        rest = self.data[self.good_size :]
-        return rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
-
-
-def read_log(path: Path) -> LogReading:
-    """Read the log at PATH as far as it is valid (a missing log reads as empty)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return LogReading(b"", [], [], 0)
-    lines = data.split(b"\n")
-    torn = lines.pop()
-    log = LogReading(data, [], [], 0, torn=torn)
-    previous = 0
-    offset = 0
-    for number, line in enumerate(lines, 1):
-        try:
-            # As the store reads it: an integer beyond 64 bits stays exact.
-            event = ledger.event_from_json(store_loads(line), need_seq=True)
-        except (ValueError, LedgerError) as exc:
-            log.bad_line, log.bad_kind, log.bad_message = number, CORRUPT_LINE, str(exc)
-            if crash_tail(line, lines[number:]):
-                log.bad_kind = INVALID_TAIL
-                log.bad_message = (f"invalid from here to the end ({exc}): what a power loss leaves of "
-                                   "appends not yet synced")  # fmt: skip
-            break
-        assert event.seq is not None
-        if event.seq <= previous:
-            log.bad_line, log.bad_kind = number, SEQ_ORDER
-            log.bad_message = f"seq {event.seq} does not follow {previous}"
-            break
-        previous = event.seq
-        log.events.append(event)
-        log.lines.append(line)
-        offset += len(line) + 1
-    log.good_size = offset
-    return log
 
 
 def _is_json(path: Path) -> bool:
@@ -458,11 +380,15 @@ class Fsck:
                     unreadable = finding
                 else:
                     return  # a header that says something else: nothing can be trusted
-        log = read_log(files.log)
+        log = read_log_file(files.log)
         if log.bad_line is not None:
             moved = log.moved_lines
+            why = log.bad_message
+            if log.bad_kind == INVALID_TAIL:
+                why = (f"invalid from here to the end ({why}): what a power loss leaves of "
+                       "appends not yet synced")  # fmt: skip
             finding = self._add(Finding(
-                files.log, log.bad_kind or CORRUPT_LINE, f"line {log.bad_line}: {log.bad_message}; "
+                files.log, log.bad_kind or CORRUPT_LINE, f"line {log.bad_line}: {why}; "
                 f"{moved} lines from there to the end", sid, repairable=True, events=moved,
             ))  # fmt: skip
             if repair:
@@ -472,7 +398,7 @@ class Fsck:
                 finding.repaired = True
                 finding.message += f" moved to {aside.name}"
         elif log.torn:
-            finding = self._add(Finding(files.log, TORN_TAIL, f"a torn final line of {len(log.torn)} bytes",
+            finding = self._add(Finding(files.log, TORN_TAIL, f"a torn final line of {len(log.tail)} bytes",
                                         sid, repairable=True))  # fmt: skip
             if repair:
                 truncate_file(files.log, log.good_size)
@@ -494,7 +420,7 @@ class Fsck:
             else:
                 self._rebuild_header(files, thread, repair=repair, invalid=unreadable)
 
-    def _check_sums(self, files: SessionFiles, log: LogReading, *, repair: bool, cut: bool) -> LogReading:
+    def _check_sums(self, files: SessionFiles, log: LogScan, *, repair: bool, cut: bool) -> LogScan:
         """Compare the log's valid part with its checksums; the log as it now reads.
 
         CUT: this repair has just cut the log, so checksums of what it no
@@ -522,10 +448,10 @@ class Fsck:
         atomic_write(files.sums, sum_line(ino, 0, data[:start]) if start else b"", sync=self.sync)
         finding.repaired = True
         finding.message += f" moved to {aside.name}"
-        return read_log(files.log)
+        return read_log_file(files.log)
 
     def _check_snapshot(
-        self, files: SessionFiles, log: LogReading, scope: Scope | None, *, repair: bool
+        self, files: SessionFiles, log: LogScan, scope: Scope | None, *, repair: bool
     ) -> Thread | None:
         """Check the snapshot and that the log continues it; the replayed thread, or None."""
         sid = files.id
@@ -572,9 +498,9 @@ class Fsck:
             finding.repaired = True
         return thread
 
-    def _replay(self, files: SessionFiles, log: LogReading, scope: Scope | None) -> Thread | None:
+    def _replay(self, files: SessionFiles, log: LogScan, scope: Scope | None) -> Thread | None:
         try:
-            thread, _ = replay_session(files, scope, log.scan())
+            thread, _ = replay_session(files, scope, log)
         except CorruptSessionError as exc:
             message = str(exc).removeprefix(f"{files.log}:")
             kind = LOG_GAP if "leaves a gap" in message else REPLAY_ERROR

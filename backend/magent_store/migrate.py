@@ -37,7 +37,6 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
-from magent_store.fsck import lock_is_held
 from magent_store.ledger import Event, LedgerError, Text, Thread
 from magent_store.store import (
     CorruptSessionError,
@@ -52,6 +51,7 @@ from magent_store.store import (
     check_session_id,
     dumps,
     loads,
+    lock_is_held,
     make_private_dirs,
     normalize_header,
     replay_session,

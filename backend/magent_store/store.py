@@ -627,9 +627,18 @@ def read_header(path: Path) -> dict[str, Any]:
         raise CorruptSessionError(f"{path}: {exc}") from None
 
 
+# What a log reader reports of the first line it cannot read.
+CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the end of the log
+SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
+INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (a power loss)
+
+# Told (line number, kind, reason) of the line a reader stops at; it may raise.
+CorruptionReporter = Callable[[int, str, str], None]
+
+
 @dataclass(slots=True)
 class LogScan:
-    """What a log holds, as read back."""
+    """What a log holds, as read back: its valid prefix, and where and why reading stopped."""
 
     events: list[Event]
     lines: list[bytes]
@@ -639,6 +648,18 @@ class LogScan:
     # torn one, what a power loss leaves of unsynced appends), skipped.
     invalid_tail: int = 0
     data: bytes = b""  # the file as read
+    bad_line: int | None = None  # 1-based number of the first line not read
+    bad_kind: str | None = None  # CORRUPT_LINE, SEQ_ORDER or INVALID_TAIL
+    bad_message: str | None = None
+    tail: bytes = b""  # the torn final line
+
+    @property
+    def moved_lines(self) -> int:
+        """Lines from the bad one to the end (a torn tail counts as one)."""
+        if self.bad_line is None:
+            return 0
+        rest = self.data[self.good_size :]
+        return rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
 
 
 def _valid_line(line: bytes) -> bool:
@@ -667,8 +688,48 @@ def crash_tail(line: bytes, after: list[bytes]) -> bool:
     return False
 
 
+def read_log(data: bytes, report: CorruptionReporter | None = None) -> LogScan:
+    """Read the log DATA as far as it is valid: the one reader of every log.
+
+    Reading stops at the first line that is not a valid event or whose seq
+    does not follow the one before; REPORT is told of it (and may raise),
+    and the result names it.  A final line without its newline is a torn
+    append: dropped, never reported.
+    """
+    lines = data.split(b"\n")
+    tail = lines.pop()  # after the final "\n" this is b""; else a torn append
+    scan = LogScan([], lines, 0, tail != b"", data=data, tail=tail)
+    previous = 0
+    # An integer beyond 64 bits stays exact; only a log holding one pays for it.
+    exact = _LONG_INTEGER.search(data) is not None
+    for number, line in enumerate(lines, 1):
+        try:
+            event = ledger.event_from_json(loads(line) if exact else orjson.loads(line), need_seq=True)
+        except (ValueError, LedgerError) as exc:
+            kind = INVALID_TAIL if crash_tail(line, lines[number:]) else CORRUPT_LINE
+            _stop(scan, number, kind, str(exc), report)
+            break
+        assert event.seq is not None
+        if event.seq <= previous:
+            _stop(scan, number, SEQ_ORDER, f"seq {event.seq} does not follow {previous}", report)
+            break
+        previous = event.seq
+        scan.events.append(event)
+        scan.good_size += len(line) + 1
+    return scan
+
+
+def _stop(scan: LogScan, number: int, kind: str, reason: str, report: CorruptionReporter | None) -> None:
+    scan.bad_line, scan.bad_kind, scan.bad_message = number, kind, reason
+    if kind == INVALID_TAIL:
+        scan.invalid_tail = len(scan.lines) - number + 1
+    del scan.lines[number - 1 :]
+    if report is not None:
+        report(number, kind, reason)
+
+
 def scan_log(path: Path) -> LogScan:
-    """Read and validate every line of the log at PATH (missing → empty).
+    """Read and validate every line of the log at PATH (missing → empty), as a session is opened.
 
     What a power loss leaves of unsynced appends is skipped: everything
     from a line holding NUL bytes on, or lines that are not JSON at all
@@ -679,35 +740,26 @@ def scan_log(path: Path) -> LogScan:
         data = read_file(path)
     except FileNotFoundError:
         return LogScan([], [], 0, False)
-    lines = data.split(b"\n")
-    tail = lines.pop()  # after the final "\n" this is b""; else a torn append
-    torn = tail != b""
-    events: list[Event] = []
-    previous = 0
-    good_size = 0
-    invalid_tail = 0
-    exact = _LONG_INTEGER.search(data) is not None
-    for number, line in enumerate(lines, 1):
-        try:
-            event = ledger.event_from_json(loads(line) if exact else orjson.loads(line), need_seq=True)
-        except (ValueError, LedgerError) as exc:
-            if not crash_tail(line, lines[number:]):
-                raise CorruptSessionError(f"{path}:{number}: {exc}") from None
-            invalid_tail = len(lines) - number + 1
-            del lines[number - 1 :]
-            break
-        assert event.seq is not None
-        if event.seq <= previous:
-            raise CorruptSessionError(f"{path}:{number}: seq {event.seq} does not follow {previous}")
-        previous = event.seq
-        events.append(event)
-        good_size += len(line) + 1
-    if invalid_tail:
+
+    def refuse(number: int, kind: str, reason: str) -> None:
+        if kind != INVALID_TAIL:
+            raise CorruptSessionError(f"{path}:{number}: {reason}")
+
+    scan = read_log(data, refuse)
+    if scan.invalid_tail:
         log.warning("%s: skipping %d lines a crash left after the last valid one (line %d on)", path,
-                    invalid_tail + torn, len(lines) + 1)  # fmt: skip
-    elif torn:
-        log.warning("%s: dropping a torn final line of %d bytes", path, len(tail))
-    return LogScan(events, lines, good_size, torn, invalid_tail, data)
+                    scan.invalid_tail + scan.torn, len(scan.lines) + 1)  # fmt: skip
+    elif scan.torn:
+        log.warning("%s: dropping a torn final line of %d bytes", path, len(scan.tail))
+    return scan
+
+
+def read_log_file(path: Path) -> LogScan:
+    """The log at PATH read as far as it is valid, nothing raised for its lines (missing → empty)."""
+    try:
+        return read_log(path.read_bytes())
+    except FileNotFoundError:
+        return LogScan([], [], 0, False)
 
 
 # ---------------------------------------------------------------------------
@@ -851,6 +903,25 @@ class SessionLock:
                 os.unlink(self.path)
         os.close(self._fd)
         self._fd = -1
+
+
+def lock_is_held(path: Path) -> bool:
+    """True when a live process holds the lock at PATH (without creating it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link is nobody's lock: never followed
+            return False
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing also drops the lock we may have taken
+    return False
 
 
 @dataclass(frozen=True, slots=True)
