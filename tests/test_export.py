@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import export, fsck, ledger, migrate
+from magent_store import export, fsck, ledger, migrate, schema6
 from magent_store.export import Exporter, render, salvage
 from magent_store.store import Scope, SessionFiles, SessionLock, Store, load_session, read_header
 
@@ -54,8 +54,8 @@ def make_session(root: Path, events: Events, session_id: str = "s1", scope: Scop
 
 def schema6_state(path: Path) -> tuple[dict[str, Any], ledger.Thread]:
     """A schema-6 file decoded as the migration decodes magent's own files."""
-    obj, _ = migrate.loads_first_wins(path.read_bytes())
-    plan = migrate._plan(path, obj)
+    obj, _ = schema6.loads_first_wins(path.read_bytes())
+    plan = schema6.plan(path, obj)
     return plan.header, plan.state
 
 
@@ -92,7 +92,7 @@ def test_render_gives_magent_the_session_in_its_format(tmp_path: Path, events: E
 def test_hollow_render_is_the_header_only(tmp_path: Path, events: Events) -> None:
     files = make_session(tmp_path / "root", events)
     name, damage = render(files, tmp_path, hollow=True)
-    obj = migrate.loads_first_wins(Path(name).read_bytes())[0]
+    obj = schema6.loads_first_wins(Path(name).read_bytes())[0]
     assert damage is None and obj["snapshot"]["turns"] == [] and obj["journal"] == []
     assert obj["title"] == "A title" and "summary-title" not in obj  # the header magent gave has none
 
@@ -174,7 +174,7 @@ def test_export_writes_back_value_identical_with_a_backup(tmp_path: Path, events
         header, thread = schema6_state(f.header)
         assert header["schema-version"] == 6
         old_header, old_thread = stored[f.id]
-        assert migrate.first_difference(
+        assert schema6.first_difference(
             {k: v for k, v in old_header.items() if k not in ("schema-version", "summary-title")},
             {k: v for k, v in header.items() if k not in ("schema-version", "summary-title")},
         ) is None  # fmt: skip

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 import schema6
 from conftest import examples
 from magent_store import ledger, migrate, store
-from magent_store.migrate import Migrator, loads_first_wins
+from magent_store.migrate import Migrator
+from magent_store.schema6 import loads_first_wins
 from magent_store.store import (
     Scope,
     SessionFiles,

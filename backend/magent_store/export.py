@@ -30,9 +30,8 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger
+from magent_store import ledger, schema6
 from magent_store.ledger import LedgerError, Thread
-from magent_store.migrate import new_backup_path
 from magent_store.store import (
     CorruptSessionError,
     Scope,
@@ -46,6 +45,7 @@ from magent_store.store import (
     loads,
     lock_is_held,
     make_private_dirs,
+    new_backup_path,
     read_header,
     read_log_file,
     replay_session,
@@ -338,18 +338,16 @@ def header_schema(path: Path) -> Any:
 
 def verify_schema6(body: bytes, files: SessionFiles, header: dict[str, Any], thread: Thread) -> str | None:
     """Where BODY, read back as a migration reads a schema-6 file, differs from the store."""
-    from magent_store import migrate  # migrate decodes schema 6; it imports this package's store
-
     try:
-        obj, _ = migrate.loads_first_wins(body)
-        plan = migrate._plan(files.header, obj)
+        obj, _ = schema6.loads_first_wins(body)
+        plan = schema6.plan(files.header, obj)
     except ValueError as exc:
         return f"the written file does not read back: {exc}"
-    except migrate._Refused as refused:
+    except schema6.Refused as refused:
         return f"the written file does not read back: {refused.reason}"
     ours = {k: v for k, v in header.items() if k not in ("schema-version", "summary-title")}
     theirs = {k: v for k, v in plan.header.items() if k not in ("schema-version", "summary-title")}
-    found = migrate.first_difference(ours, theirs, "header")
+    found = schema6.first_difference(ours, theirs, "header")
     if found is not None:
         return found
     old = ledger.thread_to_json(thread)
@@ -357,7 +355,7 @@ def verify_schema6(body: bytes, files: SessionFiles, header: dict[str, Any], thr
     for key in ("snapshot-created-at",):  # filled in for magent's reader when missing
         old.pop(key, None)
         new.pop(key, None)
-    return migrate.first_difference(old, new, "thread")
+    return schema6.first_difference(old, new, "thread")
 
 
 class Exporter:

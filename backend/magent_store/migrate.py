@@ -19,28 +19,27 @@ magent read duplicate keys first-wins (SPEC §3), where orjson keeps the last:
 files that may hold duplicates (a cheap count decides) are parsed again
 first-wins, and the keys they drop are counted apart, not as changes.
 
-This module owns the migration's decisions; every byte is read and written
-through `store` and every value decoded by `ledger`.
+This module owns the migration's decisions; a schema-6 file is parsed and
+decoded by `schema6`, every byte read and written through `store`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
-from magent_store import ledger
-from magent_store.ledger import Event, LedgerError, Text, Thread
+from magent_store import ledger, schema6
+from magent_store.ledger import LedgerError
+from magent_store.schema6 import ALREADY_7 as ALREADY_7  # what happened to one file, as decoding says
+from magent_store.schema6 import CHANGED as CHANGED
+from magent_store.schema6 import INVALID as INVALID
+from magent_store.schema6 import NOT_SESSION as NOT_SESSION
 from magent_store.store import (
     CorruptSessionError,
-    InvalidSessionId,
     Scope,
     SessionFiles,
     SessionLock,
@@ -48,11 +47,11 @@ from magent_store.store import (
     Store,
     StoreError,
     atomic_write,
-    check_session_id,
     dumps,
     loads,
     lock_is_held,
     make_private_dirs,
+    new_backup_path,
     normalize_header,
     replay_session,
     scan_log,
@@ -64,10 +63,6 @@ SCHEMA7: Final = 7
 # What happened to one file.
 MIGRATED: Final = "migrated"  # migrated and value-identical
 WOULD_MIGRATE: Final = "would-migrate"  # --dry-run: valid, would be migrated
-ALREADY_7: Final = "schema-7"
-NOT_SESSION: Final = "not-session"
-INVALID: Final = "invalid"
-CHANGED: Final = "changed"  # verification found a difference: schema-6 file kept
 LOCKED: Final = "locked"  # open for writing by a running backend: skipped
 FAILED: Final = "failed"  # an I/O error: schema-6 file kept
 
@@ -154,253 +149,7 @@ class Migration:
         }
 
 
-class _Refused(Exception):
-    """A file left as it is: OUTCOME (not-session or invalid) and why."""
-
-    def __init__(self, outcome: str, reason: str) -> None:
-        super().__init__(reason)
-        self.outcome = outcome
-        self.reason = reason
-
-
-# ---------------------------------------------------------------------------
-# Parsing: orjson, and first-wins where duplicate keys may hide
-
-
-def _key_bound(data: bytes) -> int:
-    """An upper bound on the number of object keys written in DATA (JSON text).
-
-    Every key's closing quote is followed by a colon, directly or after
-    whitespace.  ``":`` also occurs inside strings, but only after an escaping
-    backslash (an odd run of backslashes), and those are subtracted exactly;
-    a whitespace before a colon inside a string only makes the bound looser.
-    """
-    bound = data.count(b'":')
-    run, sign = 1, 1
-    while True:
-        n = data.count(b"\\" * run + b'":')
-        if not n:
-            break
-        bound -= sign * n
-        sign, run = -sign, run + 1
-    bound += data.count(b" :")
-    for space in (b"\t", b"\n", b"\r"):  # never raw inside a JSON string: usually absent
-        if space in data:
-            bound += data.count(space + b":")
-    return bound
-
-
-# orjson reads an integer beyond 64 bits as a float, silently: such floats send
-# the file to the exact parser (a float literal this large only costs time).
-_FLOAT_DOUBT: Final = float(2**63)
-
-
-def _count_keys(value: Any) -> int | None:
-    """The number of object keys in VALUE; None when a number may have lost digits."""
-    count = 0
-    stack: list[Any] = [value] if isinstance(value, dict | list) else []
-    while stack:
-        v = stack.pop()
-        children: Iterable[Any] = v
-        if isinstance(v, dict):
-            count += len(v)
-            children = v.values()
-        for x in children:
-            if isinstance(x, dict | list):
-                stack.append(x)
-            elif isinstance(x, float) and not -_FLOAT_DOUBT < x < _FLOAT_DOUBT:
-                return None
-    return count
-
-
-def loads_first_wins(data: bytes) -> tuple[Any, int]:
-    """Parse DATA as magent did (the first of duplicate keys wins); also count the others.
-
-    orjson parses first; only when the file may hold a duplicate key (more
-    keys written than parsed) or an integer beyond 64 bits (which orjson
-    reads as a float) is it parsed again, exactly and first-wins.
-    Raises `orjson.JSONDecodeError` (a `ValueError`) on malformed JSON.
-    """
-    obj = orjson.loads(data)
-    keys = _count_keys(obj)
-    if keys is not None and _key_bound(data) == keys:
-        return obj, 0
-    shadowed = 0
-
-    def first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal shadowed
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                shadowed += 1
-            else:
-                out[key] = value
-        return out
-
-    return json.loads(data, object_pairs_hook=first_wins), shadowed
-
-
-# ---------------------------------------------------------------------------
-# Comparing values as magent sees them
-
-
-_SCALARS: Final = frozenset({str, int, float, bool})
-
-
-def first_difference(old: Any, new: Any, where: str = "") -> str | None:
-    """Where OLD and NEW differ as values (None: they do not).
-
-    Absent values ({} / [] / null, and a missing key) are equal, a `Text`
-    equals its string, key order is irrelevant; numbers keep their kind
-    (1, 1.0 and true are three values, as in Elisp).
-    """
-    if old is new:  # decoding shares free-form values and strings with the raw object
-        return None
-    kind = type(old)
-    if kind is type(new) and kind in _SCALARS:
-        return None if old == new else f"{where or 'value'}: {old!r:.60} became {new!r:.60}"
-    if isinstance(old, Text):
-        old = str(old)
-    if isinstance(new, Text):
-        new = str(new)
-    if ledger.is_absent(old) and ledger.is_absent(new):
-        return None
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in old.keys() | new.keys():
-            found = first_difference(old.get(key), new.get(key), f"{where}.{key}")
-            if found is not None:
-                return found
-        return None
-    if isinstance(old, list) and isinstance(new, list):
-        if len(old) != len(new):
-            return f"{where}: {len(old)} entries became {len(new)}"
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            found = first_difference(a, b, f"{where}[{i}]")
-            if found is not None:
-                return found
-        return None
-    if type(old) is type(new) and old == new:
-        return None
-    return f"{where or 'value'}: {old!r:.60} became {new!r:.60}"
-
-
-# ---------------------------------------------------------------------------
-# One file
-
-
-@dataclass(slots=True)
-class _Plan:
-    """A valid schema-6 session, decoded, and the schema-7 bytes it becomes."""
-
-    files: SessionFiles
-    header: dict[str, Any]  # raw header fields (first-wins), for comparison
-    header_bytes: bytes
-    snapshot_bytes: bytes
-    log_bytes: bytes
-    events: list[Event]
-    state: Thread  # the schema-6 state: snapshot replayed with the journal
-
-
-def _header_values(header: dict[str, Any]) -> dict[str, Any]:
-    """The values a migration keeps: all but the schema version it changes."""
-    return {k: v for k, v in header.items() if k != "schema-version"}
-
-
-def _classify(obj: Any) -> None:
-    """Raise `_Refused` unless OBJ is a schema-6 session object."""
-    if not isinstance(obj, dict):
-        raise _Refused(NOT_SESSION, f"not a JSON object ({type(obj).__name__})")
-    if "schema-version" not in obj:
-        raise _Refused(NOT_SESSION, "no schema-version")
-    version = obj["schema-version"]
-    if version == SCHEMA7 and not isinstance(version, bool):
-        raise _Refused(ALREADY_7, "already schema 7")
-    if version != SCHEMA6 or isinstance(version, bool):
-        raise _Refused(NOT_SESSION, f"unknown schema-version {version!r:.40}")
-
-
-def _plan(path: Path, obj: dict[str, Any]) -> _Plan:
-    """Decode and validate a schema-6 object; raise `_Refused` (invalid) with the reason."""
-    try:
-        session_id = check_session_id(path.stem)
-    except InvalidSessionId as exc:
-        raise _Refused(INVALID, f"file name: {exc}") from None
-    fields = {k: v for k, v in obj.items() if k not in ("snapshot", "journal")}
-    if ledger.is_absent(fields.get("id")):
-        raise _Refused(INVALID, "header.id: missing")
-    try:
-        header = normalize_header({**fields, "schema-version": SCHEMA7}, session_id)
-        Scope.from_header(header)  # (an action name must name a directory)
-    except (LedgerError, StoreError) as exc:
-        raise _Refused(INVALID, str(exc)) from None
-    raw_snapshot = obj.get("snapshot")
-    if ledger.is_absent(raw_snapshot):
-        raise _Refused(INVALID, "missing snapshot")
-    try:
-        with ledger.schema6_values():
-            thread = ledger.thread_from_json(raw_snapshot)
-    except LedgerError as exc:
-        raise _Refused(INVALID, str(exc)) from None
-    journal = obj.get("journal")
-    journal = [] if ledger.is_absent(journal) else journal
-    if not isinstance(journal, list):
-        raise _Refused(INVALID, f"journal: expected an array of events, got {type(journal).__name__}")
-    events: list[Event] = []
-    previous = 0
-    for i, raw in enumerate(journal):
-        try:
-            with ledger.schema6_values():
-                event = ledger.event_from_json(raw, need_seq=True)
-        except LedgerError as exc:
-            raise _Refused(INVALID, f"journal[{i}]: {exc}") from None
-        assert event.seq is not None
-        if event.seq <= previous:
-            raise _Refused(INVALID, f"journal[{i}]: seq {event.seq} does not follow {previous}")
-        previous = event.seq
-        events.append(event)
-    # Decoding keeps every value: check it against the raw objects all the same.
-    if isinstance(raw_snapshot, dict) and ledger.is_absent(raw_snapshot.get("last-event-seq")):
-        raw_snapshot = {**raw_snapshot, "last-event-seq": 0}  # what magent reads for nil
-    for where, raw, decoded in (
-        ("header", _header_values(fields), _header_values(header)),
-        ("snapshot", raw_snapshot, ledger.thread_to_json(thread)),
-    ):
-        found = first_difference(raw, decoded, where)
-        if found is not None:
-            raise _Refused(CHANGED, f"decoding changes a value: {found}")
-    log_lines = []
-    try:
-        for i, (raw, event) in enumerate(zip(journal, events, strict=True)):
-            encoded = ledger.event_to_json(event)
-            found = first_difference(raw, encoded, f"journal[{i}]")
-            if found is not None:
-                raise _Refused(CHANGED, f"decoding changes a value: {found}")
-            log_lines.append(dumps(encoded))
-        snapshot_bytes = dumps(ledger.thread_to_json(thread))
-        header_bytes = dumps(header)
-    except LedgerError as exc:  # e.g. an integer beyond 64 bits
-        raise _Refused(CHANGED, f"schema 7 cannot hold a value: {exc}") from None
-    # The schema-6 state; the log must continue the snapshot as the store requires.
-    base = expected = thread.last_event_seq
-    for i, event in enumerate(events):
-        assert event.seq is not None
-        if event.seq <= base:
-            continue
-        expected += 1
-        if event.seq != expected:
-            raise _Refused(INVALID, f"journal[{i}]: seq {event.seq} leaves a gap after seq {expected - 1}")
-        try:
-            ledger.apply(thread, event)
-        except LedgerError as exc:
-            raise _Refused(INVALID, f"journal[{i}]: {exc}") from None
-    return _Plan(
-        files=SessionFiles(path.parent, session_id), header=fields,
-        header_bytes=header_bytes, snapshot_bytes=snapshot_bytes,
-        log_bytes=b"".join(line + b"\n" for line in log_lines), events=events, state=thread,
-    )  # fmt: skip
-
-
-def _verify(plan: _Plan) -> str | None:
+def _verify(plan: schema6.Plan) -> str | None:
     """Read the new log and snapshot back from disk and compare; the first difference or None."""
     files = plan.files
     try:
@@ -411,13 +160,14 @@ def _verify(plan: _Plan) -> str | None:
         return f"the new files do not load: {exc}"
     if scan.torn or len(scan.events) != len(plan.events):
         return f"log: {len(plan.events)} events written, {len(scan.events)} read back"
-    found = first_difference(_header_values(plan.header), _header_values(header), "header")
+    old_header, new_header = schema6.header_values(plan.header), schema6.header_values(header)
+    found = schema6.first_difference(old_header, new_header, "header")
     if found is not None:
         return found
     old, new = ledger.thread_to_json(plan.state), ledger.thread_to_json(thread)
     if dumps(old) == dumps(new):  # the same bytes: the same values, types and order
         return None
-    return first_difference(old, new, "thread")
+    return schema6.first_difference(old, new, "thread")
 
 
 Crash = Callable[[str], None]
@@ -483,13 +233,13 @@ class Migrator:
         except OSError as exc:
             return FileReport(path, FAILED, f"cannot read: {exc.strerror}")
         try:
-            obj, shadowed = loads_first_wins(data)
+            obj, shadowed = schema6.loads_first_wins(data)
         except ValueError as exc:
             return FileReport(path, INVALID, f"not valid JSON: {exc}", bytes=len(data))
         try:
-            _classify(obj)
-            plan = _plan(path, obj)
-        except _Refused as refused:
+            schema6.classify(obj)
+            plan = schema6.plan(path, obj)
+        except schema6.Refused as refused:
             return FileReport(path, refused.outcome, refused.reason, shadowed, len(data))
         report = FileReport(path, WOULD_MIGRATE, None, shadowed, len(data), len(plan.events))
         if self.dry_run:
@@ -510,7 +260,7 @@ class Migrator:
             lock.release(remove=True)
         return report
 
-    def _write(self, path: Path, original: bytes, plan: _Plan) -> tuple[str, str | None]:
+    def _write(self, path: Path, original: bytes, plan: schema6.Plan) -> tuple[str, str | None]:
         files = plan.files
         crash = self._crash
         if self.backup_path is not None:
@@ -545,17 +295,6 @@ class Migrator:
         for p in (files.log, files.snapshot):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
-
-
-def new_backup_path(root: Path, kind: str = "schema6") -> Path:
-    """A fresh ROOT/KIND-backup-<UTC time>[-N] path (migration's and export's backups)."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    candidate = root / f"{kind}-backup-{stamp}"
-    n = 1
-    while candidate.exists():
-        n += 1
-        candidate = root / f"{kind}-backup-{stamp}-{n}"
-    return candidate
 
 
 def _migrate_in_worker(settings: tuple[Path, bool, Path | None, bool], path: Path) -> FileReport:

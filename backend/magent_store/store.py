@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime as dt
 import errno
 import fcntl
 import hashlib
@@ -1868,6 +1869,17 @@ class Store:
                     p.unlink()
         finally:
             lock.release(remove=True)
+
+
+def new_backup_path(root: Path, kind: str = "schema6") -> Path:
+    """A fresh ROOT/KIND-backup-<UTC time>[-N] path (migration's and export's backups)."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    candidate = root / f"{kind}-backup-{stamp}"
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = root / f"{kind}-backup-{stamp}-{n}"
+    return candidate
 
 
 def is_temp_file(name: str) -> bool:
