@@ -148,6 +148,7 @@ ELISP := $(sort $(wildcard elisp/*.el))
 lint: install emacs-ready
 	$(PY) -m ruff check backend tests bench
 	$(PY) -m mypy --strict backend/magent_store
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-error-on-warn t)' \
 	  -f batch-byte-compile $(ELISP)
 	rm -f elisp/*.elc

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+import schema6
 from conftest import Events, need
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
@@ -58,6 +61,27 @@ def test_apply_show_ls_compact_round_trip(tmp_path: Path, events: Events) -> Non
     assert compacted.returncode == 0 and b"compacted at seq" in compacted.stderr
     snapshot = orjson.loads((root / "global/s1.snapshot").read_bytes())
     assert snapshot["last-event-seq"] == len(conversation) + 1
+
+
+@pytest.mark.parametrize("command", ["apply", "compact"])
+def test_apply_and_compact_take_over_a_session_magent_wrote_as_the_backend_does(tmp_path: Path, command: str) -> None:
+    root = tmp_path / "root"
+    fixture = schema6.session(random.Random(21), "s1", turns=2)
+    header = fixture.write(root)
+    original = header.read_bytes()
+    thread_id = json.loads(original)["snapshot"]["id"]
+    queued = {"seq": None, "type": "turn-queued", "thread-id": thread_id, "turn-id": "new-turn", "item-id": None,
+              "payload": {"turn": {"id": "new-turn", "input": "and now?"}}, "created-at": 1_800_000_000.0}
+    done = cli(command, header, input=jsonl([queued]) if command == "apply" else None)
+    assert done.returncode == 0, done.stderr
+    [backup] = root.glob("schema6-backup-*")
+    assert (backup / fixture.relpath).read_bytes() == original
+    assert orjson.loads(cli("show", header, "--header").stdout)["schema-version"] == 7
+    shown = orjson.loads(cli("show", header).stdout)
+    assert [t["id"] for t in shown["turns"]][: len(fixture.expected["turns"])] == [
+        t["id"] for t in fixture.expected["turns"]
+    ]
+    assert (shown["turns"][-1]["id"] == "new-turn") == (command == "apply")
 
 
 def test_apply_creates_a_project_session(tmp_path: Path, events: Events) -> None:

@@ -24,6 +24,7 @@ from conftest import examples
 from magent_store import ledger, migrate, store
 from magent_store.migrate import Migrator
 from magent_store.schema6 import loads_first_wins
+from magent_store.sessions import open_session
 from magent_store.store import (
     Scope,
     SessionFiles,
@@ -551,7 +552,7 @@ def test_the_backend_takes_over_a_schema6_session_at_its_first_open(root: Path, 
     original = path.read_bytes()
     scope = Scope.from_header(read_header_any(path))
     st = Store(root)
-    with st.open("s1", scope) as s:
+    with open_session(st, "s1", scope) as s:
         assert s.header["schema-version"] == 7
         assert plain_thread(s.thread) == fixture.expected
         old_turns = len(s.thread.turns)
@@ -563,7 +564,7 @@ def test_the_backend_takes_over_a_schema6_session_at_its_first_open(root: Path, 
     backups = list(root.glob("schema6-backup-*"))
     assert len(backups) == 1
     assert (backups[0] / fixture.relpath).read_bytes() == original
-    with st.open("s1", scope) as s:  # after a restart: every old and new turn
+    with open_session(st, "s1", scope) as s:  # after a restart: every old and new turn
         assert [t.id for t in s.thread.turns][-1] == "new-turn"
         assert len(s.thread.turns) == old_turns + 1
     assert len(list(root.glob("schema6-backup-*"))) == 1, "taken over once"

@@ -27,7 +27,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import ledger, store
+from magent_store import ledger, sessions, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
     BatchOutOfOrder,
@@ -66,6 +66,10 @@ def chunks_in_log(root: Path, name: str = "global/s1.jsonl") -> list[str]:
     lines = (root / name).read_bytes().splitlines()
     return [orjson.loads(line)["payload"]["chunk"] for line in lines
             if b"item-content-appended" in line]  # fmt: skip
+
+
+def tree_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -1272,10 +1276,10 @@ def test_content_appends_check_every_argument(root: Path, events: Events) -> Non
 def test_a_session_magent_wrote_is_taken_over_at_its_first_open(
     root: Path, caplog: pytest.LogCaptureFixture, fsyncs: list[str]
 ) -> None:
-    caplog.set_level(logging.INFO, logger="magent_store.store")
+    caplog.set_level(logging.INFO, logger="magent_store.sessions")
     quiet, synced = (schema6.session(random.Random(n), sid) for n, sid in ((21, "s1"), (22, "s2")))
     paths = [quiet.write(root), synced.write(root)]
-    with Store(root, fsync="never").open("s1") as s:
+    with sessions.open_session(Store(root, fsync="never"), "s1") as s:
         assert s.header["schema-version"] == 7 and s.thread.last_event_seq == quiet.events
     # The take-over follows the store's fsync policy: of its log appends and replaced files'
     # directories nothing is synced, only what a rename puts in place and the names it makes.
@@ -1284,10 +1288,10 @@ def test_a_session_magent_wrote_is_taken_over_at_its_first_open(
                or name.startswith("schema6-backup-") for name in fsyncs), fsyncs  # fmt: skip
     [backup] = root.glob("schema6-backup-*")
     assert messages(caplog) == [f"took over {paths[0]} (schema 6, {quiet.events} events); original in {backup}"]
-    with Store(root, fsync="always").open("s2"):
+    with sessions.open_session(Store(root, fsync="always"), "s2"):
         assert f".s2.json.tmp-{os.getpid()}" in fsyncs
     caplog.clear()
-    Store(root).open("s1").close()
+    sessions.open_session(Store(root), "s1").close()
     assert messages(caplog) == [], "taken over once"
 
 
@@ -1300,8 +1304,16 @@ def test_a_session_magent_wrote_that_would_not_migrate_identically_is_left_as_it
     path.write_text(json.dumps(obj))
     before = path.read_bytes()
     with pytest.raises(StoreError, match=rf"^{path}: this session, written by magent, cannot be taken over \(\w+: .+\); it is left as it was$"):
-        Store(root).open("s1")
+        sessions.open_session(Store(root), "s1")
     assert path.read_bytes() == before and not (root / "global/s1.jsonl").exists()
+
+
+def test_the_store_alone_refuses_a_session_magent_wrote_and_leaves_it_as_it_was(root: Path) -> None:
+    path = schema6.session(random.Random(21), "s1").write(root)
+    before = tree_of(root)
+    with pytest.raises(StoreError, match=rf"^{path}: a session magent wrote \(schema 6\) is opened here only once taken over"):
+        Store(root).open("s1")
+    assert tree_of(root) == before
 
 
 # --- the tail a compaction keeps ------------------------------------------------------------

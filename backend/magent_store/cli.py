@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, export, fsck, ledger, migrate, schema6
+from magent_store import __version__, export, fsck, ledger, migrate, schema6, sessions
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
 from magent_store.store import (
@@ -28,7 +28,6 @@ from magent_store.store import (
     LOG_MAX_EVENTS,
     SCHEMA_VERSION,
     Scope,
-    Session,
     SessionFiles,
     SessionInfo,
     Store,
@@ -72,7 +71,7 @@ def _events(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]]:
 def cmd_apply(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
     if files.header.exists():
-        scope = Scope.from_header(read_header(files.header))
+        scope = Scope.from_header(schema6.read_any_header(files.header)[0])
         if args.project_root is not None and scope != Scope.project(args.project_root):
             raise CliError(f"{files.header}: the session's scope is {scope.label()}, not that project")
     elif args.project_root is not None:
@@ -81,9 +80,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         scope = Scope.global_()
     name = "<stdin>" if args.events == "-" else args.events
     stream: IO[bytes] = sys.stdin.buffer if args.events == "-" else open(args.events, "rb")  # noqa: SIM115
-    session = Session(
-        files, scope, fsync=args.fsync, log_max_events=args.log_max_events,
-    )  # fmt: skip
+    session = sessions.open_header(files.header, scope, fsync=args.fsync, log_max_events=args.log_max_events)
     count = 0
     try:
         with stream:
@@ -210,8 +207,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
-    scope = Scope.from_header(read_header(files.header))
-    with Session(files, scope, fsync=args.fsync) as session:
+    scope = Scope.from_header(schema6.read_any_header(files.header)[0])
+    with sessions.open_header(files.header, scope, fsync=args.fsync) as session:
         result = session.compact()
     print(f"{files.header}: compacted at seq {result.last_seq} in {result.seconds * 1000:.1f} ms",
           file=sys.stderr)  # fmt: skip

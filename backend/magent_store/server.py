@@ -59,6 +59,7 @@ from magent_store import __version__, export, ledger
 from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
+from magent_store.sessions import open_session
 from magent_store.stats import median, percentile
 from magent_store.store import (
     Scope,
@@ -374,7 +375,8 @@ class Service:
             scope_obj = Scope.from_json(scope_json)
         except (ValueError, TypeError, KeyError) as err:
             raise CallError(f"invalid scope {scope_json!r}: {err}") from None
-        session = self._store(root, opts).open(session_id, scope_obj, self._initial(initial, session_id))
+        store = self._store(root, opts)
+        session = open_session(store, session_id, scope_obj, self._initial(initial, session_id))
         session.after_flush = self._search_index(root, opts)
         self._open[session_id] = OpenSession(session, root, scope_json)
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)

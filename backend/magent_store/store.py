@@ -13,7 +13,9 @@ the snapshot is replaced atomically first, then the log by a bounded tail.
 Replay skips every logged event the snapshot already holds, so a crash at
 any point leaves the state of the last completed flush or later.
 
-Nothing else in the package opens a session file.
+The tools above (fsck, migrate, export, search) read every log with this
+module's one reader, `read_log`, and write through `atomic_write`; taking
+over a session magent wrote is decided above them all (sessions.py).
 """
 
 from __future__ import annotations
@@ -1781,40 +1783,25 @@ class Store:
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
         made = make_private_dirs(self.root)
-        self._take_over(files)
+        self._refuse_schema6(files)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
             crash=self.crash, root=self.root, made=made, clock=self.clock, start_timer=self.start_timer,
         )  # fmt: skip
 
-    def _take_over(self, files: SessionFiles) -> None:
-        """Migrate FILES in place when magent wrote them (schema 6): verified, backed up.
-
-        A session magent wrote before the store was in use is continued
-        where it is; a session that would not migrate value-identical is
-        refused, its file unchanged.
-        """
+    @staticmethod
+    def _refuse_schema6(files: SessionFiles) -> None:
+        """Refuse a session magent wrote: taking it over is decided above the store (see sessions.py)."""
         try:
-            head = read_file(files.header)[:1024]
+            version = declared_schema(files.header)
         except (FileNotFoundError, WriteFailed):
             return
         except OSError as exc:
             raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
-        declared = _SCHEMA_HEAD.search(head)
-        if declared is None or declared.group(1) != b"6":
-            return
-        from magent_store import migrate  # migrate builds on this module
-
-        migrator = migrate.Migrator(self.root, sync=self.fsync != "never")
-        report = migrator.migrate_file(files.header)
-        if report.outcome != migrate.MIGRATED:
-            raise StoreError(
-                f"{files.header}: this session, written by magent, cannot be taken over "
-                f"({report.outcome}: {report.reason}); it is left as it was"
-            )
-        log.info("took over %s (schema 6, %d events); original in %s", files.header, report.events,
-                 migrator.backup_path)  # fmt: skip
+        if version == 6:
+            raise StoreError(f"{files.header}: a session magent wrote (schema 6) is opened here only once "
+                             "taken over (by the backend, or `magent-store migrate`)")  # fmt: skip
 
     def load(self, session_id: str, scope: Scope | None = None) -> tuple[dict[str, Any], Thread]:
         """Header and materialized thread of a session, read without locking."""
@@ -1880,6 +1867,15 @@ def new_backup_path(root: Path, kind: str = "schema6") -> Path:
         n += 1
         candidate = root / f"{kind}-backup-{stamp}-{n}"
     return candidate
+
+
+def declared_schema(path: Path) -> int | None:
+    """The schema-version the header file at PATH declares among its first bytes, or None.
+
+    Raises what reading it raises (`FileNotFoundError`; `WriteFailed` for a link).
+    """
+    declared = _SCHEMA_HEAD.search(read_file(path)[:1024])
+    return None if declared is None else int(declared.group(1))
 
 
 def is_temp_file(name: str) -> bool:
