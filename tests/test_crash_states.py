@@ -132,7 +132,7 @@ def run_workload(base: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Jour
             seq = durable = s.last_seq
         else:
             result = s.flush()
-            seq, durable = result.last_seq, result.durable_seq
+            seq, durable = result.written_seq, result.durable_seq
         recorder.mark({"ack": sid, "seq": seq, "durable": durable})
 
     for step in range(14):

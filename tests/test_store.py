@@ -212,7 +212,7 @@ def test_fsync_interval_defers_the_sync(root: Path, events: Events) -> None:
     s.flush()  # first flush compacts: everything is in a synced snapshot
     s.append_content("a0", "x", False, events.now())
     result = s.flush()
-    assert result.last_seq == s.last_seq and result.durable_seq < result.last_seq
+    assert result.written_seq == s.last_seq and result.durable_seq < result.written_seq
     s.sync()
     assert s.durable_seq == s.last_seq
     s.close()
@@ -227,12 +227,12 @@ def test_fsync_interval_syncs_an_idle_session_within_one_interval(
     s.append_content("a0", "x", False, events.now())
     fsyncs.clear()
     result = s.flush()
-    assert result.durable_seq < result.last_seq and fsyncs == []
+    assert result.durable_seq < result.written_seq and fsyncs == []
     size = (root / "global/s1.jsonl").stat().st_size
     deadline = time.monotonic() + 5
-    while s.durable_seq < result.last_seq and time.monotonic() < deadline:
+    while s.durable_seq < result.written_seq and time.monotonic() < deadline:
         time.sleep(0.01)  # no flush, no close: the session is idle
-    assert ("s1.jsonl", size) in fsyncs and s.durable_seq == result.last_seq
+    assert ("s1.jsonl", size) in fsyncs and s.durable_seq == result.written_seq
     s.close()
 
 
@@ -282,7 +282,7 @@ def test_fsync_always_and_never_report_everything_durable(root: Path, events: Ev
     s.flush()
     s.append_content("a0", "x", False, events.now())
     result = s.flush()
-    assert result.durable_seq == result.last_seq == s.last_seq
+    assert result.durable_seq == result.written_seq == s.last_seq
     s.close()
 
 
@@ -388,7 +388,7 @@ def test_a_failing_directory_fsync_refuses_the_flush_and_keeps_its_events(
     assert s.pending_events == pending and s.written_seq == 0
     assert (root / "actions/review/s1.jsonl").read_bytes() == b""
     monkeypatch.setattr(store.os, "fsync", real)
-    assert s.flush().last_seq == pending
+    assert s.flush().written_seq == pending
     s.close()
 
 
@@ -636,7 +636,7 @@ def test_files_gone_under_an_open_session_are_written_again_before_the_flush_ret
     s.after_flush = lambda session, lines: told.append(lines)
     s.append_content("a0", "after", False, events.now())
     result = s.flush()
-    assert result.durable_seq == result.last_seq == s.last_seq
+    assert result.durable_seq == result.written_seq == s.last_seq
     assert [len(lines) for lines in told] == [1], "the search index hears of the new event only"
     header, thread = st.load("s1", scope)  # read back from the disk alone
     assert header["title"] == "kept" and header["action"] == "review"

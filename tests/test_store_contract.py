@@ -136,7 +136,7 @@ def test_a_flush_reports_its_own_duration_and_plain_booleans(root: Path, events:
     after = time.perf_counter()
     assert 0 <= result.seconds <= after - before
     assert result.compacted is False and result.header_written is False
-    assert result.events_written == 1 and result.last_seq == result.durable_seq == s.last_seq
+    assert result.events_written == 1 and result.written_seq == result.durable_seq == s.last_seq
     s.close()
 
 
@@ -247,7 +247,7 @@ def test_interval_mode_syncs_once_the_interval_has_passed(
     clock.now += 0.1
     s.append_content("a0", "x", False, events.now())
     result = s.flush()
-    assert result.durable_seq == result.last_seq - 1 and fsyncs == []
+    assert result.durable_seq == result.written_seq - 1 and fsyncs == []
     clock.now += 0.1
     assert s.flush().durable_seq == s.last_seq - 1 and fsyncs == [], "a flush with nothing to write, too early"
     clock.now = 1000.25  # the interval, to the tick of the clock, since the session opened
@@ -297,7 +297,7 @@ def test_a_flush_with_nothing_to_write_makes_no_fsync(root: Path, events: Events
     s = st.open("s1")
     assert s.written_seq == s.durable_seq == s.last_seq > 0
     result = s.flush()
-    assert result.last_seq == result.durable_seq == s.last_seq
+    assert result.written_seq == result.durable_seq == s.last_seq
     assert result.events_written == 0 and result.bytes_written == 0
     s.close()
     assert fsyncs == [], "nor does a flush right after opening"

@@ -97,7 +97,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     result = session.flush()
     session.close()
     print(
-        f"{files.header}: applied {count} events; last seq {result.last_seq}"
+        f"{files.header}: applied {count} events; last seq {result.written_seq}"
         + (", compacted" if result.compacted else ""),
         file=sys.stderr,
     )
@@ -210,7 +210,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     scope = Scope.from_header(schema6.read_any_header(files.header)[0])
     with sessions.open_header(files.header, scope, fsync=args.fsync) as session:
         result = session.compact()
-    print(f"{files.header}: compacted at seq {result.last_seq} in {result.seconds * 1000:.1f} ms",
+    print(f"{files.header}: compacted at seq {result.written_seq} in {result.seconds * 1000:.1f} ms",
           file=sys.stderr)  # fmt: skip
     return 0
 

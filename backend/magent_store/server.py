@@ -498,7 +498,7 @@ class Service:
     ) -> list[Any]:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
-        The reply is ``(durable-seq last-seq bytes-written milliseconds
+        The reply is ``(durable-seq written-seq bytes-written milliseconds
         rejected)``: cheap for Emacs to read on every tick.  TIMINGS, when
         given, are lifecycle timing records riding the same message (see
         `record_timings`); they never make the flush fail.  IDENT, when given,
@@ -529,7 +529,7 @@ class Service:
         self.stats.flush_seconds.append(result.seconds)
         return [
             result.durable_seq,
-            result.last_seq,
+            result.written_seq,
             result.bytes_written,
             round(result.seconds * 1000.0, 3),
             rejected,

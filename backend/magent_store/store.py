@@ -929,10 +929,10 @@ def lock_is_held(path: Path) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class FlushResult:
-    """What one flush did.  Every event up to LAST-SEQ is in the log file;
+    """What one flush did.  Every event up to WRITTEN-SEQ is in the log file;
     DURABLE-SEQ is the last one the fsync policy's promise covers."""
 
-    last_seq: int
+    written_seq: int
     durable_seq: int
     bytes_written: int
     events_written: int
@@ -1209,7 +1209,7 @@ class Session:
 
     def _load_producer(self) -> None:
         self._producer: str | None = None
-        self._batch = 0
+        self._batch_number = 0
         self._commit_seq = self._written_seq
         try:
             obj = orjson.loads(read_file(self.files.producer))
@@ -1225,13 +1225,13 @@ class Session:
             and isinstance(obj.get("batch"), int)
             and isinstance(obj.get("seq"), int)
         ):
-            self._producer, self._batch, self._commit_seq = obj["producer"], obj["batch"], obj["seq"]
+            self._producer, self._batch_number, self._commit_seq = obj["producer"], obj["batch"], obj["seq"]
         else:
             log.warning("%s: not a producer record; the next writer starts afresh", self.files.producer)
 
     @_locked
-    def begin_batch(self, producer: Any, batch: Any) -> bool:
-        """Get ready for batch number BATCH of writer PRODUCER; False: it is in the log already.
+    def begin_batch(self, producer: Any, number: Any) -> bool:
+        """Get ready for batch number NUMBER of writer PRODUCER; False: it is in the log already.
 
         The next `flush` commits the batch.  A batch older than the last one
         logged for PRODUCER is skipped; the next one is applied (after
@@ -1241,20 +1241,20 @@ class Session:
         self._check_open()
         if not isinstance(producer, str) or PRODUCER_RE.fullmatch(producer) is None:
             raise StoreError(f"batch producer must be 1 to 64 letters, digits, - or _, got {producer!r:.80}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= ledger.INT_MAX:
-            raise StoreError(f"batch number must be a positive 64-bit integer, got {batch!r:.80}")
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= ledger.INT_MAX:
+            raise StoreError(f"batch number must be a positive 64-bit integer, got {number!r:.80}")
         if producer == self._producer:
-            if batch <= self._batch:
+            if number <= self._batch_number:
                 return False
-            if batch > self._batch + 1:
+            if number > self._batch_number + 1:
                 raise BatchOutOfOrder(
-                    f"session {self.files.id!r}: batch {batch} came before batch {self._batch + 1}; "
-                    f"send again from batch {self._batch + 1}"
+                    f"session {self.files.id!r}: batch {number} came before batch {self._batch_number + 1}; "
+                    f"send again from batch {self._batch_number + 1}"
                 )
             if self.thread.last_event_seq > self._commit_seq and not self._pending:
                 self._drop_uncommitted()
         self._new_writer = producer != self._producer and not self._pending
-        self._next_batch = (producer, batch)
+        self._next_batch = (producer, number)
         return True
 
     @_locked
@@ -1278,8 +1278,8 @@ class Session:
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
-    def _name_writer(self, producer: str, batch: int) -> None:
-        """Make the record name PRODUCER (up to its batch before BATCH) before its lines reach the log.
+    def _name_writer(self, producer: str, number: int) -> None:
+        """Make the record name PRODUCER (up to its batch before batch NUMBER) before its lines reach the log.
 
         Lines past the record's seq are then the uncommitted batch of the
         writer it names, which sends it again and has it replaced.  Without
@@ -1287,19 +1287,21 @@ class Session:
         nobody's, and its resend applied twice.  Lines an earlier writer
         left uncommitted are kept: that writer is gone.
         """
-        previous = self._producer, self._batch
-        self._producer, self._batch = producer, batch - 1
+        previous = self._producer, self._batch_number
+        self._producer, self._batch_number = producer, number - 1
         try:
             self._commit()
         except BaseException:
-            self._producer, self._batch = previous
+            self._producer, self._batch_number = previous
             raise
 
     def _commit(self) -> None:
         """Write the producer record: the batch (if any) is in the log up to the written seq."""
         if self._producer is None:
             return
-        record = orjson.dumps({"producer": self._producer, "batch": self._batch, "seq": self._written_seq})
+        record = orjson.dumps(
+            {"producer": self._producer, "batch": self._batch_number, "seq": self._written_seq}
+        )
         data = record.ljust(PRODUCER_RECORD_BYTES - 1) + b"\n"
         if self._producer_fd < 0:
             self._producer_fd = _open_private(self.files.producer, os.O_RDWR | os.O_CREAT)
@@ -1444,8 +1446,8 @@ class Session:
             compact = True
         events_written = len(self._pending)
         written = self._pending[resent:]  # lines written before are not news to `after_flush`
-        batch = self._next_batch
-        if batch is None:
+        named = self._next_batch
+        if named is None:
             bytes_written = self._write_pending()
             # Only what this flush wrote is committed here.  With nothing
             # written, log lines past the committed seq are a batch that a
@@ -1458,16 +1460,16 @@ class Session:
             size = os.fstat(self._log_fd).st_size
             try:
                 if self._new_writer and self._pending:
-                    self._name_writer(*batch)
+                    self._name_writer(*named)
                 self._new_writer = False
                 bytes_written = self._write_pending()
                 self._next_batch = None
-                previous = self._producer, self._batch
-                self._producer, self._batch = batch
+                previous = self._producer, self._batch_number
+                self._producer, self._batch_number = named
                 try:
                     self._commit()
                 except BaseException:
-                    self._producer, self._batch = previous
+                    self._producer, self._batch_number = previous
                     raise
             except OSError as exc:
                 self._next_batch = None
@@ -1489,7 +1491,7 @@ class Session:
         if self.after_flush is not None and written:
             self.after_flush(self, written)
         return FlushResult(
-            last_seq=self._written_seq,
+            written_seq=self._written_seq,
             durable_seq=self._durable_seq,
             bytes_written=bytes_written,
             events_written=events_written,
