@@ -702,7 +702,8 @@ def read_log(data: bytes, report: CorruptionReporter | None = None) -> LogScan:
     lines = data.split(b"\n")
     tail = lines.pop()  # after the final "\n" this is b""; else a torn append
     scan = LogScan([], lines, 0, tail != b"", data=data, tail=tail)
-    previous = 0
+    events = scan.events
+    previous = good_size = 0
     # An integer beyond 64 bits stays exact; only a log holding one pays for it.
     exact = _LONG_INTEGER.search(data) is not None
     for number, line in enumerate(lines, 1):
@@ -717,8 +718,9 @@ def read_log(data: bytes, report: CorruptionReporter | None = None) -> LogScan:
             _stop(scan, number, SEQ_ORDER, f"seq {event.seq} does not follow {previous}", report)
             break
         previous = event.seq
-        scan.events.append(event)
-        scan.good_size += len(line) + 1
+        events.append(event)
+        good_size += len(line) + 1
+    scan.good_size = good_size
     return scan
 
 
@@ -927,6 +929,63 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
+class ProducerRecord:
+    """``<id>.producer``: which batch NUMBER of which PRODUCER the log holds last, up to SEQ.
+
+    One fixed-size line, rewritten in place by one small write (a killed
+    process writes all of it or none).  An unreadable record is logged
+    and read as none: the next writer starts afresh.
+    """
+
+    def __init__(self, path: Path, written_seq: int) -> None:
+        """The record at PATH; none (at WRITTEN-SEQ, the log's end) when there is none."""
+        self.path = path
+        self.producer: str | None = None
+        self.number = 0
+        self.seq = written_seq
+        self._fd = -1
+        try:
+            obj = orjson.loads(read_file(path))
+        except FileNotFoundError:
+            return
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.warning("%s: unreadable (%s); the next writer starts afresh", path, exc)
+            return
+        if (
+            isinstance(obj, dict)
+            and isinstance(obj.get("producer"), str)
+            and PRODUCER_RE.fullmatch(obj["producer"])
+            and isinstance(obj.get("batch"), int)
+            and isinstance(obj.get("seq"), int)
+        ):
+            self.producer, self.number, self.seq = obj["producer"], obj["batch"], obj["seq"]
+        else:
+            log.warning("%s: not a producer record; the next writer starts afresh", path)
+
+    def write(self, producer: str, number: int, seq: int) -> None:
+        """Record batch NUMBER of PRODUCER as in the log up to SEQ (unchanged if the write fails)."""
+        record = orjson.dumps({"producer": producer, "batch": number, "seq": seq})
+        data = record.ljust(PRODUCER_RECORD_BYTES - 1) + b"\n"
+        if self._fd < 0:
+            self._fd = _open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            if os.pwrite(self._fd, data, 0) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            raise write_failed(self.path, exc, len(data)) from None
+        self.producer, self.number, self.seq = producer, number, seq
+
+    def commit(self, seq: int) -> None:
+        """Record the log as holding the last batch up to SEQ (nothing while no producer is named)."""
+        if self.producer is not None:
+            self.write(self.producer, self.number, seq)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 @dataclass(frozen=True, slots=True)
 class FlushResult:
     """What one flush did.  Every event up to WRITTEN-SEQ is in the log file;
@@ -1011,7 +1070,6 @@ class Session:
         self._tail_bytes = 0
         self._log_fd = -1
         self._closed = False
-        self._producer_fd = -1
         self._sums_fd = -1
         self._next_batch: tuple[str, int] | None = None
         self._new_writer = False  # the next batch's writer is not the one the record names
@@ -1030,7 +1088,7 @@ class Session:
             # Kept for `_reload`: replay without a snapshot starts from it, in place.
             self._initial = copy.deepcopy(initial)
             self._load(initial)
-            self._load_producer()
+            self._record = ProducerRecord(files.producer, self._written_seq)
         except BaseException:
             self._lock.release(remove=True)
             raise
@@ -1207,28 +1265,6 @@ class Session:
     # past its seq are a batch whose writer never heard back.  magent never
     # reads that file: its log and header stay exactly as magent writes them.
 
-    def _load_producer(self) -> None:
-        self._producer: str | None = None
-        self._batch_number = 0
-        self._commit_seq = self._written_seq
-        try:
-            obj = orjson.loads(read_file(self.files.producer))
-        except FileNotFoundError:
-            return
-        except (OSError, orjson.JSONDecodeError) as exc:
-            log.warning("%s: unreadable (%s); the next writer starts afresh", self.files.producer, exc)
-            return
-        if (
-            isinstance(obj, dict)
-            and isinstance(obj.get("producer"), str)
-            and PRODUCER_RE.fullmatch(obj["producer"])
-            and isinstance(obj.get("batch"), int)
-            and isinstance(obj.get("seq"), int)
-        ):
-            self._producer, self._batch_number, self._commit_seq = obj["producer"], obj["batch"], obj["seq"]
-        else:
-            log.warning("%s: not a producer record; the next writer starts afresh", self.files.producer)
-
     @_locked
     def begin_batch(self, producer: Any, number: Any) -> bool:
         """Get ready for batch number NUMBER of writer PRODUCER; False: it is in the log already.
@@ -1243,17 +1279,17 @@ class Session:
             raise StoreError(f"batch producer must be 1 to 64 letters, digits, - or _, got {producer!r:.80}")
         if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= ledger.INT_MAX:
             raise StoreError(f"batch number must be a positive 64-bit integer, got {number!r:.80}")
-        if producer == self._producer:
-            if number <= self._batch_number:
+        if producer == self._record.producer:
+            if number <= self._record.number:
                 return False
-            if number > self._batch_number + 1:
+            if number > self._record.number + 1:
                 raise BatchOutOfOrder(
-                    f"session {self.files.id!r}: batch {number} came before batch {self._batch_number + 1}; "
-                    f"send again from batch {self._batch_number + 1}"
+                    f"session {self.files.id!r}: batch {number} came before batch {self._record.number + 1}; "
+                    f"send again from batch {self._record.number + 1}"
                 )
-            if self.thread.last_event_seq > self._commit_seq and not self._pending:
+            if self.thread.last_event_seq > self._record.seq and not self._pending:
                 self._drop_uncommitted()
-        self._new_writer = producer != self._producer and not self._pending
+        self._new_writer = producer != self._record.producer and not self._pending
         self._next_batch = (producer, number)
         return True
 
@@ -1270,10 +1306,10 @@ class Session:
         scan = scan_log(self.files.log)
         offset = 0
         for event, line in zip(scan.events, scan.lines, strict=True):
-            if event.seq is not None and event.seq > self._commit_seq:
+            if event.seq is not None and event.seq > self._record.seq:
                 break
             offset += len(line) + 1
-        dropped = self.thread.last_event_seq - self._commit_seq
+        dropped = self.thread.last_event_seq - self._record.seq
         truncate_file(self.files.log, offset)
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
@@ -1287,31 +1323,7 @@ class Session:
         nobody's, and its resend applied twice.  Lines an earlier writer
         left uncommitted are kept: that writer is gone.
         """
-        previous = self._producer, self._batch_number
-        self._producer, self._batch_number = producer, number - 1
-        try:
-            self._commit()
-        except BaseException:
-            self._producer, self._batch_number = previous
-            raise
-
-    def _commit(self) -> None:
-        """Write the producer record: the batch (if any) is in the log up to the written seq."""
-        if self._producer is None:
-            return
-        record = orjson.dumps(
-            {"producer": self._producer, "batch": self._batch_number, "seq": self._written_seq}
-        )
-        data = record.ljust(PRODUCER_RECORD_BYTES - 1) + b"\n"
-        if self._producer_fd < 0:
-            self._producer_fd = _open_private(self.files.producer, os.O_RDWR | os.O_CREAT)
-        try:
-            # One small write in place: a killed process writes all of it or none.
-            if os.pwrite(self._producer_fd, data, 0) != len(data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        except OSError as exc:
-            raise write_failed(self.files.producer, exc, len(data)) from None
-        self._commit_seq = self._written_seq
+        self._record.write(producer, number - 1, self._written_seq)
 
     # -- state ------------------------------------------------------------
 
@@ -1454,8 +1466,8 @@ class Session:
             # killed backend wrote and never committed: its writer sends it
             # again under its number, and committing them now would make
             # that resend look new and apply it twice.
-            if events_written and self._written_seq != self._commit_seq:
-                self._commit()
+            if events_written and self._written_seq != self._record.seq:
+                self._record.commit(self._written_seq)
         else:
             size = os.fstat(self._log_fd).st_size
             try:
@@ -1464,13 +1476,7 @@ class Session:
                 self._new_writer = False
                 bytes_written = self._write_pending()
                 self._next_batch = None
-                previous = self._producer, self._batch_number
-                self._producer, self._batch_number = named
-                try:
-                    self._commit()
-                except BaseException:
-                    self._producer, self._batch_number = previous
-                    raise
+                self._record.write(*named, self._written_seq)
             except OSError as exc:
                 self._next_batch = None
                 with contextlib.suppress(OSError):
@@ -1701,9 +1707,7 @@ class Session:
 
     def _close_producer(self) -> None:
         self._close_sums()
-        if self._producer_fd >= 0:
-            os.close(self._producer_fd)
-            self._producer_fd = -1
+        self._record.close()
 
     def __enter__(self) -> Session:
         return self
