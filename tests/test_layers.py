@@ -1,0 +1,59 @@
+"""The import contracts `make lint` runs: kept by the package, broken by an upward import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import need
+
+REPO = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(backend: Path) -> subprocess.CompletedProcess[str]:
+    """Run the contracts of pyproject.toml over the package in BACKEND."""
+    need(LINT_IMPORTS.exists(), "lint-imports", "make install: import-linter is in the dev extra")
+    env = {**os.environ, "PYTHONPATH": str(backend)}
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache", "--no-logo"],
+                          cwd=backend, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Path:
+    """A copy of the package, to be changed."""
+    shutil.copytree(REPO / "backend" / "magent_store", tmp_path / "magent_store")
+    return tmp_path
+
+
+def add_import(module: Path, line: str) -> None:
+    text = module.read_text()
+    marker = "from __future__ import annotations\n"
+    module.write_text(text.replace(marker, marker + line + "\n", 1))
+
+
+def test_the_package_keeps_its_contracts(backend: Path) -> None:
+    done = lint_imports(backend)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken"),
+    [
+        ("store", "from magent_store import migrate", "magent_store.store is not allowed to import magent_store.migrate"),
+        ("migrate", "from magent_store import fsck", "magent_store.migrate is not allowed to import magent_store.fsck"),
+        ("ledger", "from magent_store import store", "magent_store.ledger is not allowed to import magent_store.store"),
+        ("metrics", "from magent_store import ledger", "magent_store.metrics is not allowed to import magent_store.ledger"),
+    ],
+)
+def test_an_import_against_the_floors_fails_lint_naming_it(backend: Path, module: str, line: str, broken: str) -> None:
+    add_import(backend / "magent_store" / f"{module}.py", line)
+    done = lint_imports(backend)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert broken in done.stdout
