@@ -929,6 +929,51 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
+class LogSums:
+    """``<id>.sums``, the checksums of a log's writes: kept best effort, never synced.
+
+    A failure to keep them is logged and costs checks, never a write.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = -1
+
+    def rewrite(self, ino: int, data: bytes) -> None:
+        """Make the checksums cover exactly DATA, the whole log (inode INO), now checked or just written.
+
+        Rewritten in place, unsynced: what a crash leaves of it is lines of
+        an older log (not checked) or a cut line (skipped), never a false alarm.
+        """
+        self.close()
+        if not data and not self.path.exists():
+            return
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+            self._fd = _open_private(self.path, flags)
+            if data:
+                _write_all(self._fd, sum_line(ino, 0, data))
+        except OSError as exc:
+            log.warning("%s: cannot keep checksums (%s); the log is not checked", self.path,
+                        exc.strerror)  # fmt: skip
+            self.close()
+
+    def add(self, ino: int, start: int, data: bytes) -> None:
+        """Keep the checksum of DATA, just written to the log (inode INO) at START."""
+        try:
+            if self._fd < 0:
+                self._fd = _open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            _write_all(self._fd, sum_line(ino, start, data))
+        except OSError as exc:
+            log.warning("%s: cannot keep a checksum (%s); that part of the log is not checked",
+                        self.path, exc.strerror)  # fmt: skip
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class ProducerRecord:
     """``<id>.producer``: which batch NUMBER of which PRODUCER the log holds last, up to SEQ.
 
@@ -1070,7 +1115,7 @@ class Session:
         self._tail_bytes = 0
         self._log_fd = -1
         self._closed = False
-        self._sums_fd = -1
+        self._sums = LogSums(files.sums)
         self._next_batch: tuple[str, int] | None = None
         self._new_writer = False  # the next batch's writer is not the one the record names
         self._rewriting = False
@@ -1145,7 +1190,7 @@ class Session:
                 "to set aside the log from there (nothing is deleted)"
             )
         if beyond:  # the log was cut since (a torn tail): appends would land in those ranges
-            self._rewrite_sums(data)
+            self._sums.rewrite(self._log_ino, data)
         if new_log or self._header_on_disk is None:
             self._unsynced_dirs += self._directory_chain()
         if scan.torn and not scan.invalid_tail:
@@ -1154,40 +1199,6 @@ class Session:
         self._durable_seq = self._written_seq = self.thread.last_event_seq
         self._last_sync = self._clock()
         self._unsynced = False
-
-    def _rewrite_sums(self, data: bytes) -> None:
-        """Make the checksums cover exactly the log's DATA (now checked or just written).
-
-        Rewritten in place, unsynced: what a crash leaves of it is lines of
-        an older log (not checked) or a cut line (skipped), never a false alarm.
-        """
-        self._close_sums()
-        if not data and not self.files.sums.exists():
-            return
-        try:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-            self._sums_fd = _open_private(self.files.sums, flags)
-            if data:
-                _write_all(self._sums_fd, sum_line(self._log_ino, 0, data))
-        except OSError as exc:
-            log.warning("%s: cannot keep checksums (%s); the log is not checked", self.files.sums,
-                        exc.strerror)  # fmt: skip
-            self._close_sums()
-
-    def _add_sum(self, start: int, data: bytes) -> None:
-        """Keep the checksum of DATA, just written to the log at START (best effort)."""
-        try:
-            if self._sums_fd < 0:
-                self._sums_fd = _open_private(self.files.sums, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            _write_all(self._sums_fd, sum_line(self._log_ino, start, data))
-        except OSError as exc:
-            log.warning("%s: cannot keep a checksum (%s); that part of the log is not checked",
-                        self.files.sums, exc.strerror)  # fmt: skip
-
-    def _close_sums(self) -> None:
-        if self._sums_fd >= 0:
-            os.close(self._sums_fd)
-            self._sums_fd = -1
 
     def _set_aside_tail(self, scan: LogScan) -> None:
         """Move the log's invalid tail to a side file beside it (synced first), then cut the log."""
@@ -1251,7 +1262,7 @@ class Session:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
-        self._close_sums()
+        self._sums.close()
         self._load(copy.deepcopy(self._initial))
         self.header, self._header_given = header, given
 
@@ -1549,7 +1560,7 @@ class Session:
         os.close(self._log_fd)
         self._log_fd = fd
         self._log_ino = os.fstat(fd).st_ino
-        self._close_sums()
+        self._sums.close()
         self._unsynced_dirs += [d.parent for d in made] + self._directory_chain()
         self._header_on_disk = None
         self._close_producer()
@@ -1576,7 +1587,7 @@ class Session:
             _write_all(self._log_fd, data)
             if self._crash:
                 self._crash("log-written")
-            self._add_sum(size, data)
+            self._sums.add(self._log_ino, size, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._log_fd, size)
@@ -1663,7 +1674,7 @@ class Session:
         os.close(self._log_fd)
         self._log_fd = _open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._log_ino = os.fstat(self._log_fd).st_ino
-        self._rewrite_sums(b"".join(self._tail))
+        self._sums.rewrite(self._log_ino, b"".join(self._tail))
         self._since_snapshot = 0
         self._log_bytes_since_snapshot = 0
         # Every written event is now in a synced snapshot (or the policy promises nothing).
@@ -1706,7 +1717,7 @@ class Session:
         self._lock.release(remove=remove_lock)
 
     def _close_producer(self) -> None:
-        self._close_sums()
+        self._sums.close()
         self._record.close()
 
     def __enter__(self) -> Session:
