@@ -1062,7 +1062,11 @@ def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concaten
 
 
 class Session:
-    """One session open for writing: the lock, the ledger state, the pending log."""
+    """One session open for writing: the lock, the ledger state, the pending log.
+
+    The producer record (`ProducerRecord`) and the log's checksums
+    (`LogSums`) are rooms of their own that it asks.
+    """
 
     def __init__(
         self,
