@@ -14,7 +14,9 @@ Scenarios: SIGKILL of the backend at random moments of a stream; SIGKILL
 while a compaction writes (the backend paused there by a test-only hook);
 a full disk (a small tmpfs when run as root, else skipped: the store-level
 fault hook is tests/test_exactly_once.py) with a SIGKILL while a batch is
-refused; two Emacs writing one session.  Hostile peers: tests/faults/fuzz.py.
+refused; a 4 MB disk filled while the search index is current, a SIGKILL,
+then space freed (every chunk must reach the journal, and the index catch up
+afterwards); two Emacs writing one session.  Hostile peers: tests/faults/fuzz.py.
 """
 
 from __future__ import annotations
@@ -309,6 +311,59 @@ def full_disk(base: Path, chunks: int) -> Outcome:
     return outcome
 
 
+def index_on_a_small_disk(base: Path, chunks: int) -> Outcome:
+    """A 4 MB disk filled mid-stream while the search index is current: SIGKILL, space
+    freed, and every chunk must reach the journal (the index may pause, never take
+    the space back from the session); afterwards `magent-store index` catches the
+    index up from the files."""
+    outcome = Outcome("small disk, search index on", chunks)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        outcome.notes.append("SKIPPED: not root, no tmpfs")
+        return outcome
+    with tmpfs(base / "tmpfs-index", "4m") as disk:
+        root = disk / "root"
+        filler = disk / "filler"
+        run = Run(base, "indexdisk", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004,
+                  FAULT_FILLER=200, FAULT_LOG_MAX=300, FAULT_SETTLE=60)  # fmt: skip
+        while run.chunks_sent() < chunks // 8 and run.streaming():
+            time.sleep(0.005)
+        # Everything left, taken at once: the next write of either kind fails.
+        with contextlib.suppress(OSError), filler.open("wb") as out:
+            while True:
+                out.write(b"\0" * 65536)
+        log = run.state / "server.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.proc.poll() is None:
+            if log.exists() and "no space left on device" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.02)
+        else:
+            outcome.problems.append("the disk never filled")
+        time.sleep(0.3)
+        outcome.kills += run.kill_backend()  # while batches are refused
+        time.sleep(0.5)
+        filler.unlink()  # space returns: the session must have it
+        result = run.finish()
+        judge(outcome, run, result)
+        left = shutil.disk_usage(disk).free
+        indexed = subprocess.run([str(BACKEND), "index", str(root)], capture_output=True, text=True, check=False)
+        if indexed.returncode != 0:
+            outcome.problems.append(f"index: {indexed.stderr.strip()[-300:]}")
+        last = f"<{chunks - 1}>"
+        found = subprocess.run([str(BACKEND), "search", last, str(root), "--json"],
+                               capture_output=True, text=True, check=False)  # fmt: skip
+        hits = json.loads(found.stdout)["hits"] if found.returncode == 0 else []
+        if not any(last in e["text"] for h in hits for e in h["excerpts"]):
+            outcome.problems.append(f"the index did not catch up: no hit for the last chunk {last} "
+                                    f"({found.stderr.strip()[-300:]})")  # fmt: skip
+        sizes = {p.name: p.stat().st_size for p in (root / ".search").glob("index.sqlite*")}
+        outcome.notes.append(f"{left} bytes free after the stream; index files after catching up: {sizes}")
+        said = re.findall(r"search index paused[^\n]*", log.read_text(errors="replace"))
+        if said:
+            outcome.notes.append(f"the backend said: {said[0][:300]}")
+    return outcome
+
+
 def two_writers(base: Path, chunks: int) -> Outcome:
     """Two Emacs stream into one session: the second waits for the lock, then saves all of its own."""
     outcome = Outcome("two writers, one session", chunks)
@@ -357,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(kill_while_paused(base, point, kills=2 if ns.quick else 4, chunks=300))
             print(outcomes[-1].line(), flush=True)
         outcomes.append(full_disk(base, chunks=900 if ns.quick else 1500))
+        print(outcomes[-1].line(), flush=True)
+        outcomes.append(index_on_a_small_disk(base, chunks=5000))
         print(outcomes[-1].line(), flush=True)
         outcomes.append(two_writers(base, chunks=400 if ns.quick else 1000))
         print(outcomes[-1].line(), flush=True)
