@@ -200,3 +200,34 @@ def test_the_server_saves_every_chunk_while_its_index_is_paused_and_says_so_in_s
         with index:
             assert ids(index.search('"<29>qqq"')) == ["s1"] and ids(index.search('"space is back"')) == ["s1"]
         client.close()
+
+
+def test_a_disk_full_under_a_catch_up_pauses_it_and_never_deletes_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        root = disk / "sessions"
+        Writer(root).reply("s0", "kept words")
+        open_index(root)[0].close()
+        session = Store(root, fsync="never").open("s1")
+        ev = Events(thread_id="thread-s1")
+        session.append_event(ev.thread_started())
+        session.append_event(ev.turn("turn-started", "t1", input=None))
+        session.append_event(ev.item_started("t1", "a1", content="too much to index here " * 20_000))
+        session.close()
+        # When the estimate of what a write needs falls short, SQLite's own error stops it.
+        monkeypatch.setattr(search, "FLOOR_SHARE", 0.0)
+        monkeypatch.setattr(search, "WRITE_FACTOR", 0)
+        monkeypatch.setattr(search, "WRITE_MARGIN_BYTES", 0)
+        filler = fill(disk, 64 << 10)
+        index, caught = open_index(root)
+        with index:
+            assert caught.paused is not None and "full" in caught.paused
+            assert not any("corrupt" in n for n in index.notices)
+            assert ids(index.search('"kept words"')) == ["s0"]
+        filler.unlink()
+        monkeypatch.undo()
+        index, caught = open_index(root)
+        with index:
+            assert index.notices == [] and caught.updated == 1
+            assert ids(index.search('"too much to index"')) == ["s1"]
