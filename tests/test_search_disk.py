@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,10 @@ def test_below_the_floor_a_live_index_pauses_takes_no_space_and_says_so_once(
         assert w.index.paused is not None and "search index paused" in w.index.paused
         said = [r for r in caplog.records if "search index paused" in r.getMessage()]
         assert len(said) == 1, "said once, not once per flush"
-        assert f"leaves {floor(disk)} bytes (5% of it, at most 1024 MB) to the sessions" in said[0].getMessage()
+        files = sum(p.stat().st_size for p in (root / "global").glob("s1.*"))
+        assert re.search(rf"leaves the sessions {floor(disk)} bytes \(5% of it, at most 1024 MB\) "
+                         rf"and \d+ bytes to compact the session it indexes", said[0].getMessage())
+        assert int(re.findall(r"and (\d+) bytes", said[0].getMessage())[0]) <= files
         filler.unlink()
         s.append_content("a1", "after space returned", False, ev.now())
         w.flush(s)
@@ -115,7 +119,7 @@ def test_below_the_floor_a_catch_up_leaves_sessions_for_later_and_says_so(tmp_pa
         index, caught = open_index(root)
         with index:
             assert caught.paused is not None and "not brought up to date" in caught.paused
-            assert any("to the sessions" in n for n in index.notices)
+            assert any("leaves the sessions" in n for n in index.notices)
             assert ids(index.search("indexed before")) == ["s0"]  # what it holds is searched
             assert ids(index.search('"while the disk was full"')) == []
         assert index_bytes(root) <= held
@@ -135,7 +139,7 @@ def test_below_the_floor_a_rebuild_is_refused_and_the_index_kept(tmp_path: Path)
         w.index.close()
         filler = fill(disk, floor(disk) // 2)
         index = SearchIndex(root)
-        with pytest.raises(search.SearchError, match="not built: .* bytes free .* to the sessions"):
+        with pytest.raises(search.SearchError, match="not built: .* bytes free .* leaves the sessions"):
             index.rebuild()
         assert ids(index.search('"reply number 2"')) == ["s2"]  # the old one, whole
         assert list((root / ".search").glob("*.build-*")) == []
@@ -213,12 +217,10 @@ def test_a_disk_full_under_a_catch_up_pauses_it_and_never_deletes_the_index(
         ev = Events(thread_id="thread-s1")
         session.append_event(ev.thread_started())
         session.append_event(ev.turn("turn-started", "t1", input=None))
-        session.append_event(ev.item_started("t1", "a1", content="too much to index here " * 20_000))
+        session.append_event(ev.item_started("t1", "a1", content="too much to index here " * 10_000))
         session.close()
-        # When the estimate of what a write needs falls short, SQLite's own error stops it.
-        monkeypatch.setattr(search, "FLOOR_SHARE", 0.0)
-        monkeypatch.setattr(search, "WRITE_FACTOR", 0)
-        monkeypatch.setattr(search, "WRITE_MARGIN_BYTES", 0)
+        # A write the estimate let through and the disk cannot hold: SQLite's own error stops it.
+        monkeypatch.setattr(search, "no_room", lambda *_: None)
         filler = fill(disk, 64 << 10)
         index, caught = open_index(root)
         with index:
@@ -231,3 +233,23 @@ def test_a_disk_full_under_a_catch_up_pauses_it_and_never_deletes_the_index(
         with index:
             assert index.notices == [] and caught.updated == 1
             assert ids(index.search('"too much to index"')) == ["s1"]
+
+
+def test_a_live_index_leaves_room_to_compact_the_session_it_indexes(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        root = disk / "sessions"
+        w = Writer(root)
+        s = w.open("s1")
+        ev = w.events["s1"]
+        w.say(s, "t1", "a1", "a long reply " * 60_000)  # 780 KB: its compaction writes as much again
+        w.flush(s)
+        files = sum(p.stat().st_size for p in (root / "global").glob("s1.*"))
+        # Room for the index's write above the sessions' share, not for that and a compaction.
+        filler = fill(disk, floor(disk) + search.WRITE_MARGIN_BYTES + files // 2)
+        held = index_bytes(root)
+        s.append_content("a1", "one more chunk", False, ev.now())
+        w.flush(s)
+        assert w.index.paused is not None and index_bytes(root) <= held
+        filler.unlink()
+        s.close()
+        w.index.close()

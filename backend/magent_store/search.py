@@ -24,8 +24,9 @@ A corrupt index, or one written by another version, is deleted and rebuilt.
 
 The sessions come before the index: it writes only while the file system
 holding it keeps `FLOOR_SHARE` of its size free after the write (at most
-`FLOOR_MAX_BYTES`), its WAL is bounded, and below that floor it pauses (a
-live index says so once) until a catch-up finds the space again.
+`FLOOR_MAX_BYTES`) and room to compact the session it indexes, its WAL is
+bounded, and below that floor it pauses (a live index says so once) until a
+catch-up finds the space again.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ FLOOR_MAX_BYTES: Final = 1 << 30
 # What a write of the index is taken to need: this many bytes per byte of the
 # text or log lines it indexes (passage rows, trigrams, their pages in the
 # WAL), plus a margin.
-WRITE_FACTOR: Final = 3
+WRITE_FACTOR: Final = 2
 WRITE_MARGIN_BYTES: Final = 64 << 10
 # A bounded WAL: checkpointed every WAL_PAGES pages and cut back to
 # WAL_LIMIT_BYTES after that (SQLite's defaults let it grow to 4 MB, and keep it).
@@ -382,10 +383,11 @@ def _stamp(paths: tuple[str, str]) -> str:
     return ":".join(parts)
 
 
-def no_room(directory: Path, need: int) -> str | None:
+def no_room(directory: Path, need: int, compaction: int = 0) -> str | None:
     """Why writing NEED more bytes into DIRECTORY would take space the sessions need; None if it would not.
 
-    The floor is FLOOR_SHARE of the file system's size, at most FLOOR_MAX_BYTES.
+    They need FLOOR_SHARE of the file system's size (at most FLOOR_MAX_BYTES),
+    and COMPACTION bytes more to compact the session being indexed.
     """
     try:
         st = os.statvfs(directory)
@@ -393,11 +395,12 @@ def no_room(directory: Path, need: int) -> str | None:
         return None  # cannot tell: a full disk still fails the write, and the index waits
     free = st.f_bavail * st.f_frsize
     floor = min(FLOOR_MAX_BYTES, int(st.f_blocks * st.f_frsize * FLOOR_SHARE))
-    if free - need >= floor:
+    if free - need >= floor + compaction:
         return None
     share = f"{FLOOR_SHARE:.0%} of it, at most {FLOOR_MAX_BYTES >> 20} MB"
+    room = f" and {compaction} bytes to compact the session it indexes" if compaction else ""
     return (f"{free} bytes free on the file system of {directory}, "
-            f"and the index leaves {floor} bytes ({share}) to the sessions")  # fmt: skip
+            f"and the index leaves the sessions {floor} bytes ({share}){room}")  # fmt: skip
 
 
 def _need(size: int) -> int:
@@ -407,6 +410,11 @@ def _need(size: int) -> int:
 
 def _disk_full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL
+
+
+def _stamp_bytes(stamp: str) -> int:
+    """The bytes of log and snapshot a stamp (see `_stamp`) saw."""
+    return sum(int(part.split(".", 1)[0]) for part in stamp.split(":") if part != "-")
 
 
 def _contains(text: str | None, folded: str) -> bool:
@@ -955,9 +963,10 @@ class SearchIndex:
         if self._queue is not None:
             self._queue.join()
 
-    def _may_write(self, need: int) -> bool:
-        """Whether NEED bytes of index leave the sessions their floor; pause or resume if that changed."""
-        why = no_room(self.path.parent, need)
+    def _may_write(self, need: int, compaction: int) -> bool:
+        """Whether NEED bytes of index leave the sessions their floor (and COMPACTION bytes);
+        pause or resume if that changed."""
+        why = no_room(self.path.parent, need, compaction)
         if why is not None:
             self._pause(why)
             return False
@@ -978,7 +987,9 @@ class SearchIndex:
             self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # give back what the WAL holds
 
     def _write_job(self, jobs: list[_Job]) -> None:
-        if not self._may_write(_need(sum(len(line) for job in jobs for line in job.lines))):
+        need = _need(sum(len(line) for job in jobs for line in job.lines))
+        # Room for the session to be compacted too: that writes about as much as its files hold.
+        if not self._may_write(need, max(_stamp_bytes(job.stamp) for job in jobs)):
             return  # the index falls behind: the next catch-up reads the files
         self._follow_replaced()
         with self._transaction() as db:
@@ -1164,12 +1175,15 @@ class SearchIndex:
         return result
 
     def _room_to_catch_up(self, directory: str, session_id: str, batched: int, result: CatchUp) -> bool:
-        """Whether indexing a session leaves the sessions their floor; if not, say so in RESULT."""
-        size = batched
+        """Whether indexing a session leaves the sessions their floor; if not, say so in RESULT.
+
+        Also left free: room to compact the session (about as much as its files hold).
+        """
+        size = 0
         for suffix in (".jsonl", ".snapshot"):
             with contextlib.suppress(OSError):
                 size += os.stat(f"{directory}/{session_id}{suffix}").st_size
-        why = no_room(self.path.parent, _need(size))
+        why = no_room(self.path.parent, _need(batched + size), size)
         if why is None:
             return True
         result.paused = (f"search index {self.path} not brought up to date: {why}; "
