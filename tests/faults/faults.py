@@ -391,22 +391,36 @@ def two_writers(base: Path, chunks: int) -> Outcome:
 
 
 def suite(base: Path, rng: random.Random, quick: bool, runs: int) -> list[Outcome]:
-    """Every scenario once (the streams with random kills RUNS times), each line printed as it ends."""
+    """Every scenario once (the streams with random kills RUNS times), each line printed as it ends.
+
+    A scenario whose Emacs dies (a signal, a crash) is a failed outcome, and the suite goes on.
+    """
     outcomes: list[Outcome] = []
 
-    def done(outcome: Outcome) -> None:
+    def done(name: str, chunks: int, scenario: Callable[[], Outcome]) -> None:
+        try:
+            outcome = scenario()
+        except RuntimeError as exc:
+            outcome = Outcome(name, chunks)
+            outcome.problems.append(str(exc)[:1000])
         outcomes.append(outcome)
         print(outcome.line(), flush=True)
 
     # The same stream without faults: what the machine's load alone stalls.
-    done(random_kills(base / "baseline", rng, kills=0, chunks=1200, interval=0.004))
+    done("no fault (baseline)", 1200,
+         lambda: random_kills(base / "baseline", rng, kills=0, chunks=1200, interval=0.004))
+    chunks = 2000 if quick else 2500
     for i in range(runs):
-        done(random_kills(base / f"r{i}", rng, kills=30, chunks=2000 if quick else 2500, interval=0.004))
+        done("SIGKILL x30 mid-stream", chunks,
+             lambda i=i: random_kills(base / f"r{i}", rng, kills=30, chunks=chunks, interval=0.004))
     for point in COMPACTION_POINTS[:2] if quick else COMPACTION_POINTS:
-        done(kill_while_paused(base, point, kills=2 if quick else 4, chunks=300))
-    done(full_disk(base, chunks=900 if quick else 1500))
-    done(index_on_a_small_disk(base, chunks=5000))
-    done(two_writers(base, chunks=400 if quick else 1000))
+        done(f"SIGKILL at {point}", 300,
+             lambda point=point: kill_while_paused(base, point, kills=2 if quick else 4, chunks=300))
+    done("full disk + SIGKILL refused", 900 if quick else 1500,
+         lambda: full_disk(base, chunks=900 if quick else 1500))
+    done("small disk, search index on", 5000, lambda: index_on_a_small_disk(base, chunks=5000))
+    done("two writers, one session", 400 if quick else 1000,
+         lambda: two_writers(base, chunks=400 if quick else 1000))
     return outcomes
 
 
