@@ -1613,7 +1613,13 @@ P never gives less."
                               (magent-store--ms (magent-store--percentile ms 99)))
                     "Acknowledged after: no flush yet\n")
                   (format "Compactions:        %s\n"
-                          (alist-get 'compactions status))))
+                          (alist-get 'compactions status))
+                  ;; The disk is nearly full: the sessions have it first.
+                  (let ((paused (alist-get 'search-index-paused status)))
+                    (format "Search index:       %s\n"
+                            (if (> (length paused) 0)
+                                (mapconcat #'identity paused "\n                    ")
+                              "kept current")))))
         (insert (format "Last error:         %s\n"
                         (or magent-store--last-error
                             (and status (alist-get 'last-error status))

@@ -441,21 +441,26 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise UsageError(f"{root}: no such directory")
     started = time.perf_counter()
-    index = search.SearchIndex(root)
-    for notice in index.notices:
-        print(f"magent-store: {notice}", file=sys.stderr)
-    progress, close = _index_progress()
     try:
-        result = index.rebuild(progress) if args.rebuild else index.catch_up(progress)
-    finally:
-        close()
-        index.close()
+        index = search.SearchIndex(root)
+        for notice in index.notices:
+            print(f"magent-store: {notice}", file=sys.stderr)
+        progress, close = _index_progress()
+        try:
+            result = index.rebuild(progress) if args.rebuild else index.catch_up(progress)
+        finally:
+            close()
+            index.close()
+    except search.SearchError as exc:
+        raise UsageError(str(exc)) from None
     for skipped in result.skipped:
         print(f"skipped (cannot be read): {skipped}", file=sys.stderr)
+    if result.paused is not None:
+        print(f"magent-store: {result.paused}", file=sys.stderr)
     seconds = time.perf_counter() - started
     print(f"{result.checked} sessions, {result.updated} indexed, {result.removed} removed, "
           f"{_human_size(result.bytes)} of text in {seconds:.1f} s; index {index.path}")  # fmt: skip
-    return 1 if result.skipped else 0
+    return 1 if result.skipped or result.paused is not None else 0
 
 
 def _index_progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:

@@ -21,6 +21,12 @@ It is kept current two ways:
   that cannot be read is reported and skipped.
 
 A corrupt index, or one written by another version, is deleted and rebuilt.
+
+The sessions come before the index: it writes only while the file system
+holding it keeps `FLOOR_SHARE` of its size free after the write (at most
+`FLOOR_MAX_BYTES`) and room to compact the session it indexes, its WAL is
+bounded, and below that floor it pauses (a live index says so once) until a
+catch-up finds the space again.
 """
 
 from __future__ import annotations
@@ -116,6 +122,20 @@ BUILD_WORKERS: Final = 4
 # and keep up to READ_AHEAD_BYTES read that the build has not indexed yet.
 READ_BATCH_BYTES: Final = 1 << 20
 READ_AHEAD_BYTES: Final = 48 << 20
+# The space a journal append needs comes first: the index writes only while
+# the file system holding it keeps this share of its size free after the
+# write (at most FLOOR_MAX_BYTES), and pauses below that.
+FLOOR_SHARE: Final = 0.05
+FLOOR_MAX_BYTES: Final = 1 << 30
+# What a write of the index is taken to need: this many bytes per byte of the
+# text or log lines it indexes (passage rows, trigrams, their pages in the
+# WAL), plus a margin.
+WRITE_FACTOR: Final = 2
+WRITE_MARGIN_BYTES: Final = 64 << 10
+# A bounded WAL: checkpointed every WAL_PAGES pages and cut back to
+# WAL_LIMIT_BYTES after that (SQLite's defaults let it grow to 4 MB, and keep it).
+WAL_PAGES: Final = 128
+WAL_LIMIT_BYTES: Final = 512 << 10
 
 SCHEMA: Final = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
@@ -315,6 +335,7 @@ class CatchUp:
     removed: int = 0
     skipped: list[str] = field(default_factory=list)  # "path: why"
     bytes: int = 0  # text indexed
+    paused: str | None = None  # why sessions were left for later (the disk is nearly full)
 
 
 # ---------------------------------------------------------------------------
@@ -370,6 +391,40 @@ def _stamp(paths: tuple[str, str]) -> str:
             continue
         parts.append(f"{st.st_size}.{st.st_mtime_ns}.{st.st_ino}")
     return ":".join(parts)
+
+
+def no_room(directory: Path, need: int, compaction: int = 0) -> str | None:
+    """Why writing NEED more bytes into DIRECTORY would take space the sessions need; None if it would not.
+
+    They need FLOOR_SHARE of the file system's size (at most FLOOR_MAX_BYTES),
+    and COMPACTION bytes more to compact the session being indexed.
+    """
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None  # cannot tell: a full disk still fails the write, and the index waits
+    free = st.f_bavail * st.f_frsize
+    floor = min(FLOOR_MAX_BYTES, int(st.f_blocks * st.f_frsize * FLOOR_SHARE))
+    if free - need >= floor + compaction:
+        return None
+    share = f"{FLOOR_SHARE:.0%} of it, at most {FLOOR_MAX_BYTES >> 20} MB"
+    room = f" and {compaction} bytes to compact the session it indexes" if compaction else ""
+    return (f"{free} bytes free on the file system of {directory}, "
+            f"and the index leaves the sessions {floor} bytes ({share}){room}")  # fmt: skip
+
+
+def _need(size: int) -> int:
+    """The bytes of index a write of SIZE bytes of text or log lines is taken to need."""
+    return size * WRITE_FACTOR + WRITE_MARGIN_BYTES
+
+
+def _disk_full(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL
+
+
+def _stamp_bytes(stamp: str) -> int:
+    """The bytes of log and snapshot a stamp (see `_stamp`) saw."""
+    return sum(int(part.split(".", 1)[0]) for part in stamp.split(":") if part != "-")
 
 
 def _contains(text: str | None, folded: str) -> bool:
@@ -609,6 +664,8 @@ class SearchIndex:
         self.path = index_path(self.root)
         self.live = live
         self.notices: list[str] = []
+        # Why a live index writes nothing now (the disk is nearly full), else None.
+        self.paused: str | None = None
         # Hashes of what this process indexed per item field, so an item's final
         # event repeating the streamed text costs a hash, not a re-index.
         self._digests: dict[tuple[str, str, str], Any] = {}
@@ -656,6 +713,9 @@ class SearchIndex:
             db.close()
             why = "it was written by another version" if version else "it is not a search index"
         except sqlite3.DatabaseError as exc:
+            if _disk_full(exc):  # not the index's fault: keep it
+                raise SearchError(f"search index {self.path}: cannot open it ({exc}); free some space"
+                                  ) from None
             why = f"it is corrupt ({exc})"
         message = f"search index {self.path}: {why}; rebuilding it from the session files"
         log.warning("%s", message)
@@ -678,6 +738,8 @@ class SearchIndex:
             # file, and the next catch-up (or rebuild) restores them.
             db.execute("PRAGMA synchronous = OFF")
             db.execute("PRAGMA cache_size = -32768")
+            db.execute(f"PRAGMA wal_autocheckpoint = {WAL_PAGES}")
+            db.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
                 db.executescript(SCHEMA)
                 db.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
@@ -767,7 +829,12 @@ class SearchIndex:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)  # a rebuild that was killed
         try:
-            result = self._build(build, progress)
+            try:
+                result = self._build(build, progress)
+            except sqlite3.OperationalError as exc:
+                if not _disk_full(exc):
+                    raise
+                raise SearchError(f"search index {self.path} not built: {exc}; free some space") from None
             with self._locked():
                 # The old file's journal must not be read as the new one's.
                 self._remove_files()
@@ -805,6 +872,9 @@ class SearchIndex:
 
             def flush() -> None:
                 nonlocal chars, indexed
+                why = no_room(path.parent, _need(chars))
+                if why is not None:
+                    raise SearchError(f"search index {self.path} not built: {why}; free some space")
                 db.executemany("INSERT INTO passages(id, sid, turn, item, field, role, time, text) "
                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", passages)  # fmt: skip
                 db.execute("INSERT INTO fts(rowid, text) SELECT id, text FROM passages WHERE id > ?",
@@ -888,6 +958,11 @@ class SearchIndex:
             try:
                 if todo:
                     self._write_job(todo)
+            except sqlite3.OperationalError as exc:
+                if not _disk_full(exc):
+                    self._failed(", ".join(sorted({j.session_id for j in todo})), exc)
+                else:
+                    self._pause(f"the disk is full ({exc})")
             except Exception as exc:
                 self._failed(", ".join(sorted({j.session_id for j in todo})), exc)
             finally:
@@ -901,7 +976,34 @@ class SearchIndex:
         if self._queue is not None:
             self._queue.join()
 
+    def _may_write(self, need: int, compaction: int) -> bool:
+        """Whether NEED bytes of index leave the sessions their floor (and COMPACTION bytes);
+        pause or resume if that changed."""
+        why = no_room(self.path.parent, need, compaction)
+        if why is not None:
+            self._pause(why)
+            return False
+        if self.paused is not None:
+            self.paused = None
+            log.info("search index %s resumed: there is space again; what it missed is caught up "
+                     "from the session files by the next search", self.path)  # fmt: skip
+        return True
+
+    def _pause(self, why: str) -> None:
+        """Stop writing (saying so once): the sessions need the space more than the index."""
+        if self.paused is not None:
+            return
+        self.paused = (f"search index paused: {why}; sessions are saved first, and the next "
+                       "search catches the index up from their files once there is space")  # fmt: skip
+        log.warning("%s", self.paused)
+        with contextlib.suppress(sqlite3.Error):
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # give back what the WAL holds
+
     def _write_job(self, jobs: list[_Job]) -> None:
+        need = _need(sum(len(line) for job in jobs for line in job.lines))
+        # Room for the session to be compacted too: that writes about as much as its files hold.
+        if not self._may_write(need, max(_stamp_bytes(job.stamp) for job in jobs)):
+            return  # the index falls behind: the next catch-up reads the files
         self._follow_replaced()
         with self._transaction() as db:
             for job in jobs:
@@ -1040,6 +1142,9 @@ class SearchIndex:
                     pass  # unchanged since indexed
                 elif not ledger.valid_session_id(session_id):
                     continue  # not a session file (fsck reports these)
+                elif result.paused is not None or not self._room_to_catch_up(directory, session_id,
+                                                                             batched, result):  # fmt: skip
+                    pass  # the disk is nearly full: left for the next catch-up
                 else:
                     files = SessionFiles(Path(directory), session_id)
                     try:
@@ -1062,17 +1167,41 @@ class SearchIndex:
                 if progress is not None:
                     progress(n, len(headers))
             gone = [(entry[0],) for path, entry in known.items() if path not in seen]
-            with self._transaction() as db:
-                for (sid,) in gone:
-                    self._drop_session(db, sid)
-            result.removed = len(gone)
+            if result.paused is None:
+                with self._transaction() as db:
+                    for (sid,) in gone:
+                        self._drop_session(db, sid)
+                result.removed = len(gone)
             if self.db.in_transaction:
                 self.db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if not _disk_full(exc):
+                raise
+            result.paused = f"search index {self.path} not brought up to date: {exc}; free some space"
         except BaseException:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
         return result
+
+    def _room_to_catch_up(self, directory: str, session_id: str, batched: int, result: CatchUp) -> bool:
+        """Whether indexing a session leaves the sessions their floor; if not, say so in RESULT.
+
+        Also left free: room to compact the session (about as much as its files hold).
+        """
+        size = 0
+        for suffix in (".jsonl", ".snapshot"):
+            with contextlib.suppress(OSError):
+                size += os.stat(f"{directory}/{session_id}{suffix}").st_size
+        why = no_room(self.path.parent, _need(batched + size), size)
+        if why is None:
+            return True
+        result.paused = (f"search index {self.path} not brought up to date: {why}; "
+                         "sessions changed since are searched as they were indexed")  # fmt: skip
+        log.warning("%s", result.paused)
+        return False
 
     def _drop_session(self, db: sqlite3.Connection, sid: int) -> None:
         rows = db.execute("SELECT id, text FROM passages WHERE sid = ?", (sid,)).fetchall()
@@ -1326,6 +1455,8 @@ def open_index(root: Path | str) -> tuple[SearchIndex, CatchUp]:
         index.notices.append(f"search index {index.path}: it is corrupt ({exc}); rebuilding it")
         log.warning("%s", index.notices[-1])
         result = index.rebuild()
+    if result.paused is not None:
+        index.notices.append(result.paused)
     return index, result
 
 

@@ -684,6 +684,8 @@ class Service:
             "compactions": self.stats.compactions,
             "rejected-entries": self.stats.rejected,
             "last-error": self.stats.last_error,
+            # Why a root's search index writes nothing now (its disk is nearly full).
+            "search-index-paused": [i.paused for i in self._indexes.values() if i.paused is not None],
         }).decode()
 
     def close_all(self) -> None:

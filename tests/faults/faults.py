@@ -9,12 +9,15 @@ no spool behind.
 
     python tests/faults/faults.py            # the full suite (make test-faults)
     python tests/faults/faults.py --quick    # the bounded one (make test)
+    python tests/faults/faults.py --repeat 20   # the full suite 20 times in a row
 
 Scenarios: SIGKILL of the backend at random moments of a stream; SIGKILL
 while a compaction writes (the backend paused there by a test-only hook);
 a full disk (a small tmpfs when run as root, else skipped: the store-level
 fault hook is tests/test_exactly_once.py) with a SIGKILL while a batch is
-refused; two Emacs writing one session.  Hostile peers: tests/faults/fuzz.py.
+refused; a 4 MB disk filled while the search index is current, a SIGKILL,
+then space freed (every chunk must reach the journal, and the index catch up
+afterwards); two Emacs writing one session.  Hostile peers: tests/faults/fuzz.py.
 """
 
 from __future__ import annotations
@@ -309,6 +312,61 @@ def full_disk(base: Path, chunks: int) -> Outcome:
     return outcome
 
 
+def index_on_a_small_disk(base: Path, chunks: int) -> Outcome:
+    """A 4 MB disk filled mid-stream while the search index is current: SIGKILL, space
+    freed, and every chunk must reach the journal (the index may pause, never take
+    the space back from the session); afterwards, given more space, `magent-store
+    index` catches the index up from the files."""
+    outcome = Outcome("small disk, search index on", chunks)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        outcome.notes.append("SKIPPED: not root, no tmpfs")
+        return outcome
+    with tmpfs(base / "tmpfs-index", "4m") as disk:
+        root = disk / "root"
+        filler = disk / "filler"
+        run = Run(base, "indexdisk", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004,
+                  FAULT_FILLER=200, FAULT_LOG_MAX=300, FAULT_SETTLE=60)  # fmt: skip
+        while run.chunks_sent() < chunks // 8 and run.streaming():
+            time.sleep(0.005)
+        # Everything left, taken at once: the next write of either kind fails.
+        with contextlib.suppress(OSError), filler.open("wb") as out:
+            while True:
+                out.write(b"\0" * 65536)
+        log = run.state / "server.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.proc.poll() is None:
+            if log.exists() and "no space left on device" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.02)
+        else:
+            outcome.problems.append("the disk never filled")
+        time.sleep(0.3)
+        outcome.kills += run.kill_backend()  # while batches are refused
+        time.sleep(0.5)
+        filler.unlink()  # space returns: the session must have it
+        result = run.finish()
+        judge(outcome, run, result)
+        left = shutil.disk_usage(disk).free
+        # The index leaves room to compact the session: on 4 MB it has none, more space brings it.
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        indexed = subprocess.run([str(BACKEND), "index", str(root)], capture_output=True, text=True, check=False)
+        if indexed.returncode != 0:
+            outcome.problems.append(f"index: {indexed.stderr.strip()[-300:]}")
+        last = f"<{chunks - 1}>"
+        found = subprocess.run([str(BACKEND), "search", last, str(root), "--json"],
+                               capture_output=True, text=True, check=False)  # fmt: skip
+        hits = json.loads(found.stdout)["hits"] if found.returncode == 0 else []
+        if not any(last in e["text"] for h in hits for e in h["excerpts"]):
+            outcome.problems.append(f"the index did not catch up: no hit for the last chunk {last} "
+                                    f"({found.stderr.strip()[-300:]})")  # fmt: skip
+        sizes = {p.name: p.stat().st_size for p in (root / ".search").glob("index.sqlite*")}
+        outcome.notes.append(f"{left} bytes free after the stream; index files after catching up: {sizes}")
+        said = re.findall(r"search index paused[^\n]*", log.read_text(errors="replace"))
+        if said:
+            outcome.notes.append(f"the backend said: {said[0][:300]}")
+    return outcome
+
+
 def two_writers(base: Path, chunks: int) -> Outcome:
     """Two Emacs stream into one session: the second waits for the lock, then saves all of its own."""
     outcome = Outcome("two writers, one session", chunks)
@@ -332,44 +390,78 @@ def two_writers(base: Path, chunks: int) -> Outcome:
     return outcome
 
 
+def suite(base: Path, rng: random.Random, quick: bool, runs: int) -> list[Outcome]:
+    """Every scenario once (the streams with random kills RUNS times), each line printed as it ends.
+
+    A scenario whose Emacs dies (a signal, a crash) is a failed outcome, and the suite goes on.
+    """
+    outcomes: list[Outcome] = []
+
+    def done(name: str, chunks: int, scenario: Callable[[], Outcome]) -> None:
+        try:
+            outcome = scenario()
+        except RuntimeError as exc:
+            outcome = Outcome(name, chunks)
+            outcome.problems.append(str(exc)[:1000])
+        outcomes.append(outcome)
+        print(outcome.line(), flush=True)
+
+    # The same stream without faults: what the machine's load alone stalls.
+    done("no fault (baseline)", 1200,
+         lambda: random_kills(base / "baseline", rng, kills=0, chunks=1200, interval=0.004))
+    chunks = 2000 if quick else 2500
+    for i in range(runs):
+        done("SIGKILL x30 mid-stream", chunks,
+             lambda i=i: random_kills(base / f"r{i}", rng, kills=30, chunks=chunks, interval=0.004))
+    for point in COMPACTION_POINTS[:2] if quick else COMPACTION_POINTS:
+        done(f"SIGKILL at {point}", 300,
+             lambda point=point: kill_while_paused(base, point, kills=2 if quick else 4, chunks=300))
+    done("full disk + SIGKILL refused", 900 if quick else 1500,
+         lambda: full_disk(base, chunks=900 if quick else 1500))
+    done("small disk, search index on", 5000, lambda: index_on_a_small_disk(base, chunks=5000))
+    done("two writers, one session", 400 if quick else 1000,
+         lambda: two_writers(base, chunks=400 if quick else 1000))
+    return outcomes
+
+
+TOTALS = ("chunks", "kills", "lost", "duplicated", "reordered")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the bounded suite `make test` runs")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--runs", type=int, default=None, help="streams with random kills (default 3, quick 1)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the whole suite this many times in a row")
     ns = parser.parse_args(argv)
     seed = ns.seed if ns.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
-    print(f"fault injection, seed {seed}, {'quick' if ns.quick else 'full'}", flush=True)
+    print(f"fault injection, seed {seed}, {'quick' if ns.quick else 'full'}"
+          + (f", {ns.repeat} times" if ns.repeat > 1 else ""), flush=True)  # fmt: skip
     outcomes: list[Outcome] = []
     base = Path(tempfile.mkdtemp(prefix="magent-store-faults-"))
+    started = time.monotonic()
     try:
-        runs = ns.runs or (1 if ns.quick else 3)
-        # The same stream without faults: what the machine's load alone stalls.
-        outcomes.append(random_kills(base / "baseline", rng, kills=0, chunks=1200, interval=0.004))
-        print(outcomes[-1].line(), flush=True)
-        for i in range(runs):
-            outcomes.append(random_kills(base / f"r{i}", rng, kills=30, chunks=2000 if ns.quick else 2500,
-                                         interval=0.004))  # fmt: skip
-            print(outcomes[-1].line(), flush=True)
-        points = COMPACTION_POINTS[:2] if ns.quick else COMPACTION_POINTS
-        for point in points:
-            outcomes.append(kill_while_paused(base, point, kills=2 if ns.quick else 4, chunks=300))
-            print(outcomes[-1].line(), flush=True)
-        outcomes.append(full_disk(base, chunks=900 if ns.quick else 1500))
-        print(outcomes[-1].line(), flush=True)
-        outcomes.append(two_writers(base, chunks=400 if ns.quick else 1000))
-        print(outcomes[-1].line(), flush=True)
+        for n in range(ns.repeat):
+            ran = suite(base / f"run-{n}", rng, ns.quick, ns.runs or (1 if ns.quick else 3))
+            outcomes += ran
+            if ns.repeat > 1:  # a tally after each run: what a stopped repetition had shown
+                failed = sum(not o.ok for o in ran)
+                print(f"run {n + 1} of {ns.repeat}: {'ok' if not failed else f'{failed} scenarios FAILED'}; "
+                      "so far " + ", ".join(f"{k} {sum(getattr(o, k) for o in outcomes)}" for k in TOTALS) +
+                      f" in {time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(base, ignore_errors=True)
     for outcome in outcomes:
         for problem in outcome.problems:
             print(f"  {outcome.name}: PROBLEM: {problem}")
-        for note in outcome.notes:
-            print(f"  {outcome.name}: {note}")
-    total = {k: sum(getattr(o, k) for o in outcomes) for k in ("chunks", "kills", "lost", "duplicated", "reordered")}
+        if ns.repeat == 1:
+            for note in outcome.notes:
+                print(f"  {outcome.name}: {note}")
+    total = {k: sum(getattr(o, k) for o in outcomes) for k in TOTALS}
     print("total: " + ", ".join(f"{k} {v}" for k, v in total.items()) +
-          f"; longest shim call {max(o.max_call_ms for o in outcomes):.1f} ms")  # fmt: skip
+          f"; longest shim call {max(o.max_call_ms for o in outcomes):.1f} ms"
+          f"; {time.monotonic() - started:.0f} s")  # fmt: skip
     return 0 if all(o.ok for o in outcomes) else 1
 
 
