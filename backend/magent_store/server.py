@@ -57,6 +57,7 @@ from sexpdata import Symbol
 
 from magent_store import __version__, export, ledger
 from magent_store.ledger import LedgerError, Thread, thread_from_json
+from magent_store.listing import picker_entries
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
 from magent_store.stats import median, percentile
@@ -282,6 +283,7 @@ class Service:
             "tick-file": self.flush_file,
             "load": self.load,
             "render": self.render,
+            "listing": self.listing,
             "close": self.close,
             "delete": self.delete,
             "list": self.list,
@@ -629,6 +631,38 @@ class Service:
         except (StoreError, LedgerError) as err:
             raise CallError(str(err)) from None
         return [name, damage]
+
+    def listing(self, root: Any, directory: Any = None) -> str:
+        """Return JSON text: every schema-7 session under ROOT as magent's listing reads it.
+
+        One call for magent's whole session picker (see `magent_store.listing`);
+        DIRECTORY (non-nil) lists that scope folder of ROOT only.  Sessions
+        open here are flushed first and listed from memory, as `render`
+        reads them.
+        """
+        root_path = Path(_text(root, "root")).expanduser()
+        if not root_path.is_absolute():
+            raise CallError(f"root must be an absolute directory, got {root!r:.200}")
+        only = None
+        if directory is not None:
+            only = Path(_text(directory, "directory")).expanduser()
+            if not only.is_absolute() or not only.is_relative_to(root_path):
+                raise CallError(f"directory must be a folder of the root {str(root_path)!r:.200}, "
+                                f"got {directory!r:.200}")
+        resolved = root_path.resolve()
+        live: dict[str, dict[str, Any]] = {}
+        for entry in self._open.values():
+            session = entry.session
+            try:
+                header = session.files.header.resolve()
+                if not header.is_relative_to(resolved):
+                    continue
+                session.flush()
+            except (StoreError, OSError) as err:
+                log.warning("listing %s from its files: %s", session.id, err)
+                continue
+            live[str(header.relative_to(resolved))] = session.current_header()
+        return orjson.dumps(picker_entries(root_path, live, only)).decode()
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.
