@@ -1297,6 +1297,7 @@ def test_listing_answers_magents_picker_in_one_call_from_memory_for_an_open_sess
     assert _content(backend) == "live", "flushed first, as render is"
     st = (backend.root / "global" / "s1.json").stat()
     assert entry["key"] == [st.st_size, st.st_mtime_ns // 10**9, st.st_mtime_ns % 10**9]
+    assert orjson.loads(_call(client, "listing", str(backend.root), [])) == [entry], "nil: the whole root"
     assert orjson.loads(_call(client, "listing", str(backend.root), str(backend.root / "global"))) == [entry]
     assert orjson.loads(_call(client, "listing", str(backend.root), str(backend.root / "projects" / "x"))) == []
     assert _refusal(client, "listing", "relative/root") == "root must be an absolute directory, got 'relative/root'"

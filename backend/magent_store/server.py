@@ -644,7 +644,7 @@ class Service:
         if not root_path.is_absolute():
             raise CallError(f"root must be an absolute directory, got {root!r:.200}")
         only = None
-        if directory is not None:
+        if directory:  # nil arrives as an empty list
             only = Path(_text(directory, "directory")).expanduser()
             if not only.is_absolute() or not only.is_relative_to(root_path):
                 raise CallError(f"directory must be a folder of the root {str(root_path)!r:.200}, "
