@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -93,19 +94,20 @@ def test_a_header_rewritten_while_it_is_read_is_keyed_as_before(
     # be the one of the header that was read or an older one, never newer.
     files = make_session(tmp_path, events, title="old title")
     old_key = _stat(files.header)
-    read_bytes = Path.read_bytes
+    real_open = open
 
-    def read_then_rewrite(path: Path) -> bytes:
-        data = read_bytes(path)
-        if path == files.header:
-            obj = orjson.loads(data)
-            obj["title"] = "a much longer new title"
-            atomic_write(path, orjson.dumps(obj), sync=False)
-            later = path.stat().st_mtime_ns + 10**9
-            os.utime(path, ns=(later, later))
-        return data
+    def read_then_rewrite(path: str, *args: Any) -> Any:
+        if Path(path) != files.header:
+            return real_open(path, *args)
+        data = files.header.read_bytes()
+        obj = orjson.loads(data)
+        obj["title"] = "a much longer new title"
+        atomic_write(files.header, orjson.dumps(obj), sync=False)
+        later = files.header.stat().st_mtime_ns + 10**9
+        os.utime(files.header, ns=(later, later))
+        return io.BytesIO(data)
 
-    monkeypatch.setattr(Path, "read_bytes", read_then_rewrite)
+    monkeypatch.setattr(listing, "open", read_then_rewrite, raising=False)
     (entry,) = listing.picker_entries(tmp_path)
     monkeypatch.undo()
     assert entry["fields"]["title"] == "old title"

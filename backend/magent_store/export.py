@@ -215,15 +215,15 @@ def quick_damage(files: SessionFiles) -> str | None:
         log_size: int | None = files.log.stat().st_size
     except FileNotFoundError:
         log_size = None
-    return listed_damage(files, files.snapshot.exists(), log_size)
+    return listed_damage(files.log, files.snapshot.exists(), log_size)
 
 
-def listed_damage(files: SessionFiles, has_snapshot: bool, log_size: int | None) -> str | None:
-    """`quick_damage` of FILES, whether its snapshot exists and its log's size (None: no log) known."""
+def listed_damage(log: str | Path, has_snapshot: bool, log_size: int | None) -> str | None:
+    """`quick_damage` of a session whose log is LOG, of LOG-SIZE bytes (None: no log)."""
     if not has_snapshot:
         if not log_size:
             return "no conversation saved"
-        with files.log.open("rb") as f:
+        with open(log, "rb") as f:
             first = f.readline()
         try:
             seq = orjson.loads(first).get("seq")
@@ -232,10 +232,12 @@ def listed_damage(files: SessionFiles, has_snapshot: bool, log_size: int | None)
         if seq != 1:
             return "snapshot missing, earliest events gone"
     if log_size:
-        with files.log.open("rb") as f:
-            f.seek(log_size - 1)
-            if f.read(1) != b"\n":
+        fd = os.open(log, os.O_RDONLY)
+        try:
+            if os.pread(fd, 1, log_size - 1) != b"\n":
                 return "torn log"
+        finally:
+            os.close(fd)
     return None
 
 

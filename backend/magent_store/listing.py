@@ -33,7 +33,6 @@ from magent_store.ledger import LedgerError
 from magent_store.store import (
     SCHEMA_VERSION,
     InvalidSessionId,
-    SessionFiles,
     check_session_id,
     normalize_header,
 )
@@ -42,22 +41,19 @@ from magent_store.store import (
 _SCOPE_DIRECTORIES: Final = (("global",), ("projects", "*"), ("actions", "*"))
 
 
-def _directories(root: Path) -> Iterator[Path]:
+def _directories(root: str) -> Iterator[str]:
     for parts in _SCOPE_DIRECTORIES:
         if parts[-1] != "*":
-            yield root.joinpath(*parts)
+            yield "/".join(parts)
             continue
+        parent = "/".join(parts[:-1])
         try:
-            with os.scandir(root.joinpath(*parts[:-1])) as it:
+            with os.scandir(f"{root}/{parent}") as it:
                 subdirs = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
         except (FileNotFoundError, NotADirectoryError):
             continue
         for name in subdirs:
-            yield root.joinpath(*parts[:-1], name)
-
-
-def _stat_pair(st: os.stat_result) -> list[int]:
-    return [st.st_mtime_ns // 1_000_000_000, st.st_mtime_ns % 1_000_000_000]
+            yield f"{parent}/{name}"
 
 
 def picker_entries(
@@ -72,56 +68,59 @@ def picker_entries(
     """
     live = live or {}
     out: list[dict[str, Any]] = []
-    for folder in [directory] if directory is not None else _directories(root):
+    base = str(root)
+    folders = [str(directory.relative_to(root))] if directory is not None else _directories(base)
+    for folder in folders:
         try:
-            with os.scandir(folder) as it:
+            with os.scandir(f"{base}/{folder}") as it:
                 entries = {e.name: e for e in it}
         except (FileNotFoundError, NotADirectoryError):
             continue
         for name in sorted(entries):
-            if not name.endswith(".json"):
-                continue
-            entry = _one(root, folder, entries, name, live)
-            if entry is not None:
-                out.append(entry)
+            if name.endswith(".json"):
+                entry = _one(f"{base}/{folder}", folder, entries, name, live)
+                if entry is not None:
+                    out.append(entry)
     return out
 
 
 def _one(
-    root: Path, directory: Path, entries: Mapping[str, os.DirEntry[str]], name: str,
+    path: str, folder: str, entries: Mapping[str, os.DirEntry[str]], name: str,
     live: Mapping[str, dict[str, Any]],
 ) -> dict[str, Any] | None:  # fmt: skip
+    session_id = name[:-5]
     try:
-        files = SessionFiles(directory, check_session_id(name[:-5]))
+        check_session_id(session_id)
     except InvalidSessionId:
         return None
     try:
-        st = entries[name].stat(follow_symlinks=True)
-        data = files.header.read_bytes()
-        obj = orjson.loads(data)
+        st = entries[name].stat()  # before the read: a header rewritten meanwhile is newer than this
+        with open(f"{path}/{name}", "rb") as f:
+            obj = orjson.loads(f.read())
         if not isinstance(obj, dict) or obj.get("schema-version") != SCHEMA_VERSION:
             return None
-        header = normalize_header(obj, files.id)
+        header = normalize_header(obj, session_id)
     except (OSError, ValueError, LedgerError, InvalidSessionId):
         return None  # magent's reader (or the render) says what is wrong
     newest = st.st_mtime_ns
-    log_entry = entries.get(f"{files.id}.jsonl")
+    log_entry = entries.get(f"{session_id}.jsonl")
     log_size: int | None = None
     if log_entry is not None:
         try:
-            log_st = log_entry.stat(follow_symlinks=True)
+            log_st = log_entry.stat()
         except FileNotFoundError:
             pass
         else:
             log_size = log_st.st_size
             newest = max(newest, log_st.st_mtime_ns)
-    relative = str(files.header.relative_to(root))
+    relative = f"{folder}/{name}"
     current = live.get(relative)
     if current is not None:
         header, damage = current, None
     else:
         try:
-            damage = listed_damage(files, f"{files.id}.snapshot" in entries, log_size)
+            snapshot = f"{session_id}.snapshot" in entries
+            damage = listed_damage(f"{path}/{session_id}.jsonl", snapshot, log_size)
         except OSError:
             return None
     fields = header_fields6(header)
@@ -129,7 +128,7 @@ def _one(
     fields["approval-overrides"] = header.get("approval-overrides") or []
     return {
         "file": relative,
-        "key": [st.st_size, *_stat_pair(st)],
+        "key": [st.st_size, st.st_mtime_ns // 1_000_000_000, st.st_mtime_ns % 1_000_000_000],
         "time": [newest // 1_000_000_000, newest % 1_000_000_000],
         "fields": fields,
         "damage": damage,
