@@ -126,10 +126,10 @@ backend call (rendered for schema 6)")
      :around magent-store--around-list-scope optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists a scope, and listed by \
 one backend call (rendered for schema 6)")
-    (magent-session--metadata-cache-key
-     :around magent-store--around-cache-key optional "0.1 (schema 6, 7)"
-     "a listing looks each session's file up once, not at every comparison \
-of its sort")
+    (magent-session--read-file-metadata-cached
+     :around magent-store--around-metadata-cached optional "0.1 (schema 6, 7)"
+     "a listing looks each session's metadata up once, not at every \
+comparison of its sort")
     (magent-session-list-action-files
      :around magent-store--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists action sessions")
@@ -927,30 +927,35 @@ compares it."
   (let ((magent-store--listing-times (make-hash-table :test #'equal)))
     (apply orig args)))
 
-(defvar magent-store--listing-keys nil
-  "While magent lists sessions: a table of file -> magent's cache key, or nil.
-magent's sort looks a file's metadata up at every comparison, and each
-lookup reads the file's attributes for its cache key.")
+(defconst magent-store--listing-gc-threshold (* 64 1024 1024)
+  "The least `gc-cons-threshold' while magent lists sessions with the mode on.
+A listing of thousands of sessions holds every session's metadata while
+it conses: collecting every 800 kB went over all of it each time.")
 
-(defun magent-store--around-cache-key (orig filepath)
-  "Return ORIG's cache key of FILEPATH, looked up once per listing."
-  (let ((keys magent-store--listing-keys))
-    (if (not keys)
+(defvar magent-store--listing-metadata nil
+  "While magent lists sessions: a table of file -> magent's metadata, or nil.
+magent's sort looks a file's metadata up at every comparison, and each
+lookup reads the file's attributes to check its cache.")
+
+(defun magent-store--around-metadata-cached (orig filepath)
+  "Return ORIG's metadata of FILEPATH, looked up once per listing."
+  (let ((table magent-store--listing-metadata))
+    (if (not table)
         (funcall orig filepath)
-      (or (gethash filepath keys)
-          (let ((key (funcall orig filepath)))
-            (when key (puthash filepath key keys))
-            key)))))
+      (or (gethash filepath table)
+          (puthash filepath (funcall orig filepath) table)))))
 
 (defun magent-store--around-list-files (orig &rest args)
   "Call ORIG, magent's listing of every session, with ARGS.
 As `magent-store--around-list', with every session's metadata and
-time asked of the backend in one call first, and each file's cache key
+time asked of the backend in one call first, and each file's metadata
 looked up once."
   (magent-store--guarded "a flush before magent lists"
     (magent-store--flush-pending))
   (let ((magent-store--listing-times (make-hash-table :test #'equal))
-        (magent-store--listing-keys (make-hash-table :test #'equal)))
+        (magent-store--listing-metadata (make-hash-table :test #'equal))
+        (gc-cons-threshold (max gc-cons-threshold
+                                magent-store--listing-gc-threshold)))
     (magent-store--guarded "listing the sessions for magent"
       (magent-store--prefill nil))
     (apply orig args)))
@@ -961,7 +966,9 @@ As `magent-store--around-list-files', for SCOPE's folder only."
   (magent-store--guarded "a flush before magent lists"
     (magent-store--flush-pending))
   (let ((magent-store--listing-times (make-hash-table :test #'equal))
-        (magent-store--listing-keys (make-hash-table :test #'equal)))
+        (magent-store--listing-metadata (make-hash-table :test #'equal))
+        (gc-cons-threshold (max gc-cons-threshold
+                                magent-store--listing-gc-threshold)))
     (when scope
       (magent-store--guarded "listing the sessions for magent"
         (magent-store--prefill
@@ -986,15 +993,19 @@ As `magent-store--around-list-files', for SCOPE's folder only."
     magent-session--approval-override-from-alist magent-agent-job-from-alist)
   "magent's functions the picker's metadata is built with, all needed.")
 
+(defvar magent-store--project-roots nil
+  "While the backend's listing is read: project root -> magent's form of it.
+Thousands of sessions share a few project roots.")
+
 (defun magent-store--prefill (directory)
   "Fill magent's metadata cache with the sessions under DIRECTORY, in one call.
 DIRECTORY nil means every session.  Only for a magent that reads schema
 6 (the store's sessions are rendered for it): each session's metadata is
 what magent's reader makes of its rendered file, keyed as magent's cache
 keys it (the header's size and time), so magent reads none of them
-again; and each session's time and cache key for the sort.  A session
-the backend does not list, or whose header changed since, is read as
-before."
+again; and each session's metadata and time for the listing's sort.  A
+session the backend does not list, or whose header changed since, is
+read as before."
   (when (and (eql (magent-store--magent-schema) 6)
              (boundp 'magent-session--metadata-cache)
              (hash-table-p magent-session--metadata-cache)
@@ -1010,7 +1021,8 @@ before."
                      :null-object nil :false-object :json-false))
            (cache magent-session--metadata-cache)
            (times magent-store--listing-times)
-           (keys magent-store--listing-keys))
+           (memo magent-store--listing-metadata)
+           (magent-store--project-roots (make-hash-table :test #'equal)))
       (dolist (entry entries)
         (let* ((file (expand-file-name (cdr (assq 'file entry)) base))
                (key (let ((k (cdr (assq 'key entry))))
@@ -1019,18 +1031,29 @@ before."
           (when times
             (puthash file (magent-store--lisp-time (cdr (assq 'time entry)))
                      times))
-          (when keys (puthash file key keys))
-          (unless (equal (plist-get old :key) key)
+          (if (equal (plist-get old :key) key)
+              (when memo (puthash file (plist-get old :metadata) memo))
             (when-let ((meta (magent-store--picker-metadata
                               file (cdr (assq 'fields entry))
                               (cdr (assq 'damage entry)))))
-              (puthash file (list :key key :metadata meta) cache))))))))
+              (puthash file (list :key key :metadata meta) cache)
+              (when memo (puthash file meta memo)))))))))
 
 (defun magent-store--lisp-time (pair)
   "Return PAIR, (SECONDS NANOSECONDS), as `file-attributes' gives a time."
   (let ((seconds (car pair)) (nanoseconds (cadr pair)))
     (list (ash seconds -16) (logand seconds #xffff)
           (/ nanoseconds 1000) (* (% nanoseconds 1000) 1000))))
+
+(defun magent-store--project-root (root)
+  "Return magent's normalized form of project ROOT, once per listing."
+  (let ((roots magent-store--project-roots))
+    (if (not (and roots root))
+        (magent-session--normalize-project-root root)
+      (let ((known (gethash root roots 'none)))
+        (if (not (eq known 'none))
+            known
+          (puthash root (magent-session--normalize-project-root root) roots))))))
 
 (defun magent-store--picker-metadata (file fields damage)
   "Return magent's listing metadata of FILE, a session with header FIELDS.
@@ -1053,8 +1076,7 @@ a check fails: magent's reader then reads that session itself."
            (list :valid t
                  :id id
                  :scope (if (equal scope-name "project") 'project 'global)
-                 :project-root (magent-session--normalize-project-root
-                                project-root)
+                 :project-root (magent-store--project-root project-root)
                  :summary-title (or (magent-session--clean-summary-title title)
                                     (magent-session--clean-summary-title
                                      (cdr (assq 'summary-title fields))))
