@@ -140,5 +140,35 @@ to be cut by magent's own rule  ")
                       (gethash file magent-session--metadata-cache) :metadata)
                      (magent-store-listing-test--rendered-metadata file))))))
 
+(ert-deftest magent-store-listing-a-backend-without-it-lists-each-session ()
+  "A backend that does not know the listing (an older one still running) is no error.
+magent lists every session, each read from the session rendered for it."
+  (skip-unless (magent-store-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((ids '("20261130-110000-a" "20261130-110000-b"))
+           (files (mapcar (lambda (id)
+                            (magent-store-resume-test--new-session id)
+                            (magent-store-listing-test--file id))
+                          ids))
+           (magent-store--adapter-failures nil))
+      (magent-store-resume-test--restart)
+      (pcase-let ((`(,listed ,calls ,_ ,_)
+                   (cl-letf* ((call (symbol-function 'magent-store--call))
+                              ((symbol-function 'magent-store--call)
+                               (lambda (method args)
+                                 (funcall call (if (equal method "listing")
+                                                   "listing-of-a-newer-backend"
+                                                 method)
+                                          args))))
+                     (magent-store-listing-test--counting
+                      #'magent-session-list-files))))
+        (should (equal (sort (copy-sequence listed) #'string<) files))
+        (should (equal calls '("listing" "render" "render"))))
+      (should (equal (mapcar #'car (mapcar #'car magent-store--adapter-failures))
+                     '("listing the sessions for magent")))
+      (dolist (file files)
+        (should (equal (magent-session--read-file-metadata-cached file)
+                       (magent-store-listing-test--rendered-metadata file)))))))
+
 (provide 'magent-store-listing-tests)
 ;;; magent-store-listing-tests.el ends here
