@@ -13,7 +13,7 @@ import pytest
 from conftest import Events
 from magent_store import listing, migrate
 from magent_store.export import render
-from magent_store.store import Scope, SessionFiles, atomic_write
+from magent_store.store import Scope, SessionFiles, Store, atomic_write
 from test_export import PROJECT, make_session, tree
 
 
@@ -119,3 +119,67 @@ def test_a_live_header_is_listed_instead_of_its_file(tmp_path: Path, events: Eve
     live = {"global/s1.json": {**orjson.loads(files.header.read_bytes()), "title": "in memory"}}
     (entry,) = listing.picker_entries(tmp_path, live)
     assert entry["fields"]["title"] == "in memory" and entry["damage"] is None
+
+
+def _counting_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each header the listing reads."""
+    opened: list[str] = []
+    real_open = open
+
+    def counting(path: str, *args: Any) -> Any:
+        if str(path).endswith(".json"):
+            opened.append(Path(path).name)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(listing, "open", counting, raising=False)
+    return opened
+
+
+def test_a_catalog_reads_again_only_the_sessions_whose_files_changed(
+    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, state = tmp_path / "root", tmp_path / "state"
+    state.mkdir()
+    g1, g2, g3 = (make_session(root, events, i) for i in ("g1", "g2", "g3"))
+    opened = _counting_opens(monkeypatch)
+    catalog = listing.Catalog(root, state)
+    first = listing.picker_entries(root, catalog=catalog)
+    catalog.save()
+    assert sorted(opened) == ["g1.json", "g2.json", "g3.json"]
+    assert os.stat(catalog.path).st_mode & 0o777 == 0o600
+    assert first[0]["fields"]["metadata"]["big"] == 2**70 and isinstance(first[0]["fields"]["metadata"]["big"], int)
+
+    # A new backend: the saved catalog answers, no header is read.
+    opened.clear()
+    again = listing.picker_entries(root, catalog=listing.Catalog(root, state))
+    assert opened == [] and again == first
+
+    # A header rewritten, a log torn, a session gone: those only.
+    with Store(root).open("g1") as s:
+        s.put_header({**s.header, "title": "Renamed"})
+    with g2.log.open("ab") as f:
+        f.write(b'{"seq":99,"type":"turn-queu')
+    for p in (g3.header, g3.log, g3.snapshot):
+        p.unlink()
+    opened.clear()
+    catalog = listing.Catalog(root, state)
+    after = {e["fields"]["id"]: e for e in listing.picker_entries(root, catalog=catalog)}
+    catalog.save()
+    assert sorted(opened) == ["g1.json", "g2.json"]
+    assert after["g1"]["fields"]["title"] == "Renamed" and after["g1"]["key"] == _stat(g1.header)
+    assert after["g2"]["damage"] == "torn log" and after["g2"]["time"] == _newest(g2)
+    assert sorted(after) == ["g1", "g2"]
+    assert sorted(listing.Catalog(root, state).entries) == ["global/g1.json", "global/g2.json"]
+    monkeypatch.undo()
+    assert list(after.values()) == listing.picker_entries(root), "as read without a catalog"
+
+
+def test_an_unreadable_catalog_is_read_again_from_the_sessions(
+    tmp_path: Path, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_session(tmp_path / "root", events)
+    catalog = listing.Catalog(tmp_path / "root", tmp_path)
+    catalog.path.write_bytes(b'{"version": 1, "root": ')
+    fresh = listing.Catalog(tmp_path / "root", tmp_path)
+    assert fresh.entries == {} and "unreadable, read again from the sessions" in caplog.text
+    assert listing.picker_entries(tmp_path / "root", catalog=fresh) == listing.picker_entries(tmp_path / "root")

@@ -57,7 +57,7 @@ from sexpdata import Symbol
 
 from magent_store import __version__, export, ledger
 from magent_store.ledger import LedgerError, Thread, thread_from_json
-from magent_store.listing import picker_entries
+from magent_store.listing import Catalog, picker_entries
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
 from magent_store.stats import median, percentile
@@ -69,6 +69,7 @@ from magent_store.store import (
     Store,
     StoreError,
     conform_header_scope,
+    dumps,
     make_private_dirs,
     write_failed,
 )
@@ -263,6 +264,7 @@ class Service:
         self._stores: dict[tuple[str, str, int, int], Store] = {}
         self._open: dict[str, OpenSession] = {}
         self._indexes: dict[str, SearchIndex] = {}
+        self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
         self._lock = threading.Lock()
         self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
 
@@ -662,7 +664,15 @@ class Service:
                 log.warning("listing %s from its files: %s", session.id, err)
                 continue
             live[str(header.relative_to(resolved))] = session.current_header()
-        return orjson.dumps(picker_entries(root_path, live, only)).decode()
+        catalog = self._catalogs.get(str(root_path))
+        if catalog is None:
+            catalog = self._catalogs[str(root_path)] = Catalog(root_path, self.spool.parent)
+        try:
+            entries = picker_entries(root_path, live, only, catalog)
+        finally:
+            catalog.save()
+        text: str = dumps(entries).decode()
+        return text
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.
