@@ -991,7 +991,7 @@ As `magent-store--around-list-files', for SCOPE's folder only."
   '(magent-session-validate-id magent-session--clean-summary-title
     magent-session--normalize-project-root
     magent-session--approval-override-from-alist magent-agent-job-from-alist)
-  "magent's functions the picker's metadata is built with, all needed.")
+  "The magent functions the picker's metadata is built with, all needed.")
 
 (defvar magent-store--project-roots nil
   "While the backend's listing is read: project root -> magent's form of it.
