@@ -845,7 +845,7 @@ def _logged_like(backend: Backend, start: str, end: str = "") -> bool:
 
 def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
-    known = ("append, append-content, append-events, close, delete, flush, flush-file, list, load, "
+    known = ("append, append-content, append-events, close, delete, flush, flush-file, list, listing, load, "
              "open, put-header, record-timings, render, status, tick, tick-file")  # fmt: skip
     assert _refusal(client, "frobnicate", 1) == f"unknown method 'frobnicate'; known: {known}"
     assert f"call failed: unknown method 'frobnicate'; known: {known}" in _logged(backend)
