@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready mutation test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick demo bench bench-quick bench-migrate bench-search lint clean
+.PHONY: install emacs-ready mutation test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick demo bench bench-quick bench-migrate bench-search bench-list lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -139,6 +139,14 @@ bench-migrate: install
 # 10,000 generated sessions (>= 1 GB) in a temp dir; needs ~5 GB free in $$TMPDIR.
 bench-search: install
 	$(PY) bench/search_bench.py
+
+# magent's session list (upstream's real code, MAGENT_LISP) with the mode on
+# vs magent's own files, at 1,000 / 3,000 / 10,000 sessions: fresh Emacs
+# per run, medians of 3.  SIZES="1000,3000" narrows it; EMACS picks the Emacs.
+SIZES ?= 1000,3000,10000
+bench-list: install emacs-ready
+	@test -n "$(MAGENT_LISP)" || { echo "make bench-list: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)"; exit 2; }
+	$(PY) bench/list_bench.py --sizes $(SIZES) --emacs $(EMACS)
 
 # What MELPA checks, on every Elisp file: byte-compilation with warnings as
 # errors, then package-lint (magent-store.el is the main file), checkdoc and

@@ -119,11 +119,17 @@ no summary title)")
      "0.1 (schema 6, 7)"
      "the picker sorts a session by its last flush, not its last header")
     (magent-session-list-files
-     :around magent-store--around-list optional "0.1 (schema 6, 7)"
-     "every session is flushed before magent lists them")
+     :around magent-store--around-list-files optional "0.1 (schema 6, 7)"
+     "every session is flushed before magent lists them, and listed by one \
+backend call (rendered for schema 6)")
     (magent-session-list-files-for-scope
-     :around magent-store--around-list optional "0.1 (schema 6, 7)"
-     "every session is flushed before magent lists a scope")
+     :around magent-store--around-list-scope optional "0.1 (schema 6, 7)"
+     "every session is flushed before magent lists a scope, and listed by \
+one backend call (rendered for schema 6)")
+    (magent-session--read-file-metadata-cached
+     :around magent-store--around-metadata-cached optional "0.1 (schema 6, 7)"
+     "a listing looks each session's metadata up once, not at every \
+comparison of its sort")
     (magent-session-list-action-files
      :around magent-store--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists action sessions")
@@ -864,6 +870,23 @@ could be read.  `magent-store fsck --repair' repairs what it can"
       (error (magent-store--failed "reading a session for magent" err)
              nil))))
 
+(defun magent-store--damaged-metadata (meta damage filepath)
+  "Return META, magent's metadata of FILEPATH, saying it is damaged by DAMAGE.
+A damaged session is listed, its title saying so, rather than hidden."
+  (when (and damage (plist-get meta :valid))
+    (let ((label (format "[damaged: %s]" damage)))
+      (setq meta (plist-put meta :status "damaged"))
+      (setq meta (plist-put meta :damage damage))
+      (setq meta (plist-put meta :summary-title
+                            (string-trim
+                             (concat label " "
+                                     (or (plist-get meta :summary-title)
+                                         (file-name-base filepath))))))
+      (when (plist-get meta :title)
+        (setq meta (plist-put meta :title
+                              (concat label " " (plist-get meta :title)))))))
+  meta)
+
 (defun magent-store--around-read-file-metadata (orig filepath)
   "Answer magent's ORIG metadata reader for FILEPATH, for the session picker.
 A damaged session is listed, its title saying so, rather than hidden."
@@ -873,21 +896,7 @@ A damaged session is listed, its title saying so, rather than hidden."
         (magent-store--call-rendered
          filepath t
          (lambda (file damage)
-           (let ((meta (funcall orig file)))
-             (when (and damage (plist-get meta :valid))
-               (let ((label (format "[damaged: %s]" damage)))
-                 (setq meta (plist-put meta :status "damaged"))
-                 (setq meta (plist-put meta :damage damage))
-                 (setq meta (plist-put meta :summary-title
-                                       (string-trim
-                                        (concat label " "
-                                                (or (plist-get meta :summary-title)
-                                                    (file-name-base filepath))))))
-                 (when (plist-get meta :title)
-                   (setq meta (plist-put meta :title
-                                         (concat label " "
-                                                 (plist-get meta :title)))))))
-             meta)))
+           (magent-store--damaged-metadata (funcall orig file) damage filepath)))
       (error (magent-store--failed "listing a session for magent" err)
              (funcall orig filepath)))))
 
@@ -917,6 +926,168 @@ compares it."
     (magent-store--flush-pending))
   (let ((magent-store--listing-times (make-hash-table :test #'equal)))
     (apply orig args)))
+
+(defconst magent-store--listing-gc-threshold (* 64 1024 1024)
+  "The least `gc-cons-threshold' while magent lists sessions with the mode on.
+A listing of thousands of sessions holds every session's metadata while
+it conses: collecting every 800 kB went over all of it each time.")
+
+(defvar magent-store--listing-metadata nil
+  "While magent lists sessions: a table of file -> magent's metadata, or nil.
+magent's sort looks a file's metadata up at every comparison, and each
+lookup reads the file's attributes to check its cache.")
+
+(defun magent-store--around-metadata-cached (orig filepath)
+  "Return ORIG's metadata of FILEPATH, looked up once per listing."
+  (let ((table magent-store--listing-metadata))
+    (if (not table)
+        (funcall orig filepath)
+      (or (gethash filepath table)
+          (puthash filepath (funcall orig filepath) table)))))
+
+(defun magent-store--around-list-files (orig &rest args)
+  "Call ORIG, magent's listing of every session, with ARGS.
+As `magent-store--around-list', with every session's metadata and
+time asked of the backend in one call first, and each file's metadata
+looked up once."
+  (magent-store--guarded "a flush before magent lists"
+    (magent-store--flush-pending))
+  (let ((magent-store--listing-times (make-hash-table :test #'equal))
+        (magent-store--listing-metadata (make-hash-table :test #'equal))
+        (gc-cons-threshold (max gc-cons-threshold
+                                magent-store--listing-gc-threshold)))
+    (magent-store--guarded "listing the sessions for magent"
+      (magent-store--prefill nil))
+    (apply orig args)))
+
+(defun magent-store--around-list-scope (orig scope &rest args)
+  "Call ORIG, magent's listing of SCOPE's sessions, with SCOPE and ARGS.
+As `magent-store--around-list-files', for SCOPE's folder only."
+  (magent-store--guarded "a flush before magent lists"
+    (magent-store--flush-pending))
+  (let ((magent-store--listing-times (make-hash-table :test #'equal))
+        (magent-store--listing-metadata (make-hash-table :test #'equal))
+        (gc-cons-threshold (max gc-cons-threshold
+                                magent-store--listing-gc-threshold)))
+    (when scope
+      (magent-store--guarded "listing the sessions for magent"
+        (magent-store--prefill
+         (magent-session--scope-storage-directory scope))))
+    (apply orig scope args)))
+
+(declare-function magent-session--scope-storage-directory "ext:magent-session"
+                  (scope))
+(declare-function magent-session-validate-id "ext:magent-session" (id))
+(declare-function magent-session--clean-summary-title "ext:magent-session"
+                  (text))
+(declare-function magent-session--normalize-project-root "ext:magent-session"
+                  (root))
+(declare-function magent-session--approval-override-from-alist
+                  "ext:magent-session" (entry))
+(declare-function magent-agent-job-from-alist "ext:magent-agent-job" (alist))
+(defvar magent-session--metadata-cache)
+
+(defconst magent-store--picker-functions
+  '(magent-session-validate-id magent-session--clean-summary-title
+    magent-session--normalize-project-root
+    magent-session--approval-override-from-alist magent-agent-job-from-alist)
+  "The magent functions the picker's metadata is built with, all needed.")
+
+(defvar magent-store--project-roots nil
+  "While the backend's listing is read: project root -> magent's form of it.
+Thousands of sessions share a few project roots.")
+
+(defun magent-store--prefill (directory)
+  "Fill magent's metadata cache with the sessions under DIRECTORY, in one call.
+DIRECTORY nil means every session.  Only for a magent that reads schema
+6 (the store's sessions are rendered for it): each session's metadata is
+what magent's reader makes of its rendered file, keyed as magent's cache
+keys it (the header's size and time), so magent reads none of them
+again; and each session's metadata and time for the listing's sort.  A
+session the backend does not list, or whose header changed since, is
+read as before."
+  (when (and (eql (magent-store--magent-schema) 6)
+             (boundp 'magent-session--metadata-cache)
+             (hash-table-p magent-session--metadata-cache)
+             (cl-every #'fboundp magent-store--picker-functions))
+    (magent-store--ensure-backend)
+    (let* ((base (file-name-as-directory
+                  (expand-file-name (symbol-value 'magent-session-directory))))
+           (entries (json-parse-string
+                     (magent-store--call
+                      "listing" (list base (and directory
+                                                (expand-file-name directory))))
+                     :object-type 'alist :array-type 'list
+                     :null-object nil :false-object :json-false))
+           (cache magent-session--metadata-cache)
+           (times magent-store--listing-times)
+           (memo magent-store--listing-metadata)
+           (magent-store--project-roots (make-hash-table :test #'equal)))
+      (dolist (entry entries)
+        (let* ((file (expand-file-name (cdr (assq 'file entry)) base))
+               (key (let ((k (cdr (assq 'key entry))))
+                      (list (car k) (magent-store--lisp-time (cdr k)))))
+               (old (gethash file cache)))
+          (when times
+            (puthash file (magent-store--lisp-time (cdr (assq 'time entry)))
+                     times))
+          (if (equal (plist-get old :key) key)
+              (when memo (puthash file (plist-get old :metadata) memo))
+            (when-let ((meta (magent-store--picker-metadata
+                              file (cdr (assq 'fields entry))
+                              (cdr (assq 'damage entry)))))
+              (puthash file (list :key key :metadata meta) cache)
+              (when memo (puthash file meta memo)))))))))
+
+(defun magent-store--lisp-time (pair)
+  "Return PAIR, (SECONDS NANOSECONDS), as `file-attributes' gives a time."
+  (let ((seconds (car pair)) (nanoseconds (cadr pair)))
+    (list (ash seconds -16) (logand seconds #xffff)
+          (/ nanoseconds 1000) (* (% nanoseconds 1000) 1000))))
+
+(defun magent-store--project-root (root)
+  "Return magent's normalized form of project ROOT, once per listing."
+  (let ((roots magent-store--project-roots))
+    (if (not (and roots root))
+        (magent-session--normalize-project-root root)
+      (let ((known (gethash root roots 'none)))
+        (if (not (eq known 'none))
+            known
+          (puthash root (magent-session--normalize-project-root root) roots))))))
+
+(defun magent-store--picker-metadata (file fields damage)
+  "Return magent's listing metadata of FILE, a session with header FIELDS.
+What magent's own reader makes of the file rendered for it, with magent's
+own functions, checks included; DAMAGE as the render says it.  nil when
+a check fails: magent's reader then reads that session itself."
+  (condition-case nil
+      (let* ((id (magent-session-validate-id (cdr (assq 'id fields))))
+             (scope-name (cdr (assq 'scope fields)))
+             (project-root (cdr (assq 'project-root fields)))
+             (title (cdr (assq 'title fields))))
+        (mapc #'magent-agent-job-from-alist (cdr (assq 'agent-jobs fields)))
+        (mapc #'magent-session--approval-override-from-alist
+              (cdr (assq 'approval-overrides fields)))
+        (when (and (equal id (file-name-base file))
+                   (member scope-name '("global" "project"))
+                   (or (stringp project-root)
+                       (not (equal scope-name "project"))))
+          (magent-store--damaged-metadata
+           (list :valid t
+                 :id id
+                 :scope (if (equal scope-name "project") 'project 'global)
+                 :project-root (magent-store--project-root project-root)
+                 :summary-title (or (magent-session--clean-summary-title title)
+                                    (magent-session--clean-summary-title
+                                     (cdr (assq 'summary-title fields))))
+                 :kind (cdr (assq 'kind fields))
+                 :action (cdr (assq 'action fields))
+                 :status (cdr (assq 'status fields))
+                 :title title
+                 :parent-session-id (cdr (assq 'parent-session-id fields))
+                 :metadata (cdr (assq 'metadata fields)))
+           damage file)))
+    (error nil)))
 
 ;;;; Leaving: sessions written back for magent's release
 

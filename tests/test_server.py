@@ -845,7 +845,7 @@ def _logged_like(backend: Backend, start: str, end: str = "") -> bool:
 
 def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
-    known = ("append, append-content, append-events, close, delete, flush, flush-file, list, load, "
+    known = ("append, append-content, append-events, close, delete, flush, flush-file, list, listing, load, "
              "open, put-header, record-timings, render, status, tick, tick-file")  # fmt: skip
     assert _refusal(client, "frobnicate", 1) == f"unknown method 'frobnicate'; known: {known}"
     assert f"call failed: unknown method 'frobnicate'; known: {known}" in _logged(backend)
@@ -1283,6 +1283,28 @@ def test_render_writes_magents_file_from_memory_for_an_open_session(s1: tuple[Ba
     assert _refusal(client, "render", str(notes)) == f"{notes}: a session is named by its header, <id>.json"
     assert _refusal(client, "render", "") == "path must be a non-empty string"
     assert "no such session header" in _refusal(client, "render", str(backend.root / "global" / "s9.json"))
+
+
+def test_listing_answers_magents_picker_in_one_call_from_memory_for_an_open_session(
+    s1: tuple[Backend, EPCClient],
+) -> None:
+    backend, client = s1
+    _call(client, "append", "s1", _chunks("live"))
+    _call(client, "put-header", "s1", orjson.dumps({"title": "live title"}).decode())
+    (entry,) = orjson.loads(_call(client, "listing", str(backend.root)))
+    assert entry["file"] == "global/s1.json" and entry["damage"] is None
+    assert entry["fields"]["title"] == "live title", "open here: listed from memory"
+    assert _content(backend) == "live", "flushed first, as render is"
+    st = (backend.root / "global" / "s1.json").stat()
+    assert entry["key"] == [st.st_size, st.st_mtime_ns // 10**9, st.st_mtime_ns % 10**9]
+    assert orjson.loads(_call(client, "listing", str(backend.root), [])) == [entry], "nil: the whole root"
+    assert orjson.loads(_call(client, "listing", str(backend.root), str(backend.root / "global"))) == [entry]
+    assert orjson.loads(_call(client, "listing", str(backend.root), str(backend.root / "projects" / "x"))) == []
+    assert _refusal(client, "listing", "relative/root") == "root must be an absolute directory, got 'relative/root'"
+    assert _refusal(client, "listing", str(backend.root), "/elsewhere") == (
+        f"directory must be a folder of the root {str(backend.root)!r}, got '/elsewhere'"
+    )
+    assert _refusal(client, "listing", "") == "root must be a non-empty string"
 
 
 def test_close_flushes_releases_the_lock_and_is_idempotent(s1: tuple[Backend, EPCClient]) -> None:

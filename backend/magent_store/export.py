@@ -165,6 +165,16 @@ def _fill_required(snapshot: dict[str, Any], files: SessionFiles, fallback_time:
     return filled
 
 
+def header_fields6(header: dict[str, Any]) -> dict[str, Any]:
+    """HEADER's fields before the snapshot in a schema-6 file: what magent's listing reads."""
+    out: dict[str, Any] = {"id": header["id"], "schema-version": SCHEMA6}
+    for key in _FIELDS_BEFORE:
+        value = header.get(key)
+        if not ledger.is_absent(value):
+            out[key] = value
+    return out
+
+
 def schema6_object(
     header: dict[str, Any], thread: Thread, events: list[ledger.Event], files: SessionFiles,
     *, hollow: bool = False,
@@ -174,11 +184,7 @@ def schema6_object(
     HOLLOW leaves the turns and the journal out: enough for magent's listing,
     which reads only header fields but checks the snapshot's shape.
     """
-    out: dict[str, Any] = {"id": header["id"], "schema-version": SCHEMA6}
-    for key in _FIELDS_BEFORE:
-        value = header.get(key)
-        if not ledger.is_absent(value):
-            out[key] = value
+    out = header_fields6(header)
     snapshot = ledger.thread_to_json(thread)
     if hollow:
         snapshot["turns"] = []
@@ -205,11 +211,19 @@ def _mtime(path: Path) -> float:
 
 def quick_damage(files: SessionFiles) -> str | None:
     """What a listing can tell about a session's damage without reading it all."""
-    has_log = files.log.exists()
-    if not files.snapshot.exists():
-        if not has_log or files.log.stat().st_size == 0:
+    try:
+        log_size: int | None = files.log.stat().st_size
+    except FileNotFoundError:
+        log_size = None
+    return listed_damage(files.log, files.snapshot.exists(), log_size)
+
+
+def listed_damage(log: str | Path, has_snapshot: bool, log_size: int | None) -> str | None:
+    """`quick_damage` of a session whose log is LOG, of LOG-SIZE bytes (None: no log)."""
+    if not has_snapshot:
+        if not log_size:
             return "no conversation saved"
-        with files.log.open("rb") as f:
+        with open(log, "rb") as f:
             first = f.readline()
         try:
             seq = orjson.loads(first).get("seq")
@@ -217,13 +231,13 @@ def quick_damage(files: SessionFiles) -> str | None:
             return "log unreadable"
         if seq != 1:
             return "snapshot missing, earliest events gone"
-    if has_log:
-        size = files.log.stat().st_size
-        if size:
-            with files.log.open("rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    return "torn log"
+    if log_size:
+        fd = os.open(log, os.O_RDONLY)
+        try:
+            if os.pread(fd, 1, log_size - 1) != b"\n":
+                return "torn log"
+        finally:
+            os.close(fd)
     return None
 
 

@@ -57,6 +57,7 @@ from sexpdata import Symbol
 
 from magent_store import __version__, export, ledger
 from magent_store.ledger import LedgerError, Thread, thread_from_json
+from magent_store.listing import Catalog, picker_entries
 from magent_store.metrics import MetricsLog
 from magent_store.search import SearchIndex
 from magent_store.sessions import open_session
@@ -69,6 +70,7 @@ from magent_store.store import (
     Store,
     StoreError,
     conform_header_scope,
+    dumps,
     make_private_dirs,
     write_failed,
 )
@@ -263,6 +265,7 @@ class Service:
         self._stores: dict[tuple[str, str, int, int], Store] = {}
         self._open: dict[str, OpenSession] = {}
         self._indexes: dict[str, SearchIndex] = {}
+        self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
         self._lock = threading.Lock()
         self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
 
@@ -283,6 +286,7 @@ class Service:
             "tick-file": self.flush_file,
             "load": self.load,
             "render": self.render,
+            "listing": self.listing,
             "close": self.close,
             "delete": self.delete,
             "list": self.list,
@@ -631,6 +635,46 @@ class Service:
         except (StoreError, LedgerError) as err:
             raise CallError(str(err)) from None
         return [name, damage]
+
+    def listing(self, root: Any, directory: Any = None) -> str:
+        """Return JSON text: every schema-7 session under ROOT as magent's listing reads it.
+
+        One call for magent's whole session picker (see `magent_store.listing`);
+        DIRECTORY (non-nil) lists that scope folder of ROOT only.  Sessions
+        open here are flushed first and listed from memory, as `render`
+        reads them.
+        """
+        root_path = Path(_text(root, "root")).expanduser()
+        if not root_path.is_absolute():
+            raise CallError(f"root must be an absolute directory, got {root!r:.200}")
+        only = None
+        if directory:  # nil arrives as an empty list
+            only = Path(_text(directory, "directory")).expanduser()
+            if not only.is_absolute() or not only.is_relative_to(root_path):
+                raise CallError(f"directory must be a folder of the root {str(root_path)!r:.200}, "
+                                f"got {directory!r:.200}")
+        resolved = root_path.resolve()
+        live: dict[str, dict[str, Any]] = {}
+        for entry in self._open.values():
+            session = entry.session
+            try:
+                header = session.files.header.resolve()
+                if not header.is_relative_to(resolved):
+                    continue
+                session.flush()
+            except (StoreError, OSError) as err:
+                log.warning("listing %s from its files: %s", session.id, err)
+                continue
+            live[str(header.relative_to(resolved))] = session.current_header()
+        catalog = self._catalogs.get(str(root_path))
+        if catalog is None:
+            catalog = self._catalogs[str(root_path)] = Catalog(root_path, self.spool.parent)
+        try:
+            entries = picker_entries(root_path, live, only, catalog)
+        finally:
+            catalog.save()
+        text: str = dumps(entries).decode()
+        return text
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.

@@ -1,0 +1,204 @@
+"""magent's session picker in one call: every session's listing fields, in one pass.
+
+magent's current release (schema 6) lists sessions by reading each
+``<id>.json`` whole.  The store's headers (schema 7) are not files it can
+read, so without this each session cost Emacs a backend call and a rendered
+file.  `picker_entries` reads every header under a root once and returns, for each
+session, what magent's listing would read from its rendered file (the header
+fields before the snapshot, the agent jobs and approval overrides it checks),
+what a listing can tell of its damage, and the stat figures Emacs needs to
+fill magent's own metadata cache with it up front:
+
+- ``key``: the header's size and modification time (seconds, nanoseconds),
+  taken *before* the header is read: a header rewritten meanwhile has a
+  newer time than its entry, so magent's cache misses and reads it again.
+- ``time``: the newest of the header's and the log's modification times,
+  by which the picker sorts (the log moves with every flush).
+
+Files that are not schema-7 sessions are left out: Emacs leaves them to
+magent's own reader.  Nothing under the root is written.
+
+A `Catalog` keeps each session's entry with the stat figures it was read
+at (the header's size, time and inode, the log's size and time, whether a
+snapshot exists), in the backend's private state directory: a listing
+after it, by the same backend or a new one, reads only the sessions whose
+files changed since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from magent_store.export import header_fields6, listed_damage
+from magent_store.ledger import LedgerError
+from magent_store.store import (
+    SCHEMA_VERSION,
+    InvalidSessionId,
+    StoreError,
+    atomic_write,
+    check_session_id,
+    dumps,
+    loads,
+    normalize_header,
+)
+
+log = logging.getLogger(__name__)
+
+CATALOG_VERSION: Final = 1
+# What a session's entry was read at: header size, time, inode; log size, time; a snapshot.
+Stamp = tuple[int, int, int, int, int, bool]
+
+
+class Catalog:
+    """The entries of one root's sessions, with what they were read at; saved in DIRECTORY."""
+
+    def __init__(self, root: Path, directory: Path) -> None:
+        self.root = root
+        self.path = directory / f"listing-{hashlib.sha1(str(root).encode()).hexdigest()}.json"
+        self.entries: dict[str, tuple[Stamp, dict[str, Any], str | None]] = {}
+        self.changed = False
+        try:
+            obj = loads(self.path.read_bytes())
+            if obj.get("version") == CATALOG_VERSION and obj.get("root") == str(root):
+                for relative, (stamp, fields, damage) in obj["entries"].items():
+                    self.entries[relative] = (tuple(stamp), fields, damage)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("listing catalog %s unreadable, read again from the sessions: %s", self.path, err)
+            self.entries = {}
+
+    def save(self) -> None:
+        """Write the catalog when a listing changed it (never an error: it is only a cache)."""
+        if not self.changed:
+            return
+        body = {"version": CATALOG_VERSION, "root": str(self.root),
+                "entries": {k: [list(v[0]), v[1], v[2]] for k, v in self.entries.items()}}  # fmt: skip
+        try:
+            atomic_write(self.path, dumps(body), sync=False)
+            self.changed = False
+        except (StoreError, LedgerError) as err:
+            log.warning("listing catalog not saved: %s", err)
+
+
+# Where sessions live under a root, as the store's `Store.headers` has it.
+_SCOPE_DIRECTORIES: Final = (("global",), ("projects", "*"), ("actions", "*"))
+
+
+def _directories(root: str) -> Iterator[str]:
+    for parts in _SCOPE_DIRECTORIES:
+        if parts[-1] != "*":
+            yield "/".join(parts)
+            continue
+        parent = "/".join(parts[:-1])
+        try:
+            with os.scandir(f"{root}/{parent}") as it:
+                subdirs = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in subdirs:
+            yield f"{parent}/{name}"
+
+
+def picker_entries(
+    root: Path, live: Mapping[str, dict[str, Any]] | None = None, directory: Path | None = None,
+    catalog: Catalog | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Every schema-7 session under ROOT as magent's listing reads it (see the module).
+
+    LIVE maps the header path (relative to ROOT) of a session open in this
+    process to its current header, used instead of the file (and not
+    damaged), as `render` does.  DIRECTORY (a folder of ROOT) lists that
+    folder only.  CATALOG gives the entries of sessions whose files did not
+    change since it was made, and takes the others.  Paths in the result
+    are relative to ROOT.
+    """
+    live = live or {}
+    out: list[dict[str, Any]] = []
+    base = str(root)
+    only = str(directory.relative_to(root)) if directory is not None else None
+    folders = [only] if only is not None else _directories(base)
+    seen: set[str] = set()
+    for folder in folders:
+        try:
+            with os.scandir(f"{base}/{folder}") as it:
+                entries = {e.name: e for e in it}
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in sorted(entries):
+            if name.endswith(".json"):
+                seen.add(f"{folder}/{name}")
+                entry = _one(f"{base}/{folder}", folder, entries, name, live, catalog)
+                if entry is not None:
+                    out.append(entry)
+    if catalog is not None:  # sessions gone since
+        prefix = f"{only}/" if only is not None else ""
+        for relative in [r for r in catalog.entries if r.startswith(prefix) and r not in seen]:
+            del catalog.entries[relative]
+            catalog.changed = True
+    return out
+
+
+def _one(
+    path: str, folder: str, entries: Mapping[str, os.DirEntry[str]], name: str,
+    live: Mapping[str, dict[str, Any]], catalog: Catalog | None,
+) -> dict[str, Any] | None:  # fmt: skip
+    session_id = name[:-5]
+    try:
+        check_session_id(session_id)
+        st = entries[name].stat()  # before the read: a header rewritten meanwhile is newer than this
+    except (InvalidSessionId, OSError):
+        return None
+    log_size, log_mtime = -1, -1
+    log_entry = entries.get(f"{session_id}.jsonl")
+    if log_entry is not None:
+        try:
+            log_st = log_entry.stat()
+        except FileNotFoundError:
+            pass
+        else:
+            log_size, log_mtime = log_st.st_size, log_st.st_mtime_ns
+    has_snapshot = f"{session_id}.snapshot" in entries
+    stamp: Stamp = (st.st_size, st.st_mtime_ns, st.st_ino, log_size, log_mtime, has_snapshot)
+    relative = f"{folder}/{name}"
+    current = live.get(relative)
+    cached = catalog.entries.get(relative) if catalog is not None else None
+    if current is not None:
+        fields, damage = _fields(current), None
+    elif cached is not None and cached[0] == stamp:
+        fields, damage = cached[1], cached[2]
+    else:
+        try:
+            with open(f"{path}/{name}", "rb") as f:
+                obj = loads(f.read())
+            if not isinstance(obj, dict) or obj.get("schema-version") != SCHEMA_VERSION:
+                return None
+            header = normalize_header(obj, session_id)
+            log_bytes = None if log_size < 0 else log_size
+            damage = listed_damage(f"{path}/{session_id}.jsonl", has_snapshot, log_bytes)
+        except (OSError, ValueError, LedgerError, InvalidSessionId):
+            return None  # magent's reader (or the render) says what is wrong
+        fields = _fields(header)
+        if catalog is not None:
+            catalog.entries[relative] = (stamp, fields, damage)
+            catalog.changed = True
+    newest = max(st.st_mtime_ns, log_mtime)
+    return {
+        "file": relative,
+        "key": [st.st_size, st.st_mtime_ns // 1_000_000_000, st.st_mtime_ns % 1_000_000_000],
+        "time": [newest // 1_000_000_000, newest % 1_000_000_000],
+        "fields": fields,
+        "damage": damage,
+    }
+
+
+def _fields(header: dict[str, Any]) -> dict[str, Any]:
+    fields = header_fields6(header)
+    fields["agent-jobs"] = header.get("agent-jobs") or []
+    fields["approval-overrides"] = header.get("approval-overrides") or []
+    return fields
