@@ -158,7 +158,7 @@ test-faults-quick: install emacs-ready
 test-live: install emacs-ready
 	$(SUITE) test-live checks -- $(PY) tests/live/smoke.py
 
-# The Elisp suites, the live test and the upstream tests (MAGENT_LISP) again
+# The Elisp suites, the live test and the tests against upstream magent again
 # on Emacs 30, in a Debian trixie root built for the run (as root).
 test-emacs30: install
 	.ci/emacs30
