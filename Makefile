@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready mutation test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search lint clean
+.PHONY: install emacs-ready mutation mutation-elisp test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -81,10 +81,10 @@ $(PLOT_STAMP): $(STAMP)
 test-python: install $(PLOT_STAMP)
 	$(SUITE) test-python pytest -- $(PY) -m pytest -q
 
-# Mutation testing (mutmut) of ledger.py, store.py, server.py and search.py,
-# each against its own test file; scores and survivors under build/mutation/
-# (README, "Testing").  MODULES="ledger" narrows it, JOBS=2 runs two mutants
-# at once.
+# Mutation testing (mutmut) of ledger.py, store.py, server.py, search.py,
+# export.py, fsck.py and migrate.py, each against its own test file; scores
+# and survivors under build/mutation/ (README, "Testing").  MODULES="ledger"
+# narrows it, JOBS=2 runs two mutants at once.
 MUTMUT_STAMP := $(VENV)/.mutmut-installed
 $(MUTMUT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'mutmut>=3.8,<4'
@@ -92,6 +92,13 @@ $(MUTMUT_STAMP): $(STAMP)
 
 mutation: install $(MUTMUT_STAMP)
 	sh tests/mutation/run.sh
+
+# The same for the Emacs Lisp: operator-level mutants of elisp/*.el, each
+# against the Elisp tests and the tests against upstream magent (in a
+# scratch copy under build/mutation/elisp/).  SAMPLE=N tries N of them,
+# picked at random (SEED=S); every one takes about a minute.
+mutation-elisp: install emacs-ready
+	$(PY) tests/mutation/elisp.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED))
 
 # Every tests/elisp/*-tests.el runs here; tests against upstream magent's own
 # code live in tests/elisp/upstream/ and run with `make test-magent'.  They are
