@@ -83,15 +83,15 @@ def report(directory: Path, suites: list[str]) -> int:
     for name in suites:
         path = directory / name
         if not path.exists():
-            out.append(f"  {name:<14} NOT RUN")
+            out.append(f"  {name:<18} NOT RUN")
             bad = True
             continue
         r = json.loads(path.read_text())
         verdict = "passed" if r["status"] == 0 else f"FAILED (exit {r['status']})"
         if name == "lint":
-            out.append(f"  {name:<14} {verdict}")
+            out.append(f"  {name:<18} {verdict}")
         else:
-            out.append(f"  {name:<14} {verdict:<16} ran {r['ran']:4d}  passed {r['passed']:4d}  "
+            out.append(f"  {name:<18} {verdict:<16} ran {r['ran']:4d}  passed {r['passed']:4d}  "
                        f"failed {r['failed']:3d}  skipped {r['skipped']:3d}"
                        + ("  *** SKIPPED TESTS ***" if r["skipped"] else ""))
             if r["status"] == 0 and r["ran"] == 0 and not r["skipped"]:
