@@ -139,8 +139,10 @@ def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     tree = OUT / "tree"
     shutil.rmtree(tree, ignore_errors=True)
-    for part in ("elisp", "tests"):
-        shutil.copytree(TOP / part, tree / part, ignore=shutil.ignore_patterns("*.elc", "__pycache__"))
+    # The whole project (the install and README tests read more than elisp/ and tests/).
+    shutil.copytree(TOP, tree, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+        "bench-results", "*.elc"))  # fmt: skip
     upstream_dir = Path(tempfile.mkdtemp(prefix="magent-upstream-"))
     env = dict(os.environ)
     try:
