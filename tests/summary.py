@@ -79,7 +79,7 @@ def run(directory: Path, name: str, kind: str, command: list[str]) -> int:
 def report(directory: Path, suites: list[str]) -> int:
     ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
     bad = False
-    out = ["", "make test: summary"]
+    out = ["", "summary: every suite, what it ran"]
     for name in suites:
         path = directory / name
         if not path.exists():
