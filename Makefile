@@ -105,7 +105,8 @@ mutation-elisp: install emacs-ready
 # loaded by `require' (each provides its file name): a test file may require
 # another, and Emacs 30's ERT refuses a test file loaded twice.
 # A test that runs longer than MAGENT_STORE_ERT_LIMIT seconds (60) fails with
-# its name instead of hanging the run (tests/elisp/magent-store-ert-runner.el).
+# its name instead of hanging the run (tests/elisp/magent-store-ert-runner.el);
+# one that loops without ever waiting is stopped by tests/summary.py.
 # No native compilation starts while tests run: it would compete with them and
 # leave its temporary files behind when Emacs exits first.
 ELISP_TESTS := $(sort $(wildcard tests/elisp/*-tests.el))

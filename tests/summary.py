@@ -16,11 +16,16 @@ skipped (the whole suite could not run: COMMAND says why).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 
@@ -61,15 +66,62 @@ def counts(kind: str, lines: list[str]) -> dict[str, int]:
     return found
 
 
+def watch_ert(proc: subprocess.Popen[bytes], current: Path, lines: list[str]) -> None:
+    """Stop PROC when one ERT test has run well past its limit without being stopped inside Emacs.
+
+    The runner (tests/elisp/magent-store-ert-runner.el) writes "LIMIT NAME" to CURRENT as each
+    test starts and fails a test over LIMIT itself whenever the test waits; a test that never
+    waits (a loop) runs no timer, and is stopped here, by name."""
+    while proc.poll() is None:
+        time.sleep(0.5)
+        try:
+            noted = current.read_text(encoding="utf-8").split(" ", 1)
+            started = current.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if len(noted) != 2:
+            continue
+        limit = float(noted[0])
+        if time.time() - started > limit + 10 + limit / 2 and proc.poll() is None:
+            test = noted[1].strip()
+            line = f"*** {test} took longer than {noted[0]} s and never waited: Emacs stopped ***"
+            lines.append(line)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+
+
 def run(directory: Path, name: str, kind: str, command: list[str]) -> int:
     lines: list[str] = []
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    for raw in proc.stdout:
-        sys.stdout.buffer.write(raw)
-        sys.stdout.buffer.flush()
-        lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-    status = proc.wait()
+    env = dict(os.environ)
+    watchdog = None
+    with tempfile.TemporaryDirectory(prefix="magent-store-ert-") as scratch:
+        current = Path(scratch) / "current"
+        if kind == "ert":
+            env["MAGENT_STORE_ERT_CURRENT"] = str(current)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+        if kind == "ert":
+            watchdog = threading.Thread(target=watch_ert, args=(proc, current, lines), daemon=True)
+            watchdog.start()
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                sys.stdout.buffer.write(raw)
+                sys.stdout.buffer.flush()
+                lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            status = proc.wait()
+        finally:
+            # Interrupted (its own session gets no ^C): nothing of the suite is left running.
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        if watchdog is not None:
+            watchdog.join()
+    if any(line.endswith("never waited: Emacs stopped ***") for line in lines):
+        status = status or 1
     record = {"status": status, **counts(kind, lines)}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / name).write_text(json.dumps(record))
@@ -106,6 +158,8 @@ def report(directory: Path, suites: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    # Stopped by a signal, the suite is stopped too (it runs in a session of its own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if len(argv) >= 5 and argv[0] == "run" and "--" in argv:
         split = argv.index("--")
         directory, name, kind = argv[1:4]

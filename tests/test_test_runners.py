@@ -52,6 +52,37 @@ def test_an_ert_test_that_hangs_fails_with_its_name_and_the_run_goes_on(tmp_path
         assert f"FAILED  {'2' if name[0] == 'b' else '3'}/4  {name}" in out
 
 
+BUSY_SUITE = """\
+;;; -*- lexical-binding: t; -*-
+(require 'ert)
+(ert-deftest a-first-test () (should t))
+(ert-deftest b-loops-without-ever-waiting () (let ((n 0)) (while t (setq n (1+ n)))))
+(ert-deftest c-never-reached () (should t))
+"""
+
+
+def test_an_ert_test_that_loops_without_waiting_is_stopped_by_name(tmp_path: Path) -> None:
+    need(shutil.which("emacs"), "emacs", "make emacs-ready")
+    suite = tmp_path / "busy-tests.el"
+    suite.write_text(BUSY_SUITE)
+    records = tmp_path / "records"
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(SUMMARY), "run", str(records), "test-elisp", "ert", "--",
+         "emacs", "--batch", "-Q", "-l", str(RUNNER), "-l", str(suite), "-f", "magent-store-ert-run-batch-and-exit"],
+        env=dict(os.environ, MAGENT_STORE_ERT_LIMIT="2"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert run.returncode != 0, run.stdout
+    assert "*** b-loops-without-ever-waiting took longer than 2 s and never waited: Emacs stopped ***" in run.stdout
+    assert "passed  1/3  a-first-test" in run.stdout and "c-never-reached" not in run.stdout
+    assert 2 + 10 < elapsed < 60, f"{elapsed:.0f} s"
+    record = json.loads((records / "test-elisp").read_text())
+    assert record["status"] != 0
+    shown = _summary("report", str(records), "test-elisp")
+    assert shown.returncode == 1 and "FAILED" in shown.stdout
+
+
 def test_the_limit_leaves_a_test_within_it_alone(tmp_path: Path) -> None:
     need(shutil.which("emacs"), "emacs", "make emacs-ready")
     suite = tmp_path / "slow-tests.el"

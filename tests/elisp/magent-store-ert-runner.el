@@ -13,7 +13,11 @@
 ;; 60) fails with its name and the limit, and the run goes on with the
 ;; next test.  A test that hangs waiting (for a reply that never comes, a
 ;; process, a timer) cannot hang the run: the limit is a timer, which runs
-;; whenever the test waits.
+;; whenever the test waits.  A test that loops without ever waiting runs
+;; no timer: for that, each test's name is written, as it starts, to the
+;; file MAGENT_STORE_ERT_CURRENT names (when set), and whatever runs Emacs
+;; (tests/summary.py) stops it once one test has run well past the limit,
+;; and names the test.
 
 ;;; Code:
 
@@ -26,10 +30,17 @@
       60))
   "Seconds a test may run before it fails as hung.")
 
+(defvar magent-store-ert-current-file (getenv "MAGENT_STORE_ERT_CURRENT")
+  "File that names the test running now, for a watchdog outside Emacs; or nil.")
+
 (defun magent-store-ert--limited (name body)
   "Return BODY, the body of test NAME, failing when it exceeds the limit."
   (lambda ()
     (let ((limit magent-store-ert-test-limit))
+      (when magent-store-ert-current-file
+        (let ((coding-system-for-write 'utf-8-unix))
+          (write-region (format "%s %s\n" limit name) nil
+                        magent-store-ert-current-file nil 'silent)))
       (with-timeout (limit (ert-fail (format "%s took longer than %s s: stopped as hung"
                                              name limit)))
         (funcall body)))))
