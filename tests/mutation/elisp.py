@@ -97,7 +97,7 @@ def mutants(name: str, text: str) -> list[Mutant]:
 def run(cmd: list[str], cwd: Path, env: dict[str, str], limit: float) -> tuple[int | None, str]:
     try:
         p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit)
-        return p.returncode, p.stdout[-2000:] + p.stderr[-2000:]
+        return p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired:
         return None, "timed out"
 
@@ -164,7 +164,9 @@ def main(argv: list[str]) -> int:
         for name, cmd in commands:
             status, out = run(cmd, tree, env, ns.limit)
             if status != 0:
-                sys.exit(f"mutation-elisp: {name} fails without any mutant:\n{out}")
+                (OUT / f"baseline-{name}.log").write_text(out)
+                sys.exit(f"mutation-elisp: {name} fails without any mutant:\n{out[-3000:]}\n"
+                         f"(all of it in {OUT / f'baseline-{name}.log'})")
         killed: list[tuple[Mutant, str]] = []
         survived: list[Mutant] = []
         started = time.monotonic()
