@@ -125,7 +125,7 @@ def run(directory: Path, name: str, kind: str, command: list[str]) -> int:
     record = {"status": status, **counts(kind, lines)}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / name).write_text(json.dumps(record))
-    return status
+    return status if status >= 0 else 128 - status  # killed by a signal: as a shell says it
 
 
 def report(directory: Path, suites: list[str]) -> int:
