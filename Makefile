@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready mutation test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick demo bench bench-quick bench-migrate bench-search bench-list lint clean
+.PHONY: install emacs-ready mutation mutation-elisp test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -57,7 +57,20 @@ emacs-ready:
 	  echo "GNU Emacs >= 28 with epc.el and package-lint is needed; run:  sudo apt-get install $(EMACS_PACKAGES)"; exit 2; \
 	fi
 
-test: lint test-python test-elisp test-live test-magent-if-available test-faults-quick
+# Every suite, stopping at the first that fails, then one line per suite:
+# what it ran, passed, failed and skipped (tests/summary.py), so that a
+# skip cannot hide in the middle of the run.  Under CI=true a skip fails it.
+TEST_SUITES := lint test-python test-elisp test-live test-magent test-faults-quick test-fuzz-quick
+SUMMARY_DIR := build/test-summary
+SUITE = $(PY) tests/summary.py run $(SUMMARY_DIR)
+
+test: install
+	@rm -rf $(SUMMARY_DIR); status=0; \
+	for target in lint test-python test-elisp test-live test-magent-if-available test-faults-quick; do \
+	  $(MAKE) --no-print-directory $$target || { status=$$?; break; }; \
+	done; \
+	$(PY) tests/summary.py report $(SUMMARY_DIR) $(TEST_SUITES) || status=1; \
+	exit $$status
 
 # The plot extra too, so the plot test runs.
 PLOT_STAMP := $(VENV)/.plot-installed
@@ -66,12 +79,12 @@ $(PLOT_STAMP): $(STAMP)
 	touch $@
 
 test-python: install $(PLOT_STAMP)
-	$(PY) -m pytest -q
+	$(SUITE) test-python pytest -- $(PY) -m pytest -q
 
-# Mutation testing (mutmut) of ledger.py, store.py, server.py and search.py,
-# each against its own test file; scores and survivors under build/mutation/
-# (README, "Testing").  MODULES="ledger" narrows it, JOBS=2 runs two mutants
-# at once.
+# Mutation testing (mutmut) of ledger.py, store.py, server.py, search.py,
+# export.py, fsck.py and migrate.py, each against its own test file; scores
+# and survivors under build/mutation/ (README, "Testing").  MODULES="ledger"
+# narrows it, JOBS=2 runs two mutants at once.
 MUTMUT_STAMP := $(VENV)/.mutmut-installed
 $(MUTMUT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'mutmut>=3.8,<4'
@@ -80,30 +93,65 @@ $(MUTMUT_STAMP): $(STAMP)
 mutation: install $(MUTMUT_STAMP)
 	sh tests/mutation/run.sh
 
+# The same for the Emacs Lisp: operator-level mutants of elisp/*.el, each
+# against the Elisp tests and the tests against upstream magent (in a
+# scratch copy under build/mutation/elisp/).  SAMPLE=N tries N of them,
+# picked at random (SEED=S); every one takes about a minute.
+mutation-elisp: install emacs-ready
+	$(PY) tests/mutation/elisp.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED))
+
 # Every tests/elisp/*-tests.el runs here; tests against upstream magent's own
 # code live in tests/elisp/upstream/ and run with `make test-magent'.  They are
 # loaded by `require' (each provides its file name): a test file may require
 # another, and Emacs 30's ERT refuses a test file loaded twice.
+# A test that runs longer than MAGENT_STORE_ERT_LIMIT seconds (60) fails with
+# its name instead of hanging the run (tests/elisp/magent-store-ert-runner.el);
+# one that loops without ever waiting is stopped by tests/summary.py.
+# No native compilation starts while tests run: it would compete with them and
+# leave its temporary files behind when Emacs exits first.
 ELISP_TESTS := $(sort $(wildcard tests/elisp/*-tests.el))
 UPSTREAM_TESTS := $(sort $(wildcard tests/elisp/upstream/*-tests.el))
+ERT = $(EMACS) --batch -Q -L elisp -L tests/elisp \
+  --eval '(setq native-comp-deferred-compilation nil native-comp-jit-compilation nil)' \
+  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
+  -l tests/elisp/magent-store-ert-runner.el
 
 test-elisp: install emacs-ready
-	$(EMACS) --batch -Q -L elisp -L tests/elisp \
-	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
+	$(SUITE) test-elisp ert -- $(ERT) \
 	  $(foreach t,$(ELISP_TESTS),--eval "(require '$(basename $(notdir $(t))))") \
-	  -f ert-run-tests-batch-and-exit
+	  -f magent-store-ert-run-batch-and-exit
 
-# MAGENT_LISP names upstream magent's lisp/ folder (see the README).
+# Upstream magent's own code, pinned: the release in $(UPSTREAM) (a tarball,
+# extracted for the run) and the schema-7 magent-session.el in its schema7/.
+# MAGENT_LISP (its lisp/ folder) and MAGENT_SESSION7 name other copies.
+UPSTREAM ?= $(abspath ../shared/upstream)
+UPSTREAM_TARBALL = $(firstword $(wildcard $(UPSTREAM)/magent-*.tar.gz))
+UPSTREAM_SESSION7 = $(if $(wildcard $(UPSTREAM)/schema7/magent-session.el),$(UPSTREAM)/schema7)
+
 test-magent: install emacs-ready
-	@test -n "$(MAGENT_LISP)" || { echo "make test-magent: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)"; exit 2; }
-	$(EMACS) --batch -Q -L elisp -L tests/elisp -L tests/elisp/upstream \
-	  --eval '(setq magent-store-test-python "$(abspath $(VENV))/bin/magent-store")' \
+	@lisp='$(MAGENT_LISP)'; session7='$(or $(MAGENT_SESSION7),$(UPSTREAM_SESSION7))'; \
+	if [ -z "$$lisp" ]; then \
+	  if [ -z '$(UPSTREAM_TARBALL)' ]; then \
+	    echo "make test-magent: upstream magent not found: no magent-*.tar.gz in $(UPSTREAM), and MAGENT_LISP is not set (see the README)"; exit 2; \
+	  fi; \
+	  tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/magent-upstream.XXXXXX") || exit 2; \
+	  trap 'rm -rf "$$tmp"' EXIT; trap 'exit 130' INT TERM; \
+	  tar -xzf '$(UPSTREAM_TARBALL)' -C "$$tmp" || exit 2; \
+	  lisp=$$tmp/lisp; \
+	fi; \
+	echo "upstream magent: $${lisp}$${session7:+, schema 7: $$session7}"; \
+	MAGENT_LISP=$$lisp MAGENT_SESSION7=$$session7 \
+	$(SUITE) test-magent ert -- $(ERT) -L tests/elisp/upstream \
 	  $(foreach t,$(UPSTREAM_TESTS),--eval "(require '$(basename $(notdir $(t))))") \
-	  -f ert-run-tests-batch-and-exit
+	  -f magent-store-ert-run-batch-and-exit
 
+# Without a copy of upstream magent the tests against it are skipped, loudly;
+# under CI=true that fails the run.
 test-magent-if-available:
-	@if [ -n "$(MAGENT_LISP)" ]; then $(MAKE) --no-print-directory test-magent; \
-	else echo "*** SKIPPED: the tests against upstream magent (MAGENT_LISP is not set; see the README) ***"; fi
+	@if [ -n "$(MAGENT_LISP)" ] || [ -n '$(UPSTREAM_TARBALL)' ]; then $(MAKE) --no-print-directory test-magent; \
+	elif [ "$$(echo "$${CI:-}" | tr A-Z a-z)" = true ] || [ "$${CI:-}" = 1 ] || [ "$$(echo "$${CI:-}" | tr A-Z a-z)" = yes ]; then \
+	  echo "make test: FAILED: upstream magent not found (no magent-*.tar.gz in $(UPSTREAM), MAGENT_LISP not set): under CI every test must run"; exit 2; \
+	else $(SUITE) test-magent skipped -- echo "*** SKIPPED: the tests against upstream magent (no magent-*.tar.gz in $(UPSTREAM), MAGENT_LISP not set; see the README) ***"; fi
 
 # A real Emacs streams through the shim while its backend is SIGKILLed, its
 # disk fills, a second Emacs writes the same session; strangers fuzz the port.
@@ -112,16 +160,21 @@ test-faults: install emacs-ready
 	$(PY) tests/faults/fuzz.py
 
 test-faults-quick: install emacs-ready
-	$(PY) tests/faults/faults.py --quick
-	$(PY) tests/faults/fuzz.py --quick
+	$(SUITE) test-faults-quick faults -- $(PY) tests/faults/faults.py --quick
+	$(SUITE) test-fuzz-quick faults -- $(PY) tests/faults/fuzz.py --quick
 
 test-live: install emacs-ready
-	$(PY) tests/live/smoke.py
+	$(SUITE) test-live checks -- $(PY) tests/live/smoke.py
 
-# The Elisp suites, the live test and the upstream tests (MAGENT_LISP) again
+# The Elisp suites, the live test and the tests against upstream magent again
 # on Emacs 30, in a Debian trixie root built for the run (as root).
 test-emacs30: install
 	.ci/emacs30
+
+# The README's two commands, verbatim, in a fresh Debian 12 root built with
+# debootstrap (as root, about ten minutes; .ci/fresh-debian12 says how).
+test-fresh:
+	.ci/fresh-debian12
 
 demo: install emacs-ready
 	$(PY) bench/demo.py
@@ -153,15 +206,21 @@ bench-list: install emacs-ready
 # lm-verify.  package-lint comes from Debian (elpa-package-lint).
 ELISP := $(sort $(wildcard elisp/*.el))
 
+# The warnings-as-errors compilation writes into a temporary directory: the
+# compiled files `make install' built stay in place for the tests.
+LINT_COMPILE := (let ((dir (getenv \"LINT_ELC\"))) (setq byte-compile-error-on-warn t \
+  byte-compile-dest-file-function (lambda (f) (expand-file-name (concat (file-name-nondirectory f) \"c\") dir))))
+
 lint: install emacs-ready
-	$(PY) -m ruff check backend tests bench
-	$(PY) -m mypy --strict backend/magent_store
-	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(EMACS) --batch -Q -L elisp --eval '(setq byte-compile-error-on-warn t)' \
-	  -f batch-byte-compile $(ELISP)
-	rm -f elisp/*.elc
-	$(EMACS) --batch -Q -l tests/elisp/magent-store-lint.el \
-	  -f magent-store-lint-batch-and-exit $(ELISP)
+	@tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/magent-store-lint.XXXXXX") || exit 2; \
+	trap 'rm -rf "$$tmp"' EXIT; trap 'exit 130' INT TERM; \
+	LINT_ELC=$$tmp $(SUITE) lint steps -- sh -exc '\
+	  $(PY) -m ruff check backend tests bench; \
+	  $(PY) -m mypy --strict backend/magent_store; \
+	  $(VENV)/bin/lint-imports --no-cache --no-logo; \
+	  $(EMACS) --batch -Q -L elisp --eval "$(LINT_COMPILE)" -f batch-byte-compile $(ELISP); \
+	  $(EMACS) --batch -Q -l tests/elisp/magent-store-lint.el \
+	    -f magent-store-lint-batch-and-exit $(ELISP)'
 
 clean:
 	rm -rf $(VENV) build *.egg-info backend/*.egg-info .pytest_cache .mypy_cache \

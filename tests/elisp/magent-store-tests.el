@@ -150,30 +150,84 @@ Timers run between chunks, as they do while a real reply streams."
                     (list :snapshot (magent-store-test--show "s-roundtrip")))
                    (apply #'concat magent-store-test--chunks)))))
 
+;; The flush timers are taken from `run-at-time' and fired by the test:
+;; what is asserted is the order of events (requests, timer, flush), on a
+;; clock the test drives, never how fast this machine is.
+(defun magent-store-test--capture-flush-timers (captured)
+  "Return `run-at-time' advice that takes flush timers into CAPTURED.
+CAPTURED is a cons whose car is the list of (DELAY . TIMER), newest
+first; the timers are made but never started.  Other timers start."
+  (lambda (orig time repeat function &rest args)
+    (if (eq function 'magent-store--tick)
+        (let ((timer (timer-create)))
+          (timer-set-function timer function args)
+          (push (cons time timer) (car captured))
+          timer)
+      (apply orig time repeat function args))))
+
 (ert-deftest magent-store-flush-timer-coalesces-without-postponing ()
-  "40 chunks at 20 ms give a handful of flushes, the first one on time."
+  "Requests join the scheduled flush, which the timer then sends on time."
   (magent-store-test--with-backend
     (magent-store-open "s-timer")
     (magent-store-test--start-turn "s-timer")
-    (let ((session (gethash "s-timer" magent-store--sessions))
-          (start (float-time))
-          first-flush)
-      (dolist (chunk magent-store-test--chunks)
-        (magent-store-append-item-content "s-timer" "item-1" chunk)
-        (magent-store-request-flush "s-timer")
-        (sleep-for 0.02)
-        (when (and (not first-flush)
-                   (> (magent-store--session-flushes session) 0))
-          (setq first-flush (- (float-time) start))))
-      (magent-store-flush "s-timer")
-      ;; 40 x 20 ms = 0.8 s at one flush per 0.25 s: about 4, never 40.
-      (should (<= 3 (magent-store--session-flushes session) 7))
-      ;; An idle timer or a postponing one would not flush during the stream.
-      (should first-flush)
-      (should (< first-flush (* 2 magent-store-flush-interval))))
-    (should (= (magent-store--session-durable-seq
-                (gethash "s-timer" magent-store--sessions))
-               43))))
+    (magent-store-flush "s-timer")
+    (let* ((session (gethash "s-timer" magent-store--sessions))
+           ;; No deadline passes by itself while the test runs: only the
+           ;; timer it fires, and the clock it gives, move time on.
+           (magent-store-flush-interval 3600.0)
+           (captured (list nil))
+           (flushes (magent-store--session-flushes session))
+           deadline)
+      (advice-add 'run-at-time :around
+                  (magent-store-test--capture-flush-timers captured)
+                  '((name . magent-store-test-timers)))
+      (unwind-protect
+          (progn
+            ;; The first chunk schedules one flush: a timer (not an idle
+            ;; one), a little after the deadline one interval on.
+            (magent-store-append-item-content "s-timer" "item-1"
+                                              (car magent-store-test--chunks))
+            (magent-store-request-flush "s-timer")
+            (should (= (length (car captured)) 1))
+            (should (= (car (car (car captured)))
+                       (* 1.4 magent-store-flush-interval)))
+            (setq deadline (magent-store--session-deadline session))
+            (should deadline)
+            ;; Every later chunk and request joins it: no second timer,
+            ;; the deadline where it was, nothing sent.
+            (dolist (chunk (cdr (seq-take magent-store-test--chunks 20)))
+              (magent-store-append-item-content "s-timer" "item-1" chunk)
+              (magent-store-request-flush "s-timer"))
+            (should (= (length (car captured)) 1))
+            (should (eql (magent-store--session-deadline session) deadline))
+            (should (= (magent-store--session-flushes session) flushes))
+            ;; The timer fires: one flush, all 20 chunks in it.
+            (let ((timer (cdr (car (car captured)))))
+              (apply (timer--function timer) (timer--args timer)))
+            (should (= (magent-store--session-flushes session) (1+ flushes)))
+            (should-not (magent-store--session-deadline session))
+            (should-not (magent-store--session-timer session))
+            (with-timeout (10 (ert-fail "the flush was not answered"))
+              (while (magent-store--session-inflight session)
+                (accept-process-output nil 0.05)))
+            (should (= (magent-store--session-durable-seq session) 23))
+            ;; The next chunk schedules the next flush; one arriving at
+            ;; its deadline (the clock given here) sends it at once and
+            ;; stops its timer.
+            (magent-store-append-item-content "s-timer" "item-1"
+                                              (nth 20 magent-store-test--chunks))
+            (should (= (length (car captured)) 2))
+            (setq deadline (magent-store--session-deadline session))
+            (magent-store--push-chunk session "item-1"
+                                      (nth 21 magent-store-test--chunks)
+                                      nil deadline)
+            (should (= (magent-store--session-flushes session) (+ 2 flushes)))
+            (should-not (magent-store--session-timer session))
+            (should (timer--triggered (cdr (car (car captured))))))
+        (advice-remove 'run-at-time 'magent-store-test-timers))
+      (should (= (magent-store-flush "s-timer") 25))
+      (should (equal (magent-store-test--content (magent-store-load "s-timer"))
+                     (apply #'concat (seq-take magent-store-test--chunks 22)))))))
 
 (ert-deftest magent-store-large-batch-travels-as-a-private-file ()
   "A batch over `magent-store-file-threshold' goes through the spool."

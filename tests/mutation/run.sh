@@ -9,7 +9,7 @@
 set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
-for module in ${MODULES:-ledger store server search}; do
+for module in ${MODULES:-ledger store server search export fsck migrate}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_validation.py" ;;
     store) selection="tests/test_store.py tests/test_exactly_once.py tests/test_store_contract.py" ;;

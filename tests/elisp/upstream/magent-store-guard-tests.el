@@ -1,0 +1,44 @@
+;;; magent-store-guard-tests.el --- No error of any kind reaches magent's call  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; magent-store-mode's advice runs inside magent's own calls: whatever
+;; goes wrong in it is recorded (`magent-store-status' lists it) and magent
+;; goes on.  Not only the shim's own errors: a plain `error' from the
+;; adapter (a scope it does not know) must stay out of magent's call too.
+;; Upstream magent's code, a real backend, as in magent-store-magent-tests.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+(require 'magent-store-magent-tests)
+
+(ert-deftest magent-store-magent-any-error-is-kept-out-of-magent ()
+  "A session under a scope the adapter cannot place: magent's calls all return."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let* ((session (magent-store-magent-test--session "s-scope-42" 42))
+           (thread (magent-session-thread-ledger session))
+           (turn-id (magent-thread-turn-id
+                     (magent-thread-create-turn thread "hello")))
+           (item (magent-thread-start-item thread turn-id 'message
+                                           :id "reply-1" :role 'assistant)))
+      (magent-thread-append-item-content thread item "a chunk")
+      (magent-session-save-deferred-for-session session 42)
+      (magent-thread-complete-item thread item)
+      (magent-thread-complete-turn thread turn-id nil)
+      (magent-session-save-for-session session 42)
+      ;; Each failure is recorded with its message, and the session is
+      ;; not in the store.
+      (should magent-store--adapter-failures)
+      (dolist (row magent-store--adapter-failures)
+        (should (equal (nth 2 row) "Unknown magent scope 42")))
+      (should (member "opening a session"
+                      (mapcar #'caar magent-store--adapter-failures)))
+      (should-not (gethash "s-scope-42" magent-store--sessions)))))
+
+(provide 'magent-store-guard-tests)
+;;; magent-store-guard-tests.el ends here
