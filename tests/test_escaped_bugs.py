@@ -16,7 +16,7 @@ from epc.client import EPCClient
 
 import test_server as ts
 from conftest import Events
-from magent_store import export, ledger, migrate, search
+from magent_store import export, ledger, schema6, search
 from magent_store.export import SCHEMA6_JOURNAL_MAX, Exporter
 from magent_store.store import Scope, Store
 from test_search import Writer, find
@@ -96,7 +96,7 @@ def test_a_long_session_exports_the_newest_journal_events(tmp_path: Path, events
     assert last > SCHEMA6_JOURNAL_MAX + 200
     result = Exporter(root).run()
     assert result.ok and result.count(export.EXPORTED) == 1, result.summary()
-    obj, _ = migrate.loads_first_wins(header.read_bytes())
+    obj, _ = schema6.loads_first_wins(header.read_bytes())
     seqs = [event["seq"] for event in obj["journal"]]
     assert seqs == list(range(last - SCHEMA6_JOURNAL_MAX + 1, last + 1))
     assert obj["journal"][-1]["type"] == "turn-completed"

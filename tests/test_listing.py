@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import listing, migrate
+from magent_store import listing, schema6
 from magent_store.export import render
 from magent_store.store import Scope, SessionFiles, Store, atomic_write
 from test_export import PROJECT, make_session, tree
@@ -30,7 +30,7 @@ def _newest(files: SessionFiles) -> list[int]:
 def _rendered_fields(files: SessionFiles, tmp_path: Path) -> tuple[dict[str, Any], str | None]:
     """What magent's listing reads of the hollow render: every field but the snapshot and journal."""
     name, damage = render(files, tmp_path, hollow=True)
-    obj, _ = migrate.loads_first_wins(Path(name).read_bytes())
+    obj, _ = schema6.loads_first_wins(Path(name).read_bytes())
     return {k: v for k, v in obj.items() if k not in ("snapshot", "journal")}, damage
 
 
