@@ -12,7 +12,9 @@ no spool behind.
     python tests/faults/faults.py --repeat 20   # the full suite 20 times in a row
 
 Scenarios: SIGKILL of the backend at random moments of a stream; SIGKILL
-while a compaction writes (the backend paused there by a test-only hook);
+just before Emacs writes two batches to the backend's socket, reading
+nothing in between (the driver kills it there itself); SIGKILL while a
+compaction writes (the backend paused there by a test-only hook);
 a full disk (a small tmpfs when run as root, else skipped: the store-level
 fault hook is tests/test_exactly_once.py) with a SIGKILL while a batch is
 refused; a 4 MB disk filled while the search index is current, a SIGKILL,
@@ -79,6 +81,10 @@ class Outcome:
                 f"longest stall {self.max_stall_ms:5.1f} ms  ({self.seconds:.1f} s)")  # fmt: skip
 
 
+def ignore_sigpipe() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
 class Run:
     """One Emacs running the driver, with its own root and state directory."""
 
@@ -95,9 +101,14 @@ class Run:
                    "FAULT_PROGRESS": str(self.progress), "FAULT_PYTHON": str(BACKEND),
                    "FAULT_SESSION": self.session}  # fmt: skip
         environ.update({k: str(v) for k, v in env.items()})
+        # SIGPIPE ignored, as every Emacs but a batch one ignores it itself
+        # (batch Emacs leaves it alone): a write to a dead backend's socket
+        # then fails with an error the shim handles, as in the user's Emacs,
+        # instead of killing this Emacs.
         self.proc = subprocess.Popen(
             [EMACS, "--batch", "-Q", "-L", str(CHECKOUT / "elisp"), "-l", str(DRIVER), "-f", "fault-run"],
             env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.dir,
+            preexec_fn=ignore_sigpipe,
         )  # fmt: skip
 
     def backends(self) -> list[int]:
@@ -233,6 +244,20 @@ def random_kills(base: Path, rng: random.Random, kills: int, chunks: int, interv
     if outcome.kills < kills:
         outcome.problems.append(f"only {outcome.kills} of {kills} kills landed while the stream ran")
     return judge(outcome, run, run.finish())
+
+
+def kill_before_two_sends(base: Path, chunks: int) -> Outcome:
+    """SIGKILL the backend just before Emacs writes two batches to its socket, reading
+    nothing in between: the moment a random kill rarely hits, struck every time."""
+    outcome = Outcome("SIGKILL before two sends", chunks)
+    run = Run(base, "two-sends", FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004, FAULT_KILL_AT=chunks // 2)
+    result = run.finish()
+    outcome.kills = 1
+    # The first write drew the reset, the second failed and Emacs closed the connection
+    # there (256) before it read anything: otherwise the moment was missed.
+    if result["after-kill"] != ["open 0", "closed 256"]:
+        outcome.problems.append(f"the second send did not fail (the connection: {result['after-kill']})")
+    return judge(outcome, run, result)
 
 
 COMPACTION_POINTS = ("snapshot-temp-written", "before-log-replace", "jsonl-temp-written", "log-written")
@@ -413,6 +438,7 @@ def suite(base: Path, rng: random.Random, quick: bool, runs: int) -> list[Outcom
     for i in range(runs):
         done("SIGKILL x30 mid-stream", chunks,
              lambda i=i: random_kills(base / f"r{i}", rng, kills=30, chunks=chunks, interval=0.004))
+    done("SIGKILL before two sends", 200, lambda: kill_before_two_sends(base, chunks=200))
     for point in COMPACTION_POINTS[:2] if quick else COMPACTION_POINTS:
         done(f"SIGKILL at {point}", 300,
              lambda point=point: kill_while_paused(base, point, kills=2 if quick else 4, chunks=300))
