@@ -51,3 +51,4 @@ def test_a_kill_just_before_two_sends_loses_nothing(tmp_path: Path) -> None:
     assert outcome.problems == []
     assert (outcome.lost, outcome.duplicated, outcome.reordered) == (0, 0, 0)
     assert outcome.recoveries == 1
+    assert outcome.failed_writes == 1

@@ -50,6 +50,19 @@
              (string-prefix-p "magent-store" (car args)))
     (push (car args) fault--messages)))
 
+(defvar fault--failed-writes 0
+  "Writes to the backend's socket that failed because the backend was gone.
+Each one would have killed a batch Emacs whose SIGPIPE is at its default.")
+
+(defun fault--count-failed-write (orig &rest args)
+  "Call ORIG with ARGS, counting a write that found the backend gone."
+  (condition-case err
+      (apply orig args)
+    (error
+     (when (string-match-p "no longer connected to pipe" (error-message-string err))
+       (cl-incf fault--failed-writes))
+     (signal (car err) (cdr err)))))
+
 (defun fault--timed (name)
   "Return advice timing each call of the function NAME."
   (lambda (orig &rest args)
@@ -170,6 +183,7 @@ Emacs reads nothing meanwhile: its connection still looks live."
           magent-store-log-max-events (fault--num "FAULT_LOG_MAX" 2000)
           magent-store-call-timeout 30)
     (advice-add 'message :before #'fault--capture)
+    (advice-add 'process-send-region :around #'fault--count-failed-write)
     (advice-add 'magent-store--recover :before
                 (lambda (&rest _) (cl-incf fault--recoveries)))
     (dolist (name '(magent-store--recover magent-store--start-backend
@@ -230,6 +244,7 @@ Emacs reads nothing meanwhile: its connection still looks live."
                    (after-kill . ,(vconcat (reverse after-kill)))
                    (saved . ,(if saved t :json-false))
                    (recoveries . ,fault--recoveries)
+                   (failed-writes . ,fault--failed-writes)
                    (max-call-ms . ,fault--max-call-ms)
                    (slowest . ,(format "%s" fault--slowest))
                    (max-gc-ms . ,fault--max-gc-ms)

@@ -60,6 +60,7 @@ class Outcome:
     duplicated: int = 0
     reordered: int = 0
     recoveries: int = 0
+    failed_writes: int = 0  # to a dead backend's socket: each fatal to a batch Emacs with SIGPIPE
     max_call_ms: float = 0.0
     max_stall_ms: float = 0.0
     max_raw_ms: float = 0.0
@@ -179,6 +180,7 @@ def judge(outcome: Outcome, run: Run, result: dict[str, Any], *, item: int = 0) 
     outcome.duplicated = len(seen) - len(distinct)
     outcome.reordered = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b < a)
     outcome.recoveries = result["recoveries"]
+    outcome.failed_writes = result["failed-writes"]
     outcome.max_call_ms = result["max-call-ms"]
     outcome.max_stall_ms = result["max-stall-ms"]
     outcome.seconds = result["seconds"]
@@ -475,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed = sum(not o.ok for o in ran)
                 print(f"run {n + 1} of {ns.repeat}: {'ok' if not failed else f'{failed} scenarios FAILED'}; "
                       "so far " + ", ".join(f"{k} {sum(getattr(o, k) for o in outcomes)}" for k in TOTALS) +
+                      f", writes that found the backend gone {sum(o.failed_writes for o in outcomes)}" +
                       f" in {time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -486,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {outcome.name}: {note}")
     total = {k: sum(getattr(o, k) for o in outcomes) for k in TOTALS}
     print("total: " + ", ".join(f"{k} {v}" for k, v in total.items()) +
+          f"; writes that found the backend gone {sum(o.failed_writes for o in outcomes)}"
           f"; longest shim call {max(o.max_call_ms for o in outcomes):.1f} ms"
           f"; {time.monotonic() - started:.0f} s")  # fmt: skip
     return 0 if all(o.ok for o in outcomes) else 1
