@@ -16,12 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import need
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "faults"))
 import faults  # noqa: E402
 
 EMACS = shutil.which("emacs")
+# This environment's backend: an unpacked sdist has no .venv of its own.
+MAGENT_STORE = Path(sys.executable).with_name("magent-store")
 SIGPIPE_BIT = 1 << (signal.SIGPIPE - 1)
 
 
@@ -45,8 +49,10 @@ def test_batch_emacs_dies_of_sigpipe_where_every_other_emacs_ignores_it(tmp_path
     assert _ignored_signals([f"--fg-daemon=sigpipe-{os.getpid()}"], tmp_path) & SIGPIPE_BIT
 
 
-def test_a_kill_just_before_two_sends_loses_nothing(tmp_path: Path) -> None:
+def test_a_kill_just_before_two_sends_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     need(EMACS, "GNU Emacs", "apt-get install emacs-nox elpa-epc, or make emacs-ready")
+    need(MAGENT_STORE.exists(), "the magent-store console script", "pip install -e . in this environment")
+    monkeypatch.setattr(faults, "BACKEND", MAGENT_STORE)
     outcome = faults.kill_before_two_sends(tmp_path, chunks=200)
     assert outcome.problems == []
     assert (outcome.lost, outcome.duplicated, outcome.reordered) == (0, 0, 0)
