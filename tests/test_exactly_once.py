@@ -258,3 +258,26 @@ def test_the_producer_record_is_private_and_magent_never_sees_it(root: Path, eve
     # The header and the log hold only magent's own fields.
     header = orjson.loads((root / "global/s1.json").read_bytes())
     assert set(header) <= set(store.HEADER_KEYS)
+
+
+def test_a_compaction_while_a_resend_is_due_keeps_uncommitted_lines_out_of_the_snapshot(
+    root: Path, events: Events
+) -> None:
+    """A new backend skips a batch it already holds, and that flush finds a
+    compaction due: a snapshot taken then would hold the lines a killed
+    backend never committed, and cutting the log back for their resend
+    would no longer remove them (the resend was applied twice)."""
+    s = open_session(root)
+    send(s, 1, start(events))
+    s._crash = lambda point: (_ for _ in ()).throw(SimulatedCrash(point)) if point == "log-written" else None
+    with pytest.raises(SimulatedCrash):
+        send(s, 2, [events.content("t1", "i1", c) for c in "xyz"])
+    s.abandon()
+    s = open_session(root, log_max_events=1, log_growth=0.0)
+    assert not send(s, 1, start(events))  # its flush: a compaction is due
+    assert send(s, 2, [events.content("t1", "i1", c) for c in "xyz"])
+    assert send(s, 3, [events.content("t1", "i1", "!")])
+    s.close()
+    _, thread = Store(root).load("s1", Scope.global_())
+    assert thread.last_event_seq == 7
+    assert [c for turn in thread.turns for item in turn.items for c in [item.content]] == ["xyz!"]

@@ -1505,7 +1505,12 @@ class Session:
         )
         compacted = False
         # A thread takes its id from its first event: until then there is no snapshot to write.
-        if self.thread.id is not None and (compact or (compact is None and due)):
+        # Log lines past the committed seq (a killed backend's batch, which its
+        # writer sends again) stay out of any snapshot until their resend has
+        # replaced them: cutting the log back for it would not take them out
+        # of a snapshot, and the resend would be applied twice.
+        if (self.thread.id is not None and (compact or (compact is None and due))
+                and not self._awaiting_resend()):  # fmt: skip
             self._compact()
             compacted = True
             self._rewriting = False
@@ -1520,6 +1525,10 @@ class Session:
             compacted=compacted,
             seconds=time.perf_counter() - started,
         )
+
+    def _awaiting_resend(self) -> bool:
+        """True while the log holds lines past the batch its record names as committed."""
+        return self._record.producer is not None and self._written_seq > self._record.seq
 
     # -- files gone under the store ----------------------------------------
 
