@@ -101,8 +101,11 @@ def run(directory: Path, name: str, kind: str, command: list[str]) -> int:
         current = Path(scratch) / "current"
         if kind == "ert":
             env["MAGENT_STORE_ERT_CURRENT"] = str(current)
+        # An ERT suite's Emacs inherits SIGPIPE ignored (as Python has it), as
+        # the user's Emacs has it: a batch Emacs left at the default dies when
+        # a test kills a backend just before two writes to its socket.
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, restore_signals=kind != "ert")  # fmt: skip
         if kind == "ert":
             watchdog = threading.Thread(target=watch_ert, args=(proc, current, lines), daemon=True)
             watchdog.start()
