@@ -50,6 +50,19 @@
              (string-prefix-p "magent-store" (car args)))
     (push (car args) fault--messages)))
 
+(defvar fault--failed-writes 0
+  "Writes to the backend's socket that failed because the backend was gone.
+Each one would have killed a batch Emacs whose SIGPIPE is at its default.")
+
+(defun fault--count-failed-write (orig &rest args)
+  "Call ORIG with ARGS, counting a write that found the backend gone."
+  (condition-case err
+      (apply orig args)
+    (error
+     (when (string-match-p "no longer connected to pipe" (error-message-string err))
+       (cl-incf fault--failed-writes))
+     (signal (car err) (cdr err)))))
+
 (defun fault--timed (name)
   "Return advice timing each call of the function NAME."
   (lambda (orig &rest args)
@@ -99,6 +112,47 @@
   (let ((coding-system-for-write 'utf-8-unix))
     (write-region text nil file nil 'silent)))
 
+;; A random kill that lands just before the shim writes twice to the
+;; backend's socket, with nothing read in between (resending the batches
+;; a restarted backend has not saved, say): the first write is answered
+;; by a reset from the kernel, and the second one fails with EPIPE.
+;; FAULT_KILL_AT=N strikes there at chunk N, every time: each step waits
+;; for what the kernel says of the connection, never for luck.
+
+(defun fault--tcp-state (connection)
+  "CONNECTION's TCP state as the kernel lists it (hex, \"01\" established).
+Nil once the kernel lists it no more (closed).  Reads no process output."
+  (let ((port (aref (process-contact connection :local) 4)))
+    (with-temp-buffer
+      ;; One read of a /proc file stops at 16 KB: read on until nothing comes.
+      (let ((at 0) read)
+        (while (> (setq read (cadr (insert-file-contents "/proc/net/tcp" nil at
+                                                         (+ at 65536))))
+                  0)
+          (goto-char (point-max))
+          (setq at (+ at read))))
+      (goto-char (point-min))
+      (and (re-search-forward
+            (format "^ *[0-9]+: [0-9A-F]+:%04X [0-9A-F]+:[0-9A-F]+ \\([0-9A-F]+\\)" port)
+            nil t)
+           (match-string 1)))))
+
+(defun fault--wait-tcp (connection predicate)
+  "Wait (reading nothing) until PREDICATE holds of CONNECTION's TCP state."
+  (let ((deadline (+ (float-time) 10)))
+    (while (and (not (funcall predicate (fault--tcp-state connection)))
+                (< (float-time) deadline)))))
+
+(defun fault--kill-backend (connection)
+  "SIGKILL the backend and wait until the kernel closed its end of CONNECTION.
+Emacs reads nothing meanwhile: its connection still looks live."
+  (unless (equal (fault--tcp-state connection) "01")
+    (error "Fault driver: /proc/net/tcp does not list the connection as established"))
+  (signal-process (process-id (magent-store--backend-process magent-store--backend))
+                  'KILL)
+  ;; 08: CLOSE_WAIT, the backend's end is closed.
+  (fault--wait-tcp connection (lambda (state) (not (equal state "01")))))
+
 (defun fault--saved-p (sid)
   "Non-nil once every entry of SID is saved (the backend said so)."
   (let ((session (gethash sid magent-store--sessions)))
@@ -116,6 +170,9 @@
          (progress (fault--env "FAULT_PROGRESS"))
          (out (fault--env "FAULT_OUT"))
          (settle (fault--num "FAULT_SETTLE" 60))
+         (kill-at (and (fault--env "FAULT_KILL_AT") (fault--num "FAULT_KILL_AT" 0)))
+         connection         ; the backend's, killed at chunk KILL-AT
+         after-kill         ; its state after each of the two sends
          (max-stall 0.0)
          (start (float-time))
          stopped-cleanly stop-error)
@@ -126,6 +183,7 @@
           magent-store-log-max-events (fault--num "FAULT_LOG_MAX" 2000)
           magent-store-call-timeout 30)
     (advice-add 'message :before #'fault--capture)
+    (advice-add 'process-send-region :around #'fault--count-failed-write)
     (advice-add 'magent-store--recover :before
                 (lambda (&rest _) (cl-incf fault--recoveries)))
     (dolist (name '(magent-store--recover magent-store--start-backend
@@ -141,11 +199,25 @@
     (fault--start-turn sid item)
     (when progress (fault--progress progress "0"))
     (dotimes (i chunks)
+      (when (eql i kill-at)
+        (setq connection (magent-store--backend-connection magent-store--backend))
+        (fault--kill-backend connection))
       (magent-store-append-item-content sid item (format "<%d>%s" i filler))
-      (magent-store-request-flush sid)
-      (let ((before (float-time)))
-        (sleep-for interval)
-        (setq max-stall (max max-stall (- (float-time) before interval))))
+      (if (and kill-at (<= kill-at i (1+ kill-at)))
+          ;; Two batches sent at once, nothing read in between.
+          (progn
+            (magent-store--flush-now (gethash sid magent-store--sessions))
+            (when (= i kill-at)
+              ;; The write drew a reset: the kernel forgets the connection.
+              (fault--wait-tcp connection #'null))
+            ;; A write that failed closed the connection there and then.
+            (push (format "%s %s" (process-status connection)
+                          (process-exit-status connection))
+                  after-kill))
+        (magent-store-request-flush sid)
+        (let ((before (float-time)))
+          (sleep-for interval)
+          (setq max-stall (max max-stall (- (float-time) before interval)))))
       (when (and progress (zerop (% i 50)))
         (fault--progress progress (number-to-string i))))
     (when progress (fault--progress progress "done"))
@@ -169,8 +241,10 @@
       (with-temp-file out
         (insert (json-encode
                  `((chunks . ,chunks)
+                   (after-kill . ,(vconcat (reverse after-kill)))
                    (saved . ,(if saved t :json-false))
                    (recoveries . ,fault--recoveries)
+                   (failed-writes . ,fault--failed-writes)
                    (max-call-ms . ,fault--max-call-ms)
                    (slowest . ,(format "%s" fault--slowest))
                    (max-gc-ms . ,fault--max-gc-ms)

@@ -12,7 +12,9 @@ no spool behind.
     python tests/faults/faults.py --repeat 20   # the full suite 20 times in a row
 
 Scenarios: SIGKILL of the backend at random moments of a stream; SIGKILL
-while a compaction writes (the backend paused there by a test-only hook);
+just before Emacs writes two batches to the backend's socket, reading
+nothing in between (the driver kills it there itself); SIGKILL while a
+compaction writes (the backend paused there by a test-only hook);
 a full disk (a small tmpfs when run as root, else skipped: the store-level
 fault hook is tests/test_exactly_once.py) with a SIGKILL while a batch is
 refused; a 4 MB disk filled while the search index is current, a SIGKILL,
@@ -58,6 +60,7 @@ class Outcome:
     duplicated: int = 0
     reordered: int = 0
     recoveries: int = 0
+    failed_writes: int = 0  # to a dead backend's socket: each fatal to a batch Emacs with SIGPIPE
     max_call_ms: float = 0.0
     max_stall_ms: float = 0.0
     max_raw_ms: float = 0.0
@@ -79,6 +82,10 @@ class Outcome:
                 f"longest stall {self.max_stall_ms:5.1f} ms  ({self.seconds:.1f} s)")  # fmt: skip
 
 
+def ignore_sigpipe() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
 class Run:
     """One Emacs running the driver, with its own root and state directory."""
 
@@ -95,9 +102,14 @@ class Run:
                    "FAULT_PROGRESS": str(self.progress), "FAULT_PYTHON": str(BACKEND),
                    "FAULT_SESSION": self.session}  # fmt: skip
         environ.update({k: str(v) for k, v in env.items()})
+        # SIGPIPE ignored, as every Emacs but a batch one ignores it itself
+        # (batch Emacs leaves it alone): a write to a dead backend's socket
+        # then fails with an error the shim handles, as in the user's Emacs,
+        # instead of killing this Emacs.
         self.proc = subprocess.Popen(
             [EMACS, "--batch", "-Q", "-L", str(CHECKOUT / "elisp"), "-l", str(DRIVER), "-f", "fault-run"],
             env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.dir,
+            preexec_fn=ignore_sigpipe,
         )  # fmt: skip
 
     def backends(self) -> list[int]:
@@ -168,6 +180,7 @@ def judge(outcome: Outcome, run: Run, result: dict[str, Any], *, item: int = 0) 
     outcome.duplicated = len(seen) - len(distinct)
     outcome.reordered = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b < a)
     outcome.recoveries = result["recoveries"]
+    outcome.failed_writes = result["failed-writes"]
     outcome.max_call_ms = result["max-call-ms"]
     outcome.max_stall_ms = result["max-stall-ms"]
     outcome.seconds = result["seconds"]
@@ -233,6 +246,20 @@ def random_kills(base: Path, rng: random.Random, kills: int, chunks: int, interv
     if outcome.kills < kills:
         outcome.problems.append(f"only {outcome.kills} of {kills} kills landed while the stream ran")
     return judge(outcome, run, run.finish())
+
+
+def kill_before_two_sends(base: Path, chunks: int) -> Outcome:
+    """SIGKILL the backend just before Emacs writes two batches to its socket, reading
+    nothing in between: the moment a random kill rarely hits, struck every time."""
+    outcome = Outcome("SIGKILL before two sends", chunks)
+    run = Run(base, "two-sends", FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004, FAULT_KILL_AT=chunks // 2)
+    result = run.finish()
+    outcome.kills = 1
+    # The first write drew the reset, the second failed and Emacs closed the connection
+    # there (256) before it read anything: otherwise the moment was missed.
+    if result["after-kill"] != ["open 0", "closed 256"]:
+        outcome.problems.append(f"the second send did not fail (the connection: {result['after-kill']})")
+    return judge(outcome, run, result)
 
 
 COMPACTION_POINTS = ("snapshot-temp-written", "before-log-replace", "jsonl-temp-written", "log-written")
@@ -413,6 +440,7 @@ def suite(base: Path, rng: random.Random, quick: bool, runs: int) -> list[Outcom
     for i in range(runs):
         done("SIGKILL x30 mid-stream", chunks,
              lambda i=i: random_kills(base / f"r{i}", rng, kills=30, chunks=chunks, interval=0.004))
+    done("SIGKILL before two sends", 200, lambda: kill_before_two_sends(base, chunks=200))
     for point in COMPACTION_POINTS[:2] if quick else COMPACTION_POINTS:
         done(f"SIGKILL at {point}", 300,
              lambda point=point: kill_while_paused(base, point, kills=2 if quick else 4, chunks=300))
@@ -449,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed = sum(not o.ok for o in ran)
                 print(f"run {n + 1} of {ns.repeat}: {'ok' if not failed else f'{failed} scenarios FAILED'}; "
                       "so far " + ", ".join(f"{k} {sum(getattr(o, k) for o in outcomes)}" for k in TOTALS) +
+                      f", writes that found the backend gone {sum(o.failed_writes for o in outcomes)}" +
                       f" in {time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -460,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {outcome.name}: {note}")
     total = {k: sum(getattr(o, k) for o in outcomes) for k in TOTALS}
     print("total: " + ", ".join(f"{k} {v}" for k, v in total.items()) +
+          f"; writes that found the backend gone {sum(o.failed_writes for o in outcomes)}"
           f"; longest shim call {max(o.max_call_ms for o in outcomes):.1f} ms"
           f"; {time.monotonic() - started:.0f} s")  # fmt: skip
     return 0 if all(o.ok for o in outcomes) else 1
