@@ -258,3 +258,27 @@ def test_the_producer_record_is_private_and_magent_never_sees_it(root: Path, eve
     # The header and the log hold only magent's own fields.
     header = orjson.loads((root / "global/s1.json").read_bytes())
     assert set(header) <= set(store.HEADER_KEYS)
+
+
+def test_a_skipped_resend_does_not_fold_uncommitted_lines_into_a_snapshot(
+    root: Path, events: Events
+) -> None:
+    """A killed backend left a batch's lines uncommitted; the new one skips
+    the resend of the batch before it, and that flush finds a compaction
+    due.  A snapshot holding those lines would keep them when the resend of
+    their own batch cuts the log back: the batch would be in twice."""
+    s = open_session(root, log_max_events=3, log_growth=0.0)
+    send(s, 1, start(events))
+    send(s, 2, [events.content("t1", "i1", c) for c in "abc"])
+    s._crash = _killed_at_log_written
+    with pytest.raises(SimulatedCrash):
+        send(s, 3, [events.content("t1", "i1", c) for c in "xyz"])
+    s.abandon()
+    s = open_session(root, log_max_events=3, log_growth=0.0)
+    assert not send(s, 2, [events.content("t1", "i1", c) for c in "abc"])
+    assert send(s, 3, [events.content("t1", "i1", c) for c in "xyz"])
+    assert send(s, 4, [events.content("t1", "i1", "!")])
+    s.close()
+    _, thread = Store(root).load("s1")
+    assert thread.last_event_seq == 10
+    assert str(thread.turns[0].items[0].content) == "abcxyz!"

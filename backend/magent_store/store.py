@@ -1504,8 +1504,15 @@ class Session:
             and self._log_bytes_since_snapshot >= self.log_growth * self._snapshot_size
         )
         compacted = False
+        # Log lines past the committed seq are a batch a killed backend never
+        # committed: its resend cuts them from the log and applies it again.
+        # A snapshot holding them would keep them past that cut, and the
+        # batch would be in twice; the compaction waits for the commit.
+        # (Files written again are compacted all the same: the snapshot is gone.)
+        held = self._record.producer is not None and self._written_seq > self._record.seq
         # A thread takes its id from its first event: until then there is no snapshot to write.
-        if self.thread.id is not None and (compact or (compact is None and due)):
+        if (self.thread.id is not None and (compact or (compact is None and due))
+                and (self._rewriting or not held)):  # fmt: skip
             self._compact()
             compacted = True
             self._rewriting = False
