@@ -1361,6 +1361,17 @@ class Session:
         return self._durable_seq
 
     @property
+    def unconfirmed_events(self) -> int:
+        """Events at the log's end that a killed backend wrote for a writer and never committed.
+
+        Their writer sends their batch again, which replaces them; until
+        then no compaction takes them in.
+        """
+        if self._record.producer is None:
+            return 0
+        return max(0, self._written_seq - self._record.seq)
+
+    @property
     def pending_events(self) -> int:
         return len(self._pending)
 
@@ -1509,7 +1520,7 @@ class Session:
         # A snapshot holding them would keep them past that cut, and the
         # batch would be in twice; the compaction waits for the commit.
         # (Files written again are compacted all the same: the snapshot is gone.)
-        held = self._record.producer is not None and self._written_seq > self._record.seq
+        held = self.unconfirmed_events > 0
         # A thread takes its id from its first event: until then there is no snapshot to write.
         if (self.thread.id is not None and (compact or (compact is None and due))
                 and (self._rewriting or not held)):  # fmt: skip
