@@ -210,6 +210,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
     scope = Scope.from_header(schema6.read_any_header(files.header)[0])
     with sessions.open_header(files.header, scope, fsync=args.fsync) as session:
         result = session.compact()
+        unconfirmed = session.unconfirmed_events
+    if not result.compacted:
+        events = f"{unconfirmed} event{'s' if unconfirmed != 1 else ''}"
+        print(f"{files.header}: not compacted: the log ends in {events} "
+              "of a batch whose writer was never told it is saved; that writer sends it again (a running "
+              "magent-store backend takes it) and the next compaction follows", file=sys.stderr)  # fmt: skip
+        return 1
     print(f"{files.header}: compacted at seq {result.written_seq} in {result.seconds * 1000:.1f} ms",
           file=sys.stderr)  # fmt: skip
     return 0
@@ -572,7 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compact", "write a snapshot now and cut the log to its tail",
         "Force a compaction: the snapshot is replaced atomically, then the log by a\n"
         "bounded tail of recent events.  Sessions compact by themselves every\n"
-        f"{LOG_MAX_EVENTS} events; this is for inspection and tests.\n\n"
+        f"{LOG_MAX_EVENTS} events; this is for inspection and tests.  A log that ends in\n"
+        "a batch whose writer was never told it is saved (a backend killed in\n"
+        "between) is left as it is, and the tool says so and exits 1: that writer\n"
+        "sends the batch again.\n\n"
         "examples:\n"
         "  magent-store compact ~/.emacs.d/magent/sessions/global/s1.json\n"
         "  magent-store compact --fsync never /tmp/scratch/global/s1.json",

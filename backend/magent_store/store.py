@@ -1361,6 +1361,17 @@ class Session:
         return self._durable_seq
 
     @property
+    def unconfirmed_events(self) -> int:
+        """Events at the log's end that a killed backend wrote for a writer and never committed.
+
+        Their writer sends their batch again, which replaces them; until
+        then no compaction takes them in.
+        """
+        if self._record.producer is None:
+            return 0
+        return max(0, self._written_seq - self._record.seq)
+
+    @property
     def pending_events(self) -> int:
         return len(self._pending)
 
@@ -1504,13 +1515,15 @@ class Session:
             and self._log_bytes_since_snapshot >= self.log_growth * self._snapshot_size
         )
         compacted = False
+        # Log lines past the committed seq are a batch a killed backend never
+        # committed: its resend cuts them from the log and applies it again.
+        # A snapshot holding them would keep them past that cut, and the
+        # batch would be in twice; the compaction waits for the commit.
+        # (Files written again are compacted all the same: the snapshot is gone.)
+        held = self.unconfirmed_events > 0
         # A thread takes its id from its first event: until then there is no snapshot to write.
-        # Log lines past the committed seq (a killed backend's batch, which its
-        # writer sends again) stay out of any snapshot until their resend has
-        # replaced them: cutting the log back for it would not take them out
-        # of a snapshot, and the resend would be applied twice.
         if (self.thread.id is not None and (compact or (compact is None and due))
-                and not self._awaiting_resend()):  # fmt: skip
+                and (self._rewriting or not held)):  # fmt: skip
             self._compact()
             compacted = True
             self._rewriting = False
@@ -1525,10 +1538,6 @@ class Session:
             compacted=compacted,
             seconds=time.perf_counter() - started,
         )
-
-    def _awaiting_resend(self) -> bool:
-        """True while the log holds lines past the batch its record names as committed."""
-        return self._record.producer is not None and self._written_seq > self._record.seq
 
     # -- files gone under the store ----------------------------------------
 

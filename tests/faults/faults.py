@@ -194,6 +194,8 @@ def judge(outcome: Outcome, run: Run, result: dict[str, Any], *, item: int = 0) 
     outcome.notes.append("longest calls while recovering, garbage collection excluded (ms): " + ", ".join(result["calls"]) +
                          f"; the longest garbage collection inside one: {result['max-gc-ms']:.1f} ms, "
                          f"{result['gcs']} collections, {result['gc-seconds']:.2f} s in all")  # fmt: skip
+    if outcome.lost or outcome.duplicated or outcome.reordered:
+        outcome.problems.append(f"evidence kept in {keep_evidence(run)}")
     if result["saved"] is not True:
         outcome.problems.append("the shim did not get everything saved")
     if not str(result["stop"]).startswith("(exit 0)"):
@@ -218,6 +220,22 @@ def judge(outcome: Outcome, run: Run, result: dict[str, Any], *, item: int = 0) 
     if outcome.lost and any("nothing was lost" in m or "is saved" in m for m in messages):
         outcome.problems.append("a message said nothing was lost, and something was")
     return outcome
+
+
+def keep_evidence(run: Run) -> Path:
+    """Copy what RUN left (every backend's log, the session's files) where the suite's cleanup spares it.
+
+    The state directory's server.log holds each backend's opens (with the
+    seq it found), the batches it dropped and why it stopped: the history
+    of a stream that lost or duplicated chunks.
+    """
+    kept = Path(tempfile.mkdtemp(prefix="magent-store-faults-kept-"))
+    for name, source in (("state", run.state), ("root", run.root)):
+        with contextlib.suppress(OSError):  # what a copy misses is still worth keeping the rest of
+            shutil.copytree(source, kept / name)
+    with contextlib.suppress(OSError):
+        shutil.copy2(run.out, kept / "out.json")
+    return kept
 
 
 # --------------------------------------------------------------------------
