@@ -14,7 +14,7 @@
 ;; reader builds it).  Prints both files' sizes, every time, the medians
 ;; and their ratio.
 ;;
-;;   MAGENT_LISP=/work/upstream/magent/lisp emacs --batch -Q -L elisp \
+;;   MAGENT_LISP=<magent>/lisp emacs --batch -Q -L elisp \
 ;;     -L tests/elisp -l bench/elisp/resume-bench.el
 ;;
 ;; RESUME_BENCH_TURNS (default 60) and RESUME_BENCH_KB (assistant text

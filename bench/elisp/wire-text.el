@@ -11,7 +11,7 @@
 ;; (for bytes, the search also turns them into text).
 ;;
 ;;   emacs --batch -Q -L elisp -l bench/elisp/wire-text.el
-;;   /work/emacs30/run emacs --batch -Q -L elisp -l bench/elisp/wire-text.el
+;;   <Emacs 30 root>/run emacs --batch -Q -L elisp -l bench/elisp/wire-text.el
 
 ;;; Code:
 

@@ -27,59 +27,68 @@
     (magent-store-status)
     (with-current-buffer "*magent-store-status*" (buffer-string))))
 
+(defmacro magent-store-status-test--with-backend (messages &rest body)
+  "Run BODY against a fresh backend, its messages collected in MESSAGES."
+  (declare (indent 1) (debug t))
+  `(let* ((tmp (make-temp-file "magent-store-status-test-" t))
+          (magent-store-root (expand-file-name "root" tmp))
+          (magent-store-python (or magent-store-test-python magent-store-python))
+          (process-environment
+           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                 process-environment))
+          (magent-store--sessions (make-hash-table :test #'equal))
+          (magent-store--recent nil)
+          (magent-store--backend nil)
+          (magent-store--last-error nil)
+          (magent-store--flush-ms nil)
+          (,messages nil))
+     (unwind-protect
+         (cl-letf (((symbol-function 'message)
+                    (lambda (format &rest args)
+                      (when format
+                        (push (apply #'format-message format args) ,messages)))))
+           ,@body)
+       (ignore-errors (magent-store-stop '(4)))
+       (when magent-store--backend
+         (magent-store--kill-backend magent-store--backend))
+       (delete-directory tmp t))))
+
 (ert-deftest magent-store-status-says-what-it-knows-and-stop-says-what-it-did ()
-  (let* ((tmp (make-temp-file "magent-store-status-test-" t))
-         (magent-store-root (expand-file-name "root" tmp))
-         (magent-store-python (or magent-store-test-python magent-store-python))
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
-         (magent-store--flush-ms nil)
-         (messages nil))
-    (unwind-protect
-        (cl-letf (((symbol-function 'message)
-                   (lambda (format &rest args)
-                     (push (apply #'format-message format args) messages))))
-          (magent-store-start)
-          (let ((text (magent-store-status-test--text)))
-            (should (string-match-p "^Open sessions: +none$" text))
-            (should (string-match-p "^Flush (backend): +no flush yet$" text))
-            (should (string-match-p "^Acknowledged after: no flush yet$" text))
-            (should-not (string-match-p "\\_<nil\\_>" text)))
-          (magent-store-open "s1")
-          (magent-store-put-header "s1" '((id . "s1") (schema-version . 7)))
-          (dotimes (_ 3) (magent-store-flush "s1"))
-          (let ((text (magent-store-status-test--text)))
-            (should (string-match-p "^Open sessions: +s1$" text))
-            (should (string-match-p
-                     "^Bytes written: +[0-9]+ ([0-9.]+ \\(?:B\\|KiB\\|MiB\\)\\|[0-9]+ ([0-9.]+ KiB)"
-                     text))
-            (dolist (line '("Flush (backend): +" "Acknowledged after: "))
-              (should (string-match
-                       (concat "^" line "last \\([0-9.]+\\), median \\([0-9.]+\\), p99 \\([0-9.]+\\) ms")
-                       text))
-              (should (<= (string-to-number (match-string 2 text))
-                          (string-to-number (match-string 3 text))))))
-          ;; An error from before a deliberate stop is not shown after it.
-          (setq magent-store--last-error "an old error")
-          (setq messages nil)
-          (magent-store-stop)
-          (should (equal messages '("magent-store: backend stopped, 1 session flushed")))
-          ;; The backend exited by itself, its spool directory removed.
-          (should-not (file-expand-wildcards
-                       (expand-file-name "state/magent-store/spool-*" tmp)))
-          (let ((text (magent-store-status-test--text)))
-            (should (string-match-p "^Backend: not running$" text))
-            (should (string-match-p "^Last error: +none$" text)))
-          (setq messages nil)
-          (magent-store-stop)
-          (should (equal messages '("magent-store: the backend was not running"))))
-      (ignore-errors (magent-store-stop))
-      (delete-directory tmp t))))
+  (magent-store-status-test--with-backend messages
+    (magent-store-start)
+    (let ((text (magent-store-status-test--text)))
+      (should (string-match-p "^Open sessions: +none$" text))
+      (should (string-match-p "^Flush (backend): +no flush yet$" text))
+      (should (string-match-p "^Acknowledged after: no flush yet$" text))
+      (should-not (string-match-p "\\_<nil\\_>" text)))
+    (magent-store-open "s1")
+    (magent-store-put-header "s1" '((id . "s1") (schema-version . 7)))
+    (dotimes (_ 3) (magent-store-flush "s1"))
+    (let ((text (magent-store-status-test--text)))
+      (should (string-match-p "^Open sessions: +s1$" text))
+      (should (string-match-p
+               "^Bytes written: +[0-9]+ ([0-9.]+ \\(?:B\\|KiB\\|MiB\\)\\|[0-9]+ ([0-9.]+ KiB)"
+               text))
+      (dolist (line '("Flush (backend): +" "Acknowledged after: "))
+        (should (string-match
+                 (concat "^" line "last \\([0-9.]+\\), median \\([0-9.]+\\), p99 \\([0-9.]+\\) ms")
+                 text))
+        (should (<= (string-to-number (match-string 2 text))
+                    (string-to-number (match-string 3 text))))))
+    ;; An error from before a deliberate stop is not shown after it.
+    (setq magent-store--last-error "an old error")
+    (setq messages nil)
+    (magent-store-stop)
+    (should (equal messages '("magent-store: backend stopped, 1 session flushed")))
+    ;; The backend exited by itself, its spool directory removed.
+    (should-not (file-expand-wildcards
+                 (expand-file-name "state/magent-store/spool-*" tmp)))
+    (let ((text (magent-store-status-test--text)))
+      (should (string-match-p "^Backend: not running$" text))
+      (should (string-match-p "^Last error: +none$" text)))
+    (setq messages nil)
+    (magent-store-stop)
+    (should (equal messages '("magent-store: the backend was not running")))))
 
 ;; A disk nearly full: the search index pauses and the status buffer says
 ;; why, then space returns and it says the index is kept current again.
@@ -142,32 +151,6 @@
     (dolist (p '(0 1 50 89 90 91 99 100))
       (should (= (magent-store--percentile numbers p) (1+ p))))
     (should (equal numbers (number-sequence 101 1 -1))))) ; left as it was
-
-(defmacro magent-store-status-test--with-backend (messages &rest body)
-  "Run BODY against a fresh backend, its messages collected in MESSAGES."
-  (declare (indent 1) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-status-test-" t))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--last-error nil)
-          (magent-store--flush-ms nil)
-          (,messages nil))
-     (unwind-protect
-         (cl-letf (((symbol-function 'message)
-                    (lambda (format &rest args)
-                      (when format
-                        (push (apply #'format-message format args) ,messages)))))
-           ,@body)
-       (ignore-errors (magent-store-stop '(4)))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
 
 (ert-deftest magent-store-status-a-header-refused-at-opening-is-said ()
   "A header the backend refuses is said, also when it went with the opening."
