@@ -16,6 +16,13 @@
 (require 'ert)
 (require 'magent-store-tests)
 
+;; A machine's speed decides whether a reply happens to land between
+;; two timed chunks, so the test makes it happen: it sends a batch,
+;; queues more chunks, then waits for that batch's reply without running
+;; timers.  Each round's reply arrives while chunks are queued.
+(defconst magent-store-test--stream-rounds 6
+  "How many replies the long stream has cross queued chunks.")
+
 (ert-deftest magent-store-replies-arriving-mid-stream-lose-no-chunk ()
   "Replies that arrive while chunks are queued: every chunk once, in order."
   (magent-store-test--with-backend
@@ -23,26 +30,49 @@
     (magent-store-test--start-turn "s-long")
     (magent-store-flush "s-long")
     (let* ((session (gethash "s-long" magent-store--sessions))
+           (connection (magent-store--backend-connection magent-store--backend))
            (crossed 0)
            (replies 0)
-           (chunks (let (out)
-                     (dotimes (i 600)
-                       (push (format "%s%d|" (nth (% i 40) magent-store-test--chunks) i)
-                             out))
-                     (nreverse out)))
+           (next 0)
+           (sent nil)
+           (queue (lambda (n)
+                    (dotimes (_ n)
+                      (let ((chunk (format "%s%d|" (nth (% next 40)
+                                                        magent-store-test--chunks)
+                                           next)))
+                        (push chunk sent)
+                        (cl-incf next)
+                        (magent-store-append-item-content "s-long" "item-1" chunk)
+                        (magent-store-request-flush "s-long")))))
            (magent-store--flushed-function
             (lambda (_sent _record _reply)
               (cl-incf replies)
               (when (> (magent-store--session-fill session) 0)
                 (cl-incf crossed)))))
-      ;; About four seconds of streaming, a chunk every 5 ms or so.
-      (magent-store-test--stream "s-long" chunks 0.005)
-      (should (= (magent-store-flush "s-long") (+ 3 (length chunks))))
-      ;; The case this test is for happened, more than once.
-      (should (> crossed 2))
-      (should (> replies crossed))
+      (dotimes (_ magent-store-test--stream-rounds)
+        (funcall queue 40)
+        (magent-store--tick session)      ; the batch goes out as a tick
+        (should (= (magent-store--session-fill session) 0))
+        (funcall queue 40)                ; and the next one fills meanwhile
+        (let ((seen replies)
+              (deadline (+ (float-time) 20)))
+          ;; An integer JUST-THIS-ONE: no timer runs, so nothing sends the
+          ;; queued chunks before the reply is in.
+          (while (and (= replies seen) (< (float-time) deadline))
+            (accept-process-output connection 0.05 nil 1))
+          (should (> replies seen))))
+      ;; Then a stream on real timers, as a long answer arrives.
+      (let ((chunks (let (out)
+                      (dotimes (_ 200)
+                        (push (format "t%d|" next) out)
+                        (cl-incf next))
+                      (nreverse out))))
+        (setq sent (append (reverse chunks) sent))
+        (magent-store-test--stream "s-long" chunks 0.005))
+      (should (= (magent-store-flush "s-long") (+ 3 next)))
+      (should (>= crossed magent-store-test--stream-rounds))
       (should (equal (magent-store-test--content (magent-store-load "s-long"))
-                     (apply #'concat chunks))))))
+                     (apply #'concat (reverse sent)))))))
 
 (provide 'magent-store-stream-tests)
 ;;; magent-store-stream-tests.el ends here
