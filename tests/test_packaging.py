@@ -103,7 +103,8 @@ def test_the_sdist_is_the_whole_project_and_its_tests_pass_on_their_own(
     for needed in ["LICENSE", "README.md", "Makefile", "pyproject.toml", "recipes/magent-store",
                    "tests/conftest.py", "tests/schema6.py", "tests/live/smoke.py", "bench/demo.py",
                    "tests/elisp/magent-store-tests.el", "tests/elisp/stubs/gptel.el",
-                   *(f"elisp/{name}" for name in ELISP)]:  # fmt: skip
+                   *(f"elisp/{name}" for name in ELISP),
+                   *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]:  # fmt: skip
         assert (root / needed).is_file(), needed
     assert not list(root.rglob("*.elc")) and not list(root.rglob("__pycache__"))
 

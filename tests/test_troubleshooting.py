@@ -4,7 +4,7 @@ Every `#+begin_src sh` block of "Work against an isolated Emacs" is taken
 from the file and run, in order, in one shell, from the top of this
 checkout: a real `emacs -Q --daemon` with its own socket directory, state
 directory and session root, this checkout's shim, magent's own code (from
-MAGENT_LISP), the README's example, the status buffer over emacsclient,
+MAGENT_LISP), the example of docs/API.md, the status buffer over emacsclient,
 the backend's log, and the stop.  A step that fails, hangs or prints
 something other than what the file says fails the test.  HOME is a fresh
 directory, so anything the procedure wrote outside its own directory
@@ -110,7 +110,7 @@ def test_the_isolated_emacs_procedure_runs_as_written(tmp_path: Path) -> None:
             assert re.fullmatch(
                 r'\("' + re.escape(str(Path(magent) / "magent-session")) + r'\.elc?" t\)', steps["3"].strip()
             ), steps["3"]
-        # 4: the README's example.
+        # 4: the example of docs/API.md.
         assert steps["4"].strip() == '"Hello, world"', steps["4"]
         # 5: the status buffer, over emacsclient.
         assert "Backend pid:" in steps["5"] and "example-session" not in steps["5"].split("Open sessions:")[0]

@@ -1,12 +1,12 @@
-;;; magent-store-readme-tests.el --- ERT: the README's example runs as printed  -*- lexical-binding: t; -*-
+;;; magent-store-readme-tests.el --- ERT: the documented example runs as printed  -*- lexical-binding: t; -*-
 
 ;; SPDX-License-Identifier: GPL-3.0-or-later
 
 ;;; Commentary:
 
-;; The README's "Using the store from your own code" example, read from
-;; README.md and evaluated as it is against a real backend in a fresh
-;; session root; its value must be what the README says it is.
+;; The example of "Using the store from your own code", read from
+;; docs/API.md and evaluated as it is against a real backend in a fresh
+;; session root; its value must be what the page says it is.
 
 ;;; Code:
 
@@ -22,12 +22,12 @@
   "The backend command under test; nil means the shim's default.")
 
 (defconst magent-store-readme-test--file
-  (expand-file-name "../../README.md"
+  (expand-file-name "../../docs/API.md"
                     (file-name-directory (or load-file-name buffer-file-name)))
-  "The README whose example is tested.")
+  "The page whose example is tested.")
 
 (defun magent-store-readme-test--example ()
-  "Return (FORMS . EXPECTED) of the README's example block."
+  "Return (FORMS . EXPECTED) of the documented example block."
   (with-temp-buffer
     (insert-file-contents magent-store-readme-test--file)
     (set-syntax-table emacs-lisp-mode-syntax-table)
