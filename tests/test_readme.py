@@ -1,6 +1,8 @@
 """The README speaks to users and leaves nothing out: every setting and
 command of the Emacs package, every subcommand of the command-line tool
-(each with examples in its --help), and no words from how we work."""
+(each with examples in its --help), and no words from how we work, in it
+or in the pages under docs/ it links to; every link among them leads to a
+file and heading that exist."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from magent_store.cli import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
+# The pages the README sends readers to.  The glossary is left out of the
+# words check: naming the code's own words is what it is for.
+DOCS = sorted((REPO / "docs").glob("*.md"))
+PAGES = [REPO / "README.md", *DOCS]
 ELISP = "\n".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "elisp").glob("*.el")))
 
 
@@ -45,10 +51,10 @@ def test_every_subcommand_is_listed_and_its_help_shows_examples(command: str) ->
     assert f"  magent-store {command}" in out
 
 
-def _prose_lines() -> list[str]:
-    """The README's lines outside fenced blocks (commands there are literal)."""
+def _prose_lines(text: str = README) -> list[str]:
+    """TEXT's lines outside fenced blocks (commands there are literal)."""
     lines, fenced = [], False
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
         elif not fenced:
@@ -56,7 +62,47 @@ def _prose_lines() -> list[str]:
     return lines
 
 
-def test_no_words_from_how_we_work() -> None:
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "GLOSSARY.md"], ids=lambda p: p.name)
+def test_no_words_from_how_we_work(page: Path) -> None:
+    prose = _prose_lines(page.read_text(encoding="utf-8"))
     for pattern in (r"\bSPEC\b", r"§", r"\bissue \d", r"\bticks?\b", r"\bfloor\b"):
-        hits = [line for line in _prose_lines() if re.search(pattern, line)]
-        assert not hits, f"{pattern}: {hits}"
+        hits = [line for line in prose if re.search(pattern, line)]
+        assert not hits, f"{page.name}: {pattern}: {hits}"
+
+
+def test_the_readme_links_every_page_under_docs() -> None:
+    assert len(DOCS) >= 8, DOCS
+    missing = [p.name for p in DOCS if f"](docs/{p.name})" not in README]
+    assert not missing, f"pages under docs/ the README does not link: {missing}"
+
+
+def _anchor(heading: str) -> str:
+    """HEADING's anchor as GitHub makes it: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_anchor(line.lstrip("#")) for line in _prose_lines(page.read_text(encoding="utf-8"))
+            if re.match(r"#{1,6} ", line)}  # fmt: skip
+
+
+def test_anchors_are_made_as_github_makes_them() -> None:
+    assert _anchor("Durability (`fsync`, `magent-store-fsync`)") == "durability-fsync-magent-store-fsync"
+    assert _anchor("Where does a turn's time go?") == "where-does-a-turns-time-go"
+    assert _anchor("With magent: `magent-store-mode`") == "with-magent-magent-store-mode"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_leads_to_a_file_and_heading_that_exist(page: Path) -> None:
+    text = "\n".join(_prose_lines(page.read_text(encoding="utf-8")))
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    broken = []
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        found = target.is_file() and target.is_relative_to(REPO)
+        if not found or (anchor and target.suffix == ".md" and anchor not in _anchors(target)):
+            broken.append(link)
+    assert not broken, f"{page.name}: links to nothing: {broken}"
