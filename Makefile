@@ -83,8 +83,8 @@ test-python: install $(PLOT_STAMP)
 
 # Mutation testing (mutmut) of ledger.py, store.py, server.py, search.py,
 # export.py, fsck.py and migrate.py, each against its own test file; scores
-# and survivors under build/mutation/ (README, "Testing").  MODULES="ledger"
-# narrows it, JOBS=2 runs two mutants at once.
+# and survivors under build/mutation/ (docs/DEVELOPING.md, "Mutation
+# testing").  MODULES="ledger" narrows it, JOBS=2 runs two mutants at once.
 MUTMUT_STAMP := $(VENV)/.mutmut-installed
 $(MUTMUT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'mutmut>=3.8,<4'
@@ -132,7 +132,7 @@ test-magent: install emacs-ready
 	@lisp='$(MAGENT_LISP)'; session7='$(or $(MAGENT_SESSION7),$(UPSTREAM_SESSION7))'; \
 	if [ -z "$$lisp" ]; then \
 	  if [ -z '$(UPSTREAM_TARBALL)' ]; then \
-	    echo "make test-magent: upstream magent not found: no magent-*.tar.gz in $(UPSTREAM), and MAGENT_LISP is not set (see the README)"; exit 2; \
+	    echo "make test-magent: upstream magent not found: no magent-*.tar.gz in $(UPSTREAM), and MAGENT_LISP is not set (see docs/DEVELOPING.md)"; exit 2; \
 	  fi; \
 	  tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/magent-upstream.XXXXXX") || exit 2; \
 	  trap 'rm -rf "$$tmp"' EXIT; trap 'exit 130' INT TERM; \
@@ -151,7 +151,7 @@ test-magent-if-available:
 	@if [ -n "$(MAGENT_LISP)" ] || [ -n '$(UPSTREAM_TARBALL)' ]; then $(MAKE) --no-print-directory test-magent; \
 	elif [ "$$(echo "$${CI:-}" | tr A-Z a-z)" = true ] || [ "$${CI:-}" = 1 ] || [ "$$(echo "$${CI:-}" | tr A-Z a-z)" = yes ]; then \
 	  echo "make test: FAILED: upstream magent not found (no magent-*.tar.gz in $(UPSTREAM), MAGENT_LISP not set): under CI every test must run"; exit 2; \
-	else $(SUITE) test-magent skipped -- echo "*** SKIPPED: the tests against upstream magent (no magent-*.tar.gz in $(UPSTREAM), MAGENT_LISP not set; see the README) ***"; fi
+	else $(SUITE) test-magent skipped -- echo "*** SKIPPED: the tests against upstream magent (no magent-*.tar.gz in $(UPSTREAM), MAGENT_LISP not set; see docs/DEVELOPING.md) ***"; fi
 
 # A real Emacs streams through the shim while its backend is SIGKILLed, its
 # disk fills, a second Emacs writes the same session; strangers fuzz the port.
@@ -198,7 +198,7 @@ bench-search: install
 # per run, medians of 3.  SIZES="1000,3000" narrows it; EMACS picks the Emacs.
 SIZES ?= 1000,3000,10000
 bench-list: install emacs-ready
-	@test -n "$(MAGENT_LISP)" || { echo "make bench-list: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)"; exit 2; }
+	@test -n "$(MAGENT_LISP)" || { echo "make bench-list: set MAGENT_LISP to upstream magent's lisp/ folder (see docs/DEVELOPING.md)"; exit 2; }
 	$(PY) bench/list_bench.py --sizes $(SIZES) --emacs $(EMACS)
 
 # What MELPA checks, on every Elisp file: byte-compilation with warnings as

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="magent-store's Lisp folder (default: this checkout's; another to compare)")
     args = parser.parse_args(argv)
     if not os.environ.get("MAGENT_LISP"):
-        print("bench/list_bench.py: set MAGENT_LISP to upstream magent's lisp/ folder (see the README)",
+        print("bench/list_bench.py: set MAGENT_LISP to upstream magent's lisp/ folder (see docs/DEVELOPING.md)",
               file=sys.stderr)  # fmt: skip
         return 2
     sizes = [int(n) for n in args.sizes.split(",")]

@@ -1,4 +1,4 @@
-"""Benchmark of the schema-7 store: the "Numbers" of issue 2.
+"""Benchmark of the schema-7 store: the figures of docs/BENCHMARKS.md, "The store".
 
 Not a test: it measures, prints one markdown table per measurement (each with
 its target and PASS/MISS) and writes the same figures as JSON to

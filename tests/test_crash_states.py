@@ -16,8 +16,8 @@ directory and checked against what the store promised for its fsync mode:
 - ``never``: recent events may go, but every session that was ever
   acknowledged reads back whole after ``fsck --repair``.
 
-Run with ``-s`` to see the states tried and violating per mode (the README's
-fault report quotes them).
+Run with ``-s`` to see the states tried and violating per mode
+(docs/RELIABILITY.md, "Power loss", quotes them).
 """
 
 from __future__ import annotations

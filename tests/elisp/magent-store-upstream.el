@@ -3,8 +3,8 @@
 ;;; Commentary:
 
 ;; The integration tests run against magent's own code, never a copy of it:
-;; MAGENT_LISP names upstream magent's lisp/ folder (see the README for
-;; how to get it).  Optionally MAGENT_SESSION7 names a folder holding a
+;; MAGENT_LISP names upstream magent's lisp/ folder (docs/DEVELOPING.md
+;; says how to get it).  Optionally MAGENT_SESSION7 names a folder holding a
 ;; newer magent-session.el that reads schema 7 itself; it is loaded over
 ;; the release's.  When gptel is not installed, tests/elisp/stubs stands in
 ;; for it (magent only requires it at load time; the tests never call it).

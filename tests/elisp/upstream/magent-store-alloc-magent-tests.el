@@ -10,7 +10,7 @@
 ;; for after it (as magent-agent.el's `record-text-delta' does), with
 ;; `magent-store-mode' on, against the same stream with persistence off.
 ;; magent and the shim are byte-compiled, as users load them.  Needs
-;; MAGENT_LISP (see the README); `make test-magent' runs it.
+;; MAGENT_LISP (see docs/DEVELOPING.md); `make test-magent' runs it.
 
 ;;; Code:
 
