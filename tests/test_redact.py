@@ -177,6 +177,20 @@ def test_ordinary_text_streams_through_unchanged_holding_back_little() -> None:
           f"p90 {held[len(held) * 9 // 10]}, max {held[-1]} characters")
 
 
+def test_rules_are_tried_only_at_their_anchors_and_find_what_a_full_search_finds(tmp_path: Path) -> None:
+    r = redact.Redactor(key=b"k")
+    texts = [p.text for p in PLANTS] + [p.text * 3 for p in PLANTS]
+    texts += [p.read_text() for p in _corpus(tmp_path)[:80] if p.suffix in (".py", ".el", ".md", ".org")]
+    for rule in r.rules:
+        for text in texts:
+            found: list[redact._Span] = []
+            r._anchored(rule, text, text.translate(redact._ASCII_LOWER), found)
+            full: list[redact._Span] = []
+            for m in rule.regex.finditer(text):
+                r._take(rule, m, text, full)
+            assert [(s.start, s.end) for s in found] == [(s.start, s.end) for s in full], rule.kind
+
+
 def _corpus(tmp_path: Path) -> list[Path]:
     own = [p for d in ("backend", "elisp", "tests", "docs") for p in (REPO / d).rglob("*")
            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".elc", ".pyc")]

@@ -110,3 +110,14 @@ def test_a_secret_replaced_since_in_the_conversation_is_found_in_the_log(tmp_pat
         session.flush()
     (result,) = scan.scan_root(root, Redactor(key=b"k"))
     assert [(f.kind, f.where) for f in result.findings] == [("github-pat", "log seq 3/payload/item/input/command")]
+
+
+def test_worker_processes_find_the_same_with_the_same_fingerprints(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    for n in range(4):
+        seven(root, f"s{n}", [f"key {AWS} in chunk {n}"], command=f"git push https://x:{GH}@example.test")
+    redactor = Redactor(patterns={"ticket": r"TICKET-\d{6}"}, key=b"k")
+    inline = scan.scan_root(root, redactor, workers=0)
+    pooled = scan.scan_root(root, redactor, workers=2)
+    assert [(s.path, s.findings) for s in pooled] == [(s.path, s.findings) for s in inline]
+    assert len({f.fingerprint for s in pooled for f in s.findings if f.kind == "aws-access-token"}) == 1

@@ -293,7 +293,8 @@ class Redactor:
                                   "(a shorter one would redact ordinary words)")  # fmt: skip
         # Longest first: a literal inside another is redacted as part of the longer one.
         self.literals: tuple[str, ...] = tuple(sorted(set(literals), key=len, reverse=True))
-        self._key = key if key is not None else os.urandom(32)
+        self.patterns = dict(patterns or {})
+        self.key = key if key is not None else os.urandom(32)
         anchors = {a for r in self.rules for a in r.anchors}
         self._anchors = tuple(sorted(anchors))
         self._partials = {a[:k] for a in anchors for k in range(1, len(a))}
@@ -302,10 +303,14 @@ class Redactor:
         self._literal_max = max((len(lit) for lit in self.literals), default=1) - 1
         self._spanning = tuple(r for r in self.rules if r.window)
         self._has_user = any(r.user for r in self.rules)
+        self._keywords = tuple(sorted({k for r in self.rules for k in r.keywords}))
+        self._by_keyword = {k: [i for i, r in enumerate(self.rules) if k in r.keywords]
+                            for k in self._keywords}  # fmt: skip
+        self._unanchored = tuple(r for r in self.rules if not r.keywords)
 
     def fingerprint(self, secret: str) -> str:
         """The first 8 hex digits of the keyed SHA-256 of SECRET."""
-        digest = hmac.new(self._key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        digest = hmac.new(self.key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
         return digest.hexdigest()[:8]
 
     def _ignored(self, rule: Rule, secret: str) -> bool:
@@ -318,20 +323,48 @@ class Redactor:
         lower = secret.lower()
         return any(w in lower for w in self._stopwords)
 
+    def _anchored(self, rule: Rule, text: str, lower: str, found: list[_Span]) -> None:
+        """RULE's matches in TEXT, tried only where one of its anchors starts (LOWER: TEXT lowered).
+
+        The same matches as ``finditer``: every match of a vendored rule
+        starts with one of its anchors (a test checks it on every rule).
+        """
+        starts: set[int] = set()
+        for anchor in rule.anchors:
+            at = lower.find(anchor)
+            while at >= 0:
+                starts.add(at)
+                at = lower.find(anchor, at + 1)
+        end = 0
+        for at in sorted(starts):
+            if at < end:
+                continue
+            m = rule.regex.match(text, at)
+            if m is not None:
+                self._take(rule, m, text, found)
+                end = m.end()
+
+    def _take(self, rule: Rule, m: re.Match[str], text: str, found: list[_Span]) -> None:
+        group = rule.secret_group
+        if not group and m.re.groups:
+            group = next((g for g in range(1, m.re.groups + 1) if m.group(g)), 0)
+        start, end = m.span(group)
+        if end > start and not self._ignored(rule, text[start:end]):
+            found.append(_Span(start, end, rule.kind))
+
     def _spans(self, text: str) -> list[_Span]:
         """The secrets in TEXT, as sorted, non-overlapping spans (overlaps merged)."""
         found: list[_Span] = []
         lower = text.lower()
-        for rule in self.rules:
-            if rule.keywords and not any(k in lower for k in rule.keywords):
-                continue
+        hits = [k for k in self._keywords if k in lower]
+        if hits:
+            if len(lower) != len(text):  # a character lowered to two: positions must stay
+                lower = text.translate(_ASCII_LOWER)
+            for i in sorted({i for k in hits for i in self._by_keyword[k]}):
+                self._anchored(self.rules[i], text, lower, found)
+        for rule in self._unanchored:
             for m in rule.regex.finditer(text):
-                group = rule.secret_group
-                if not group and m.re.groups:
-                    group = next((g for g in range(1, m.re.groups + 1) if m.group(g)), 0)
-                start, end = m.span(group)
-                if end > start and not self._ignored(rule, text[start:end]):
-                    found.append(_Span(start, end, rule.kind))
+                self._take(rule, m, text, found)
         for literal in self.literals:
             at = text.find(literal)
             while at >= 0:

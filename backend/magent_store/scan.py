@@ -12,6 +12,10 @@ This module declares the command's arguments beside its handler.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
+import multiprocessing
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +27,12 @@ from magent_store import ledger, schema6
 from magent_store.ledger import LedgerError
 from magent_store.redact import Redactor
 from magent_store.store import (
+    Scope,
     SessionFiles,
     Store,
     StoreError,
-    load_session,
     read_header,
+    replay_session,
     scan_log,
 )
 
@@ -52,6 +57,9 @@ examples:
   magent-store scan --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
 """
 DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
+# Sessions are read by up to this many worker processes (one per core), in batches of BATCH.
+WORKERS_MAX: Final = 4
+BATCH: Final = 50
 # Event types whose text is all in the conversation too: a chunk is found in its item's whole text.
 _IN_THREAD: Final = frozenset({"item-content-appended"})
 
@@ -141,18 +149,55 @@ def scan_session(path: Path, redactor: Redactor) -> SessionScan:
             return result
         files = SessionFiles.from_header_path(path)
         result = SessionScan(path, 7)
-        _locate(redactor, read_header(files.header), "header", result.findings, seen)
-        _, thread = load_session(files)
+        header = read_header(files.header)
+        _locate(redactor, header, "header", result.findings, seen)
+        log = scan_log(files.log)
+        thread, _ = replay_session(files, Scope.from_header(header), log)
         _thread(redactor, thread, result.findings, seen)
-        _events(redactor, scan_log(files.log).events, result.findings, seen)
+        _events(redactor, log.events, result.findings, seen)
         return result
     except (StoreError, LedgerError, OSError, ValueError) as exc:
         return SessionScan(path, 0, error=str(exc))
 
 
-def scan_root(root: Path, redactor: Redactor) -> list[SessionScan]:
-    """Every session under ROOT, scanned."""
-    return [scan_session(path, redactor) for path in Store(root).headers()]
+def scan_root(root: Path, redactor: Redactor, workers: int | None = None) -> list[SessionScan]:
+    """Every session under ROOT, scanned, in the order of the walk.
+
+    WORKERS processes read them (None: one per core when there are many
+    sessions; 0: read here), each with a redactor like REDACTOR, its key
+    included, so fingerprints compare across the whole run.
+    """
+    paths = list(Store(root).headers())
+    if workers is None:
+        workers = _workers(len(paths))
+    if workers < 1:
+        return [scan_session(path, redactor) for path in paths]
+    batches = [paths[n : n + BATCH] for n in range(0, len(paths), BATCH)]
+    spec = (redactor.key, tuple(redactor.patterns.items()), redactor.literals)
+    context = multiprocessing.get_context("spawn")  # no fork: the caller may have threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        done = pool.map(_scan_batch, batches, [spec] * len(batches))
+        return [scan for batch in done for scan in batch]
+
+
+def _workers(sessions: int) -> int:
+    """Worker processes for SESSIONS sessions: starting one costs a tenth of a second."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 0 if cores < 2 or sessions < 200 else min(WORKERS_MAX, cores)
+
+
+_Spec = tuple[bytes, tuple[tuple[str, str], ...], tuple[str, ...]]
+
+
+@functools.cache
+def _worker_redactor(spec: _Spec) -> Redactor:
+    key, patterns, literals = spec
+    return Redactor(patterns=dict(patterns), literals=literals, key=key)
+
+
+def _scan_batch(paths: list[Path], spec: _Spec) -> list[SessionScan]:
+    redactor = _worker_redactor(spec)
+    return [scan_session(path, redactor) for path in paths]
 
 
 def _patterns(specs: list[str]) -> dict[str, str]:
