@@ -52,6 +52,14 @@ def test_every_vendored_rule_compiles_and_names_its_source() -> None:
         assert rule.keywords and rule.anchors, rule.kind
 
 
+def test_no_vendored_rule_matches_text_shorter_than_the_shortest_tried() -> None:
+    from re import _parser  # type: ignore[attr-defined]
+
+    for rule in redact.load_rules().rules:
+        shortest = _parser.parse(rule.regex.pattern, rule.regex.flags).getwidth()[0]
+        assert shortest >= redact.SHORTEST_MATCH, (rule.kind, shortest)
+
+
 def test_re2_flag_groups_and_end_of_text_are_converted_for_python() -> None:
     # RE2 applies a late (?i) to the rest of its group, each alternative included.
     py = redact.python_regex(r"""x(?:"(?i)ab"|'cd')\z""")
@@ -124,6 +132,7 @@ def test_secrets_inside_tool_json_are_redacted_keys_included() -> None:
     assert out["headers"] == {"Authorization": "Bearer [redacted:authorization-header]", "Accept": "application/json"}
     assert out["tokens"] == {"[redacted:github-pat]": {"scopes": ["repo"]}}
     assert out["lines"][2:] == [3, None, True]
+    assert r.find_json(value, "input") == findings  # what scan reports: the same, nothing rewritten
     assert {(f.field, f.kind) for f in findings} == {
         ("input/command", "aws-access-token"), ("input/headers/Authorization", "authorization-header"),
         ("input/tokens (a key)", "github-pat"), ("input/lines/1", "github-pat")}

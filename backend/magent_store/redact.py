@@ -33,6 +33,8 @@ from typing import Any, Final
 
 RULES_FILE: Final = Path(__file__).with_name("secret-rules.toml")
 AUTH_SOURCE: Final = "auth-source"
+# No vendored rule matches text shorter than this (a test checks it): shorter strings skip them.
+SHORTEST_MATCH: Final = 12
 # A literal secret shorter than this would redact ordinary words.
 LITERAL_MIN: Final = 4
 KIND_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
@@ -355,8 +357,8 @@ class Redactor:
     def _spans(self, text: str) -> list[_Span]:
         """The secrets in TEXT, as sorted, non-overlapping spans (overlaps merged)."""
         found: list[_Span] = []
-        lower = text.lower()
-        hits = [k for k in self._keywords if k in lower]
+        lower = text.lower() if len(text) >= SHORTEST_MATCH else ""
+        hits = [k for k in self._keywords if k in lower] if lower else []
         if hits:
             if len(lower) != len(text):  # a character lowered to two: positions must stay
                 lower = text.translate(_ASCII_LOWER)
@@ -447,6 +449,36 @@ class Redactor:
                     out[name] = self._json(v, path, findings)
             return out
         return value
+
+    def find_json(self, value: Any, where: str = "", known: set[str] | None = None) -> list[Finding]:
+        """The findings `redact_json` would give for VALUE, without rewriting it.
+
+        Strings in KNOWN are skipped (their secrets were reported already);
+        the strings looked at are added to it.
+        """
+        findings: list[Finding] = []
+        self._find_json(value, where, findings, known)
+        return findings
+
+    def _find_json(self, value: Any, where: str, findings: list[Finding], known: set[str] | None) -> None:
+        if isinstance(value, str):
+            if known is not None:
+                if value in known:
+                    return
+                known.add(value)
+            findings += self.find(value, where)
+        elif isinstance(value, list):
+            for n, v in enumerate(value):
+                self._find_json(v, f"{where}/{n}", findings, known)
+        elif isinstance(value, dict):
+            for key, v in value.items():
+                if isinstance(key, str):
+                    findings += [Finding(f.kind, f"{where} (a key)", f.offset, f.length, f.fingerprint)
+                                 for f in self.find(key)]  # fmt: skip
+                    if isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                        self._header_value(key, v, f"{where}/{key}", findings)
+                        continue
+                self._find_json(v, f"{where}/{key}", findings, known)
 
     def _header_value(self, key: str, value: str, where: str, findings: list[Finding]) -> str:
         prefix = f"{key}: "

@@ -98,63 +98,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], seen: set[str]) -> None:
-    _, found = redactor.redact_json(value, where)
-    for f in found:
-        seen.add(f.fingerprint)
+def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str]) -> None:
+    for f in redactor.find_json(value, where, known):
         out.append(Located(f.kind, f.field, f.fingerprint))
 
 
-def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], seen: set[str]) -> None:
+def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str]) -> None:
     obj = ledger.thread_to_json(thread)
     for key, value in obj.items():
         if key != "turns":
-            _locate(redactor, value, f"thread/{key}", out, seen)
+            _locate(redactor, value, f"thread/{key}", out, known)
     for t, turn in enumerate(obj.get("turns") or [], 1):
         turn_at = f"turn {t} ({turn.get('id')})"
         for key, value in turn.items():
             if key != "items":
-                _locate(redactor, value, f"{turn_at}/{key}", out, seen)
+                _locate(redactor, value, f"{turn_at}/{key}", out, known)
         for i, item in enumerate(turn.get("items") or [], 1):
             item_at = f"{turn_at}/item {i} ({item.get('id')})"
             for key, value in item.items():
-                _locate(redactor, value, f"{item_at}/{key}", out, seen)
+                _locate(redactor, value, f"{item_at}/{key}", out, known)
 
 
-def _events(redactor: Redactor, events: list[ledger.Event], out: list[Located], seen: set[str]) -> None:
-    """Secrets in logged events that the conversation no longer shows (replaced since)."""
+def _events(redactor: Redactor, events: list[ledger.Event], out: list[Located], known: set[str]) -> None:
+    """Secrets in logged events that the conversation no longer shows (replaced since).
+
+    Strings the conversation holds as they are were looked at already (KNOWN),
+    and a secret already reported is not reported again.
+    """
+    reported = {f.fingerprint for f in out}
     for event in events:
         if event.type in _IN_THREAD:
             continue
         found: list[Located] = []
         _locate(redactor, ledger.event_to_json(event).get("payload"), f"log seq {event.seq}/payload", found,
-                set())  # fmt: skip
+                known)  # fmt: skip
         for f in found:
-            if f.fingerprint not in seen:
-                seen.add(f.fingerprint)
+            if f.fingerprint not in reported:
+                reported.add(f.fingerprint)
                 out.append(f)
 
 
 def scan_session(path: Path, redactor: Redactor) -> SessionScan:
     """The secrets in the session whose header (or schema-6 file) is PATH."""
-    seen: set[str] = set()
+    known: set[str] = set()
     try:
         if schema6.is_schema6(path):
             old = schema6.read(path)
             result = SessionScan(path, schema6.SCHEMA6)
             header = {k: v for k, v in old.header.items() if k not in ("snapshot", "journal")}
-            _locate(redactor, header, "header", result.findings, seen)
-            _thread(redactor, old.thread, result.findings, seen)
-            _events(redactor, old.events, result.findings, seen)
+            _locate(redactor, header, "header", result.findings, known)
+            _thread(redactor, old.thread, result.findings, known)
+            _events(redactor, old.events, result.findings, known)
             return result
         files = SessionFiles.from_header_path(path)
         result = SessionScan(path, 7)
         header = read_header(files.header)
-        _locate(redactor, header, "header", result.findings, seen)
+        _locate(redactor, header, "header", result.findings, known)
         log = scan_log(files.log)
         thread, _ = replay_session(files, Scope.from_header(header), log)
-        _thread(redactor, thread, result.findings, seen)
-        _events(redactor, log.events, result.findings, seen)
+        _thread(redactor, thread, result.findings, known)
+        _events(redactor, log.events, result.findings, known)
         return result
     except (StoreError, LedgerError, OSError, ValueError) as exc:
         return SessionScan(path, 0, error=str(exc))
