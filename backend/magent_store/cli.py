@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, export, fsck, ledger, migrate, schema6, sessions
+from magent_store import __version__, export, fsck, ledger, migrate, scan, schema6, sessions
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
 from magent_store.store import (
@@ -661,6 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="repair what can be repaired without guessing")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.set_defaults(func=cmd_fsck)
+
+    scan.add_arguments(add("scan", scan.HELP, scan.DESCRIPTION))
 
     p = add(
         "serve", "run the EPC server (started by the Emacs shim)",

@@ -1,0 +1,599 @@
+"""Redaction: credentials in text replaced by ``[redacted:KIND]``, pure.
+
+What is looked for comes from three places: the patterns vendored from
+gitleaks with the package (``secret-rules.toml``, read once), the user's own
+regular expressions (a kind name each), and literal secrets handed in (what
+Emacs reads from the ``auth-source`` entries the user names; kind
+``auth-source``).  `Redactor.redact` rewrites one string, `Redactor.redact_json`
+every string inside a JSON value, `StreamRedactor` an item's text arriving in
+chunks, holding back only the tail that could still become a secret.
+
+A finding says what kind of secret was where, and its fingerprint: the first
+8 hex digits of an HMAC-SHA-256 of the secret under the redactor's key, so
+two places holding the same secret can be told apart from others without the
+secret, or a guess at a short password, being testable from it.
+
+Nothing here touches the disk but reading the rules file; nothing keeps a
+secret beyond the text it is given.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+RULES_FILE: Final = Path(__file__).with_name("secret-rules.toml")
+AUTH_SOURCE: Final = "auth-source"
+# No vendored rule matches text shorter than this (a test checks it): shorter strings skip them.
+SHORTEST_MATCH: Final = 12
+# A literal secret shorter than this would redact ordinary words.
+LITERAL_MIN: Final = 4
+KIND_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+# Characters a token secret is made of: a secret matched by a rule without a
+# window lies inside one run of them (see `StreamRedactor`).
+_RUN_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./+=~@:\\")
+# A trailing run longer than this is held back only from an anchor in its last RUN_CAP characters.
+RUN_CAP: Final = 8192
+# How far back a user's pattern is held back in a stream: its match must lie within a run of non-blanks.
+USER_WINDOW: Final = 256
+_ASCII_LOWER: Final = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+class RedactError(ValueError):
+    """A pattern, kind or literal that cannot be used, named in the message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One kind of secret: its regular expression and what narrows and confirms a match.
+
+    KEYWORDS (lowercase): the rule is tried only on text holding one of them.
+    ENTROPY: a secret whose Shannon entropy is not above it is ignored.
+    ALLOW: a secret any of these matches is ignored.  SECRET_GROUP: the group
+    holding the secret (0: the first non-empty group, or the whole match).
+    ANCHORS (lowercase): what every match starts with, for the stream.
+    WINDOW: for matches that span whitespace, how far past an anchor a stream
+    holds text back while no match is complete (0: a token rule).
+    """
+
+    kind: str
+    regex: re.Pattern[str]
+    keywords: tuple[str, ...] = ()
+    entropy: float = 0.0
+    allow: tuple[re.Pattern[str], ...] = ()
+    secret_group: int = 0
+    anchors: tuple[str, ...] = ()
+    window: int = 0
+    user: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """The vendored rules, with gitleaks' global allowlist and the commit they came from."""
+
+    rules: tuple[Rule, ...]
+    allow: tuple[re.Pattern[str], ...]
+    stopwords: tuple[str, ...]
+    source_commit: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A secret found: its kind, where (FIELD, and OFFSET and LENGTH in characters), its fingerprint."""
+
+    kind: str
+    field: str
+    offset: int
+    length: int
+    fingerprint: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "field": self.field, "offset": self.offset, "length": self.length,
+                "fingerprint": self.fingerprint}  # fmt: skip
+
+
+@dataclass(slots=True)
+class _Span:
+    start: int
+    end: int
+    kind: str
+
+
+def python_regex(source: str) -> str:
+    """SOURCE, a Go RE2 expression as gitleaks writes them, as Python's `re` reads it the same.
+
+    Compile the result with `re.ASCII`: RE2's ``\\w \\d \\s \\b`` are ASCII.
+    RE2 lets a flag group such as ``(?i)`` stand anywhere and apply to the
+    rest of its group; Python only at the start, so a later one becomes a
+    scoped ``(?i:...)`` around each remaining alternative of its group.
+    RE2's ``\\z`` (end of text) is Python's ``\\Z``.
+    """
+    out = _escape_aware_replace(source, r"\z", r"\Z")
+    while True:
+        at = _find_flag_group(out)
+        if at is None:
+            return out
+        start, flags = at
+        body_start = start + len(flags) + 3
+        end = _group_end(out, body_start)
+        pieces = _top_level_split(out[body_start:end])
+        out = out[:start] + "|".join(f"(?{flags}:{p})" for p in pieces) + out[end:]
+
+
+def _escape_aware_replace(s: str, old: str, new: str) -> str:
+    out, i = [], 0
+    while i < len(s):
+        if s.startswith(old, i):
+            out.append(new)
+            i += len(old)
+        elif s[i] == "\\" and i + 1 < len(s):
+            out.append(s[i : i + 2])
+            i += 2
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def _walk(s: str, start: int = 0) -> Iterable[tuple[int, str]]:
+    """(index, char) of S's characters outside escapes and character classes."""
+    i = start
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i += 1
+            if i < len(s) and s[i] == "^":
+                i += 1
+            if i < len(s) and s[i] == "]":
+                i += 1
+            while i < len(s) and s[i] != "]":
+                if s[i] == "\\":
+                    i += 1
+                elif s.startswith("[:", i):
+                    i = s.index(":]", i) + 1
+                i += 1
+            i += 1
+            continue
+        yield i, c
+        i += 1
+
+
+def _find_flag_group(s: str) -> tuple[int, str] | None:
+    for i, c in _walk(s):
+        if c == "(" and i > 0:
+            m = re.match(r"\(\?([imsU]+)\)", s[i:])
+            if m:
+                return i, m.group(1)
+    return None
+
+
+def _group_end(s: str, start: int) -> int:
+    depth = 0
+    for i, c in _walk(s, start):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            if depth == 0:
+                return i
+            depth -= 1
+    return len(s)
+
+
+def _top_level_split(s: str) -> list[str]:
+    pieces, depth, last = [], 0, 0
+    for i, c in _walk(s):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            pieces.append(s[last:i])
+            last = i + 1
+    pieces.append(s[last:])
+    return pieces
+
+
+def _compile(source: str, what: str) -> re.Pattern[str]:
+    try:
+        return re.compile(python_regex(source), re.ASCII)
+    except re.error as exc:
+        raise RedactError(f"{what}: not a usable regular expression: {exc}") from None
+
+
+def load_rules(path: Path = RULES_FILE) -> RuleSet:
+    """The rules in PATH (the vendored ``secret-rules.toml`` by default)."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    own = data.get("magent-store", {})
+    stream: dict[str, Any] = own.get("stream", {})
+    rules = []
+    for entry in [*data.get("rules", []), *own.get("rules", [])]:
+        kind = entry["id"]
+        hints = stream.get(kind, {})
+        keywords = tuple(k.lower() for k in entry.get("keywords", []))
+        allow = tuple(_compile(r, f"{path}: {kind} allowlist")
+                      for a in entry.get("allowlists", []) for r in a.get("regexes", []))  # fmt: skip
+        rules.append(Rule(
+            kind=kind, regex=_compile(entry["regex"], f"{path}: rule {kind}"), keywords=keywords,
+            entropy=float(entry.get("entropy", 0.0)), allow=allow,
+            secret_group=int(entry.get("secretGroup", 0)),
+            anchors=tuple(a.lower() for a in hints.get("anchors", [])) or keywords,
+            window=int(hints.get("window", 0)),
+        ))  # fmt: skip
+    allowlist = data.get("allowlist", {})
+    return RuleSet(
+        rules=tuple(rules),
+        allow=tuple(_compile(r, f"{path}: global allowlist") for r in allowlist.get("regexes", [])),
+        stopwords=tuple(w.lower() for w in allowlist.get("stopwords", [])),
+        source_commit=str(data.get("source-commit", "")),
+    )
+
+
+@functools.cache
+def default_rules() -> RuleSet:
+    """The vendored rules, read once."""
+    return load_rules()
+
+
+def shannon_entropy(s: str) -> float:
+    """Bits per character of S, as gitleaks computes it."""
+    if not s:
+        return 0.0
+    counts: dict[str, int] = {}
+    for c in s:
+        counts[c] = counts.get(c, 0) + 1
+    n = len(s)
+    return -sum(k / n * math.log2(k / n) for k in counts.values())
+
+
+def user_rules(patterns: Mapping[str, str]) -> tuple[Rule, ...]:
+    """The user's regular expressions (Python syntax), each under its kind name."""
+    rules = []
+    for kind, source in patterns.items():
+        if not KIND_RE.match(kind):
+            raise RedactError(f"kind {kind!r}: use lowercase letters, digits and dashes")
+        try:
+            regex = re.compile(source)
+        except re.error as exc:
+            raise RedactError(f"the pattern of kind {kind!r}: not a regular expression: {exc}") from None
+        if regex.search(""):
+            raise RedactError(f"the pattern of kind {kind!r} matches empty text: it would redact nothing")
+        rules.append(Rule(kind=kind, regex=regex, user=True))
+    return tuple(rules)
+
+
+class Redactor:
+    """Finds and replaces secrets: the vendored rules, the user's patterns, literal secrets.
+
+    KEY keys the fingerprints (random when not given: then they compare only
+    within this redactor's findings).
+    """
+
+    def __init__(
+        self, rules: RuleSet | None = None, *, patterns: Mapping[str, str] | None = None,
+        literals: Sequence[str] = (), key: bytes | None = None,
+    ) -> None:  # fmt: skip
+        base = rules if rules is not None else default_rules()
+        self.rules: tuple[Rule, ...] = base.rules + user_rules(patterns or {})
+        self._allow = base.allow
+        self._stopwords = base.stopwords
+        for n, literal in enumerate(literals):
+            if not isinstance(literal, str) or len(literal) < LITERAL_MIN:
+                raise RedactError(f"secret {n + 1} of {len(literals)}: {LITERAL_MIN} characters or more "
+                                  "(a shorter one would redact ordinary words)")  # fmt: skip
+        # Longest first: a literal inside another is redacted as part of the longer one.
+        self.literals: tuple[str, ...] = tuple(sorted(set(literals), key=len, reverse=True))
+        self.patterns = dict(patterns or {})
+        self.key = key if key is not None else os.urandom(32)
+        anchors = {a for r in self.rules for a in r.anchors}
+        self._anchors = tuple(sorted(anchors))
+        self._partials = {a[:k] for a in anchors for k in range(1, len(a))}
+        self._partial_max = max((len(a) for a in anchors), default=1) - 1
+        self._literal_partials = {lit[:k] for lit in self.literals for k in range(1, len(lit))}
+        self._literal_max = max((len(lit) for lit in self.literals), default=1) - 1
+        self._spanning = tuple(r for r in self.rules if r.window)
+        self._has_user = any(r.user for r in self.rules)
+        self._keywords = tuple(sorted({k for r in self.rules for k in r.keywords}))
+        self._by_keyword = {k: [i for i, r in enumerate(self.rules) if k in r.keywords]
+                            for k in self._keywords}  # fmt: skip
+        self._unanchored = tuple(r for r in self.rules if not r.keywords)
+
+    def fingerprint(self, secret: str) -> str:
+        """The first 8 hex digits of the keyed SHA-256 of SECRET."""
+        digest = hmac.new(self.key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return digest.hexdigest()[:8]
+
+    def _ignored(self, rule: Rule, secret: str) -> bool:
+        if rule.user:
+            return False
+        if rule.entropy and shannon_entropy(secret) <= rule.entropy:
+            return True
+        if any(a.search(secret) for a in rule.allow) or any(a.search(secret) for a in self._allow):
+            return True
+        lower = secret.lower()
+        return any(w in lower for w in self._stopwords)
+
+    def _anchored(self, rule: Rule, text: str, lower: str, found: list[_Span]) -> None:
+        """RULE's matches in TEXT, tried only where one of its anchors starts (LOWER: TEXT lowered).
+
+        The same matches as ``finditer``: every match of a vendored rule
+        starts with one of its anchors (a test checks it on every rule).
+        """
+        starts: set[int] = set()
+        for anchor in rule.anchors:
+            at = lower.find(anchor)
+            while at >= 0:
+                starts.add(at)
+                at = lower.find(anchor, at + 1)
+        end = 0
+        for at in sorted(starts):
+            if at < end:
+                continue
+            m = rule.regex.match(text, at)
+            if m is not None:
+                self._take(rule, m, text, found)
+                end = m.end()
+
+    def _take(self, rule: Rule, m: re.Match[str], text: str, found: list[_Span]) -> None:
+        group = rule.secret_group
+        if not group and m.re.groups:
+            group = next((g for g in range(1, m.re.groups + 1) if m.group(g)), 0)
+        start, end = m.span(group)
+        if end > start and not self._ignored(rule, text[start:end]):
+            found.append(_Span(start, end, rule.kind))
+
+    def _spans(self, text: str) -> list[_Span]:
+        """The secrets in TEXT, as sorted, non-overlapping spans (overlaps merged)."""
+        found: list[_Span] = []
+        lower = text.lower() if len(text) >= SHORTEST_MATCH else ""
+        hits = [k for k in self._keywords if k in lower] if lower else []
+        if hits:
+            if len(lower) != len(text):  # a character lowered to two: positions must stay
+                lower = text.translate(_ASCII_LOWER)
+            for i in sorted({i for k in hits for i in self._by_keyword[k]}):
+                self._anchored(self.rules[i], text, lower, found)
+        for rule in self._unanchored:
+            for m in rule.regex.finditer(text):
+                self._take(rule, m, text, found)
+        for literal in self.literals:
+            at = text.find(literal)
+            while at >= 0:
+                found.append(_Span(at, at + len(literal), AUTH_SOURCE))
+                at = text.find(literal, at + len(literal))
+        if len(found) < 2:
+            return found
+        found.sort(key=lambda s: (s.start, -s.end))
+        merged = [found[0]]
+        for s in found[1:]:
+            last = merged[-1]
+            if s.start < last.end:
+                last.end = max(last.end, s.end)
+            else:
+                merged.append(s)
+        return merged
+
+    def _apply(
+        self, text: str, spans: Sequence[_Span], where: str, base: int = 0
+    ) -> tuple[str, list[Finding]]:  # fmt: skip
+        out, findings, at = [], [], 0
+        for s in spans:
+            secret = text[s.start : s.end]
+            findings.append(Finding(s.kind, where, base + s.start, s.end - s.start, self.fingerprint(secret)))
+            out += [text[at : s.start], f"[redacted:{s.kind}]"]
+            at = s.end
+        out.append(text[at:])
+        return "".join(out), findings
+
+    def find(self, text: str, where: str = "") -> list[Finding]:
+        """The secrets in TEXT (WHERE names its field in each finding), without rewriting it."""
+        return [Finding(s.kind, where, s.start, s.end - s.start, self.fingerprint(text[s.start : s.end]))
+                for s in self._spans(text)]  # fmt: skip
+
+    def redact(self, text: str, where: str = "") -> tuple[str, list[Finding]]:
+        """TEXT with each secret replaced by ``[redacted:KIND]``, and what was found."""
+        spans = self._spans(text)
+        if not spans:
+            return text, []
+        return self._apply(text, spans, where)
+
+    def redact_json(self, value: Any, where: str = "") -> tuple[Any, list[Finding]]:
+        """VALUE (decoded JSON) with every string in it redacted, object keys included.
+
+        A key is data, not a name, in what tools return (a map from tokens to
+        scopes, an environment as an object), so keys are redacted too; a key
+        that is a field name never matches a credential pattern, so this costs
+        nothing there.  Keys that redact to the same text keep their entries
+        apart (``[redacted:KIND]#2``).  The value of an ``Authorization`` key
+        is checked as the header it is.  Fields are named JSON-pointer style
+        (``input/headers/Authorization``, ``output/3``).
+        """
+        findings: list[Finding] = []
+        return self._json(value, where, findings), findings
+
+    def _json(self, value: Any, where: str, findings: list[Finding]) -> Any:
+        if isinstance(value, str):
+            text, found = self.redact(value, where)
+            findings += found
+            return text
+        if isinstance(value, list):
+            return [self._json(v, f"{where}/{n}", findings) for n, v in enumerate(value)]
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for key, v in value.items():
+                name = key
+                if isinstance(key, str):
+                    name, found = self.redact(key, f"{where}/{key}")
+                    if found:
+                        findings += [Finding(f.kind, f"{where} (a key)", f.offset, f.length, f.fingerprint)
+                                     for f in found]  # fmt: skip
+                        n = 2
+                        base = name
+                        while name in out or name in value:
+                            name, n = f"{base}#{n}", n + 1
+                path = f"{where}/{name}"
+                if isinstance(key, str) and isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                    out[name] = self._header_value(key, v, path, findings)
+                else:
+                    out[name] = self._json(v, path, findings)
+            return out
+        return value
+
+    def find_json(self, value: Any, where: str = "", known: set[str] | None = None) -> list[Finding]:
+        """The findings `redact_json` would give for VALUE, without rewriting it.
+
+        Strings in KNOWN are skipped (their secrets were reported already);
+        the strings looked at are added to it.
+        """
+        findings: list[Finding] = []
+        self._find_json(value, where, findings, known)
+        return findings
+
+    def _find_json(self, value: Any, where: str, findings: list[Finding], known: set[str] | None) -> None:
+        if isinstance(value, str):
+            if known is not None:
+                if value in known:
+                    return
+                known.add(value)
+            findings += self.find(value, where)
+        elif isinstance(value, list):
+            for n, v in enumerate(value):
+                self._find_json(v, f"{where}/{n}", findings, known)
+        elif isinstance(value, dict):
+            for key, v in value.items():
+                if isinstance(key, str):
+                    findings += [Finding(f.kind, f"{where} (a key)", f.offset, f.length, f.fingerprint)
+                                 for f in self.find(key)]  # fmt: skip
+                    if isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                        self._header_value(key, v, f"{where}/{key}", findings)
+                        continue
+                self._find_json(v, f"{where}/{key}", findings, known)
+
+    def _header_value(self, key: str, value: str, where: str, findings: list[Finding]) -> str:
+        prefix = f"{key}: "
+        text, found = self.redact(prefix + value, where)
+        if not found or not text.startswith(prefix):
+            text, found = self.redact(value, where)
+            findings += found
+            return text
+        findings += [Finding(f.kind, f.field, f.offset - len(prefix), f.length, f.fingerprint) for f in found]
+        return text[len(prefix) :]
+
+    # -- the stream --------------------------------------------------------
+
+    def hold_from(self, text: str, spans: Sequence[_Span] | None = None) -> int:
+        """Where the part of TEXT that could still become (part of) a secret starts.
+
+        Everything before it can be written: no secret that more text could
+        complete starts there.  See `StreamRedactor`.
+        """
+        n = len(text)
+        if spans is None:
+            spans = self._spans(text)
+        cut = n
+        low = text[-(RUN_CAP + self._partial_max + 1) :].translate(_ASCII_LOWER) if n else ""
+        shift = n - len(low)
+        run_start = shift + _run_start(low, _RUN_CHARS.__contains__, len(low))
+        if run_start < n:
+            # A token secret lies inside one run: held back from its anchor, or
+            # from a partial anchor at the end.
+            from_at = max(run_start, n - RUN_CAP) - shift
+            first = min((p for a in self._anchors if (p := low.find(a, from_at)) >= 0), default=-1)
+            if first >= 0:
+                cut = min(cut, shift + first)
+            for k in range(min(self._partial_max, n - run_start), 0, -1):
+                if low[-k:] in self._partials:
+                    cut = min(cut, n - k)
+                    break
+        for rule in self._spanning:
+            low_window = text[max(0, n - rule.window) :].translate(_ASCII_LOWER)
+            base = n - len(low_window)
+            for anchor in rule.anchors:
+                at = low_window.find(anchor)
+                while at >= 0:
+                    m = rule.regex.match(text, base + at)
+                    if m is None or m.end() >= run_start:
+                        cut = min(cut, base + at)
+                        break
+                    at = low_window.find(anchor, at + 1)
+        if self._has_user:
+            cut = min(cut, _run_start(text, _not_space, USER_WINDOW))
+        for k in range(min(self._literal_max, n), 0, -1):
+            if text[-k:] in self._literal_partials:
+                cut = min(cut, n - k)
+                break
+        for s in spans:  # never cut through a secret found
+            if s.start < cut < s.end:
+                cut = s.start
+        return cut
+
+
+def _not_space(c: str) -> bool:
+    return not c.isspace()
+
+
+def _run_start(text: str, inside: Callable[[str], bool], limit: int) -> int:
+    """Where the run of characters INSIDE accepts at the end of TEXT starts (at most LIMIT back)."""
+    i = len(text)
+    stop = max(0, i - limit)
+    while i > stop and inside(text[i - 1]):
+        i -= 1
+    return i
+
+
+_HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
+
+
+@dataclass(slots=True)
+class StreamRedactor:
+    """One item's text arriving in chunks, redacted: a secret split across chunks is still caught.
+
+    `feed` returns the part of what it has seen that is safe to write now,
+    redacted; it holds back only the tail that more text could still turn
+    into a secret (a token that a rule's anchor starts and that has not
+    ended, an open private-key block, an ``Authorization:`` header whose
+    value has not ended, the start of a literal secret).  `finish` returns
+    the rest, redacted.  The concatenated output is `Redactor.redact` of the
+    whole text, within the limits docs/REDACTION.md names (windows).
+    """
+
+    redactor: Redactor
+    where: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    _pending: str = ""
+    _offset: int = 0
+
+    @property
+    def held(self) -> int:
+        """How many characters are held back now."""
+        return len(self._pending)
+
+    def feed(self, chunk: str) -> str:
+        """The text now safe to write, redacted, after CHUNK."""
+        text = self._pending + chunk
+        spans = self.redactor._spans(text)
+        cut = self.redactor.hold_from(text, spans)
+        return self._release(text, [s for s in spans if s.end <= cut], cut)
+
+    def finish(self) -> str:
+        """Everything still held back, redacted: the item's text is complete."""
+        text = self._pending
+        return self._release(text, self.redactor._spans(text), len(text))
+
+    def _release(self, text: str, spans: list[_Span], cut: int) -> str:
+        out, found = self.redactor._apply(text[:cut], spans, self.where, self._offset)
+        self.findings += found
+        self._pending = text[cut:]
+        self._offset += cut
+        return out

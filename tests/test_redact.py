@@ -1,0 +1,234 @@
+"""Redaction: every kind of planted credential goes, whole, split across chunks or
+inside tool JSON; ordinary code and prose come out untouched."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from magent_store import redact
+from planted import LITERALS, PATTERNS, Plant, plants
+
+REPO = Path(__file__).resolve().parent.parent
+UPSTREAM = REPO.parent / "shared" / "upstream"
+PLANTS = plants()
+
+
+def redactor() -> redact.Redactor:
+    return redact.Redactor(patterns=PATTERNS, literals=LITERALS, key=b"test key")
+
+
+def pieces(secret: str) -> set[str]:
+    """Every 4 characters of SECRET in a row: what no output may hold."""
+    return {secret[i : i + 4] for i in range(len(secret) - 3)}
+
+
+def assert_gone(out: str, plant: Plant) -> None:
+    bare = re.sub(r"\[redacted:[a-z0-9-]+\]", "\0", out)  # the kind's name is not the secret
+    leaked = [p for p in pieces(plant.secret) if p in bare]
+    assert not leaked, f"{plant.kind}: {leaked[:3]} of the secret left in {out!r}"
+
+
+
+
+
+def test_every_vendored_rule_compiles_and_names_its_source() -> None:
+    rules = redact.load_rules()
+    assert re.fullmatch(r"[0-9a-f]{40}", rules.source_commit)
+    text = redact.RULES_FILE.read_text()
+    assert "MIT License" in text and rules.source_commit in text
+    kinds = {r.kind for r in rules.rules}
+    for needed in ("aws-access-token", "github-pat", "gitlab-pat", "slack-bot-token", "private-key", "jwt",
+                   "curl-auth-header", "authorization-header", "openai-api-key", "anthropic-api-key",
+                   "gcp-api-key", "huggingface-access-token"):
+        assert needed in kinds
+    for rule in rules.rules:
+        assert isinstance(rule.regex, re.Pattern), rule.kind
+        assert rule.keywords and rule.anchors, rule.kind
+
+
+def test_no_vendored_rule_matches_text_shorter_than_the_shortest_tried() -> None:
+    from re import _parser  # type: ignore[attr-defined]
+
+    for rule in redact.load_rules().rules:
+        shortest = _parser.parse(rule.regex.pattern, rule.regex.flags).getwidth()[0]
+        assert shortest >= redact.SHORTEST_MATCH, (rule.kind, shortest)
+
+
+def test_re2_flag_groups_and_end_of_text_are_converted_for_python() -> None:
+    # RE2 applies a late (?i) to the rest of its group, each alternative included.
+    py = redact.python_regex(r"""x(?:"(?i)ab"|'cd')\z""")
+    rx = re.compile(py, re.ASCII)
+    assert rx.fullmatch('x"AB"') and rx.fullmatch("x'CD'") and not rx.fullmatch("X'cd'")
+    assert py.endswith(r"\Z")
+    assert redact.python_regex(r"[(?i)]a") == r"[(?i)]a"  # inside a class: literal characters
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
+def test_a_planted_secret_is_redacted_whole(plant: Plant) -> None:
+    out, findings = redactor().redact(plant.text, "content")
+    assert_gone(out, plant)
+    assert f"[redacted:{plant.kind}]" in out
+    assert [f.kind for f in findings] == [plant.kind]
+    (f,) = findings
+    assert plant.text[f.offset : f.offset + f.length] == plant.secret
+    assert f.field == "content" and re.fullmatch(r"[0-9a-f]{8}", f.fingerprint)
+    assert f.fingerprint not in plant.secret.lower()
+    # The text around the secret is kept as it was, non-ASCII included.
+    before, _, after = plant.text.partition(plant.secret)
+    assert out == f"{before}[redacted:{plant.kind}]{after}"
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
+def test_a_secret_split_at_any_offset_across_two_chunks_is_redacted(plant: Plant) -> None:
+    r = redactor()
+    whole, _ = r.redact(plant.text)
+    for at in range(len(plant.text) + 1):
+        stream = redact.StreamRedactor(r)
+        first = stream.feed(plant.text[:at])
+        out = first + stream.feed(plant.text[at:]) + stream.finish()
+        assert out == whole, (plant.kind, at)
+        assert_gone(out, plant)
+        assert [f.kind for f in stream.findings] == [plant.kind]
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
+def test_a_secret_fed_one_character_or_random_pieces_at_a_time_is_redacted(plant: Plant) -> None:
+    r = redactor()
+    whole, _ = r.redact(plant.text)
+    stream = redact.StreamRedactor(r)
+    assert "".join(stream.feed(c) for c in plant.text) + stream.finish() == whole
+    rng = random.Random(plant.kind)
+    for _ in range(20):
+        stream = redact.StreamRedactor(r)
+        text, out = plant.text * 2, []
+        while text:
+            n = rng.randint(1, 12)
+            out.append(stream.feed(text[:n]))
+            text = text[n:]
+        out.append(stream.finish())
+        assert "".join(out) == r.redact(plant.text * 2)[0]
+
+
+def test_secrets_inside_tool_json_are_redacted_keys_included() -> None:
+    r = redactor()
+    secrets = {p.kind: p.secret for p in PLANTS}
+    aws, gh, bearer = secrets["aws-access-token"], secrets["github-pat"], secrets["authorization-header"]
+    value = {
+        "command": f"export AWS_ACCESS_KEY_ID={aws}",
+        "headers": {"Authorization": f"Bearer {bearer}", "Accept": "application/json"},
+        "tokens": {gh: {"scopes": ["repo"]}},
+        "lines": ["ok", f"token: {gh}", 3, None, True],
+    }
+    out, findings = r.redact_json(value, "input")
+    dumped = re.sub(r"\[redacted:[a-z0-9-]+\]", "", repr(out))
+    for secret in (aws, gh, bearer):
+        assert not any(p in dumped for p in pieces(secret)), secret[:4]
+    assert out["headers"] == {"Authorization": "Bearer [redacted:authorization-header]", "Accept": "application/json"}
+    assert out["tokens"] == {"[redacted:github-pat]": {"scopes": ["repo"]}}
+    assert out["lines"][2:] == [3, None, True]
+    assert r.find_json(value, "input") == findings  # what scan reports: the same, nothing rewritten
+    assert {(f.field, f.kind) for f in findings} == {
+        ("input/command", "aws-access-token"), ("input/headers/Authorization", "authorization-header"),
+        ("input/tokens (a key)", "github-pat"), ("input/lines/1", "github-pat")}
+
+
+def test_two_keys_redacted_alike_keep_both_entries() -> None:
+    r = redactor()
+    one, two = plants(1)[1].secret, plants(2)[1].secret  # two github-pat secrets
+    out, _ = r.redact_json({one: 1, two: 2})
+    assert sorted(out.values()) == [1, 2] and len(out) == 2
+
+
+def test_one_secret_has_one_fingerprint_wherever_it_is() -> None:
+    r = redactor()
+    secret = PLANTS[0].secret
+    f1 = r.find(f"a {secret} b")[0].fingerprint
+    f2 = r.find(f"x: {secret}\n")[0].fingerprint
+    other = redact.Redactor(key=b"another key").find(f"a {secret} b")[0].fingerprint
+    assert f1 == f2 != other
+
+
+def test_bad_patterns_kinds_and_literals_are_refused_by_name() -> None:
+    with pytest.raises(redact.RedactError, match="kind 'ticket'.*not a regular expression"):
+        redact.Redactor(patterns={"ticket": "TICKET-("})
+    with pytest.raises(redact.RedactError, match="kind 'Bad Kind'"):
+        redact.Redactor(patterns={"Bad Kind": "x+"})
+    with pytest.raises(redact.RedactError, match="matches empty text"):
+        redact.Redactor(patterns={"empty": "x*"})
+    with pytest.raises(redact.RedactError, match="secret 2 of 2: 4 characters or more"):
+        redact.Redactor(literals=["long-enough", "abc"])
+
+
+def test_ordinary_text_streams_through_unchanged_holding_back_little() -> None:
+    r = redact.Redactor(key=b"k")
+    text = (REPO / "README.md").read_text()
+    rng = random.Random(5)
+    stream, out, held = redact.StreamRedactor(r), [], []
+    at = 0
+    while at < len(text):
+        n = rng.randint(20, 600)
+        out.append(stream.feed(text[at : at + n]))
+        held.append(stream.held)
+        at += n
+    out.append(stream.finish())
+    assert "".join(out) == text
+    held.sort()
+    # Most chunks hold back at most the word they end in; a window opens only at a
+    # curl or an Authorization header the README mentions.
+    assert held[len(held) // 2] <= 16, held[len(held) // 2]
+    print(f"held back after each of {len(held)} chunks of the README: median {held[len(held) // 2]}, "
+          f"p90 {held[len(held) * 9 // 10]}, max {held[-1]} characters")
+
+
+def test_rules_are_tried_only_at_their_anchors_and_find_what_a_full_search_finds(tmp_path: Path) -> None:
+    r = redact.Redactor(key=b"k")
+    texts = [p.text for p in PLANTS] + [p.text * 3 for p in PLANTS]
+    texts += [p.read_text() for p in _corpus(tmp_path)[:80] if p.suffix in (".py", ".el", ".md", ".org")]
+    for rule in r.rules:
+        for text in texts:
+            found: list[redact._Span] = []
+            r._anchored(rule, text, text.translate(redact._ASCII_LOWER), found)
+            full: list[redact._Span] = []
+            for m in rule.regex.finditer(text):
+                r._take(rule, m, text, full)
+            assert [(s.start, s.end) for s in found] == [(s.start, s.end) for s in full], rule.kind
+
+
+def _corpus(tmp_path: Path) -> list[Path]:
+    own = [p for d in ("backend", "elisp", "tests", "docs") for p in (REPO / d).rglob("*")
+           if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".elc", ".pyc")]
+    own += [REPO / "README.md", REPO / "TROUBLESHOOTING.org"]
+    lisp = os.environ.get("MAGENT_LISP")
+    tarballs = sorted(UPSTREAM.glob("magent-*.tar.gz"))
+    if lisp:
+        upstream = [p for p in Path(lisp).parent.rglob("*") if p.is_file()]
+    elif tarballs:
+        with tarfile.open(tarballs[-1]) as tf:
+            tf.extractall(tmp_path, filter="data") if hasattr(tarfile, "data_filter") else tf.extractall(tmp_path)
+        upstream = [p for p in tmp_path.rglob("*") if p.is_file()]
+    else:
+        pytest.skip("upstream magent not found (no magent-*.tar.gz beside the repository, MAGENT_LISP not set)")
+    assert upstream
+    return own + upstream
+
+
+def test_no_false_positives_on_this_project_and_upstream_magent(tmp_path: Path) -> None:
+    r = redact.Redactor(key=b"k")  # the vendored rules: the user's own are theirs to choose
+    found, chars = [], 0
+    files = _corpus(tmp_path)
+    for path in files:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        chars += len(text)
+        found += [(path.name, f.kind, text[f.offset : f.offset + 12]) for f in r.find(text)]
+    assert chars > 1_000_000
+    assert found == []
+    print(f"{len(files)} files, {chars} characters: 0 findings")

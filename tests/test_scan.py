@@ -1,0 +1,123 @@
+"""`magent-store scan`: secrets saved in sessions are listed by kind, place and
+fingerprint, never printed; nothing under the root is written."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import schema6
+from magent_store import scan
+from magent_store.redact import Redactor
+from magent_store.store import Scope, Store
+from planted import plants
+
+SECRETS = {p.kind: p for p in plants()}
+AWS = SECRETS["aws-access-token"].secret
+GH = SECRETS["github-pat"].secret
+PEM = SECRETS["private-key"].secret
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "magent_store", "scan", *args], capture_output=True, text=True)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def seven(root: Path, sid: str, chunks: list[str], title: str = "a chat", command: str = "ls -la") -> None:
+    with Store(root).open(sid, Scope.global_()) as session:
+        session.append_event({"type": "thread-started", "thread-id": f"th-{sid}", "created-at": 1.0})
+        session.append_event({"type": "turn-started", "thread-id": f"th-{sid}", "turn-id": "t1",
+                              "payload": {"turn": {"id": "t1", "input": "read ~/.aws/credentials"}}, "created-at": 2.0})
+        session.append_event({"type": "item-started", "thread-id": f"th-{sid}", "turn-id": "t1", "item-id": "c1",
+                              "payload": {"item": {"id": "c1", "type": "tool", "name": "shell",
+                                                   "input": {"command": command}}},
+                              "created-at": 3.0})
+        for n, chunk in enumerate(chunks):
+            session.append_content("c1", chunk, True, 4.0 + n)
+        session.flush()
+    path = root / "global" / f"{sid}.json"
+    head = json.loads(path.read_text())
+    head["title"] = title
+    path.write_text(json.dumps(head))
+
+
+def test_secrets_are_listed_by_session_place_and_kind_split_chunks_included(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    text = f"[default]\naws_access_key_id = {AWS}\n{PEM}\nкінець"
+    cut = text.index(AWS) + 7  # the key split across two chunks, the block across three
+    seven(root, "leaky", [text[:cut], text[cut : cut + 100], text[cut + 100 :]],
+          command=f"git push https://x:{GH}@example.test")
+    seven(root, "clean", ["nothing to see here\n", "still nothing ✓"])
+    before = tree(root)
+    out = run(str(root))
+    assert out.returncode == 1, out.stderr
+    assert tree(root) == before  # read only
+    lines = out.stdout.splitlines()
+    assert lines[0] == "global/leaky.json"
+    found = {tuple(line.split("\t")[:2]) for line in lines[1:]}
+    assert ("  aws-access-token", "turn 1 (t1)/item 1 (c1)/output") in found
+    assert ("  private-key", "turn 1 (t1)/item 1 (c1)/output") in found
+    assert ("  github-pat", "turn 1 (t1)/item 1 (c1)/input/command") in found
+    assert "clean" not in out.stdout
+    for secret in (AWS, GH, PEM, PEM.splitlines()[1]):
+        assert secret not in out.stdout + out.stderr
+    assert "2 sessions scanned: 3 secrets in 1 session" in out.stderr
+
+
+def test_a_header_field_and_a_schema6_session_are_scanned(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "titled", ["ok"], title=f"deploy with {GH}")
+    fixture = schema6.session(random.Random(1), "old")
+    data = json.loads(fixture.data)
+    data["snapshot"]["turns"][0]["input"] = f"my key is {AWS}, keep it"
+    (root / fixture.relpath).parent.mkdir(parents=True, exist_ok=True)
+    (root / fixture.relpath).write_text(json.dumps(data))
+    out = run("--json", str(root))
+    assert out.returncode == 1, out.stderr
+    body = json.loads(out.stdout)
+    where = {(Path(s["path"]).name, s["schema"], f["kind"], f["where"]) for s in body["sessions"] for f in s["findings"]}
+    assert ("titled.json", 7, "github-pat", "header/title") in where
+    turn_id = data["snapshot"]["turns"][0]["id"]
+    assert ("old.json", 6, "aws-access-token", f"turn 1 ({turn_id})/input") in where
+    assert AWS not in out.stdout and GH not in out.stdout
+
+
+def test_no_secret_exits_0_and_bad_input_exits_2_naming_it(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "clean", ["plain text"])
+    assert run(str(root)).returncode == 0
+    missing = run(str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "nowhere: no such directory" in missing.stderr
+    bad = run("--pattern", "ticket=TICKET-(", str(root))
+    assert bad.returncode == 2 and "'ticket'" in bad.stderr and "not a regular expression" in bad.stderr
+    (root / "global" / "broken.json").write_text('{"id": "broken", "schema-version": 7')
+    broken = run(str(root))
+    assert broken.returncode == 2 and "broken.json" in broken.stderr
+
+
+def test_a_secret_replaced_since_in_the_conversation_is_found_in_the_log(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "edited", ["fine"], command=f"git push https://x:{GH}@example.test")
+    with Store(root).open("edited", Scope.global_()) as session:
+        session.append_event({"type": "item-updated", "thread-id": "th-edited", "turn-id": "t1", "item-id": "c1",
+                              "payload": {"item": {"id": "c1", "input": {"command": "git push"}}}, "created-at": 9.0})
+        session.flush()
+    (result,) = scan.scan_root(root, Redactor(key=b"k"))
+    assert [(f.kind, f.where) for f in result.findings] == [("github-pat", "log seq 3/payload/item/input/command")]
+
+
+def test_worker_processes_find_the_same_with_the_same_fingerprints(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    for n in range(4):
+        seven(root, f"s{n}", [f"key {AWS} in chunk {n}"], command=f"git push https://x:{GH}@example.test")
+    redactor = Redactor(patterns={"ticket": r"TICKET-\d{6}"}, key=b"k")
+    inline = scan.scan_root(root, redactor, workers=0)
+    pooled = scan.scan_root(root, redactor, workers=2)
+    assert [(s.path, s.findings) for s in pooled] == [(s.path, s.findings) for s in inline]
+    assert len({f.fingerprint for s in pooled for f in s.findings if f.kind == "aws-access-token"}) == 1
