@@ -30,6 +30,7 @@ from epc.client import EPCClient
 from sexpdata import Symbol
 
 from magent_store import server
+from magent_store.spool import SPOOL_GRACE_S, SPOOL_LOCK, lock_spool, remove_stale_spools
 from magent_store.store import SessionFiles, Store, load_session
 from serverkit import (
     SCOPE,
@@ -211,11 +212,11 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
     state.mkdir(parents=True)
     stale = state / "spool-dead"  # a killed backend's: its lock is free
     stale.mkdir()
-    (stale / server.SPOOL_LOCK).touch()
+    (stale / SPOOL_LOCK).touch()
     (stale / "batch-1").write_text("[]")
     old = state / "spool-old"  # left by a server from before spool locks
     old.mkdir()
-    os.utime(old, (time.time() - server.SPOOL_GRACE_S - 5,) * 2)
+    os.utime(old, (time.time() - SPOOL_GRACE_S - 5,) * 2)
     # Logs of an earlier run, made readable by someone: kept, and private again.
     for name in ("server.log", "stderr.log"):
         (state / name).write_text(f"earlier {name}\n")
@@ -229,7 +230,7 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
         seen["spools"] = sorted(p.name for p in state.glob("spool-*"))
         seen["token-env"] = os.environ.get(server.TOKEN_ENV)
         # The spool is locked while we live: no other backend takes it for a dead one's.
-        fd = os.open(Path(spool) / server.SPOOL_LOCK, os.O_RDWR)
+        fd = os.open(Path(spool) / SPOOL_LOCK, os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -241,7 +242,7 @@ def test_serve_prints_its_port_serves_its_owner_and_cleans_up_when_it_leaves(
         seen["level"] = (ours.getEffectiveLevel(), ours.propagate)
         # Rotated at 1 MB, three old files kept (as the troubleshooting guide says).
         seen["rotation"] = [(h.maxBytes, h.backupCount) for h in ours.handlers]  # type: ignore[attr-defined]
-        seen["lock-mode"] = stat.S_IMODE((Path(spool) / server.SPOOL_LOCK).stat().st_mode)
+        seen["lock-mode"] = stat.S_IMODE((Path(spool) / SPOOL_LOCK).stat().st_mode)
         seen["spool-mode"] = stat.S_IMODE(Path(spool).stat().st_mode)
         epc_log = logging.getLogger("epc")
         seen["epc"] = (epc_log.propagate, epc_log.isEnabledFor(logging.CRITICAL))
@@ -351,11 +352,11 @@ def test_a_live_spool_listed_first_does_not_end_the_scan(tmp_path: Path) -> None
     live.mkdir()
     dead = tmp_path / "spool-dead"
     dead.mkdir()
-    (dead / server.SPOOL_LOCK).touch()
-    fd = server._lock_spool(live)
+    (dead / SPOOL_LOCK).touch()
+    fd = lock_spool(live)
     try:
         assert [p.name for p in LiveFirst(tmp_path).glob("spool-*")] == ["spool-live", "spool-dead"]
-        server._remove_stale_spools(LiveFirst(tmp_path))
+        remove_stale_spools(LiveFirst(tmp_path))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-live"]
     finally:
         os.close(fd)
@@ -364,33 +365,33 @@ def test_a_live_spool_listed_first_does_not_end_the_scan(tmp_path: Path) -> None
 def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
     live = tmp_path / "spool-live"
     live.mkdir()
-    fd = server._lock_spool(live)
+    fd = lock_spool(live)
     (live / "batch-1").write_text("[]")
     also_live = tmp_path / "spool-live2"  # made last, listed before or after the rest
     for n in range(3):  # however the directory orders them, some come after the live one
         dead = tmp_path / f"spool-dead{n}"
         dead.mkdir()
-        (dead / server.SPOOL_LOCK).touch()
+        (dead / SPOOL_LOCK).touch()
         (dead / "load-1.json").write_text("{}")
     fresh = tmp_path / "spool-new"  # being created by a server starting right now
     fresh.mkdir()
     old = tmp_path / "spool-old"  # a server's from before spool locks
     old.mkdir()
     (old / "batch-2").write_text("[]")
-    os.utime(old, (time.time() - server.SPOOL_GRACE_S - 5,) * 2)
+    os.utime(old, (time.time() - SPOOL_GRACE_S - 5,) * 2)
     (tmp_path / "spool-file").write_text("not a spool")
     also_live.mkdir()
-    fd2 = server._lock_spool(also_live)
+    fd2 = lock_spool(also_live)
     (tmp_path / "unrelated").mkdir()
     try:
-        server._remove_stale_spools(tmp_path)
+        remove_stale_spools(tmp_path)
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             "spool-file", "spool-live", "spool-live2", "spool-new", "unrelated"]
         assert (live / "batch-1").exists()
     finally:
         os.close(fd)
         os.close(fd2)
-    server._remove_stale_spools(tmp_path)
+    remove_stale_spools(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-new", "unrelated"]
 
 
