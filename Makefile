@@ -81,10 +81,12 @@ $(PLOT_STAMP): $(STAMP)
 test-python: install $(PLOT_STAMP)
 	$(SUITE) test-python pytest -- $(PY) -m pytest -q
 
-# Mutation testing (mutmut) of ledger.py, store.py, server.py, search.py,
-# export.py, fsck.py and migrate.py, each against its own test file; scores
-# and survivors under build/mutation/ (docs/DEVELOPING.md, "Mutation
-# testing").  MODULES="ledger" narrows it, JOBS=2 runs two mutants at once.
+# Mutation testing (mutmut) of ledger.py, store.py, server.py (and its
+# rooms registry.py, spool.py, arguments.py), search.py, export.py, fsck.py
+# and migrate.py, each against its own test files; scores
+# and survivors under build/mutation/ (docs/DEVELOPING.md,
+# "Mutation testing").  MODULES="ledger"
+# narrows it, JOBS=2 runs two mutants at once.
 MUTMUT_STAMP := $(VENV)/.mutmut-installed
 $(MUTMUT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet 'mutmut>=3.8,<4'

@@ -41,16 +41,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo  # noqa: E402  (the daemon, the shim loader and the turn script)
-
 REPO = Path(__file__).resolve().parent.parent
+# The daemon, the shim loader and the turn script: shared with `make test-live`.
+sys.path.insert(0, str(REPO / "tests" / "live"))
+import emacs_daemon  # noqa: E402
+
 STRATEGIES_EL = REPO / "bench" / "elisp" / "strategies.el"
 ALLOC_EL = REPO / "bench" / "elisp" / "alloc.el"
 UPSTREAM_EL = REPO / "tests" / "elisp" / "magent-store-upstream.el"
 STUBS = REPO / "tests" / "elisp" / "stubs"
 RESULTS = REPO / "bench-results" / "emacs.json"
-MAGENT_STORE = demo.MAGENT_STORE
+MAGENT_STORE = emacs_daemon.MAGENT_STORE
 
 SIZES = (("24 KB", 24_000), ("1.4 MB", 1_400_000), ("8.8 MB", 8_800_000),
          ("100 MB", 100_000_000))
@@ -70,7 +71,7 @@ def progress(message: str) -> None:
 
 
 def el(text: str) -> str:
-    return demo.elisp_string(text)
+    return emacs_daemon.elisp_string(text)
 
 
 # -- sessions -------------------------------------------------------------------
@@ -84,7 +85,7 @@ def history(target: int, seed: int) -> list[dict[str, Any]]:
     repeat the content: the estimate counts both.
     """
     rng = random.Random(seed)
-    words = demo.WORDS
+    words = emacs_daemon.WORDS
     per_turn = min(12_000, max(2_000, target // 3))
     events: list[dict[str, Any]] = []
     contents: list[int] = []
@@ -94,22 +95,22 @@ def history(target: int, seed: int) -> list[dict[str, Any]]:
     while estimate < target:
         turn_id = f"past-{turn_no}"
         if turn_no == 0:
-            events.append(demo._event("thread-started", now))
+            events.append(emacs_daemon._event("thread-started", now))
         item_id = f"{turn_id}-message"
         text = ""
         while len(text.encode()) < per_turn:
             text += " ".join(rng.choice(words) for _ in range(200)) + " "
         events += [
-            demo._event("turn-started", now, turn_id,
-                        payload={"turn": demo._turn(turn_id, now, "an earlier question")}),
-            demo._event("item-started", now, turn_id, item_id,
-                        {"item": demo._item(item_id, turn_id, "message", "assistant", now)}),
-            demo._event("item-content-appended", now, turn_id, item_id,
+            emacs_daemon._event("turn-started", now, turn_id,
+                        payload={"turn": emacs_daemon._turn(turn_id, now, "an earlier question")}),
+            emacs_daemon._event("item-started", now, turn_id, item_id,
+                        {"item": emacs_daemon._item(item_id, turn_id, "message", "assistant", now)}),
+            emacs_daemon._event("item-content-appended", now, turn_id, item_id,
                         {"chunk": text, "output": False}),
-            demo._event("item-completed", now, turn_id, item_id,
-                        {"item": demo._item(item_id, turn_id, "message", "assistant", now,
+            emacs_daemon._event("item-completed", now, turn_id, item_id,
+                        {"item": emacs_daemon._item(item_id, turn_id, "message", "assistant", now,
                                             status="completed")}),
-            demo._event("turn-completed", now, turn_id, payload={"usage": None}),
+            emacs_daemon._event("turn-completed", now, turn_id, payload={"usage": None}),
         ]
         size = len(text.encode()) + 2500
         contents.append(size)
@@ -148,7 +149,7 @@ def build_session(workdir: Path, root: Path, label: str, target: int) -> dict[st
 
 
 class Bench:
-    def __init__(self, daemon: demo.Daemon, workdir: Path, root: Path) -> None:
+    def __init__(self, daemon: emacs_daemon.Daemon, workdir: Path, root: Path) -> None:
         self.daemon = daemon
         self.root = root
         self.workdir = workdir
@@ -283,7 +284,7 @@ def compile_magent(workdir: Path) -> Path | None:
     return out / "lisp"
 
 
-def alloc_runs(daemon: demo.Daemon, reps: int, chunks: int, rate: float,
+def alloc_runs(daemon: emacs_daemon.Daemon, reps: int, chunks: int, rate: float,
                kinds: tuple[str, ...]) -> dict[str, list[float]]:
     """Bytes per chunk of each of KINDS minus the baseline run just before it."""
     diffs: dict[str, list[float]] = {k: [] for k in kinds}
@@ -311,7 +312,7 @@ def alloc_runs(daemon: demo.Daemon, reps: int, chunks: int, rate: float,
     return diffs
 
 
-def gc_with_heap(daemon: demo.Daemon, megabytes: int) -> dict[str, float]:
+def gc_with_heap(daemon: emacs_daemon.Daemon, megabytes: int) -> dict[str, float]:
     """Seconds one full GC takes once the heap holds MEGABYTES more live data."""
     # Strings of 80 characters in a list: 32 + 81 + 16 bytes each.
     count = megabytes * 1_000_000 // 129
@@ -326,7 +327,7 @@ def gc_with_heap(daemon: demo.Daemon, megabytes: int) -> dict[str, float]:
     return {"live_bytes": live, "gc_s": statistics.median(times), "gc_max_s": max(times)}
 
 
-def live_bytes(daemon: demo.Daemon) -> float:
+def live_bytes(daemon: emacs_daemon.Daemon) -> float:
     """Bytes of live data in the daemon's heap, as `garbage-collect' counts them."""
     return float(daemon.eval("(let ((gc (garbage-collect))) (cl-loop for (_ size used . _)"
                              " in gc sum (* (or size 0) (or used 0))))"))
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     root = workdir / "sessions"
     env = dict(os.environ, XDG_STATE_HOME=str(workdir / "state"))
     env.pop("MAGENT_STORE_TOKEN", None)
-    env["PATH"] = f"{demo.VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{emacs_daemon.VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     results: dict[str, Any] = {"command": command, "quick": quick, "reps": reps,
                                "chunks": chunks, "rate": rate}
     tables: list[str] = []
@@ -433,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, target in {*sizes, *COALESCE_SIZES}:
             sessions[label] = build_session(workdir, root, label, target)
         stream = workdir / "stream.json"
-        script = demo.turn_script("turn-bench", chunks, seed=42, first=False)
+        script = emacs_daemon.turn_script("turn-bench", chunks, seed=42, first=False)
         stream.write_text(json.dumps(script, ensure_ascii=False), encoding="utf-8")
         short: list[dict[str, Any]] = []
         n_chunks = 0
@@ -448,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         magent_lisp = compile_magent(workdir)
         if magent_lisp:
             env["MAGENT_LISP"] = str(magent_lisp)
-        with demo.Daemon(workdir, env) as daemon:
-            demo.load_shim(daemon, workdir)
+        with emacs_daemon.Daemon(workdir, env) as daemon:
+            emacs_daemon.load_shim(daemon, workdir)
             elc_dir = workdir / "elc"
             elc_dir.mkdir()
             daemon.eval(

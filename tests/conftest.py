@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 
+# The server's fixtures (a backend, an owner with s1 open...), for every test file.
+from serverkit import backend, here, ready, s1  # noqa: F401
+
 THREAD = "thread-1"
 
 # What the tests that could not run were missing: one loud line each at the end.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from epc.client import EPCClient
 
-import test_server as ts
+import serverkit as ts
 from conftest import Events
 from magent_store import export, ledger, schema6, search
 from magent_store.export import SCHEMA6_JOURNAL_MAX, Exporter

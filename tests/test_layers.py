@@ -50,6 +50,10 @@ def test_the_package_keeps_its_contracts(backend: Path) -> None:
         ("migrate", "from magent_store import fsck", "magent_store.migrate is not allowed to import magent_store.fsck"),
         ("ledger", "from magent_store import store", "magent_store.ledger is not allowed to import magent_store.store"),
         ("metrics", "from magent_store import ledger", "magent_store.metrics is not allowed to import magent_store.ledger"),
+        ("registry", "from magent_store import server", "magent_store.registry is not allowed to import magent_store.server"),
+        ("spool", "from magent_store import registry", "magent_store.spool is not allowed to import magent_store.registry"),
+        ("arguments", "from magent_store import spool", "magent_store.arguments is not allowed to import magent_store.spool"),
+        ("metrics", "from magent_store import spool", "magent_store.metrics is not allowed to import magent_store.spool"),
     ],
 )
 def test_an_import_against_the_floors_fails_lint_naming_it(backend: Path, module: str, line: str, broken: str) -> None:

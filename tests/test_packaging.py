@@ -102,7 +102,8 @@ def test_the_sdist_is_the_whole_project_and_its_tests_pass_on_their_own(
             tf.extractall(tmp_path)
     (root,) = tmp_path.glob("magent_store-*")
     for needed in ["LICENSE", "README.md", "Makefile", "pyproject.toml", "recipes/magent-store",
-                   "tests/conftest.py", "tests/schema6.py", "tests/live/smoke.py", "bench/demo.py",
+                   "tests/conftest.py", "tests/schema6.py", "tests/live/smoke.py", "tests/live/emacs_daemon.py",
+                   "bench/demo.py",
                    "tests/elisp/magent-store-tests.el", "tests/elisp/stubs/gptel.el",
                    *(f"elisp/{name}" for name in ELISP),
                    *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]:  # fmt: skip

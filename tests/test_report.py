@@ -1,8 +1,9 @@
 """Lifecycle timing, end to end: a stand-in magent in a real `emacs --batch`
 emits lifecycle events of the documented plist shapes through the real sink,
 shim and backend; `magent-store report` must give back the injected durations,
-and no planted secret may reach the state directory.  Then the pieces: the
-allow-list, clock steps, the size bound, the wire, the CLI."""
+and no planted secret may reach the state directory.  Then the pieces: a
+clock step in the report, the wire, the CLI (the metrics file itself, its
+allow-list, clock and size bound: test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from sexpdata import Symbol
 
 from conftest import need
 from magent_store import metrics, report
-from magent_store.metrics import MetricsLog, sanitize, turn_key
+from magent_store.metrics import MetricsLog, turn_key
 
 REPO = Path(__file__).resolve().parent.parent
 MAGENT_STORE = str(Path(sys.executable).with_name("magent-store"))
@@ -152,28 +153,6 @@ def test_text_report_draws_the_timelines(standin: Path) -> None:
     assert "tool #" in out and "█" in out
 
 
-# -- the allow-list -----------------------------------------------------------
-
-
-def test_allow_list_keeps_only_type_turn_times_counts_and_status() -> None:
-    raw = {
-        "type": "tool-call-end", "turn": "turn-1", "t": 1000.5, "call": 3, "bytes": 10,
-        "duration-ms": 1.5, "status": "failed", "tool-name": "bash", "args": {"path": "/etc/x"},
-        "error": "boom", "result": "output", "title": "prompt", "count": -1, "items": True,
-        "chunks": "12", "metadata": {"a": 1},
-    }  # fmt: skip
-    assert sanitize(raw) == {"type": "tool-call-end", "turn": turn_key("turn-1"), "t": 1000.5, "call": 3,
-                             "bytes": 10, "duration-ms": 1.5, "status": "failed"}  # fmt: skip
-    assert "status" not in (sanitize({**raw, "status": "ENOENT: /home/me/secret"}) or {})
-    assert sanitize({**raw, "type": "my-own-type"}) is None
-    assert sanitize({"type": "turn-start"}) is None  # no time
-    # The Emacs wire form: (TYPE TURN USEC :key value ...).
-    wire = [Symbol("tool-call-start"), "turn-1", 1_000_500_000, Symbol(":call"), 3,
-            Symbol(":summary"), "rm -rf ~", Symbol(":status"), Symbol("completed")]  # fmt: skip
-    assert sanitize(wire) == {"type": "tool-call-start", "turn": turn_key("turn-1"), "t": 1000.5,
-                              "call": 3, "status": "completed"}  # fmt: skip
-
-
 # -- the clock ------------------------------------------------------------------
 
 
@@ -188,33 +167,6 @@ def test_clock_step_between_batches_is_corrected_and_flagged(tmp_path: Path) -> 
     assert "step" not in records[0] and records[1]["step"] is True
     (turn,) = report.build(records)
     assert turn.total == pytest.approx(1.3) and turn.clock_step
-
-
-def test_slow_drift_over_a_long_idle_spell_is_no_step(tmp_path: Path) -> None:
-    log = MetricsLog(tmp_path)
-    log.record([{"type": "turn-start", "turn": "t1", "t": 1000.0}], wall=1000.0, mono=10.0)
-    # Ten hours later NTP has slewed the wall clock 2 s (55 ppm): no step.
-    log.record([{"type": "turn-start", "turn": "t2", "t": 37002.0}], wall=37002.0, mono=36010.0)
-    assert not any(r.get("step") for r in metrics.read(tmp_path))
-
-
-# -- the size bound ---------------------------------------------------------------
-
-
-def test_metrics_file_is_bounded_by_rotation(tmp_path: Path) -> None:
-    log = MetricsLog(tmp_path, max_bytes=20_000, backups=2)
-    for batch in range(200):
-        log.record([{"type": "session-save", "turn": "t1", "t": 1000.0 + batch, "duration-ms": 1.0,
-                     "bytes": i} for i in range(20)])  # fmt: skip
-    paths = metrics.files(tmp_path)
-    assert [p.name for p in paths] == ["metrics.jsonl.2", "metrics.jsonl.1", "metrics.jsonl"]
-    assert all(p.stat().st_size <= 20_000 for p in paths)
-    assert sum(p.stat().st_size for p in paths) <= 60_000
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in paths)
-    records = list(metrics.read(tmp_path))
-    assert records[-1]["t"] == 1199.0  # the newest kept, oldest rotated away
-    assert records[0]["t"] > 1000.0
-    assert [r["t"] for r in records] == sorted(r["t"] for r in records)
 
 
 # -- the wire ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The store's contract in detail: what each flush reports and syncs, when
 compaction is due, headers as magent writes them, what a listing and a
 delete see, the producer record of numbered batches, and the edges of
-reading a session back (see also test_store.py and test_exactly_once.py).
+reading a session back (see also test_store.py and test_store_exactly_once.py).
 
 Time is a controlled clock here (the store's own `time`), never the
 machine's: no assertion depends on how fast the machine is.
@@ -42,7 +42,7 @@ from magent_store.store import (
     StoreError,
     WriteFailed,
 )
-from test_exactly_once import send
+from test_store_exactly_once import send
 
 P = "emacs-1"
 G = {"id": "s1", "scope": "global"}  # the least a header read on its own holds

@@ -1,8 +1,11 @@
 """The EPC server: Emacs's one door to the store.
 
 This module owns the wire and nothing else: it decodes EPC messages,
-authorises the connection, dispatches to the store, and encodes replies.
-Everything on disk belongs to `store`; everything about a thread to `ledger`.
+authorises the connection, dispatches each call, and encodes replies.  A
+call's arguments are read by `arguments`; the sessions open here, with the
+stores and search indexes behind them, are `registry`'s; the spool directory
+is `spool`'s.  Everything on disk belongs to `store`; everything about a
+thread to `ledger`.
 
 Shape of a session with Emacs (the shim starts us):
 
@@ -29,9 +32,7 @@ arrive as a file in our private spool directory instead (``flush-file``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hmac
-import json
 import logging
 import logging.handlers
 import os
@@ -40,7 +41,6 @@ import signal
 import socket
 import socketserver
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -55,24 +55,23 @@ from epc.handler import encode_message
 from epc.server import EPCServer
 from sexpdata import Symbol
 
-from magent_store import __version__, export, ledger
+from magent_store import __version__, export
+from magent_store.arguments import CallError, apply_batch, decode_utf8, json_text, text
 from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.listing import Catalog, picker_entries
 from magent_store.metrics import MetricsLog
-from magent_store.search import SearchIndex
-from magent_store.sessions import open_session
+from magent_store.registry import Registry
+from magent_store.spool import Spool, remove_stale_spools
 from magent_store.stats import median, percentile
 from magent_store.store import (
+    FlushResult,
     Scope,
     Session,
     SessionFiles,
-    SessionNotFound,
-    Store,
     StoreError,
     conform_header_scope,
     dumps,
     make_private_dirs,
-    write_failed,
 )
 
 log = logging.getLogger("magent_store.server")
@@ -98,10 +97,6 @@ ACK_DELAY_S = 1.0
 LAZY_METHODS = frozenset({"tick", "tick-file"})
 
 JsonDict = dict[str, Any]
-
-
-class CallError(Exception):
-    """A call the server refuses; the message tells the caller what to fix."""
 
 
 # --------------------------------------------------------------------------
@@ -170,15 +165,6 @@ def _redirect_stderr(directory: Path) -> None:
 # The service: what the calls do (no sockets here)
 
 @dataclass(slots=True)
-class OpenSession:
-    """A session this server holds open, with where it came from."""
-
-    session: Session
-    root: str
-    scope: Any
-
-
-@dataclass(slots=True)
 class Stats:
     """Counters for `status`; never any content."""
 
@@ -190,84 +176,42 @@ class Stats:
     flush_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=FLUSH_SAMPLES))
     last_error: str | None = None
 
+    def count_flush(self, result: FlushResult) -> None:
+        self.flushes += 1
+        self.bytes_written += result.bytes_written
+        self.compactions += int(result.compacted)
+        self.flush_seconds.append(result.seconds)
 
-_LONG_NUMBER = re.compile(r"\d{19,}")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
-
-def _json(text: Any, what: str) -> Any:
-    if not isinstance(text, str):
-        raise CallError(f"{what} must be JSON text (a string), got {type(text).__name__}")
+def _scope(scope_json: Any) -> Scope:
     try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as err:
-        # What orjson refuses and the standard library reads: a lone
-        # surrogate escape (kept as U+FFFD) and a number too large for a
-        # float (a time far ahead, say; the ledger says what it makes of it).
-        return _without_surrogates(_exact_json(text, what, f"{what} is not valid JSON: {err}"))
-    if _LONG_NUMBER.search(text):
-        # orjson reads an integer beyond 64 bits as an inexact float: read
-        # such text again exactly, so the ledger can refuse what it cannot keep.
-        value = _exact_json(text, what)
-    return value
+        return Scope.from_json(scope_json)
+    except (ValueError, TypeError, KeyError) as err:
+        raise CallError(f"invalid scope {scope_json!r}: {err}") from None
 
 
-def _exact_json(text: str, what: str, failure: str | None = None) -> Any:
-    def no_constant(name: str) -> Any:
-        raise CallError(f"{what} is not valid JSON: {name} is not a JSON number")
-
-    try:
-        return json.loads(text, parse_constant=no_constant)
-    except ValueError as err:  # includes integers of more than 4,300 digits
-        raise CallError(failure or f"{what} is not valid JSON: {str(err)[:200]}") from None
-    except RecursionError:
-        raise CallError(f"{what} is nested too deep to read") from None
-
-
-def _without_surrogates(value: Any) -> Any:
-    """VALUE with every lone surrogate in its strings made U+FFFD (a loop: VALUE may be deep)."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    stack = [value]
-    while stack:
-        container = stack.pop()
-        if isinstance(container, list):
-            for index, inner in enumerate(container):
-                if isinstance(inner, str):
-                    container[index] = _SURROGATE.sub("\ufffd", inner)
-                elif isinstance(inner, list | dict):
-                    stack.append(inner)
-        elif isinstance(container, dict):
-            pairs = list(container.items())
-            container.clear()
-            for key, inner in pairs:
-                if isinstance(inner, str):
-                    inner = _SURROGATE.sub("\ufffd", inner)
-                elif isinstance(inner, list | dict):
-                    stack.append(inner)
-                container[_SURROGATE.sub("\ufffd", key)] = inner
-    return value
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise CallError(f"{what} must be a non-empty string")
-    return value
-
-
+# Longer than a room should be, and for one reason: it has a method for each
+# of the wire's seventeen calls, each reading its arguments and handing the
+# work on (to the registry, the spool, a session, export or the listing), and
+# their docstrings are the wire's reference.  The work itself lives elsewhere.
 class Service:
-    """The methods Emacs calls, over the store; thread-safe by one lock."""
+    """The methods Emacs calls: each decodes its arguments and does its one thing
+    over the open sessions (`Registry`) and the spool (`Spool`); thread-safe by
+    one lock."""
 
     def __init__(self, spool: Path) -> None:
-        self.spool = spool
         self.stats = Stats()
         self.metrics = MetricsLog(spool.parent)
-        self._stores: dict[tuple[str, str, int, int], Store] = {}
-        self._open: dict[str, OpenSession] = {}
-        self._indexes: dict[str, SearchIndex] = {}
+        self.sessions = Registry(crash_hook=_pause_hook)
+        self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
         self._lock = threading.Lock()
         self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
+
+    @property
+    def spool(self) -> Path:
+        """The spool directory (Emacs is told it when it authenticates)."""
+        return self._spool.directory
 
     # -- dispatch table ------------------------------------------------------
 
@@ -310,49 +254,8 @@ class Service:
 
     # -- sessions --------------------------------------------------------------
 
-    def _store(self, root: str, options: JsonDict) -> Store:
-        if not Path(root).expanduser().is_absolute():
-            # Relative to what?  Our working directory is nobody's session root.
-            raise CallError(f"root must be an absolute directory, got {root!r:.200}")
-        fsync = options.get("fsync", "always")
-        if fsync not in ("always", "interval", "never"):
-            raise CallError(f"options.fsync must be always, interval or never, got {fsync!r}")
-        interval = options.get("fsync-interval-ms", 1000)
-        max_events = options.get("log-max-events", 2000)
-        for name, value in (("fsync-interval-ms", interval), ("log-max-events", max_events)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise CallError(f"options.{name} must be a positive integer, got {value!r}")
-        store_key = (root, str(fsync), int(interval), int(max_events))
-        store = self._stores.get(store_key)
-        if store is None:
-            store = Store(
-                Path(root).expanduser(),
-                fsync=fsync,
-                fsync_interval_ms=interval,
-                log_max_events=max_events,
-                crash=_pause_hook(),
-            )
-            self._stores[store_key] = store
-        return store
-
-    def _search_index(self, root: str, options: JsonDict) -> Callable[[Session, list[bytes]], None] | None:
-        """ROOT's search index's flush recorder, unless options say search-index: false."""
-        if options.get("search-index", True) is False:
-            return None
-        index = self._indexes.get(root)
-        if index is None:
-            try:
-                index = self._indexes[root] = SearchIndex(Path(root).expanduser(), live=True)
-            except Exception as err:  # search is a convenience: never at the cost of a session
-                log.warning("search index of %s unavailable: %s", root, err)
-                return None
-        return index.record_flush
-
     def _session(self, session_id: Any) -> Session:
-        entry = self._open.get(session_id) if isinstance(session_id, str) else None
-        if entry is None:
-            raise CallError(f"session {session_id!r} is not open here: call open first")
-        return entry.session
+        return self.sessions.session(session_id)
 
     def open(self, root: Any, scope: Any, session_id: Any, options: Any = None, initial: Any = None) -> int:
         """Open (create or load) a session; return its last seq.  Idempotent.
@@ -362,35 +265,26 @@ class Service:
         in no event).  An unusable one is logged and left out: the session
         still opens.
         """
-        root = _text(root, "root")
-        session_id = _text(session_id, "session id")
-        scope_json = _json(scope, "scope")
-        opts = _json(options, "options") if options else {}
+        root = text(root, "root")
+        session_id = text(session_id, "session id")
+        scope_json = json_text(scope, "scope")
+        opts = json_text(options, "options") if options else {}
         if not isinstance(opts, dict):
             raise CallError("options must be a JSON object")
-        existing = self._open.get(session_id)
+        existing = self.sessions.already_open(session_id, root, scope_json)
         if existing is not None:
-            if (existing.root, existing.scope) != (root, scope_json):
-                raise CallError(
-                    f"session {session_id!r} is already open here under another root or scope"
-                )
-            return existing.session.last_seq
-        try:
-            scope_obj = Scope.from_json(scope_json)
-        except (ValueError, TypeError, KeyError) as err:
-            raise CallError(f"invalid scope {scope_json!r}: {err}") from None
-        store = self._store(root, opts)
-        session = open_session(store, session_id, scope_obj, self._initial(initial, session_id))
-        session.after_flush = self._search_index(root, opts)
-        self._open[session_id] = OpenSession(session, root, scope_json)
-        log.info("opened session %s (last seq %d)", session_id, session.last_seq)
+            return existing.last_seq
+        scope_obj = _scope(scope_json)
+        self.sessions.store(root, opts)  # bad options are refused before any initial state is read
+        session = self.sessions.open(root, scope_json, scope_obj, session_id, opts,
+                                     self._initial(initial, session_id))  # fmt: skip
         return session.last_seq
 
     def _initial(self, initial: Any, session_id: str) -> Thread | None:
         if not initial:
             return None
         try:
-            thread = thread_from_json(_json(initial, "initial state"), "initial state")
+            thread = thread_from_json(json_text(initial, "initial state"), "initial state")
             if thread.session_id != session_id:
                 raise CallError(f"initial state: session-id {thread.session_id!r:.80} is not {session_id!r}")
             return thread
@@ -400,90 +294,33 @@ class Service:
             log.warning("%s", message[:500])
             return None
 
-    def _apply_batch(self, session: Session, batch: Any, *, allow: str) -> list[str]:
-        """Apply BATCH's entries in order; return the rejected ones' errors.
-
-        BATCH is JSON text (an array) or, from Emacs, an s-expression list.
-        An entry is an event (a JSON object, or JSON text of one) or a
-        content chunk ``[item-id, chunk, output, created-at]``.  Emacs sends
-        the batch as a list, a chunk's output as ``t`` or ``nil`` and its
-        created-at as float seconds (the time magent gave the item, to the
-        last digit) or integer milliseconds (cheaper to print, for callers
-        with no time of their own), so chunks need no JSON at all.
-        A rejected entry changes nothing and does not stop the others: losing
-        one bad event beats losing the batch.
-        """
-        what = {"any": "batch", "events": "events", "content": "chunks"}[allow]
-        from_json = isinstance(batch, str)
-        entries = _json(batch, what) if from_json else batch
-        if not isinstance(entries, list):
-            raise CallError(f"{what} must be a JSON array or a list")
-        rejected: list[str] = []
-        clamped: list[str] = []
-        with ledger.clamped_times() as times:
-            for index, entry in enumerate(entries):
-                error = self._apply_entry(session, entry, allow, millis=not from_json)
-                if error is not None:
-                    rejected.append(f"entry {index}: {error}")
-                elif times:
-                    clamped += (f"entry {index}: {where}" for where in times)
-                times.clear()  # a rejected entry's clamps came to nothing
-        if clamped:
-            log.warning("session %r: %d times outside 1970 .. 9999 clamped (%s)",
-                        session.id, len(clamped), clamped[0])  # fmt: skip
-        if rejected:
-            self.stats.rejected += len(rejected)
-            log.warning("session %r: rejected %d of %d entries: %s",
-                        session.id, len(rejected), len(entries), rejected[0])  # fmt: skip
+    def _apply(self, session: Session, batch: Any, *, allow: str) -> list[str]:
+        rejected = apply_batch(session, batch, allow=allow)
+        self.stats.rejected += len(rejected)
         return rejected
-
-    @staticmethod
-    def _apply_entry(session: Session, entry: Any, allow: str, *, millis: bool) -> str | None:
-        """Apply one entry of a batch; None, or why it was rejected (it then changed nothing)."""
-        try:
-            if isinstance(entry, str) and allow in ("any", "events"):
-                entry = _json(entry, "event")
-            if isinstance(entry, dict) and allow in ("any", "events"):
-                session.append_event(entry)
-            elif isinstance(entry, list) and allow in ("any", "content"):
-                session.append_content(*_chunk_args(entry, millis=millis))
-            else:
-                kinds = {"any": "an event object or a chunk array",
-                         "events": "an event object", "content": "a chunk array"}  # fmt: skip
-                raise CallError(f"must be {kinds[allow]}")
-        except (CallError, ValueError, TypeError) as err:
-            # ValueError covers LedgerError; messages name fields, not content.
-            return str(err)
-        except StoreError:
-            raise  # the session, not the entry: the batch stays with its sender
-        except Exception as err:
-            # One entry that breaks the backend must not stop the session.
-            log.exception("session %r: entry failed", session.id)
-            return f"unexpected {type(err).__name__} (see the backend log)"
-        return None
 
     def append(self, session_id: Any, batch: Any) -> list[Any]:
         """Apply a mixed batch without flushing; return ``(last-seq rejected)``."""
         session = self._session(session_id)
-        rejected = self._apply_batch(session, batch, allow="any")
+        rejected = self._apply(session, batch, allow="any")
         return [session.last_seq, rejected]
 
     def append_events(self, session_id: Any, events: Any) -> list[Any]:
         """Apply a batch of events; return ``(last-seq rejected)``."""
         session = self._session(session_id)
-        rejected = self._apply_batch(session, events, allow="events")
+        rejected = self._apply(session, events, allow="events")
         return [session.last_seq, rejected]
 
     def append_content(self, session_id: Any, chunks: Any) -> list[Any]:
         """Apply a batch of ``[item-id, chunk, output, created-at]``; return as `append`."""
         session = self._session(session_id)
-        rejected = self._apply_batch(session, chunks, allow="content")
+        rejected = self._apply(session, chunks, allow="content")
         return [session.last_seq, rejected]
 
     def put_header(self, session_id: Any, header: Any) -> bool:
         """Replace the session's header (written at the next flush if changed)."""
         session = self._session(session_id)
-        obj = _json(header, "header")
+        obj = json_text(header, "header")
         if not isinstance(obj, dict):
             raise CallError("header must be a JSON object")
         changed = conform_header_scope(obj, session.scope)
@@ -521,16 +358,13 @@ class Service:
             apply = session.begin_batch(*ident)
         try:
             if batch and apply:
-                rejected = self._apply_batch(session, batch, allow="any")
+                rejected = self._apply(session, batch, allow="any")
             result = session.flush()
         except BaseException:
             if ident:
                 session.abort_batch()
             raise
-        self.stats.flushes += 1
-        self.stats.bytes_written += result.bytes_written
-        self.stats.compactions += int(result.compacted)
-        self.stats.flush_seconds.append(result.seconds)
+        self.stats.count_flush(result)
         return [
             result.durable_seq,
             result.written_seq,
@@ -546,27 +380,7 @@ class Service:
 
         The file holds JSON text or an s-expression list, as `flush` takes.
         """
-        path_str = _text(path, "path")
-        file = Path(path_str)
-        if file.parent.resolve() != self.spool.resolve() or not file.name.startswith("batch-"):
-            raise CallError(f"batch files must be {self.spool}/batch-*, got {path_str!r}")
-        try:
-            st = file.lstat()
-            if not file.is_file() or file.is_symlink() or st.st_uid != os.getuid():
-                raise CallError(f"{path_str} is not a regular file of ours")
-            data = file.read_bytes()
-        except OSError as err:
-            raise CallError(f"cannot read batch file: {err.strerror}") from None
-        finally:
-            file.unlink(missing_ok=True)
-        text = decode_utf8(data)
-        if text.lstrip().startswith("("):  # Emacs prints the batch list itself
-            try:
-                batch: Any = sexpdata.loads(text)
-            except Exception:
-                raise CallError("batch file is not a valid s-expression") from None
-        else:
-            batch = text
+        batch = self._spool.take_batch(path)
         return self.flush(session_id, batch, timings, ident)
 
     def record_timings(self, records: Any) -> int:
@@ -579,7 +393,7 @@ class Service:
 
     def _record_timings(self, records: Any) -> int:
         try:
-            entries = _json(records, "timings") if isinstance(records, str) else records
+            entries = json_text(records, "timings") if isinstance(records, str) else records
             if not isinstance(entries, list):
                 raise CallError("timings must be a list or a JSON array")
             return self.metrics.record(entries)
@@ -599,17 +413,7 @@ class Service:
         session = self._session(session_id)
         body = b'{"header":' + session.header_bytes() + b',"snapshot":'
         body += session.snapshot_bytes() + b"}"
-        fd, name = tempfile.mkstemp(prefix="load-", suffix=".json", dir=self.spool)
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view):]
-        except OSError as exc:
-            os.unlink(name)
-            raise write_failed(Path(name), exc, len(body), "; the session was not loaded") from None
-        finally:
-            os.close(fd)
-        return name
+        return self._spool.write_load(body)
 
     def render(self, path: Any, hollow: Any = None) -> list[Any]:
         """Write the session whose header is PATH as magent's schema-6 file, in the spool.
@@ -619,17 +423,12 @@ class Service:
         nil or what could not be read.  HOLLOW (non-nil) leaves the turns out,
         for a listing.  A session open here is flushed and read from memory.
         """
-        header_path = Path(_text(path, "path"))
+        header_path = Path(text(path, "path"))
         try:
             files = SessionFiles.from_header_path(header_path)
         except StoreError as err:
             raise CallError(str(err)) from None
-        live = None
-        resolved = header_path.resolve()
-        for entry in self._open.values():
-            if entry.session.files.id == files.id and entry.session.files.header.resolve() == resolved:
-                entry.session.flush()
-                live = (entry.session.current_header(), entry.session.thread)
+        live = self.sessions.flushed_view(files)
         try:
             name, damage = export.render(files, self.spool, hollow=bool(hollow), live=live)
         except (StoreError, LedgerError) as err:
@@ -644,28 +443,16 @@ class Service:
         open here are flushed first and listed from memory, as `render`
         reads them.
         """
-        root_path = Path(_text(root, "root")).expanduser()
+        root_path = Path(text(root, "root")).expanduser()
         if not root_path.is_absolute():
             raise CallError(f"root must be an absolute directory, got {root!r:.200}")
         only = None
         if directory:  # nil arrives as an empty list
-            only = Path(_text(directory, "directory")).expanduser()
+            only = Path(text(directory, "directory")).expanduser()
             if not only.is_absolute() or not only.is_relative_to(root_path):
                 raise CallError(f"directory must be a folder of the root {str(root_path)!r:.200}, "
                                 f"got {directory!r:.200}")
-        resolved = root_path.resolve()
-        live: dict[str, dict[str, Any]] = {}
-        for entry in self._open.values():
-            session = entry.session
-            try:
-                header = session.files.header.resolve()
-                if not header.is_relative_to(resolved):
-                    continue
-                session.flush()
-            except (StoreError, OSError) as err:
-                log.warning("listing %s from its files: %s", session.id, err)
-                continue
-            live[str(header.relative_to(resolved))] = session.current_header()
+        live = self.sessions.flushed_headers(root_path.resolve())
         catalog = self._catalogs.get(str(root_path))
         if catalog is None:
             catalog = self._catalogs[str(root_path)] = Catalog(root_path, self.spool.parent)
@@ -673,8 +460,8 @@ class Service:
             entries = picker_entries(root_path, live, only, catalog)
         finally:
             catalog.save()
-        text: str = dumps(entries).decode()
-        return text
+        listed: str = dumps(entries).decode()
+        return listed
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.
@@ -682,34 +469,18 @@ class Service:
         What magent does when it clears a session: the next turn of that id
         starts afresh.
         """
-        root = _text(root, "root")
-        session_id = _text(session_id, "session id")
-        scope_json = _json(scope, "scope")
-        try:
-            scope_obj = Scope.from_json(scope_json)
-        except (ValueError, TypeError, KeyError) as err:
-            raise CallError(f"invalid scope {scope_json!r}: {err}") from None
-        entry = self._open.pop(session_id, None)
-        if entry is not None:
-            entry.session.abandon(remove_lock=True)
-        try:
-            self._store(root, {}).delete(session_id, scope_obj)
-        except SessionNotFound:
-            return False
-        log.info("deleted session %s", session_id)
-        return True
+        root = text(root, "root")
+        session_id = text(session_id, "session id")
+        return self.sessions.delete(root, _scope(json_text(scope, "scope")), session_id)
 
     def close(self, session_id: Any) -> bool:
         """Flush and close a session, releasing its lock.  Idempotent."""
-        entry = self._open.pop(session_id, None) if isinstance(session_id, str) else None
-        if entry is not None:
-            entry.session.close()
-            log.info("closed session %s", session_id)
+        self.sessions.close(session_id)
         return True
 
     def list(self, root: Any) -> str:
         """Return the sessions under ROOT as JSON text (headers only)."""
-        store = self._store(_text(root, "root"), {})
+        store = self.sessions.store(text(root, "root"), {})
         return orjson.dumps([info.to_json() for info in store.list()]).decode()
 
     def status(self) -> str:
@@ -718,8 +489,8 @@ class Service:
         return orjson.dumps({
             "pid": os.getpid(),
             "uptime": round(time.time() - self.stats.started, 3),
-            "open-sessions": sorted(self._open),
-            "pending-events": sum(e.session.pending_events for e in self._open.values()),
+            "open-sessions": self.sessions.ids(),
+            "pending-events": sum(session.pending_events for session in self.sessions.sessions()),
             "flushes": self.stats.flushes,
             "bytes-written": self.stats.bytes_written,
             "flush-ms-last": _ms(samples[-1] if samples else None),
@@ -729,19 +500,13 @@ class Service:
             "rejected-entries": self.stats.rejected,
             "last-error": self.stats.last_error,
             # Why a root's search index writes nothing now (its disk is nearly full).
-            "search-index-paused": [i.paused for i in self._indexes.values() if i.paused is not None],
+            "search-index-paused": self.sessions.search_paused(),
         }).decode()
 
     def close_all(self) -> None:
         """Flush and release every session; log, never raise."""
         with self._lock:
-            for session_id in list(self._open):
-                try:
-                    self.close(session_id)
-                except Exception:
-                    log.exception("closing session %s failed", session_id)
-            for index in self._indexes.values():
-                index.close()  # writes what its worker still holds
+            self.sessions.close_all()
 
 
 PAUSE_ENV = "MAGENT_STORE_TEST_PAUSE_AT"
@@ -780,47 +545,10 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def _chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, float]:
-    if len(entry) != 4:
-        raise CallError("a chunk is [item-id, chunk, output, created-at]")
-    item_id, chunk, output, created_at = entry
-    if output == []:  # nil from Emacs
-        output = False
-    if not isinstance(item_id, str) or not item_id:
-        raise CallError("chunk item-id must be a non-empty string")
-    if not isinstance(chunk, str) or not chunk:
-        raise CallError("chunk must be a non-empty string")
-    if not isinstance(output, bool):
-        raise CallError("chunk output must be true or false")
-    if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
-        raise CallError("chunk created-at must be a number")
-    # From Emacs an integer is milliseconds (cheap to print), a float seconds
-    # exactly as magent recorded them.
-    millis = millis and isinstance(created_at, int)
-    return item_id, chunk, output, ledger.check_timestamp(created_at, "chunk created-at", millis=millis)
-
-
 # --------------------------------------------------------------------------
 # The wire
 
-# What Emacs's printer writes for a character UTF-8 has no room for, one
-# sequence per character: a lone surrogate, one beyond U+10FFFF, one of
-# Emacs's own (up to #x3FFF7F).
-_NOT_UNICODE = re.compile(
-    rb"\xed[\xa0-\xbf][\x80-\xbf]|\xf4[\x90-\xbf][\x80-\xbf]{2}|[\xf5-\xf7][\x80-\xbf]{3}|\xf8[\x80-\xbf]{4}"
-)
 _CALL_ID = re.compile(rb"\s*\(\s*call\s+(\d{1,18})[\s(]")
-
-
-def decode_utf8(data: bytes) -> str:
-    """DATA as text: each character that is not Unicode, or byte that is not UTF-8, becomes U+FFFD.
-
-    Text that is UTF-8 (all Emacs sends, nearly always) costs one strict decode.
-    """
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return _NOT_UNICODE.sub("\ufffd".encode(), data).decode("utf-8", "replace")
 
 
 def unpack(frame: bytes) -> tuple[str, Any, list[Any]]:
@@ -1097,11 +825,9 @@ def serve(*, log_level: str = "INFO") -> int:
     token = _read_token()
     directory = state_dir()
     log_path = setup_logging(directory, log_level)
-    _remove_stale_spools(directory)
-    spool = Path(tempfile.mkdtemp(prefix="spool-", dir=directory))
-    os.chmod(spool, 0o700)
-    spool_lock = _lock_spool(spool)
-    service = Service(spool)
+    remove_stale_spools(directory)
+    spool, spool_lock = Spool.create(directory)
+    service = Service(spool.directory)
     server = Server(token, service)
     port = server.server_address[1]
     log.info("serving on 127.0.0.1:%d (pid %d), log %s", port, os.getpid(), log_path)
@@ -1126,52 +852,10 @@ def serve(*, log_level: str = "INFO") -> int:
     finally:
         service.close_all()
         server.server_close()
-        _remove_spool(spool)
+        spool.remove()
         os.close(spool_lock)
         log.info("stopped")
     return 0
-
-
-SPOOL_LOCK = ".lock"
-SPOOL_GRACE_S = 60.0
-
-
-def _lock_spool(spool: Path) -> int:
-    """Hold SPOOL's lock while we live: a spool nobody holds is a dead server's."""
-    fd = os.open(spool / SPOOL_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-def _remove_spool(spool: Path) -> None:
-    for leftover in spool.iterdir():
-        leftover.unlink(missing_ok=True)
-    spool.rmdir()
-
-
-def _remove_stale_spools(directory: Path) -> None:
-    """Remove the spools of servers that were killed (their batch files were resent)."""
-    for spool in directory.glob("spool-*"):
-        try:
-            fd = os.open(spool / SPOOL_LOCK, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            # Being created right now, or left by a server without spool locks.
-            with contextlib.suppress(OSError):
-                if time.time() - spool.stat().st_mtime > SPOOL_GRACE_S:
-                    _remove_spool(spool)
-                    log.info("removed stale spool %s", spool.name)
-            continue
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # a live server's
-        finally:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            _remove_spool(spool)
-            log.info("removed stale spool %s", spool.name)
 
 
 def main(argv: list[str] | None = None) -> int:

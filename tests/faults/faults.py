@@ -16,7 +16,7 @@ just before Emacs writes two batches to the backend's socket, reading
 nothing in between (the driver kills it there itself); SIGKILL while a
 compaction writes (the backend paused there by a test-only hook);
 a full disk (a small tmpfs when run as root, else skipped: the store-level
-fault hook is tests/test_exactly_once.py) with a SIGKILL while a batch is
+fault hook is tests/test_store_exactly_once.py) with a SIGKILL while a batch is
 refused; a 4 MB disk filled while the search index is current, a SIGKILL,
 then space freed (every chunk must reach the journal, and the index catch up
 afterwards); two Emacs writing one session.  Hostile peers: tests/faults/fuzz.py.

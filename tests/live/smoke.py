@@ -18,10 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(CHECKOUT / "bench"))
-
-from demo import (  # noqa: E402  (bench/ is not a package)
+from emacs_daemon import (  # beside this file
+    CHECKOUT,
     MAGENT_STORE,
     VENV_BIN,
     Daemon,

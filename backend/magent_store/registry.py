@@ -1,0 +1,188 @@
+"""The sessions a backend holds open, and the stores and search indexes behind them.
+
+One `Store` per root and set of write options (fsync mode and interval,
+log bound): two sessions of one root opened with different options are
+written each with its own.  One live `SearchIndex` per root, fed by each
+flush of a session that asks for it; an index that cannot open costs the
+sessions nothing.  A session is open here once: opening it again under
+another root or scope is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from magent_store.arguments import CallError, JsonDict
+from magent_store.ledger import Thread
+from magent_store.search import SearchIndex
+from magent_store.sessions import open_session
+from magent_store.store import Scope, Session, SessionFiles, SessionNotFound, Store, StoreError
+
+# What opening and closing cost is the server's to tell: its log says it under its name.
+log = logging.getLogger("magent_store.server")
+
+#: Makes the hook a new store is given to stop at a named point of a write
+#: (the fault tests'); None, always outside them.
+CrashHook = Callable[[], Callable[[str], None] | None]
+
+
+@dataclass(slots=True)
+class OpenSession:
+    """A session this server holds open, with where it came from."""
+
+    session: Session
+    root: str
+    scope: Any
+
+
+class Registry:
+    """The open sessions by id, the stores by root and options, the search indexes by root."""
+
+    def __init__(self, crash_hook: CrashHook = lambda: None) -> None:
+        self._crash_hook = crash_hook
+        self._stores: dict[tuple[str, str, int, int], Store] = {}
+        self._open: dict[str, OpenSession] = {}
+        self._indexes: dict[str, SearchIndex] = {}
+
+    def store(self, root: str, options: JsonDict) -> Store:
+        """ROOT's store for the write OPTIONS (checked by name), made at first use."""
+        if not Path(root).expanduser().is_absolute():
+            # Relative to what?  Our working directory is nobody's session root.
+            raise CallError(f"root must be an absolute directory, got {root!r:.200}")
+        fsync = options.get("fsync", "always")
+        if fsync not in ("always", "interval", "never"):
+            raise CallError(f"options.fsync must be always, interval or never, got {fsync!r}")
+        interval = options.get("fsync-interval-ms", 1000)
+        max_events = options.get("log-max-events", 2000)
+        for name, value in (("fsync-interval-ms", interval), ("log-max-events", max_events)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise CallError(f"options.{name} must be a positive integer, got {value!r}")
+        store_key = (root, str(fsync), int(interval), int(max_events))
+        store = self._stores.get(store_key)
+        if store is None:
+            store = Store(
+                Path(root).expanduser(),
+                fsync=fsync,
+                fsync_interval_ms=interval,
+                log_max_events=max_events,
+                crash=self._crash_hook(),
+            )
+            self._stores[store_key] = store
+        return store
+
+    def _search_index(self, root: str, options: JsonDict) -> Callable[[Session, list[bytes]], None] | None:
+        """ROOT's search index's flush recorder, unless options say search-index: false."""
+        if options.get("search-index", True) is False:
+            return None
+        index = self._indexes.get(root)
+        if index is None:
+            try:
+                index = self._indexes[root] = SearchIndex(Path(root).expanduser(), live=True)
+            except Exception as err:  # search is a convenience: never at the cost of a session
+                log.warning("search index of %s unavailable: %s", root, err)
+                return None
+        return index.record_flush
+
+    def session(self, session_id: Any) -> Session:
+        """The open session SESSION_ID; refused by name when it is not open here."""
+        entry = self._open.get(session_id) if isinstance(session_id, str) else None
+        if entry is None:
+            raise CallError(f"session {session_id!r} is not open here: call open first")
+        return entry.session
+
+    def already_open(self, session_id: str, root: str, scope_json: Any) -> Session | None:
+        """SESSION_ID if it is open here under ROOT and SCOPE_JSON; None if not open at all."""
+        existing = self._open.get(session_id)
+        if existing is None:
+            return None
+        if (existing.root, existing.scope) != (root, scope_json):
+            raise CallError(f"session {session_id!r} is already open here under another root or scope")
+        return existing.session
+
+    def open(self, root: str, scope_json: Any, scope: Scope, session_id: str, options: JsonDict,
+             initial: Thread | None) -> Session:  # fmt: skip
+        """Open SESSION_ID in ROOT's store for OPTIONS, indexed for search unless they say not."""
+        store = self.store(root, options)
+        session = open_session(store, session_id, scope, initial)
+        session.after_flush = self._search_index(root, options)
+        self._open[session_id] = OpenSession(session, root, scope_json)
+        log.info("opened session %s (last seq %d)", session_id, session.last_seq)
+        return session
+
+    def close(self, session_id: Any) -> None:
+        """Flush and close SESSION_ID if it is open here, releasing its lock."""
+        entry = self._open.pop(session_id, None) if isinstance(session_id, str) else None
+        if entry is not None:
+            entry.session.close()
+            log.info("closed session %s", session_id)
+
+    def delete(self, root: str, scope: Scope, session_id: str) -> bool:
+        """Remove SESSION_ID's files (dropping it here first, unflushed); False if it had none."""
+        entry = self._open.pop(session_id, None)
+        if entry is not None:
+            entry.session.abandon(remove_lock=True)
+        try:
+            self.store(root, {}).delete(session_id, scope)
+        except SessionNotFound:
+            return False
+        log.info("deleted session %s", session_id)
+        return True
+
+    def flushed_view(self, files: SessionFiles) -> tuple[JsonDict, Thread] | None:
+        """The header and thread of the session open here whose files are FILES, flushed first.
+
+        None when that session is not open here (another root's session of
+        the same id is not it).
+        """
+        view = None
+        header = files.header.resolve()
+        for session in self.sessions():
+            if session.files.id == files.id and session.files.header.resolve() == header:
+                session.flush()
+                view = (session.current_header(), session.thread)
+        return view
+
+    def flushed_headers(self, root: Path) -> dict[str, JsonDict]:
+        """The headers of the sessions open here under ROOT (resolved), flushed first.
+
+        Keyed by the header's path relative to ROOT.  A session that cannot
+        be flushed is left out: its files speak for it.
+        """
+        headers: dict[str, JsonDict] = {}
+        for session in self.sessions():
+            try:
+                header = session.files.header.resolve()
+                if not header.is_relative_to(root):
+                    continue
+                session.flush()
+            except (StoreError, OSError) as err:
+                log.warning("listing %s from its files: %s", session.id, err)
+                continue
+            headers[str(header.relative_to(root))] = session.current_header()
+        return headers
+
+    def sessions(self) -> Iterator[Session]:
+        """The sessions open here."""
+        return (entry.session for entry in list(self._open.values()))
+
+    def ids(self) -> list[str]:
+        """The ids of the sessions open here, sorted."""
+        return sorted(self._open)
+
+    def search_paused(self) -> list[Any]:
+        """Why each root's search index writes nothing now, for those that do not."""
+        return [index.paused for index in self._indexes.values() if index.paused is not None]
+
+    def close_all(self) -> None:
+        """Flush and release every session, then the search indexes; log, never raise."""
+        for session_id in list(self._open):
+            try:
+                self.close(session_id)
+            except Exception:
+                log.exception("closing session %s failed", session_id)
+        for index in self._indexes.values():
+            index.close()  # writes what its worker still holds
