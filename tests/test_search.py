@@ -22,7 +22,12 @@ import pytest
 
 from conftest import Events
 from magent_store import ledger, search
-from magent_store.search import PASSAGE_CHARS, QueryError, SearchIndex, open_index, parse_query
+from magent_store.search import PASSAGE_CHARS, QueryError, SearchIndex, follower, open_index, parse_query
+from magent_store.search import rebuild as rebuilding
+from magent_store.search import recorder as recording
+from magent_store.search import searcher as searching
+from magent_store.search.live import LiveWriter
+from magent_store.search.recorder import IndexFile
 from magent_store.store import Scope, Session, SimulatedCrash, Store
 from test_server import TIMEOUT, Backend, _open, _start_item
 from test_server import backend as backend  # the real server, as a fixture here too
@@ -232,14 +237,14 @@ def test_a_live_index_writes_on_its_own_thread_never_on_the_flush(
     w, s, ev = streaming(root, "before ")
     written: list[str] = []
     gate = threading.Event()
-    write = SearchIndex._write_job
+    write = LiveWriter.write
 
-    def held(index: SearchIndex, jobs: list[Any]) -> None:
+    def held(writer: LiveWriter, jobs: list[Any]) -> None:
         written.append(threading.current_thread().name)
         gate.wait(10)  # the index is slow: the flush must not wait for it
-        write(index, jobs)
+        write(writer, jobs)
 
-    monkeypatch.setattr(SearchIndex, "_write_job", held)
+    monkeypatch.setattr(LiveWriter, "write", held)
     s.append_content("a1", "while the index is slow", False, ev.now())
     s.flush()  # returns while the index still holds its job
     assert b"while the index is slow" in s.files.log.read_bytes()
@@ -444,7 +449,7 @@ def test_a_backend_writing_during_a_rebuild_goes_on_in_the_new_index(
 def test_a_backend_creates_no_index_while_a_rebuild_has_none_in_place(root: Path) -> None:
     w, s, ev = streaming(root, "before ")
     # The moment between a rebuild removing the old file and renaming the new one.
-    w.index._remove_files()
+    w.index.recorder.file._remove_files()
     s.append_content("a1", "meanwhile", False, ev.now())
     w.flush(s)
     assert not [p.name for p in search.index_path(root).parent.iterdir() if p.name.startswith("index")]
@@ -458,7 +463,7 @@ def test_a_rebuild_merges_the_index_once_at_the_end_and_leaves_merging_on(
     for n in range(12):
         w.reply(f"s{n:02d}", f"needle {n:02d} " + "文本" * 300)
     w.index.close()
-    monkeypatch.setattr(search, "BUILD_BATCH_CHARS", 500)  # a statement, and so a segment, per session
+    monkeypatch.setattr(recording, "BUILD_BATCH_CHARS", 500)  # a statement, and so a segment, per session
 
     def segments(index: SearchIndex) -> int:
         return int(index.db.execute("SELECT count(DISTINCT segid) FROM fts_idx").fetchone()[0])
@@ -499,23 +504,23 @@ def test_a_rebuild_swaps_files_and_an_opener_opens_them_only_under_the_lock(
     s.close()
     w.index.close()
     seen: list[tuple[str, bool]] = []
-    remove, replace, open_db = SearchIndex._remove_files, os.replace, SearchIndex._open_db
+    remove, replace, open_db = IndexFile._remove_files, os.replace, IndexFile._open_db
 
-    def removing(index: SearchIndex) -> None:
+    def removing(file: IndexFile) -> None:
         seen.append(("remove", _lock_held(root)))
-        remove(index)
+        remove(file)
 
     def replacing(src: Any, dst: Any) -> None:
         seen.append(("replace", _lock_held(root)))
         replace(src, dst)
 
-    def opening(index: SearchIndex) -> sqlite3.Connection:
+    def opening(file: IndexFile) -> sqlite3.Connection:
         seen.append(("open", _lock_held(root)))
-        return open_db(index)
+        return open_db(file)
 
-    monkeypatch.setattr(SearchIndex, "_remove_files", removing)
-    monkeypatch.setattr(search.os, "replace", replacing)
-    monkeypatch.setattr(SearchIndex, "_open_db", opening)
+    monkeypatch.setattr(IndexFile, "_remove_files", removing)
+    monkeypatch.setattr(recording.os, "replace", replacing)
+    monkeypatch.setattr(IndexFile, "_open_db", opening)
     index = SearchIndex(root)
     index.rebuild()
     assert seen == [("open", True), ("remove", True), ("replace", True), ("open", True)]
@@ -526,7 +531,7 @@ def test_a_rebuild_swaps_files_and_an_opener_opens_them_only_under_the_lock(
 
 
 def test_processes_opening_a_new_index_at_once_all_open_it(root: Path) -> None:
-    script = (f"import sys, time; sys.path.insert(0, {str(Path(search.__file__).parent.parent)!r})\n"
+    script = (f"import sys, time; sys.path.insert(0, {str(Path(search.__file__).parent.parent.parent)!r})\n"
               "from magent_store.search import SearchIndex\n"
               "while time.time() < float(sys.argv[2]): pass\n"
               "index = SearchIndex(sys.argv[1]); print(len(index.notices)); index.close()\n")  # fmt: skip
@@ -547,18 +552,18 @@ def test_processes_opening_a_new_index_at_once_all_open_it(root: Path) -> None:
 ])  # fmt: skip
 def test_a_build_reads_with_a_worker_per_spare_core_when_the_tree_is_large(
         monkeypatch: pytest.MonkeyPatch, cores: int, sessions: int, workers: int) -> None:  # fmt: skip
-    monkeypatch.setattr(search.os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(search.os, "cpu_count", lambda: 64)  # not asked where the affinity is known
-    assert search._build_workers(sessions) == workers
-    monkeypatch.delattr(search.os, "sched_getaffinity")
-    monkeypatch.setattr(search.os, "cpu_count", lambda: cores)
-    assert search._build_workers(sessions) == workers
-    monkeypatch.setattr(search.os, "cpu_count", lambda: None)  # unknown: one core
-    assert search._build_workers(sessions) == 0
+    monkeypatch.setattr(rebuilding.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(rebuilding.os, "cpu_count", lambda: 64)  # not asked where the affinity is known
+    assert rebuilding.build_workers(sessions) == workers
+    monkeypatch.delattr(rebuilding.os, "sched_getaffinity")
+    monkeypatch.setattr(rebuilding.os, "cpu_count", lambda: cores)
+    assert rebuilding.build_workers(sessions) == workers
+    monkeypatch.setattr(rebuilding.os, "cpu_count", lambda: None)  # unknown: one core
+    assert rebuilding.build_workers(sessions) == 0
 
 
 def test_a_large_rebuild_reads_sessions_in_worker_processes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search, "_build_workers", lambda headers: 2)
+    monkeypatch.setattr(rebuilding, "build_workers", lambda sessions: 2)
     w = Writer(root)
     for n in range(70):  # more than two batches of reads per worker
         scope = Scope.project("/src/shop") if n % 3 else None
@@ -587,7 +592,7 @@ def _sized_sessions(root: Path, count: int) -> list[tuple[str, str, str]]:
     for n in range(count):
         w.reply(f"s{n:02d}", f"needle number {n:02d} " + "x" * (n * 300))
     w.index.close()
-    return SearchIndex(root)._headers()
+    return follower.headers(root)
 
 
 def _files_size(header: tuple[str, str, str]) -> int:
@@ -600,7 +605,7 @@ def test_a_build_reads_sessions_in_batches_of_a_size_not_a_count(root: Path) -> 
     headers = _sized_sessions(root, 30)
     (root / "global" / "s29.jsonl").unlink()  # a header without a log counts nothing
     limit = 8000
-    batches = list(search._batches(headers, limit))
+    batches = list(rebuilding.batches(headers, limit))
     assert [h for batch, _ in batches for h in batch] == headers
     for batch, size in batches:
         assert size == sum(_files_size(h) for h in batch)
@@ -608,27 +613,27 @@ def test_a_build_reads_sessions_in_batches_of_a_size_not_a_count(root: Path) -> 
         assert sum(_files_size(h) for h in batch[:-1]) < limit
     assert all(size >= limit for _, size in batches[:-1])
     assert max(_files_size(h) for h in headers) > limit  # a session larger than a batch ends one
-    assert [batch for batch, _ in search._batches(headers, 1)] == [[h] for h in headers]
+    assert [batch for batch, _ in rebuilding.batches(headers, 1)] == [[h] for h in headers]
 
 
 def test_a_build_reads_ahead_while_it_indexes_but_never_more_than_its_limit(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     headers = _sized_sessions(root, 40)
     sizes = {h: _files_size(h) for h in headers}
-    monkeypatch.setattr(search, "READ_BATCH_BYTES", 3000)
-    monkeypatch.setattr(search, "READ_AHEAD_BYTES", 60000)
+    monkeypatch.setattr(rebuilding, "READ_BATCH_BYTES", 3000)
+    monkeypatch.setattr(rebuilding, "READ_AHEAD_BYTES", 60000)
     handed: list[tuple[str, str, str]] = []
-    real = search._batches
+    real = rebuilding.batches
 
     def batches(headers: list[tuple[str, str, str]], limit: int) -> Any:
         for batch, size in real(headers, limit):
             handed.extend(batch)
             yield batch, size
 
-    monkeypatch.setattr(search, "_batches", batches)
+    monkeypatch.setattr(rebuilding, "batches", batches)
     done: list[str] = []
     ahead: list[int] = []
-    for read in search._reads(headers, 1):
+    for read in rebuilding.reads(headers, 1):
         done.append(read.relative)
         ahead.append(sum(sizes[h] for h in handed) - sum(sizes[h] for h in headers[:len(done)]))
         assert read.error is None and read.passages
@@ -641,7 +646,7 @@ def test_a_build_reads_ahead_while_it_indexes_but_never_more_than_its_limit(
 def test_a_build_that_stops_early_cancels_the_reads_it_will_not_use(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     headers = _sized_sessions(root, 40)
-    monkeypatch.setattr(search, "READ_BATCH_BYTES", 1)  # a session per batch
+    monkeypatch.setattr(rebuilding, "READ_BATCH_BYTES", 1)  # a session per batch
     cancelled: list[bool] = []
     cancel = concurrent.futures.Future.cancel
 
@@ -650,7 +655,7 @@ def test_a_build_that_stops_early_cancels_the_reads_it_will_not_use(
         return cancelled[-1]
 
     monkeypatch.setattr(concurrent.futures.Future, "cancel", recording)
-    reads = search._reads(headers, 1)
+    reads = rebuilding.reads(headers, 1)
     assert next(reads).relative == headers[0][0]
     reads.close()
     assert len(cancelled) == len(headers) - 1  # every batch but the one read
@@ -748,7 +753,7 @@ def test_ranked_by_how_often_and_how_rare_the_words_are(root: Path) -> None:
 def test_many_candidates_but_few_matches_are_ranked_and_not_called_many(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(search, "CANDIDATES", 3)
+    monkeypatch.setattr(searching, "CANDIDATES", 3)
     w = Writer(root)
     texts = {f"apart{n}": "beta then alpha" for n in range(5)} | {"together": "alpha beta, alpha beta"}
     for name, text in texts.items():

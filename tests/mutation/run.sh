@@ -16,6 +16,9 @@ for module in ${MODULES:-ledger store server search export fsck migrate}; do
     server) selection="tests/test_server.py tests/test_hostile_and_stop.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
+  # A module that is a package (search) has every file in it mutated.
+  target=src/magent_store/$module.py
+  [ -d "backend/magent_store/$module" ] && target="src/magent_store/$module/*.py"
   dir=build/mutation/$module
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -26,7 +29,7 @@ for module in ${MODULES:-ledger store server search export fsck migrate}; do
   cat > "$dir/setup.cfg" <<CFG
 [mutmut]
 source_paths=src/magent_store
-only_mutate=src/magent_store/$module.py
+only_mutate=$target
 pytest_add_cli_args_test_selection=
 $selection
 pytest_add_cli_args=
