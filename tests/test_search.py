@@ -1,7 +1,7 @@
 """Full-text search end to end: the index as the command line and the server use it.
 
-Each room's own tests are in test_search_<room>.py (live, follower, rebuild,
-recorder, searcher); the disk floor's in test_search_disk.py.
+Each room's own tests are in test_search_<room>.py (projection, live,
+follower, rebuild, recorder, searcher); the disk floor's in test_search_disk.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ for module in ${MODULES:-ledger store server search export fsck migrate}; do
     store) selection="tests/test_store.py tests/test_exactly_once.py tests/test_store_contract.py" ;;
     server) selection="tests/test_server.py tests/test_hostile_and_stop.py" ;;
     search) selection="tests/test_search.py tests/test_search_live.py tests/test_search_follower.py
-      tests/test_search_rebuild.py tests/test_search_recorder.py tests/test_search_searcher.py" ;;
+      tests/test_search_rebuild.py tests/test_search_recorder.py tests/test_search_searcher.py
+      tests/test_search_projection.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
   # A module that is a package (search) has every file in it mutated.
