@@ -82,8 +82,8 @@ test-python: install $(PLOT_STAMP)
 	$(SUITE) test-python pytest -- $(PY) -m pytest -q
 
 # Mutation testing (mutmut) of ledger.py, store.py, server.py (and its
-# rooms registry.py, spool.py, arguments.py), search.py, export.py, fsck.py
-# and migrate.py, each against its own test files; scores
+# rooms registry.py, spool.py, arguments.py), search/ (every file of it),
+# export.py, fsck.py and migrate.py, each against its own test files; scores
 # and survivors under build/mutation/ (docs/DEVELOPING.md,
 # "Mutation testing").  MODULES="ledger"
 # narrows it, JOBS=2 runs two mutants at once.

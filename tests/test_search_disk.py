@@ -20,10 +20,11 @@ import pytest
 from conftest import Events, need
 from magent_store import search
 from magent_store.search import SearchIndex, open_index
+from magent_store.search import recorder as recording
 from magent_store.store import Store
 from test_search import Writer, ids
-from test_server import TIMEOUT, Backend, _open, _start_item, _status
-from test_server import backend as backend  # the real server, as a fixture here too
+from serverkit import TIMEOUT, Backend, _open, _start_item, _status
+from serverkit import backend as backend  # the real server, as a fixture here too
 
 DISK = "4m"
 
@@ -220,7 +221,7 @@ def test_a_disk_full_under_a_catch_up_pauses_it_and_never_deletes_the_index(
         session.append_event(ev.item_started("t1", "a1", content="too much to index here " * 10_000))
         session.close()
         # A write the estimate let through and the disk cannot hold: SQLite's own error stops it.
-        monkeypatch.setattr(search, "no_room", lambda *_: None)
+        monkeypatch.setattr(recording, "no_room", lambda *_: None)
         filler = fill(disk, 64 << 10)
         index, caught = open_index(root)
         with index:

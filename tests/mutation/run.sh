@@ -16,8 +16,14 @@ for module in ${MODULES:-ledger store server registry spool arguments search exp
     # The server's rooms (the open sessions, the spool, a call's arguments) are
     # tested through the server, as Emacs meets them.
     server|registry|spool|arguments) selection="tests/test_server_wire.py tests/test_server_flush.py tests/test_server_calls.py tests/test_server_serve.py tests/test_server_hostile.py" ;;
+    search) selection="tests/test_search.py tests/test_search_live.py tests/test_search_follower.py
+      tests/test_search_rebuild.py tests/test_search_recorder.py tests/test_search_searcher.py
+      tests/test_search_projection.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
+  # A module that is a package (search) has every file in it mutated.
+  target=src/magent_store/$module.py
+  [ -d "backend/magent_store/$module" ] && target="src/magent_store/$module/*.py"
   dir=build/mutation/$module
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -28,7 +34,7 @@ for module in ${MODULES:-ledger store server registry spool arguments search exp
   cat > "$dir/setup.cfg" <<CFG
 [mutmut]
 source_paths=src/magent_store
-only_mutate=src/magent_store/$module.py
+only_mutate=$target
 pytest_add_cli_args_test_selection=
 $selection
 pytest_add_cli_args=
