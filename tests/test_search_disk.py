@@ -22,9 +22,9 @@ from magent_store import search
 from magent_store.search import SearchIndex, open_index
 from magent_store.search import recorder as recording
 from magent_store.store import Store
-from test_search import Writer, ids
 from serverkit import TIMEOUT, Backend, _open, _start_item, _status
 from serverkit import backend as backend  # the real server, as a fixture here too
+from test_search import Writer, ids
 
 DISK = "4m"
 
