@@ -14,7 +14,7 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-tests)
+(require 'magent-store-test)
 
 ;; A machine's speed decides whether a reply happens to land between
 ;; two timed chunks, so the test makes it happen: it sends a batch,

@@ -54,7 +54,7 @@ attributes were read."
 
 (ert-deftest magent-store-listing-asks-the-backend-once-and-magent-reads-what-it-would ()
   "One call lists every session; magent reads each as from its own file."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((project (file-truename (file-name-directory magent-session-directory)))
            (specs `(("20261130-090000-a") ("20261130-090000-b") ("torn")
@@ -122,7 +122,7 @@ to be cut by magent's own rule  ")
 
 (ert-deftest magent-store-listing-a-session-saved-since-is-read-again ()
   "A header rewritten after a listing is read anew, as magent's own cache does."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((session (magent-store-resume-test--new-session "20261130-100000-a"))
            (file (magent-store-listing-test--file "20261130-100000-a")))
@@ -143,7 +143,7 @@ to be cut by magent's own rule  ")
 (ert-deftest magent-store-listing-a-backend-without-it-lists-each-session ()
   "A backend that does not know the listing (an older one still running) is no error.
 magent lists every session, each read from the session rendered for it."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((ids '("20261130-110000-a" "20261130-110000-b"))
            (files (mapcar (lambda (id)

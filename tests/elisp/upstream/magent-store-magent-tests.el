@@ -43,8 +43,8 @@
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
-(require 'magent-store-upstream)
-(magent-store-upstream-load)
+(require 'magent-store-test-upstream)
+(magent-store-test-upstream-load)
 (require 'magent-store)
 
 (defvar magent-store-test-python nil
@@ -76,9 +76,9 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
                                 (not (memq symbol magent-store-magent-test--release-functions)))
                        (fmakunbound symbol))))
          6)
-        (magent-store-upstream-session7
+        (magent-store-test-upstream-session7
          (load (expand-file-name "magent-session.el"
-                                 magent-store-upstream-session7)
+                                 magent-store-test-upstream-session7)
                nil t t)
          7)))
 
@@ -539,7 +539,7 @@ See the Commentary: upstream's ledger with that event is not public."
 
 (ert-deftest magent-store-magent-schema-7-reader-reads-every-session-back ()
   "Every session written passes the schema-7 reader and reads back whole."
-  (skip-unless magent-store-upstream-session7)
+  (skip-unless magent-store-test-upstream-session7)
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
     (let ((magent-store-log-max-events 40))

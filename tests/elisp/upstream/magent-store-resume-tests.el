@@ -14,13 +14,13 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-upstream)
+(require 'magent-store-test-upstream)
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
 (require 'magent-store)
-(when (magent-store-upstream-available-p)
-  (magent-store-upstream-load)
+(when (magent-store-test-upstream-available-p)
+  (magent-store-test-upstream-load)
   (require 'magent-agent-job))
 
 (defvar magent-store-test-python nil
@@ -144,7 +144,7 @@ Return the id of the last turn."
 
 (ert-deftest magent-store-resume-lists-and-reads-what-the-backend-wrote ()
   "magent's own listing and reader return the session magent held."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((id "20261130-120000-a")
            (session (magent-store-resume-test--new-session id))
@@ -179,7 +179,7 @@ Return the id of the last turn."
 
 (ert-deftest magent-store-resume-every-scope-reads-back-as-magent-shows-it ()
   "A project and an action session list and read as magent's own files do."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((magent-action-session-directory nil)
            (project (file-truename (file-name-directory magent-session-directory)))
@@ -234,7 +234,7 @@ Return the id of the last turn."
 After two round trips magent holds its origin scope as the string
 \"global\" and builds a project header from it; the store keeps the
 session's own scope and every other field."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((id "20261130-180000-tw")
            (file (expand-file-name (concat "global/" id ".json")
@@ -291,8 +291,8 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-under-schema-7-magent-reads-itself-after-a-flush ()
   "With magent reading schema 7, magent reads the files; the mode flushes first."
-  (skip-unless (and (magent-store-upstream-available-p)
-                    magent-store-upstream-session7))
+  (skip-unless (and (magent-store-test-upstream-available-p)
+                    magent-store-test-upstream-session7))
   (require 'magent-store-magent-tests)
   (let ((tail-standin (not (fboundp 'magent-thread-journal-tail)))
         (magent-session-log-max-events
@@ -379,7 +379,7 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-after-emacs-is-killed-mid-stream ()
   "A fresh Emacs resumes everything up to the last flush; magent reconciles the rest."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((progress (expand-file-name "progress" (file-name-directory
                                                    magent-session-directory)))
@@ -473,7 +473,7 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-damaged-sessions-are-listed-and-read ()
   "A torn log, a missing snapshot, a header alone: listed as damaged, read as far as can be."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let ((files (mapcar (lambda (id)
                            (magent-store-resume-test--new-session id)
@@ -527,7 +527,7 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-leaving-writes-sessions-back-for-magent ()
   "Turning the mode off says so once; the export gives magent its own files back."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((project (file-truename (file-name-directory magent-session-directory)))
            (a (magent-store-resume-test--new-session "20261130-140000-a"))
@@ -587,7 +587,7 @@ cannot read; M-x magent-store-export-for-magent writes them back")))
   "The export, run with the mode on, turns it off and says so in its last
 message, not that sessions need writing back; toggling the mode afterwards
 asks before taking the sessions over again."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let ((magent-store-resume-test--messages nil)
           (magent-store--exported nil)
@@ -630,7 +630,7 @@ asks before taking the sessions over again."
 
 (ert-deftest magent-store-resume-continues-a-session-magent-wrote ()
   "An old schema-6 session resumes, continues, and is taken over at the first write."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((root magent-session-directory)
            (old-file (expand-file-name "global/20261129-090000-old.json" root))

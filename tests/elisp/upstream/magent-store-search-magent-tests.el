@@ -18,7 +18,7 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-upstream)
+(require 'magent-store-test-upstream)
 (require 'magent-store-resume-tests)
 (require 'magent-store-search)
 
@@ -34,9 +34,9 @@
 
 (defun magent-store-search-magent-test--runtime ()
   "Load magent's runtime, or skip loudly (fail under CI) without yaml.el."
-  (unless (magent-store-upstream-available-p)
+  (unless (magent-store-test-upstream-available-p)
     (ert-skip "MAGENT_LISP does not name upstream magent's lisp/ folder"))
-  (magent-store-upstream-need (magent-store-upstream-load-runtime)
+  (magent-store-test-upstream-need (magent-store-test-upstream-load-runtime)
                               "yaml.el, which magent's runtime needs"
                               "apt-get install elpa-yaml"))
 
