@@ -54,7 +54,7 @@
           (magent-store--backend nil)
           (magent-store--restarts nil)
           (magent-store--gave-up nil)
-          (magent-store--export-offered nil)
+          (magent-store-magent--export-offered nil)
           (magent-session--metadata-cache (make-hash-table :test #'equal))
           (magent-session--loaded-sessions (make-hash-table :test #'eq))
           (magent-session--scoped-sessions (make-hash-table :test #'equal)))
@@ -152,8 +152,8 @@ Return the id of the last turn."
            (file (expand-file-name (concat "global/" id ".json")
                                    magent-session-directory)))
       (magent-store-resume-test--restart)
-      (should (eql (magent-store--file-schema file) 7))
-      (should (eql (magent-store--file-schema own) 6))
+      (should (eql (magent-store-magent--file-schema file) 7))
+      (should (eql (magent-store-magent--file-schema own) 6))
       ;; The listing, and what the picker shows of it.
       (should (equal (magent-session-list-files) (list file)))
       (should (equal (magent-session-list-files-for-scope 'global) (list file)))
@@ -205,7 +205,7 @@ Return the id of the last turn."
                                                   action-id ".json")
                                           magent-session-directory))))
       (magent-store-resume-test--restart)
-      (should (eql (magent-store--file-schema (cadr files)) 7))
+      (should (eql (magent-store-magent--file-schema (cadr files)) 7))
       (should (equal (magent-session-list-files) (list (car files))))
       (should (equal (magent-session-list-files-for-scope project)
                      (list (car files))))
@@ -327,7 +327,7 @@ session's own scope and every other field."
                           (gethash id magent-store--sessions))
                          0))
               (let ((own (magent-store-resume-test--own-save session 'global)))
-                (advice-add 'magent-store--call-rendered :before count)
+                (advice-add 'magent-store-magent--call-rendered :before count)
                 (unwind-protect
                     (progn
                       (should (equal (magent-session-list-files) (list file)))
@@ -349,7 +349,7 @@ session's own scope and every other field."
                                                           (magent-session-thread-ledger
                                                            after)))))))
                                        "not sent yet"))))
-                  (advice-remove 'magent-store--call-rendered count)))
+                  (advice-remove 'magent-store-magent--call-rendered count)))
               ;; magent read the files itself: nothing was rendered for it.
               (should (= renders 0))))))
     (magent-store-magent-test--use-magent 6)
@@ -557,7 +557,7 @@ cannot read; M-x magent-store-export-for-magent writes them back")))
       (let ((summary (magent-store-export-for-magent)))
         (should (string-match-p "2 written back and value-identical" summary)))
       (dolist (file files)
-        (should (eql (magent-store--file-schema file) 6))
+        (should (eql (magent-store-magent--file-schema file) 6))
         (should-not (file-exists-p (concat (file-name-sans-extension file) ".jsonl"))))
       (should (= 2 (length (file-expand-wildcards
                             (expand-file-name "schema7-backup-*/*/*.json*"
@@ -590,7 +590,7 @@ asks before taking the sessions over again."
   (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let ((magent-store-resume-test--messages nil)
-          (magent-store--exported nil)
+          (magent-store-magent--exported nil)
           (file (expand-file-name "global/20261130-150000-e.json"
                                   magent-session-directory))
           (asked nil))
@@ -601,7 +601,7 @@ asks before taking the sessions over again."
           (magent-store-export-for-magent)
         (advice-remove 'message #'magent-store-resume-test--record-message))
       (should-not magent-store-mode)
-      (should (eql (magent-store--file-schema file) 6))
+      (should (eql (magent-store-magent--file-schema file) 6))
       (should-not (cl-find-if (lambda (m) (string-match-p "cannot read" m))
                               magent-store-resume-test--messages))
       (should (string-match-p
@@ -613,7 +613,7 @@ asks before taking the sessions over again."
         (call-interactively #'magent-store-mode))
       (should (string-match-p "turn it on again" asked))
       (should-not magent-store-mode)
-      (should-not (advice-member-p #'magent-store--around-save
+      (should-not (advice-member-p #'magent-store-magent--around-save
                                    'magent-session-save-for-session))
       ;; Turned on on purpose (with an argument, or from Lisp): no question.
       (setq asked nil)
@@ -644,7 +644,7 @@ asks before taking the sessions over again."
                         (set-buffer-multibyte nil)
                         (insert-file-contents-literally old-file)
                         (buffer-string)))
-      (should (eql (magent-store--file-schema old-file) 6))
+      (should (eql (magent-store-magent--file-schema old-file) 6))
       (magent-store-resume-test--new-session "20261130-090000-new")
       (magent-store-resume-test--restart)
       ;; Both kinds are listed together.
@@ -660,7 +660,7 @@ asks before taking the sessions over again."
         (magent-store-resume-test--converse session 1 3)
         (magent-session-save-for-session session 'global))
       ;; The backend took it over: migrated in place, the original kept.
-      (should (eql (magent-store--file-schema old-file) 7))
+      (should (eql (magent-store-magent--file-schema old-file) 7))
       (let ((backup (car (file-expand-wildcards
                           (expand-file-name
                            "schema6-backup-*/global/20261129-090000-old.json"
