@@ -133,6 +133,31 @@ comparison of its sort")
     (magent-session-list-action-files
      :around magent-store-magent--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists action sessions")
+    ;; The listing's metadata, built with magent's own functions.
+    (magent-session--scope-storage-directory call nil optional
+     "0.1 (schema 6, 7)"
+     "a scope's sessions are listed by one backend call (else magent reads \
+each of them)")
+    (magent-session-validate-id call nil optional "0.1 (schema 6, 7)"
+     "the listing's metadata is built from the backend's listing (else \
+magent reads each session)")
+    (magent-session--clean-summary-title call nil optional "0.1 (schema 6, 7)"
+     "the listing's summary titles, by magent's own rule (else magent reads \
+each session)")
+    (magent-session--normalize-project-root call nil optional
+     "0.1 (schema 6, 7)"
+     "the listing's project roots, in magent's form (else magent reads each \
+session)")
+    (magent-session--approval-override-from-alist call nil optional
+     "0.1 (schema 6, 7)"
+     "the listing's approval overrides are checked as magent checks them \
+\(else magent reads each session)")
+    (magent-agent-job-from-alist call nil optional "0.1 (schema 6, 7)"
+     "the listing's agent jobs are checked as magent checks them (else \
+magent reads each session)")
+    (magent-session-id call nil optional "0.1 (schema 6, 7)"
+     "which session magent clears (else a cleared session stays in the \
+store)")
     ;; Opening a session found by `magent-store-search'.
     (magent-runtime-load-session-file call nil when-used "0.1 (schema 6, 7)"
      "RET on a search result resumes its session in magent, as magent's own \
@@ -140,7 +165,33 @@ session/load does (else a read-only transcript)")
     (magent-runtime-session-from-id call nil when-used "0.1 (schema 6, 7)"
      "RET on a session magent already holds shows it, never loads it twice")
     (magent-agent-shell--buffers call nil when-used "0.1 (schema 6, 7)"
-     "RET shows magent's own buffer of a session (else its transcript)"))
+     "RET shows magent's own buffer of a session (else its transcript)")
+    (magent-runtime-session-magent-session call nil when-used
+     "0.1 (schema 6, 7)"
+     "RET finds the session object of a session magent's runtime holds \
+\(else it looks among magent's scoped sessions)")
+    ;; Lifecycle timing (magent-store-timing.el), while the mode and
+    ;; `magent-store-timing-enabled' are on: that file adds its own advice
+    ;; and sink, once magent's modules are loaded.
+    (magent-agent-loop-apply-event
+     :before magent-store-timing--before-apply-event when-used
+     "0.1 (schema 6, 7)"
+     "the first provider event of each request and the reasoning spans are \
+timed (else they are not)")
+    (magent-agent-loop-event-context call nil when-used "0.1 (schema 6, 7)"
+     "which turn a provider event belongs to")
+    (magent-llm-event-type call nil when-used "0.1 (schema 6, 7)"
+     "whether a provider event starts or ends reasoning")
+    (magent-lifecycle-events-add-sink call nil when-used "0.1 (schema 6, 7)"
+     "turns, requests, tool calls and subagents are timed (else they are not)")
+    (magent-lifecycle-events-remove-sink call nil when-used "0.1 (schema 6, 7)"
+     "timing stops when the mode or timing is turned off")
+    (magent-lifecycle-events-context-turn-id call nil when-used
+     "0.1 (schema 6, 7)"
+     "which turn a lifecycle event belongs to")
+    (magent-lifecycle-events-context-subagent-id call nil when-used
+     "0.1 (schema 6, 7)"
+     "which subagent a lifecycle event belongs to"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
 combinator (HANDLER is then the advice) or `call'; NEED is `required'
@@ -150,7 +201,9 @@ the mode turns on: it lives in a module magent loads after its session
 module; a fallback is used); MAGENT names the magent releases and
 session schemas the row was written for; WHY says what the row is for.
 Checked when the mode turns on: the mode says once what the loaded
-magent lacks, and advises only functions that exist.")
+magent lacks, and advises only functions that exist.  An advice of a
+`when-used' row is added by the file that uses it (magent-store-timing),
+not by the mode.")
 
 (defvar magent-store-mode)
 
@@ -211,13 +264,14 @@ rendered for it to read)")
     (when (featurep 'magent-session)
       (magent-store-magent--check))
     (dolist (row magent-store-magent-functions)
-      (when (and (keywordp (nth 1 row)) (fboundp (nth 0 row)))
+      (when (and (keywordp (nth 1 row)) (not (eq (nth 3 row) 'when-used))
+                 (fboundp (nth 0 row)))
         (advice-add (nth 0 row) (nth 1 row) (nth 2 row))))))
 
 (defun magent-store-magent--uninstall ()
   "Remove every advice of the table."
   (dolist (row magent-store-magent-functions)
-    (when (keywordp (nth 1 row))
+    (when (and (keywordp (nth 1 row)) (not (eq (nth 3 row) 'when-used)))
       (advice-remove (nth 0 row) (nth 2 row)))))
 
 ;;;; Failures that must not reach magent
@@ -1277,13 +1331,22 @@ it again" id)
 
 ;;;; The mode
 
-(defun magent-store--kill-emacs ()
-  "Flush everything before Emacs exits."
-  (when magent-store--backend
-    (condition-case err
-        (magent-store-stop)
-      (error (message "magent-store: flush at exit failed: %s"
-                      (error-message-string err))))))
+(defun magent-store-magent--session-directory ()
+  "Return magent's session directory; nil until magent has one.
+Looked up each time, so that the order magent and the store load in
+does not matter; `magent-store-root' overrides it."
+  (and (boundp 'magent-session-directory)
+       (symbol-value 'magent-session-directory)))
+
+(setq magent-store--default-root-function
+      #'magent-store-magent--session-directory)
+
+(declare-function magent-store-timing-mode-sync "magent-store-timing" ())
+
+(defun magent-store-magent--timing-sync ()
+  "Let magent-store-timing, when installed, follow `magent-store-mode'."
+  (when (require 'magent-store-timing nil t)
+    (magent-store-timing-mode-sync)))
 
 (defun magent-store-magent--loaded (_file)
   "Install the advice once magent's session module is loaded.
@@ -1333,6 +1396,8 @@ session over again)? ")
       (magent-store-magent--flush-pending))
     (magent-store-magent--guarded "looking for sessions magent cannot read"
       (magent-store-magent--offer-export (called-interactively-p 'interactive)))))
+
+(add-hook 'magent-store-mode-hook #'magent-store-magent--timing-sync)
 
 (provide 'magent-store-magent)
 ;;; magent-store-magent.el ends here

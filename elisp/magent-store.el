@@ -164,12 +164,17 @@ magent/sessions under `user-emacs-directory'."
   :type '(choice (const :tag "magent's session directory" nil) directory)
   :group 'magent-store)
 
+(defvar magent-store--default-root-function nil
+  "Nil, or a function of no argument returning the default session root.
+The adapter of the agent whose sessions are stored sets it, when it
+loads: the core does not know where that agent keeps its sessions.")
+
 (defun magent-store--root ()
   "Return the session root in use, as an absolute directory name."
   (expand-file-name
    (or magent-store-root
-       (and (boundp 'magent-session-directory)
-            (symbol-value 'magent-session-directory))
+       (and magent-store--default-root-function
+            (funcall magent-store--default-root-function))
        (locate-user-emacs-file "magent/sessions"))))
 
 (defcustom magent-store-flush-interval 0.25
@@ -460,9 +465,10 @@ instead of `prin1' (a batch prints itself from its vector)."
       (with-current-buffer buffer
         (goto-char (point-max))
         (insert output)
-        (let (message)
+        (let ((backend (process-get process 'magent-store-backend))
+              message)
           (while (setq message (magent-store--next-message))
-            (magent-store--dispatch message)))))))
+            (magent-store--dispatch backend message)))))))
 
 (defun magent-store--next-message ()
   "Remove and return the next complete message in this buffer, or nil."
@@ -476,10 +482,9 @@ instead of `prin1' (a batch prints itself from its vector)."
                       'utf-8-unix)))
           (delete-region 1 (+ 7 length)))))))
 
-(defun magent-store--dispatch (message)
-  "Run the callback MESSAGE answers."
-  (let* ((backend magent-store--backend)
-         (kind (car message))
+(defun magent-store--dispatch (backend message)
+  "Run the callback of BACKEND that MESSAGE answers."
+  (let* ((kind (car message))
          (id (nth 1 message))
          (replies (and backend (magent-store--backend-replies backend)))
          (handlers (and replies (gethash id replies))))
@@ -610,6 +615,14 @@ never waits for a subprocess."
                                (cl-incf magent-store--token-count)
                                (float-time))))
 
+(defun magent-store--kill-emacs ()
+  "Flush everything before Emacs exits."
+  (when magent-store--backend
+    (condition-case err
+        (magent-store-stop)
+      (error (message "magent-store: flush at exit failed: %s"
+                      (error-message-string err))))))
+
 (defun magent-store--start-backend ()
   "Start the backend without waiting for it; return the backend.
 The backend announces its port on stdout; our filter then connects and
@@ -674,6 +687,9 @@ chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
           :buffer (generate-new-buffer " *magent-store-connection*" t)
           :coding '(binary . utf-8-unix) :noquery t
           :filter #'magent-store--filter :sentinel #'magent-store--sentinel)))
+    ;; The filter finds its backend from the connection, not from a
+    ;; global: a connection's replies belong to the backend that made it.
+    (process-put connection 'magent-store-backend backend)
     (with-current-buffer (process-buffer connection)
       (set-buffer-multibyte nil))
     (setf (magent-store--backend-connection backend) connection
@@ -1647,17 +1663,13 @@ P never gives less."
 
 (autoload 'magent-store-record-timing "magent-store-timing")
 (autoload 'magent-store-timing-report "magent-store-timing" nil t)
-(declare-function magent-store-timing-mode-sync "magent-store-timing" ())
 
-(defun magent-store--timing-sync ()
-  "Let magent-store-timing, when installed, follow `magent-store-mode'."
-  (when (require 'magent-store-timing nil t)
-    (magent-store-timing-mode-sync)))
+;;;; The mode: the adapter to magent (magent-store-magent.el)
 
-(add-hook 'magent-store-mode-hook #'magent-store--timing-sync)
+;; Loaded when the mode is first turned on, never by this file: the
+;; adapter requires the core, and the core knows nothing of magent.
+(autoload 'magent-store-mode "magent-store-magent" nil t)
+(autoload 'magent-store-export-for-magent "magent-store-magent" nil t)
 
 (provide 'magent-store)
-
-;; The adapter to magent's own functions (`magent-store-mode').
-(require 'magent-store-magent)
 ;;; magent-store.el ends here

@@ -27,7 +27,7 @@
 ;;; Code:
 
 (require 'cl-lib)
-(require 'magent-store)
+(require 'magent-store-magent)
 
 (declare-function magent-thread-create "ext:magent-ledger" (&rest args))
 (declare-function magent-thread-start-turn "ext:magent-ledger" (thread turn-id))

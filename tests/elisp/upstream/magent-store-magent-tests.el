@@ -45,7 +45,7 @@
     (add-to-list 'load-path dir)))
 (require 'magent-store-test-upstream)
 (magent-store-test-upstream-load)
-(require 'magent-store)
+(require 'magent-store-magent)
 
 (defvar magent-store-test-python nil
   "The backend command under test; nil means the shim's default.")

@@ -18,7 +18,7 @@
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
-(require 'magent-store)
+(require 'magent-store-magent)
 (when (magent-store-test-upstream-available-p)
   (magent-store-test-upstream-load)
   (require 'magent-agent-job))
