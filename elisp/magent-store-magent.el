@@ -48,6 +48,7 @@
 (require 'map)
 (require 'subr-x)
 (require 'magent-store)
+(require 'magent-store-json)
 
 ;;;; The magent functions this file touches
 
@@ -401,14 +402,6 @@ other list an array, anything else its printed form."
     (vconcat (mapcar #'magent-store-magent--safe-value-1 value)))
    (t (format "%S" value))))
 
-(defun magent-store-magent--json-serialize (value)
-  "Return VALUE (already safe) as JSON text, a multibyte string.
-With magent's sentinels: `:null' is null, `:json-false' false.  What
-differs between Emacs versions (unibyte UTF-8 since Emacs 30) is the
-core's to handle: `magent-store--text'."
-  (magent-store--text (json-serialize value :null-object :null
-                                      :false-object :json-false)))
-
 (defun magent-store-magent--unencodable-note (what stored-as)
   "Count a value of kind WHAT that JSON cannot hold, stored as STORED-AS."
   (let ((row (assoc what magent-store-magent--unencodable)))
@@ -512,13 +505,13 @@ A value JSON cannot hold does not fail: it is stored in the most
 faithful form JSON allows and noted for `magent-store-status'."
   (let* ((safe (magent-store-magent--safe-value value))
          (text (condition-case nil
-                   (magent-store-magent--json-serialize safe)
+                   (magent-store-json-serialize safe)
                  (error nil))))
     ;; A NUL is JSON, but Emacs 28 cannot read it back.
     (if (and text (not (and magent-store-magent--reader-refuses-nul
                             (string-search "\\u0000" text))))
         text
-      (magent-store-magent--json-serialize (magent-store-magent--repair safe)))))
+      (magent-store-json-serialize (magent-store-magent--repair safe)))))
 
 ;;;;; Where a magent session lives
 
@@ -819,7 +812,7 @@ cleared conversation."
         (magent-store-magent--forget id)
         (magent-store--ensure-backend)
         (magent-store--call "delete"
-                            (list (magent-store--text (magent-store--root))
+                            (list (magent-store-json-text (magent-store--root))
                                   (magent-store--scope-json store-scope)
                                   id)))))
   (funcall orig session scope))
@@ -1073,7 +1066,7 @@ read as before."
                       "listing" (list base (and directory
                                                 (expand-file-name directory))))
                      :object-type 'alist :array-type 'list
-                     :null-object nil :false-object :json-false))
+                     :null-object nil :false-object magent-store-json-false))
            (cache magent-session--metadata-cache)
            (times magent-store-magent--listing-times)
            (memo magent-store-magent--listing-metadata)

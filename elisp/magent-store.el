@@ -64,34 +64,13 @@
 (require 'cl-lib)
 (require 'json)
 (require 'subr-x)
+(require 'magent-store-json)
+(require 'magent-store-print)
 
 ;; epc.el is checked for when the backend starts, so that this file loads
 ;; (and byte-compiles) without it and a missing epc.el is reported clearly.
 ;; The shim speaks EPC's framing itself: starting through `epc:start-epc'
 ;; would block Emacs while the backend starts.
-
-;;;; What this Emacs provides (checked once, at load)
-
-;; Every difference between the Emacs versions the shim supports is named
-;; here, found by trying the feature rather than by reading version
-;; numbers.  Nothing else in the shim asks which Emacs it runs on.
-
-(defconst magent-store--json-probe
-  (condition-case nil
-      (json-serialize ["\u00e9"])
-    (error nil))
-  "What `json-serialize' makes of a non-ASCII string; nil without it.")
-
-(defconst magent-store--native-json (stringp magent-store--json-probe)
-  "Non-nil when this Emacs has native JSON (`json-serialize').
-Without it, JSON is written by `json-encode'.")
-
-(defconst magent-store--json-unibyte
-  (and magent-store--native-json
-       (not (multibyte-string-p magent-store--json-probe)))
-  "Non-nil when `json-serialize' returns unibyte UTF-8 (Emacs 30 on).
-`prin1' writes the bytes of such a string as octal escapes, which the
-backend cannot read, so the text is decoded before it is sent.")
 
 ;;;; Customization
 
@@ -299,117 +278,6 @@ magent-store-timing sets it to record the round trip as a session save.")
 (defvar magent-store--send-buffer nil
   "Buffer messages are printed into, reused so that sending allocates little.")
 
-(defun magent-store--text (string)
-  "Return STRING as text: unchanged when multibyte, else decoded as UTF-8.
-A unibyte string holds bytes (what `json-serialize' returns since
-Emacs 30, or an encoded file name); an ASCII one is returned as is."
-  (if (multibyte-string-p string)
-      string
-    (decode-coding-string string 'utf-8-unix t)))
-
-(defun magent-store--json (object)
-  "Return OBJECT as JSON text, multibyte on every Emacs.
-Strings in OBJECT that hold UTF-8 bytes are text too: native JSON
-refuses them on Emacs 30 and takes them as UTF-8 on Emacs 28, so
-they are decoded first when it refuses.  What it still refuses (a
-symbol as a value, say) is written by `json-encode'."
-  (magent-store--text
-   (or (magent-store--json-native object)
-       (let ((object (magent-store--textify object)))
-         (or (magent-store--json-native object)
-             (let ((json-null :null)
-                   (json-false :false)
-                   (json-encoding-pretty-print nil))
-               (json-encode object)))))))
-
-(defun magent-store--json-native (object)
-  "Return OBJECT as JSON text by `json-serialize', or nil if it cannot."
-  (when-let ((json (and magent-store--native-json
-                        (condition-case nil
-                            (json-serialize object)
-                          ((wrong-type-argument json-error) nil)))))
-    (if magent-store--json-unibyte
-        (decode-coding-string json 'utf-8-unix t)
-      json)))
-
-(defun magent-store--textify (object)
-  "Return a copy of OBJECT whose strings are text (see `magent-store--text')."
-  (cond ((stringp object) (magent-store--text object))
-        ((consp object)
-         ;; A loop, not recursion, along a list: lists may be long.
-         (let (items)
-           (while (consp object)
-             (push (magent-store--textify (pop object)) items))
-           (nconc (nreverse items) (magent-store--textify object))))
-        ((vectorp object) (vconcat (mapcar #'magent-store--textify object)))
-        ((hash-table-p object)
-         (let ((copy (copy-hash-table object)))
-           (maphash (lambda (key value)
-                      (puthash key (magent-store--textify value) copy))
-                    object)
-           copy))
-        (t object)))
-
-(defun magent-store--json-arg (value)
-  "Return VALUE, an alist or its JSON text, as JSON text for the wire.
-JSON text may come from `json-serialize' (unibyte since Emacs 30) or
-`json-encode' (multibyte)."
-  (if (stringp value) (magent-store--text value) (magent-store--json value)))
-
-(defun magent-store--print (sexp)
-  "Print SEXP at point, the way the EPC peer expects it.
-Strings holding bytes (unibyte ones, or raw bytes in multibyte ones)
-are the only ones `prin1' writes with octal escapes, which the backend
-would take literally: such bytes are turned back into the UTF-8 text
-they encode, and bytes that are not UTF-8 into U+FFFD.  Text that has
-no bytes costs one search."
-  (let ((print-escape-newlines nil)
-        (print-escape-nonascii nil)
-        (print-escape-multibyte nil)
-        (print-escape-control-characters nil)
-        (print-length nil)
-        (print-level nil)
-        (start (point)))
-    (prin1 sexp (current-buffer))
-    (magent-store--unescape-bytes start)))
-
-(defun magent-store--unescape-bytes (start)
-  "Turn the octal escapes `prin1' wrote after START back into text.
-Point stays where it is (at the end of what was printed)."
-  (let ((case-fold-search nil)
-        ;; Positions, not `save-excursion': no marker per message.
-        (after (- (point-max) (point))))
-    (goto-char start)
-    (while (re-search-forward "\\\\[0-7]" nil t)
-      (let ((escape (- (point) 2)))
-        (goto-char escape)
-        (skip-chars-backward "\\\\")
-        ;; After an odd number of backslashes the digit is text.
-        (if (cl-evenp (- escape (point)))
-            (magent-store--decode-octal escape)
-          (goto-char (+ escape 2)))))
-    (goto-char (- (point-max) after))))
-
-(defun magent-store--decode-octal (start)
-  "Replace the run of octal escapes at START by the text its bytes encode."
-  (goto-char start)
-  (looking-at "\\(?:\\\\[0-7][0-7]?[0-7]?\\)+")
-  (let* ((end (match-end 0))
-         ;; The reader makes the bytes of the run at C speed.
-         (bytes (car (read-from-string
-                      (concat "\"" (buffer-substring-no-properties start end)
-                              "\""))))
-         (text (decode-coding-string bytes 'utf-8-unix)))
-    (delete-region start end)
-    (insert (if (string-match-p "[\200-\377]" text) ; bytes that were not UTF-8
-                (apply #'string
-                       (mapcar (lambda (char)
-                                 (if (eq (char-charset char) 'eight-bit)
-                                     #xfffd
-                                   char))
-                               text))
-              text))))
-
 (defmacro magent-store--with-send-buffer (&rest body)
   "Run BODY in the emptied send buffer."
   (declare (indent 0) (debug t))
@@ -440,7 +308,7 @@ instead of `prin1' (a batch prints itself from its vector)."
                (magent-store--backend-replies backend)))
     (magent-store--with-send-buffer
       (if (not printer)
-          (magent-store--print (list 'call id (intern method) args))
+          (magent-store-print (list 'call id (intern method) args))
         (insert "(call ")
         (prin1 id (current-buffer))
         (insert " " method " ")
@@ -979,21 +847,21 @@ entries stay in Emacs and are sent again every %ss"
 
 (defun magent-store--scope-json (scope)
   "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
-  (magent-store--json
+  (magent-store-json-encode
    (pcase scope
      ((or 'nil 'global "global") "global")
-     ((pred stringp) (expand-file-name (magent-store--text scope)))
+     ((pred stringp) (expand-file-name (magent-store-json-text scope)))
      (`(action . ,name) `((action . ,(format "%s" name))))
      (_ (user-error "Invalid magent-store scope: %S" scope)))))
 
 (defun magent-store--options-json ()
   "Return the store options as JSON text."
-  (magent-store--json `((fsync . ,(symbol-name magent-store-fsync))
+  (magent-store-json-encode `((fsync . ,(symbol-name magent-store-fsync))
                     (log-max-events . ,magent-store-log-max-events))))
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
-  (let ((args (list (magent-store--text (magent-store--root))
+  (let ((args (list (magent-store-json-text (magent-store--root))
                     (magent-store--scope-json
                      (magent-store--session-scope session))
                     (magent-store--session-id session)
@@ -1112,17 +980,9 @@ TIME is a float, seconds since the epoch.  Schedule SESSION's flush."
   (cl-incf (magent-store--session-queued-chars session) (length chunk))
   (magent-store--due session time))
 
-(defsubst magent-store--print-string (string)
-  "Print STRING at point, without its text properties."
-  (prin1 (if (or (text-properties-at 0 string)
-                 (next-property-change 0 string))
-             (substring-no-properties string)
-           string)
-         (current-buffer)))
-
 (defun magent-store--print-batch (batch fill)
   "Print the entries of BATCH's first FILL slots at point, as one list.
-Bytes in strings are turned into text as by `magent-store--print'."
+Bytes in strings are turned into text as by `magent-store-print'."
   ;; t: print strings as they are; the default copies each one first.
   (let ((print-charset-text-property t)
         (print-escape-newlines nil)
@@ -1136,18 +996,18 @@ Bytes in strings are turned into text as by `magent-store--print'."
     (while (< i fill)
       (let ((chunk (aref batch (1+ i))))
         (if (not chunk)
-            (magent-store--print-string (aref batch i))
+            (magent-store-print--string (aref batch i))
           (insert "(")
-          (magent-store--print-string (aref batch i))
+          (magent-store-print--string (aref batch i))
           (insert " ")
-          (magent-store--print-string chunk)
+          (magent-store-print--string chunk)
           (insert (if (aref batch (+ i 2)) " t " " nil "))
           (prin1 (aref batch (+ i 3)) buffer)
           (insert ")")))
       (insert " ")
       (setq i (+ i magent-store--entry-slots)))
     (insert ")")
-    (magent-store--unescape-bytes start)))
+    (magent-store-print--unescape-bytes start)))
 
 (defun magent-store--print-flush-args (args)
   "Print ARGS, (SESSION-ID RECORD . EXTRA), as a flush's arguments at point."
@@ -1159,7 +1019,7 @@ Bytes in strings are turned into text as by `magent-store--print'."
     (magent-store--print-batch (nth 1 record) (nth 2 record))
     (dolist (arg (nthcdr 2 args))
       (insert " ")
-      (magent-store--print arg))
+      (magent-store-print arg))
     (insert ")")))
 
 (defun magent-store--schedule (session now)
@@ -1342,7 +1202,7 @@ EVENT is an alist, or its JSON text (unibyte or multibyte, from
 `json-serialize' or `json-encode').  The session must be open.
 Nothing waits for the backend."
   (when magent-store-persistence-enabled
-    (let ((text (magent-store--json-arg event)))
+    (let ((text (magent-store-json-arg event)))
       (magent-store--push (magent-store--get session-id) text (length text)))))
 
 (defun magent-store-append-item-content (session-id item-id chunk
@@ -1360,7 +1220,7 @@ else."
   "Queue HEADER as the header of SESSION-ID, sent before its next flush.
 HEADER is an alist or its JSON text, as for `magent-store-append-event'."
   (let ((session (magent-store--get session-id))
-        (text (magent-store--json-arg header)))
+        (text (magent-store-json-arg header)))
     (setf (magent-store--session-header session) text)
     ;; Otherwise the session's reopening sends it.
     (when (magent-store--sendable-p session)
@@ -1444,7 +1304,7 @@ megabytes never cross the EPC wire."
                         (insert-file-contents file))
                       (json-parse-buffer :object-type 'alist
                                          :null-object nil
-                                         :false-object :false))))
+                                         :false-object magent-store-json-false))))
           (list :header (alist-get 'header data)
                 :snapshot (alist-get 'snapshot data)))
       (delete-file file))))

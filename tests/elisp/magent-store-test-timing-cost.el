@@ -112,7 +112,7 @@
                              (byte-compile
                               `(lambda ()
                                  (magent-store--with-send-buffer
-                                   (magent-store--print
+                                   (magent-store-print
                                     (list 'call 1 'tick
                                           (list "s" ',chunks ,@extra))))))))
                  (plain (magent-store-timing-test--per-call-us

@@ -281,7 +281,7 @@ allocates no copy of a record."
                         (magent-store-test-alloc--counting
                           (dotimes (_ 20)
                             (magent-store--with-send-buffer
-                              (magent-store--print
+                              (magent-store-print
                                (list 'call 1 'tick (list "s" records)))))))))
         (setq magent-store-timing--queue nil)
         (message "bytes allocated: lifecycle event %.0f, record-timing %.0f, \

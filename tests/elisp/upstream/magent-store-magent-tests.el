@@ -253,7 +253,7 @@ OUTCOME is `completed', `failed' or `cancelled'."
   "Parse JSON TEXT the same way for both sides of a comparison."
   (json-parse-string (if (multibyte-string-p text) text
                        (decode-coding-string text 'utf-8))
-                     :object-type 'alist :null-object nil :false-object :false))
+                     :object-type 'alist :null-object nil :false-object :json-false))
 
 (defun magent-store-magent-test--without (alist &rest keys)
   "Return ALIST without KEYS."
