@@ -1153,7 +1153,7 @@ a check fails: magent's reader then reads that session itself."
 (defun magent-store-magent--export-command ()
   "Return the command line of an export to schema 6."
   (append (or magent-store-export-command
-              (butlast (magent-store--command)))
+              (butlast (magent-store-program-command)))
           (list "export" (magent-store--root) "--schema" "6")))
 
 (defvar magent-store-magent--export-offered nil

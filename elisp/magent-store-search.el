@@ -106,7 +106,7 @@ magent's own loader here while it is on."
 
 (defun magent-store-search--command (&rest args)
   "Return the backend command line followed by ARGS."
-  (append (butlast (magent-store--command)) args))
+  (append (butlast (magent-store-program-command)) args))
 
 (defun magent-store-search--start ()
   "Start this buffer's search process; draw the results when it exits."

@@ -66,6 +66,7 @@
 (require 'subr-x)
 (require 'magent-store-json)
 (require 'magent-store-print)
+(require 'magent-store-program)
 
 ;; epc.el is checked for when the backend starts, so that this file loads
 ;; (and byte-compiles) without it and a missing epc.el is reported clearly.
@@ -87,53 +88,6 @@
 
 (defconst magent-store-version "0.1.0"
   "The version of this package; the backend it talks to should match it.")
-
-(defconst magent-store--directory
-  (and load-file-name (file-name-directory load-file-name))
-  "Directory this file was loaded from, to find a backend installed with it.")
-
-(defcustom magent-store-backend-directory
-  (locate-user-emacs-file "magent-store/venv/")
-  "The private virtualenv `magent-store-install-backend' installs into."
-  :type 'directory
-  :group 'magent-store)
-
-(defcustom magent-store-python nil
-  "Command that runs the backend, without the \"serve\" argument.
-A string (the program) or a list (the program and its first arguments),
-e.g. (\"python3\" \"-m\" \"magent_store\").  nil means find it: the
-virtualenv `magent-store-install-backend' made, else the virtualenv of a
-checkout or pip installation these Lisp files came from, else
-`magent-store' on the variable `exec-path'."
-  :type '(choice (const :tag "Find it" nil)
-                 (string :tag "Program")
-                 (repeat :tag "Program and arguments" string))
-  :group 'magent-store)
-
-(defun magent-store--find-backend ()
-  "Return the backend program `magent-store-python' nil stands for, or nil."
-  (or (cl-find-if
-       #'file-executable-p
-       (cons (expand-file-name "bin/magent-store"
-                               magent-store-backend-directory)
-             (and magent-store--directory
-                  (list
-                   ;; A checkout: elisp/ next to the .venv `make install' built.
-                   (expand-file-name "../.venv/bin/magent-store"
-                                     magent-store--directory)
-                   ;; A pip installation: .../lib/pythonX.Y/site-packages/
-                   ;; magent_store/elisp/, its program in .../bin/.
-                   (expand-file-name "../../../../../bin/magent-store"
-                                     magent-store--directory)))))
-      (executable-find "magent-store")))
-
-(defun magent-store--program ()
-  "Return the backend command as a list (program and first arguments).
-The program is nil when `magent-store-python' is nil and no backend
-is installed."
-  (cond ((null magent-store-python) (list (magent-store--find-backend)))
-        ((listp magent-store-python) magent-store-python)
-        (t (list magent-store-python))))
 
 (defcustom magent-store-root nil
   "Directory under which sessions are stored (magent's session root).
@@ -441,20 +395,6 @@ meanwhile is being saved")
 
 ;;;; Starting and stopping the backend
 
-(defun magent-store--command ()
-  "Return the backend command as a list, ending in \"serve\".
-Signal a `user-error' that says how to install the backend when
-there is none."
-  (let ((command (magent-store--program)))
-    (unless (and (car command)
-                 (if (file-name-absolute-p (car command))
-                     (file-executable-p (car command))
-                   (executable-find (car command))))
-      (user-error "The magent-store backend is not installed%s: \
-M-x magent-store-install-backend installs it"
-                  (if (car command) (format " (no %s)" (car command)) "")))
-    (append command (list "serve"))))
-
 (defvar magent-store--token-key nil
   "Secret bytes (hex) read from /dev/urandom once; tokens are derived from it.")
 
@@ -500,7 +440,7 @@ chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
   (unless (require 'epc nil t)
     (user-error "Magent-store needs epc.el: M-x package-install RET epc \
 \(MELPA), or your distribution's package (Debian: elpa-epc)"))
-  (let* ((command (magent-store--command))
+  (let* ((command (magent-store-program-command))
          (token (magent-store--token))
          (backend (magent-store--backend-make :started-at (float-time)
                                               :token token
@@ -1339,7 +1279,7 @@ backend starts when the installation is done)."
   (interactive (list t))
   (setq magent-store--gave-up nil)
   (if (and offer-install
-           (not (car (magent-store--program)))
+           (not (car (magent-store-program)))
            (y-or-n-p "The magent-store backend is not installed.  \
 Install it into a private virtualenv now? "))
       (progn
@@ -1414,104 +1354,9 @@ Emacs does not wait: the sessions are reopened once the backend is up."
   (message "magent-store: backend restarting; unsaved entries are sent \
 again once it is up"))
 
-(defun magent-store--percentile (numbers p)
-  "Return the P-th percentile (P an integer, 0 to 100) of NUMBERS, or nil.
-Linear interpolation between the closest ranks, as the backend and
-`magent-store report' compute it: the median is P = 50, and a higher
-P never gives less."
-  (when numbers
-    (let* ((sorted (sort (copy-sequence numbers) #'<))
-           (rank (* (1- (length sorted)) p))
-           (low (nth (/ rank 100) sorted))
-           (rest (% rank 100)))
-      (if (zerop rest)
-          low
-        (+ low (/ (* (- (nth (1+ (/ rank 100)) sorted) low) rest) 100.0))))))
+;;;; The status buffer (magent-store-status.el)
 
-(defun magent-store--ms (value)
-  "Return VALUE, a number of milliseconds or nil, as short text."
-  (if (numberp value) (format "%.1f" value) "-"))
-
-(defvar magent-store-status-functions nil
-  "Functions of no argument returning more lines for `magent-store-status'.")
-
-;;;###autoload
-(defun magent-store-status ()
-  "Show the backend's state in a buffer."
-  (interactive)
-  (let* ((backend magent-store--backend)
-         (status (and backend
-                      (ignore-errors
-                        (json-parse-string (magent-store--call "status" nil)
-                                           :object-type 'alist
-                                           :null-object nil))))
-         (ms magent-store--flush-ms))
-    (with-current-buffer (get-buffer-create "*magent-store-status*")
-      (let ((inhibit-read-only t))
-        (erase-buffer)
-        (if (not backend)
-            (insert "Backend: not running\n")
-          (insert (format "Backend pid:        %s\n"
-                          (magent-store--backend-pid backend))
-                  (format "Port:               %s\n"
-                          (magent-store--backend-port backend))
-                  (format "Uptime:             %.0f s\n"
-                          (- (float-time)
-                             (magent-store--backend-started-at backend)))
-                  (format "Open sessions:      %s\n"
-                          (let ((open (alist-get 'open-sessions status)))
-                            (if (> (length open) 0)
-                                (mapconcat #'identity open " ")
-                              "none")))
-                  (format "Pending events:     %s\n"
-                          (alist-get 'pending-events status))
-                  (format "Flushes:            %s\n"
-                          (alist-get 'flushes status))
-                  (let ((bytes (alist-get 'bytes-written status)))
-                    (format "Bytes written:      %s\n"
-                            (if (numberp bytes)
-                                (format "%d (%s)" bytes
-                                        (file-size-human-readable bytes 'iec " "))
-                              "-")))
-                  (if (alist-get 'flush-ms-last status)
-                      (format "Flush (backend):    last %s, median %s, p99 %s ms\n"
-                              (magent-store--ms (alist-get 'flush-ms-last status))
-                              (magent-store--ms (alist-get 'flush-ms-p50 status))
-                              (magent-store--ms (alist-get 'flush-ms-p99 status)))
-                    "Flush (backend):    no flush yet\n")
-                  ;; Replies to the flushes the timer sends are held back up
-                  ;; to a second to save Emacs wakeups: not a latency.
-                  (if ms
-                      (format "Acknowledged after: last %s, median %s, p99 %s ms \
-\(timed flushes are acknowledged within 1 s, together)\n"
-                              (magent-store--ms (car ms))
-                              (magent-store--ms (magent-store--percentile ms 50))
-                              (magent-store--ms (magent-store--percentile ms 99)))
-                    "Acknowledged after: no flush yet\n")
-                  (format "Compactions:        %s\n"
-                          (alist-get 'compactions status))
-                  ;; The disk is nearly full: the sessions have it first.
-                  (let ((paused (alist-get 'search-index-paused status)))
-                    (format "Search index:       %s\n"
-                            (if (> (length paused) 0)
-                                (mapconcat #'identity paused "\n                    ")
-                              "kept current")))))
-        (insert (format "Last error:         %s\n"
-                        (or magent-store--last-error
-                            (and status (alist-get 'last-error status))
-                            "none"))
-                (pcase magent-store--stops
-                  ('nil "Restarts:           none\n")
-                  (`(,count ,time ,why)
-                   (format "Restarts:           %d, last at %s: the backend %s\n"
-                           count (format-time-string "%F %T" time) why)))
-                (format "Backend log:        %s\n"
-                        (expand-file-name "server.log"
-                                          (magent-store--log-directory))))
-        (dolist (function magent-store-status-functions)
-          (insert (or (ignore-errors (funcall function)) "")))
-        (special-mode))
-      (display-buffer (current-buffer)))))
+(autoload 'magent-store-status "magent-store-status" nil t)
 
 ;;;; Searching past sessions (magent-store-search.el)
 
