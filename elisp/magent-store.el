@@ -980,13 +980,19 @@ pending timer each time it wakes up, on every chunk of a stream."
                        #'magent-store--tick session))))
 
 (defun magent-store--after-reply (session)
-  "Send what SESSION queued while its last batch awaited this reply.
-Called when a batch of SESSION is answered.  While another batch
-awaits its reply, that reply will come and call this again."
+  "Have what SESSION queued while its last batch awaited this reply sent.
+Called when a batch of SESSION is answered, inside the connection's
+process filter: the batch is printed and sent by a timer due at once,
+which runs when the filter has returned (timers run before Emacs waits
+again, so it costs no wakeup of its own), not by the filter, which then
+only reads replies.  The timer is the session's flush timer: a chunk or
+a flush that sends first cancels it.  While another batch awaits its
+reply, that reply will come and call this again."
   (when (and (null (magent-store--session-inflight session))
              (magent-store--session-deadline session)
              (not (magent-store--session-timer session)))
-    (magent-store--tick session)))
+    (setf (magent-store--session-timer session)
+          (run-at-time 0 nil #'magent-store--tick session))))
 
 (defun magent-store--tick (session)
   "Send SESSION's queued entries: the flush timer's function.
