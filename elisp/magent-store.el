@@ -30,13 +30,23 @@
 ;; A thin shim between magent and the magent-store backend (a Python
 ;; process speaking EPC on 127.0.0.1).  The backend owns the ledger, the
 ;; JSONL journal and snapshot compaction; this file owns Emacs and nothing
-;; else: it forwards, buffers and schedules.
+;; else: it forwards, buffers and schedules.  It holds the connection to
+;; the backend, each session's queue and the public functions, and knows
+;; only sessions, events, chunks and flushes.  The rest of the package
+;; has rooms of its own: the adapter to magent and `magent-store-mode'
+;; (magent-store-magent.el, loaded when the mode is first turned on), the
+;; status buffer (magent-store-status.el), finding and installing the
+;; backend (magent-store-program.el, magent-store-install.el), JSON and
+;; printing (magent-store-json.el, magent-store-print.el), search and
+;; timing (magent-store-search.el, magent-store-timing.el).
 ;;
 ;; The hot path is cheap by construction: appending a chunk stores four
 ;; references in a reused per-session vector (it allocates nothing) and,
 ;; at most once per `magent-store-flush-interval', the whole batch goes
-;; out as ONE message, printed straight from that vector.  Replies are read by our own process filter, with
-;; no deferred chains.  Nothing on the chunk path waits for the backend.
+;; out as ONE message, printed straight from that vector.  Replies are
+;; read by our own process filter, with no deferred chains; while chunks
+;; stream, the filter sends nothing.  Nothing on the chunk path waits for
+;; the backend.
 ;;
 ;; Setup:
 ;;
@@ -730,7 +740,11 @@ skips the ones already in its log.  Then the queue follows."
      (magent-store--refused session why))))
 
 (defun magent-store--resend (session)
-  "Send SESSION's unacknowledged batches again, in order, then its queue."
+  "Send SESSION's unacknowledged batches again, in order, then its queue.
+Called by the retry timer, and by the reply to the session's opening
+inside the process filter: sent later, a chunk's flush could overtake
+them, and batches never overtake each other.  Only after a restart or
+a refusal do batches go again."
   (dolist (record (magent-store--session-inflight session))
     (magent-store--send-batch session record nil))
   (if (> (magent-store--session-fill session) 0)
