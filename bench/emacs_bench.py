@@ -48,7 +48,7 @@ import emacs_daemon  # noqa: E402
 
 STRATEGIES_EL = REPO / "bench" / "elisp" / "strategies.el"
 ALLOC_EL = REPO / "bench" / "elisp" / "alloc.el"
-UPSTREAM_EL = REPO / "tests" / "elisp" / "magent-store-upstream.el"
+UPSTREAM_EL = REPO / "tests" / "elisp" / "magent-store-test-upstream.el"
 STUBS = REPO / "tests" / "elisp" / "stubs"
 RESULTS = REPO / "bench-results" / "emacs.json"
 MAGENT_STORE = emacs_daemon.MAGENT_STORE
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             kinds: tuple[str, ...] = ("store", "floor")
             if magent_lisp:
                 daemon.eval(f"(progn (load {el(str(UPSTREAM_EL))} nil t)"
-                            " (magent-store-upstream-load) (setq magent-session-directory"
+                            " (magent-store-test-upstream-load) (setq magent-session-directory"
                             f" {el(str(workdir / 'magent-sessions'))}) t)")
                 kinds = ("store", "floor", "log")
             results["alloc_path"] = ("magent-thread-append-item-content, magent-store-mode"

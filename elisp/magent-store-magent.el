@@ -48,25 +48,26 @@
 (require 'map)
 (require 'subr-x)
 (require 'magent-store)
+(require 'magent-store-json)
 
 ;;;; The magent functions this file touches
 
 (defconst magent-store-magent-functions
   '(;; Write side.
     (magent-thread-append-event
-     :around magent-store--around-append-event required "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-append-event required "0.1 (schema 6, 7)"
      "each journal event is queued for the backend")
     (magent-thread-append-item-content
-     :after magent-store--after-append-item-content required "0.1 (schema 6, 7)"
+     :after magent-store-magent--after-append-item-content required "0.1 (schema 6, 7)"
      "each streamed chunk is queued, with magent's own time")
     (magent-session-save-deferred-for-session
-     :around magent-store--around-save-deferred required "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-save-deferred required "0.1 (schema 6, 7)"
      "a deferred save becomes a header refresh and a flush request")
     (magent-session-save-for-session
-     :around magent-store--around-save required "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-save required "0.1 (schema 6, 7)"
      "a save becomes a header refresh and a flush that waits")
     (magent-session-clear
-     :around magent-store--around-clear optional "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-clear optional "0.1 (schema 6, 7)"
      "a session magent clears is removed from the store too (else it stays \
 in the store)")
     (magent-thread-session-id call nil required "0.1 (schema 6, 7)"
@@ -108,31 +109,56 @@ no summary title)")
      "the header's agent-jobs (else headers list no agent jobs)")
     ;; Read side.
     (magent-session-read-file
-     :around magent-store--around-read-file optional "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-read-file optional "0.1 (schema 6, 7)"
      "a session is flushed, then read by magent (rendered for schema 6)")
     (magent-session--read-file-metadata
-     :around magent-store--around-read-file-metadata optional
+     :around magent-store-magent--around-read-file-metadata optional
      "0.1 (schema 6, 7)"
      "the picker's metadata of a session (rendered for schema 6)")
     (magent-session--file-display-time
-     :around magent-store--around-file-display-time optional
+     :around magent-store-magent--around-file-display-time optional
      "0.1 (schema 6, 7)"
      "the picker sorts a session by its last flush, not its last header")
     (magent-session-list-files
-     :around magent-store--around-list-files optional "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-list-files optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists them, and listed by one \
 backend call (rendered for schema 6)")
     (magent-session-list-files-for-scope
-     :around magent-store--around-list-scope optional "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-list-scope optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists a scope, and listed by \
 one backend call (rendered for schema 6)")
     (magent-session--read-file-metadata-cached
-     :around magent-store--around-metadata-cached optional "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-metadata-cached optional "0.1 (schema 6, 7)"
      "a listing looks each session's metadata up once, not at every \
 comparison of its sort")
     (magent-session-list-action-files
-     :around magent-store--around-list optional "0.1 (schema 6, 7)"
+     :around magent-store-magent--around-list optional "0.1 (schema 6, 7)"
      "every session is flushed before magent lists action sessions")
+    ;; The listing's metadata, built with magent's own functions.
+    (magent-session--scope-storage-directory call nil optional
+     "0.1 (schema 6, 7)"
+     "a scope's sessions are listed by one backend call (else magent reads \
+each of them)")
+    (magent-session-validate-id call nil optional "0.1 (schema 6, 7)"
+     "the listing's metadata is built from the backend's listing (else \
+magent reads each session)")
+    (magent-session--clean-summary-title call nil optional "0.1 (schema 6, 7)"
+     "the listing's summary titles, by magent's own rule (else magent reads \
+each session)")
+    (magent-session--normalize-project-root call nil optional
+     "0.1 (schema 6, 7)"
+     "the listing's project roots, in magent's form (else magent reads each \
+session)")
+    (magent-session--approval-override-from-alist call nil optional
+     "0.1 (schema 6, 7)"
+     "the listing's approval overrides are checked as magent checks them \
+\(else magent reads each session)")
+    (magent-agent-job-from-alist call nil optional "0.1 (schema 6, 7)"
+     "the listing's agent jobs are checked as magent checks them (else \
+magent reads each session)")
+    (magent-session-id call nil optional "0.1 (schema 6, 7)"
+     "which session magent clears (else a cleared session stays in the \
+store)")
     ;; Opening a session found by `magent-store-search'.
     (magent-runtime-load-session-file call nil when-used "0.1 (schema 6, 7)"
      "RET on a search result resumes its session in magent, as magent's own \
@@ -140,7 +166,33 @@ session/load does (else a read-only transcript)")
     (magent-runtime-session-from-id call nil when-used "0.1 (schema 6, 7)"
      "RET on a session magent already holds shows it, never loads it twice")
     (magent-agent-shell--buffers call nil when-used "0.1 (schema 6, 7)"
-     "RET shows magent's own buffer of a session (else its transcript)"))
+     "RET shows magent's own buffer of a session (else its transcript)")
+    (magent-runtime-session-magent-session call nil when-used
+     "0.1 (schema 6, 7)"
+     "RET finds the session object of a session magent's runtime holds \
+\(else it looks among magent's scoped sessions)")
+    ;; Lifecycle timing (magent-store-timing.el), while the mode and
+    ;; `magent-store-timing-enabled' are on: that file adds its own advice
+    ;; and sink, once magent's modules are loaded.
+    (magent-agent-loop-apply-event
+     :before magent-store-timing--before-apply-event when-used
+     "0.1 (schema 6, 7)"
+     "the first provider event of each request and the reasoning spans are \
+timed (else they are not)")
+    (magent-agent-loop-event-context call nil when-used "0.1 (schema 6, 7)"
+     "which turn a provider event belongs to")
+    (magent-llm-event-type call nil when-used "0.1 (schema 6, 7)"
+     "whether a provider event starts or ends reasoning")
+    (magent-lifecycle-events-add-sink call nil when-used "0.1 (schema 6, 7)"
+     "turns, requests, tool calls and subagents are timed (else they are not)")
+    (magent-lifecycle-events-remove-sink call nil when-used "0.1 (schema 6, 7)"
+     "timing stops when the mode or timing is turned off")
+    (magent-lifecycle-events-context-turn-id call nil when-used
+     "0.1 (schema 6, 7)"
+     "which turn a lifecycle event belongs to")
+    (magent-lifecycle-events-context-subagent-id call nil when-used
+     "0.1 (schema 6, 7)"
+     "which subagent a lifecycle event belongs to"))
   "Every magent function `magent-store-mode' touches.
 Each row is (FUNCTION HOW HANDLER NEED MAGENT WHY): HOW is an advice
 combinator (HANDLER is then the advice) or `call'; NEED is `required'
@@ -150,27 +202,29 @@ the mode turns on: it lives in a module magent loads after its session
 module; a fallback is used); MAGENT names the magent releases and
 session schemas the row was written for; WHY says what the row is for.
 Checked when the mode turns on: the mode says once what the loaded
-magent lacks, and advises only functions that exist.")
+magent lacks, and advises only functions that exist.  An advice of a
+`when-used' row is added by the file that uses it (magent-store-timing),
+not by the mode.")
 
 (defvar magent-store-mode)
 
-(defvar magent-store--magent-missing nil
+(defvar magent-store-magent--missing nil
   "Rows of `magent-store-magent-functions' the loaded magent lacks.")
 
-(defvar magent-store--magent-reported 'never
+(defvar magent-store-magent--reported 'never
   "The missing functions last reported, so that each report is said once.")
 
-(defun magent-store--magent-role (row)
+(defun magent-store-magent--role (row)
   "Return what ROW of `magent-store-magent-functions' is for, in user words."
   (string-trim (replace-regexp-in-string " *(else .*\\'" "" (nth 5 row))))
 
-(defun magent-store--magent-fallback (row)
+(defun magent-store-magent--fallback (row)
   "Return what is done when the loaded magent lacks ROW's function."
   (if (string-match "(else \\(\\(?:.\\|\n\\)*\\))\\'" (nth 5 row))
       (match-string 1 (nth 5 row))
-    (format "not done: %s" (magent-store--magent-role row))))
+    (format "not done: %s" (magent-store-magent--role row))))
 
-(defun magent-store--magent-check ()
+(defun magent-store-magent--check ()
   "Return the rows whose function the loaded magent lacks.
 What only has a fallback is shown by `magent-store-status'; what the
 mode cannot do without is said once for each set of such gaps."
@@ -179,91 +233,92 @@ mode cannot do without is said once for each set of such gaps."
                                 magent-store-magent-functions))
          (required (cl-remove-if-not (lambda (row) (eq (nth 3 row) 'required))
                                      missing)))
-    (setq magent-store--magent-missing missing)
-    (unless (equal (mapcar #'car required) magent-store--magent-reported)
-      (setq magent-store--magent-reported (mapcar #'car required))
+    (setq magent-store-magent--missing missing)
+    (unless (equal (mapcar #'car required) magent-store-magent--reported)
+      (setq magent-store-magent--reported (mapcar #'car required))
       (when required
         (message "magent-store-mode: this magent is missing what the mode \
 needs for: %s; that is left to magent (M-x magent-store-status)"
-                 (mapconcat #'magent-store--magent-role required "; "))))
+                 (mapconcat #'magent-store-magent--role required "; "))))
     missing))
 
-(defun magent-store--magent-view ()
+(defun magent-store-magent--view ()
   "Return, in user words, the mode's view of the loaded magent."
   (if (not (featurep 'magent-session))
       "not loaded yet (the mode starts routing when it is)"
     (concat
-     (pcase (magent-store--magent-schema)
+     (pcase (magent-store-magent--schema)
        (6 "magent's current release (sessions in schema 6: the store's are \
 rendered for it to read)")
        (7 "a magent that reads the store's sessions (schema 7) itself")
        (schema (format "a magent with sessions in schema %s" schema)))
      (mapconcat (lambda (row)
                   (concat ";\n                    "
-                          (magent-store--magent-fallback row)))
-                magent-store--magent-missing ""))))
+                          (magent-store-magent--fallback row)))
+                magent-store-magent--missing ""))))
 
-(defun magent-store--magent-install ()
+(defun magent-store-magent--install ()
   "Advise the magent functions of the table that exist."
   (when magent-store-mode
     ;; Before magent's session module is loaded, everything would be
     ;; missing: the mode installs again once it is.
     (when (featurep 'magent-session)
-      (magent-store--magent-check))
+      (magent-store-magent--check))
     (dolist (row magent-store-magent-functions)
-      (when (and (keywordp (nth 1 row)) (fboundp (nth 0 row)))
+      (when (and (keywordp (nth 1 row)) (not (eq (nth 3 row) 'when-used))
+                 (fboundp (nth 0 row)))
         (advice-add (nth 0 row) (nth 1 row) (nth 2 row))))))
 
-(defun magent-store--magent-uninstall ()
+(defun magent-store-magent--uninstall ()
   "Remove every advice of the table."
   (dolist (row magent-store-magent-functions)
-    (when (keywordp (nth 1 row))
+    (when (and (keywordp (nth 1 row)) (not (eq (nth 3 row) 'when-used)))
       (advice-remove (nth 0 row) (nth 2 row)))))
 
 ;;;; Failures that must not reach magent
 
-(defvar magent-store--unencodable nil
+(defvar magent-store-magent--unencodable nil
   "Values JSON cannot hold, as (WHAT COUNT STORED-AS) rows.")
 
-(defvar magent-store--adapter-failures nil
+(defvar magent-store-magent--adapter-failures nil
   "What failed inside an advice: ((WHERE . CONDITION) COUNT MESSAGE) rows.")
 
-(defun magent-store--failed (where err)
+(defun magent-store-magent--failed (where err)
   "Record that WHERE failed with ERR; tell the user the first time."
   (let* ((key (cons where (car-safe err)))
-         (row (assoc key magent-store--adapter-failures)))
+         (row (assoc key magent-store-magent--adapter-failures)))
     (if row
         (setcar (cdr row) (1+ (cadr row)))
       (push (list key 1 (error-message-string err))
-            magent-store--adapter-failures)
+            magent-store-magent--adapter-failures)
       (setq magent-store--last-error
             (format "%s: %s" where (error-message-string err)))
       (message "magent-store: %s failed (%s); magent goes on, \
 see M-x magent-store-status" where (error-message-string err)))))
 
-(defmacro magent-store--guarded (where &rest body)
+(defmacro magent-store-magent--guarded (where &rest body)
   "Run BODY; an error in it is recorded under WHERE, never signalled."
   (declare (indent 1) (debug t))
   `(condition-case err
        (progn ,@body)
-     (error (magent-store--failed ,where err) nil)))
+     (error (magent-store-magent--failed ,where err) nil)))
 
-(defun magent-store--adapter-status ()
+(defun magent-store-magent--adapter-status ()
   "Return the adapter's lines for `magent-store-status'."
   (concat
-   (format "Magent:             %s\n" (magent-store--magent-view))
+   (format "Magent:             %s\n" (magent-store-magent--view))
    (mapconcat (lambda (row)
                 (format "Adapter:            %s, %d time%s: %s\n"
                         (car (car row)) (nth 1 row)
                         (if (= (nth 1 row) 1) "" "s") (nth 2 row)))
-              (reverse magent-store--adapter-failures) "")
+              (reverse magent-store-magent--adapter-failures) "")
    (mapconcat (lambda (row)
                 (format "Not JSON:           %s, %d time%s, stored as %s\n"
                         (car row) (nth 1 row) (if (= (nth 1 row) 1) "" "s")
                         (nth 2 row)))
-              (reverse magent-store--unencodable) "")))
+              (reverse magent-store-magent--unencodable) "")))
 
-(add-hook 'magent-store-status-functions #'magent-store--adapter-status)
+(add-hook 'magent-store-status-functions #'magent-store-magent--adapter-status)
 
 ;;;; Write side: events, chunks and saves
 
@@ -286,7 +341,7 @@ see M-x magent-store-status" where (error-message-string err)))))
 
 ;;;;; Encoding values the way magent's writer does
 
-(defun magent-store--safe-value (value)
+(defun magent-store-magent--safe-value (value)
   "Return VALUE in the shapes `json-serialize' accepts, as magent does it.
 magent's own `magent-json-safe-value' when the loaded magent has it;
 otherwise the same mapping: nil is null, a symbol its name (a keyword
@@ -294,9 +349,9 @@ without its colon), a keyword plist an object, an alist an object, any
 other list an array, anything else its printed form."
   (if (fboundp 'magent-json-safe-value)
       (magent-json-safe-value value)
-    (magent-store--safe-value-1 value)))
+    (magent-store-magent--safe-value-1 value)))
 
-(defun magent-store--plist-p (value)
+(defun magent-store-magent--plist-p (value)
   "Return non-nil when VALUE is a proper list of keyword/value pairs."
   (and (listp value)
        (let ((tail value))
@@ -304,7 +359,7 @@ other list an array, anything else its printed form."
            (setq tail (cddr tail)))
          (null tail))))
 
-(defun magent-store--alist-p (value)
+(defun magent-store-magent--alist-p (value)
   "Return non-nil when VALUE is a non-empty proper list of non-keyword pairs."
   (and (consp value)
        (proper-list-p value)
@@ -312,76 +367,68 @@ other list an array, anything else its printed form."
                    (and (consp entry) (not (keywordp (car entry)))))
                  value)))
 
-(defun magent-store--key (key)
+(defun magent-store-magent--key (key)
   "Return KEY, an alist or plist key, as the symbol of its JSON name."
   (cond ((keywordp key) (intern (substring (symbol-name key) 1)))
         ((symbolp key) key)
         ((stringp key) (intern key))
         (t (intern (format "%s" key)))))
 
-(defun magent-store--safe-value-1 (value)
-  "Return VALUE made encodable (see `magent-store--safe-value')."
+(defun magent-store-magent--safe-value-1 (value)
+  "Return VALUE made encodable (see `magent-store-magent--safe-value')."
   (cond
    ((null value) :null)
    ((or (stringp value) (numberp value) (memq value '(t :json-false :null)))
     value)
    ((keywordp value) (substring (symbol-name value) 1))
    ((symbolp value) (symbol-name value))
-   ((vectorp value) (vconcat (mapcar #'magent-store--safe-value-1 value)))
+   ((vectorp value) (vconcat (mapcar #'magent-store-magent--safe-value-1 value)))
    ((hash-table-p value)
     (let ((table (make-hash-table :test #'equal)))
       (maphash (lambda (k v)
                  (puthash (if (stringp k) k (format "%s" k))
-                          (magent-store--safe-value-1 v) table))
+                          (magent-store-magent--safe-value-1 v) table))
                value)
       table))
-   ((magent-store--plist-p value)
+   ((magent-store-magent--plist-p value)
     (cl-loop for (k v) on value by #'cddr
-             nconc (list k (magent-store--safe-value-1 v))))
-   ((magent-store--alist-p value)
+             nconc (list k (magent-store-magent--safe-value-1 v))))
+   ((magent-store-magent--alist-p value)
     (mapcar (lambda (entry)
-              (cons (magent-store--key (car entry))
-                    (magent-store--safe-value-1 (cdr entry))))
+              (cons (magent-store-magent--key (car entry))
+                    (magent-store-magent--safe-value-1 (cdr entry))))
             value))
    ((and (consp value) (proper-list-p value))
-    (vconcat (mapcar #'magent-store--safe-value-1 value)))
+    (vconcat (mapcar #'magent-store-magent--safe-value-1 value)))
    (t (format "%S" value))))
 
-(defun magent-store--json-serialize (value)
-  "Return VALUE (already safe) as JSON text, a multibyte string.
-With magent's sentinels: `:null' is null, `:json-false' false.  What
-differs between Emacs versions (unibyte UTF-8 since Emacs 30) is the
-core's to handle: `magent-store--text'."
-  (magent-store--text (json-serialize value :null-object :null
-                                      :false-object :json-false)))
-
-(defun magent-store--unencodable-note (what stored-as)
+(defun magent-store-magent--unencodable-note (what stored-as)
   "Count a value of kind WHAT that JSON cannot hold, stored as STORED-AS."
-  (let ((row (assoc what magent-store--unencodable)))
+  (let ((row (assoc what magent-store-magent--unencodable)))
     (if row
         (setcar (cdr row) (1+ (cadr row)))
-      (push (list what 1 stored-as) magent-store--unencodable)
+      (push (list what 1 stored-as) magent-store-magent--unencodable)
       (message "magent-store: %s cannot be written as JSON; it is stored \
 as %s (see M-x magent-store-status)" what stored-as))))
 
-(defun magent-store--bad-char-p (char)
+(defun magent-store-magent--bad-char-p (char)
   "Return non-nil when CHAR cannot be JSON text.
 That is a raw byte or a character beyond Unicode, and a lone surrogate."
   (or (> char #x10FFFF) (<= #xD800 char #xDFFF)))
 
-(defconst magent-store--reader-refuses-nul
+(defconst magent-store-magent--reader-refuses-nul
   (condition-case nil (ignore (json-parse-string "\"\\u0000\"")) (error t))
   "Non-nil when this Emacs cannot read JSON holding a NUL (Emacs 28).")
 
-(defconst magent-store--reader-refuses-bignum
+(defconst magent-store-magent--reader-refuses-bignum
   (condition-case nil (ignore (json-parse-string "[18446744073709551616]"))
     (error t))
   "Non-nil when this Emacs cannot read an integer beyond 64 bits (Emacs 28).")
 
-(defconst magent-store--int64-max (1- (expt 2 63))
+(defconst magent-store-magent--int64-max (1- (expt 2 63))
   "The largest integer every Emacs reads back from JSON.")
 
-(defun magent-store--repair (value)
+(defun magent-store-magent--repair (value)
   "Return safe VALUE with everything JSON cannot hold replaced, and noted.
 A string keeps every character, each one JSON cannot hold (a raw byte,
 a character beyond Unicode, a lone surrogate) becoming U+FFFD, and so
@@ -395,100 +442,100 @@ read it back."
                          (string-match-p "[^[:ascii:]]" value))
                     (decode-coding-string value 'utf-8)
                   value)))
-      (when (and magent-store--reader-refuses-nul (string-search "\0" text))
+      (when (and magent-store-magent--reader-refuses-nul (string-search "\0" text))
         ;; JSON holds it, but this Emacs's reader would refuse the file.
-        (magent-store--unencodable-note "a NUL character" "U+FFFD")
+        (magent-store-magent--unencodable-note "a NUL character" "U+FFFD")
         (setq text (string-replace "\0" "\ufffd" text)))
-      (if (cl-some #'magent-store--bad-char-p text)
+      (if (cl-some #'magent-store-magent--bad-char-p text)
           (progn
-            (magent-store--unencodable-note
+            (magent-store-magent--unencodable-note
              "a string with raw bytes" "text with U+FFFD in their place")
             (apply #'string
                    (mapcar (lambda (c)
-                             (if (magent-store--bad-char-p c) #xFFFD c))
+                             (if (magent-store-magent--bad-char-p c) #xFFFD c))
                            text)))
         text)))
    ((floatp value)
     (if (or (isnan value) (= value 1.0e+INF) (= value -1.0e+INF))
-        (progn (magent-store--unencodable-note
+        (progn (magent-store-magent--unencodable-note
                 "a NaN or infinite number" "its printed form, a string")
                (format "%S" value))
       value))
    ((integerp value)
-    (if (or (not magent-store--reader-refuses-bignum)
-            (<= (- -1 magent-store--int64-max) value magent-store--int64-max))
+    (if (or (not magent-store-magent--reader-refuses-bignum)
+            (<= (- -1 magent-store-magent--int64-max) value magent-store-magent--int64-max))
         value
-      (magent-store--unencodable-note "an integer beyond 64 bits"
+      (magent-store-magent--unencodable-note "an integer beyond 64 bits"
                                       "its digits, a string")
       (number-to-string value)))
-   ((vectorp value) (vconcat (mapcar #'magent-store--repair value)))
+   ((vectorp value) (vconcat (mapcar #'magent-store-magent--repair value)))
    ((hash-table-p value)
     (let ((table (make-hash-table :test #'equal)))
       (maphash (lambda (k v)
-                 (puthash (magent-store--repair k) (magent-store--repair v)
+                 (puthash (magent-store-magent--repair k) (magent-store-magent--repair v)
                           table))
                value)
       table))
-   ((magent-store--plist-p value)
+   ((magent-store-magent--plist-p value)
     (cl-loop for (k v) on value by #'cddr
-             nconc (list (magent-store--repair-key k)
-                         (magent-store--repair v))))
+             nconc (list (magent-store-magent--repair-key k)
+                         (magent-store-magent--repair v))))
    ((consp value)
     (if (proper-list-p value)
         (mapcar (lambda (entry)
                   (if (and (consp entry) (symbolp (car entry)))
-                      (cons (magent-store--repair-key (car entry))
-                            (magent-store--repair (cdr entry)))
-                    (magent-store--repair entry)))
+                      (cons (magent-store-magent--repair-key (car entry))
+                            (magent-store-magent--repair (cdr entry)))
+                    (magent-store-magent--repair entry)))
                 value)
-      (magent-store--unencodable-note "a dotted list" "its printed form")
+      (magent-store-magent--unencodable-note "a dotted list" "its printed form")
       (format "%S" value)))
    (t value)))
 
-(defun magent-store--repair-key (key)
+(defun magent-store-magent--repair-key (key)
   "Return KEY, a symbol, with a name JSON can hold."
   (let ((name (symbol-name key)))
-    (if (cl-some #'magent-store--bad-char-p name)
-        (intern (magent-store--repair name))
+    (if (cl-some #'magent-store-magent--bad-char-p name)
+        (intern (magent-store-magent--repair name))
       key)))
 
-(defun magent-store--encode (value)
+(defun magent-store-magent--encode (value)
   "Return VALUE as JSON text, exactly as magent's writer would encode it.
 A value JSON cannot hold does not fail: it is stored in the most
 faithful form JSON allows and noted for `magent-store-status'."
-  (let* ((safe (magent-store--safe-value value))
+  (let* ((safe (magent-store-magent--safe-value value))
          (text (condition-case nil
-                   (magent-store--json-serialize safe)
+                   (magent-store-json-serialize safe)
                  (error nil))))
     ;; A NUL is JSON, but Emacs 28 cannot read it back.
-    (if (and text (not (and magent-store--reader-refuses-nul
+    (if (and text (not (and magent-store-magent--reader-refuses-nul
                             (string-search "\\u0000" text))))
         text
-      (magent-store--json-serialize (magent-store--repair safe)))))
+      (magent-store-json-serialize (magent-store-magent--repair safe)))))
 
 ;;;;; Where a magent session lives
 
-(defun magent-store--action-scope-p (scope)
+(defun magent-store-magent--action-scope-p (scope)
   "Return non-nil when SCOPE is magent's action scope plist."
   (and (consp scope) (plist-member scope :kind)
        (member (plist-get scope :kind) '(action "action"))
        t))
 
-(defun magent-store--action-name (name)
+(defun magent-store-magent--action-name (name)
   "Return the action NAME as magent names it on disk, before cleaning."
   (cond ((stringp name) name)
         ((symbolp name) (symbol-name name))
         (t (format "%s" name))))
 
-(defun magent-store--store-scope (scope)
+(defun magent-store-magent--store-scope (scope)
   "Return magent's SCOPE as the shim core takes it."
-  (cond ((magent-store--action-scope-p scope)
-         (cons 'action (magent-store--action-name (plist-get scope :action))))
+  (cond ((magent-store-magent--action-scope-p scope)
+         (cons 'action (magent-store-magent--action-name (plist-get scope :action))))
         ((or (null scope) (eq scope 'global) (equal scope "global")) 'global)
         ((stringp scope) scope)
         (t (error "Unknown magent scope %S" scope))))
 
-(defun magent-store--known-session (thread)
+(defun magent-store-magent--known-session (thread)
   "Return the store session of THREAD if this Emacs has opened it."
   (let ((id (magent-thread-session-id thread))
         (recent magent-store--recent))
@@ -498,7 +545,7 @@ faithful form JSON allows and noted for `magent-store-status'."
         (setq magent-store--recent (cons id session))
         session))))
 
-(defun magent-store--scope-directory (scope)
+(defun magent-store-magent--scope-directory (scope)
   "Return the directory of the store's sessions under SCOPE, as magent names it."
   (expand-file-name
    (pcase scope
@@ -510,7 +557,7 @@ faithful form JSON allows and noted for `magent-store-status'."
      (_ (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))))
    (magent-store--root)))
 
-(defun magent-store--initial-state (thread)
+(defun magent-store-magent--initial-state (thread)
   "Return THREAD's materialized state as JSON text, or nil.
 No event carries a thread's creation time, metadata or first status:
 the backend starts a session that has no snapshot yet from this.  nil
@@ -521,47 +568,48 @@ long conversation would cost Emacs its encoding) or magent lacks
              (not (file-exists-p
                    (expand-file-name
                     (concat (magent-thread-session-id thread) ".snapshot")
-                    (magent-store--scope-directory
-                     (magent-store--store-scope
+                    (magent-store-magent--scope-directory
+                     (magent-store-magent--store-scope
                       (magent-thread-scope thread)))))))
-    (magent-store--encode (magent-thread-snapshot-to-alist thread))))
+    (magent-store-magent--encode (magent-thread-snapshot-to-alist thread))))
 
-(defun magent-store--open-thread (thread)
+(defun magent-store-magent--open-thread (thread)
   "Open THREAD's session in the store, with THREAD's state as its start."
   (let ((id (magent-thread-session-id thread)))
     (or (gethash id magent-store--sessions)
         (magent-store--ensure-session
-         id (magent-store--store-scope (magent-thread-scope thread))
-         (magent-store--initial-state thread)))))
+         id (magent-store-magent--store-scope (magent-thread-scope thread))
+         (magent-store-magent--initial-state thread)))))
 
 ;;;;; Events and chunks
 
-(defun magent-store--around-append-event (orig thread event)
+(defvar magent-store-magent--chunk-thread nil
+  "The thread a chunk was just queued for, until its next event or save.
+magent asks for a deferred save after every streamed chunk; that save
+has nothing to add (see `magent-store-magent--around-save-deferred').")
+
+(defun magent-store-magent--around-append-event (orig thread event)
   "Call ORIG (magent's append) on THREAD and EVENT; queue EVENT for the backend.
 The first event of a session this Emacs has not opened opens it, with
 the thread as it was before EVENT."
   (when (and thread magent-store-persistence-enabled)
-    (magent-store--guarded "opening a session"
-      (unless (magent-store--known-session thread)
-        (magent-store--open-thread thread))))
-  (setq magent-store--chunk-thread nil)
+    (magent-store-magent--guarded "opening a session"
+      (unless (magent-store-magent--known-session thread)
+        (magent-store-magent--open-thread thread))))
+  (setq magent-store-magent--chunk-thread nil)
   (let ((appended (funcall orig thread event)))
     (when (and thread event magent-store-persistence-enabled)
-      (magent-store--guarded "forwarding an event"
-        (let ((session (or (magent-store--known-session thread)
-                           (magent-store--open-thread thread)))
-              (text (magent-store--encode
+      (magent-store-magent--guarded "forwarding an event"
+        (let ((session (or (magent-store-magent--known-session thread)
+                           (magent-store-magent--open-thread thread)))
+              (text (magent-store-magent--encode
                      (magent-thread-event-to-alist (or appended event)))))
           (magent-store--push session text (length text)))))
     appended))
 
 
-(defvar magent-store--chunk-thread nil
-  "The thread a chunk was just queued for, until its next event or save.
-magent asks for a deferred save after every streamed chunk; that save
-has nothing to add (see `magent-store--around-save-deferred').")
 
-(defun magent-store--after-append-item-content (thread item chunk
+(defun magent-store-magent--after-append-item-content (thread item chunk
                                                        &optional output-p)
   "Queue CHUNK, just appended to ITEM of THREAD (to its output if OUTPUT-P).
 The chunk's time is the one magent gave the item, to the last digit: a
@@ -570,25 +618,25 @@ A session this Emacs has not opened, and the store has no snapshot
 of, is opened from the thread as it is now, which already holds CHUNK."
   (when (and thread item (stringp chunk) (> (length chunk) 0)
              magent-store-persistence-enabled)
-    (magent-store--guarded "forwarding a chunk"
-      (let* ((known (magent-store--known-session thread))
-             (session (or known (magent-store--open-thread thread))))
+    (magent-store-magent--guarded "forwarding a chunk"
+      (let* ((known (magent-store-magent--known-session thread))
+             (session (or known (magent-store-magent--open-thread thread))))
         ;; A session opened just now from the thread as it is already
         ;; holds CHUNK; one opened from its files does not.
         (when (or known (not (magent-store--session-initial session)))
-          (when (and magent-store--reader-refuses-nul
+          (when (and magent-store-magent--reader-refuses-nul
                      (string-search "\0" chunk))
-            (setq chunk (magent-store--repair chunk)))
+            (setq chunk (magent-store-magent--repair chunk)))
           (let ((time (and (fboundp 'magent-thread-item-updated-at)
                            (magent-thread-item-updated-at item))))
             (magent-store--push-chunk session (magent-thread-item-id item)
                                       chunk output-p
                                       (if (floatp time) time (float-time)))
-            (setq magent-store--chunk-thread thread)))))))
+            (setq magent-store-magent--chunk-thread thread)))))))
 
 ;;;;; Headers and saves
 
-(defun magent-store--metadata-string (session key)
+(defun magent-store-magent--metadata-string (session key)
   "Return SESSION's metadata KEY as text, as magent's header has it."
   (let ((value (cdr (assq key (magent-session-metadata session)))))
     (cond ((null value) nil)
@@ -596,23 +644,23 @@ of, is opened from the thread as it is now, which already holds CHUNK."
           ((symbolp value) (symbol-name value))
           (t (format "%s" value)))))
 
-(defun magent-store--origin-scope (session scope)
+(defun magent-store-magent--origin-scope (session scope)
   "Return the project or global scope SESSION saved under SCOPE belongs to."
   (or (cdr (assq 'origin-scope (magent-session-metadata session)))
-      (if (magent-store--action-scope-p scope)
+      (if (magent-store-magent--action-scope-p scope)
           (or (plist-get scope :origin-scope) 'global)
         scope)
       'global))
 
-(defun magent-store--header-data (session scope)
+(defun magent-store-magent--header-data (session scope)
   "Return the header magent writes for SESSION under SCOPE, as an alist.
 magent's own builder when it has one, else the same fields built from
 the session object, in magent's order."
   (if (fboundp 'magent-session--header-data-for-session)
       (funcall 'magent-session--header-data-for-session session scope)
-    (let* ((origin (magent-store--origin-scope session scope))
+    (let* ((origin (magent-store-magent--origin-scope session scope))
            (field (lambda (key)
-                    (when-let ((value (magent-store--metadata-string
+                    (when-let ((value (magent-store-magent--metadata-string
                                        session key)))
                       (list (cons key value)))))
            (summary (and (fboundp 'magent-session-summary-title)
@@ -625,7 +673,7 @@ the session object, in magent's order."
         ,@(funcall field 'status)
         ,@(funcall field 'title)
         ,@(funcall field 'parent-session-id)
-        ,@(and metadata `((metadata . ,(magent-store--safe-value metadata))))
+        ,@(and metadata `((metadata . ,(magent-store-magent--safe-value metadata))))
         (scope . ,(if (eq origin 'global) "global" "project"))
         ,@(unless (eq origin 'global) `((project-root . ,origin)))
         ,@(and summary `((summary-title . ,summary)))
@@ -639,132 +687,132 @@ the session object, in magent's order."
                                  (decision . ,(symbol-name (cdr entry)))))
                              (magent-session-approval-overrides session))))))))
 
-(defvar magent-store--headers-sent (make-hash-table :test #'equal)
+(defvar magent-store-magent--headers-sent (make-hash-table :test #'equal)
   "Session id -> the header text last given to the backend.")
 
-(defun magent-store--magent-has-content-p (session)
+(defun magent-store-magent--has-content-p (session)
   "Return non-nil when magent would write SESSION at all.
 magent writes a session once it has a turn or an agent job."
   (or (magent-thread-turns (magent-session-thread-ledger session))
       (magent-session-agent-jobs session)))
 
-(defun magent-store--put-header (session scope)
+(defun magent-store-magent--put-header (session scope)
   "Give the backend SESSION's header under SCOPE if it changed.
 Return the store session."
   (let* ((thread (magent-session-thread-ledger session))
-         (store-session (magent-store--open-thread thread))
+         (store-session (magent-store-magent--open-thread thread))
          (id (magent-thread-session-id thread)))
-    (when (magent-store--magent-has-content-p session)
-      (let ((text (magent-store--encode
-                   (magent-store--header-data session scope))))
-        (unless (equal text (gethash id magent-store--headers-sent))
+    (when (magent-store-magent--has-content-p session)
+      (let ((text (magent-store-magent--encode
+                   (magent-store-magent--header-data session scope))))
+        (unless (equal text (gethash id magent-store-magent--headers-sent))
           (magent-store-put-header id text)
-          (puthash id text magent-store--headers-sent))))
+          (puthash id text magent-store-magent--headers-sent))))
     store-session))
 
-(defvar magent-store--deferred-headers nil
+(defvar magent-store-magent--deferred-headers nil
   "(SESSION . SCOPE) pairs whose header is refreshed at the next header tick.")
 
-(defvar magent-store--header-timer nil
+(defvar magent-store-magent--header-timer nil
   "Timer of the next header refresh, or nil.")
 
-(defun magent-store--refresh-deferred-headers ()
+(defun magent-store-magent--refresh-deferred-headers ()
   "Refresh the headers of the sessions magent asked to save later."
-  (let ((pending (nreverse magent-store--deferred-headers)))
-    (setq magent-store--deferred-headers nil
-          magent-store--header-timer nil)
+  (let ((pending (nreverse magent-store-magent--deferred-headers)))
+    (setq magent-store-magent--deferred-headers nil
+          magent-store-magent--header-timer nil)
     (pcase-dolist (`(,session . ,scope) pending)
-      (magent-store--guarded "refreshing a header"
-        (magent-store--put-header session scope))
-      (magent-store--guarded "a deferred save"
+      (magent-store-magent--guarded "refreshing a header"
+        (magent-store-magent--put-header session scope))
+      (magent-store-magent--guarded "a deferred save"
         (magent-store-request-flush
          (magent-thread-session-id (magent-session-thread-ledger session)))))))
 
-(defun magent-store--save-scope (session scope)
+(defun magent-store-magent--save-scope (session scope)
   "Return SCOPE, or the scope of SESSION's thread when SCOPE is nil."
   (or scope (magent-thread-scope (magent-session-thread-ledger session))))
 
-(defun magent-store--around-save-deferred (_orig session &optional scope _delay)
+(defun magent-store-magent--around-save-deferred (_orig session &optional scope _delay)
   "Replace magent's deferred save of SESSION under SCOPE.
 The events are flushed within `magent-store-flush-interval'; the header,
 whose fields change rarely but cost a little to build, is refreshed
 once per interval however often magent asks, except after a chunk."
-  (magent-store--guarded "a deferred save"
-    (if (eq (magent-session-thread-ledger session) magent-store--chunk-thread)
+  (magent-store-magent--guarded "a deferred save"
+    (if (eq (magent-session-thread-ledger session) magent-store-magent--chunk-thread)
         ;; The save magent asks for after each streamed chunk: the chunk
         ;; is queued and its flush scheduled, and no header field changes
         ;; with a chunk (the title comes from the first message, recorded
         ;; before the reply streams; the next event's save refreshes the
         ;; header anyway).  Building the header per interval, and its
         ;; pending timer, would cost a streaming Emacs more than the chunk.
-        (setq magent-store--chunk-thread nil)
-      (magent-store--deferred-save session scope)))
+        (setq magent-store-magent--chunk-thread nil)
+      (magent-store-magent--deferred-save session scope)))
   nil)
 
-(defun magent-store--unwritten-p (session)
+(defun magent-store-magent--unwritten-p (session)
   "Return non-nil when magent would not write SESSION and the store has none.
 magent writes a session once it has a turn or an agent job: an empty
 one must not appear in its listing."
-  (not (or (magent-store--known-session (magent-session-thread-ledger session))
-           (magent-store--magent-has-content-p session))))
+  (not (or (magent-store-magent--known-session (magent-session-thread-ledger session))
+           (magent-store-magent--has-content-p session))))
 
-(defun magent-store--deferred-save (session scope)
+(defun magent-store-magent--deferred-save (session scope)
   "Queue a refresh of SESSION's header under SCOPE and request a flush."
   (let ((thread (magent-session-thread-ledger session))
-        (pair (cons session (magent-store--save-scope session scope))))
-    (unless (magent-store--unwritten-p session)
-      (magent-store--open-thread thread)
+        (pair (cons session (magent-store-magent--save-scope session scope))))
+    (unless (magent-store-magent--unwritten-p session)
+      (magent-store-magent--open-thread thread)
       (unless (cl-find-if (lambda (entry) (and (eq (car entry) session)
                                                (equal (cdr entry) (cdr pair))))
-                          magent-store--deferred-headers)
-        (push pair magent-store--deferred-headers))
-      (unless magent-store--header-timer
-        (setq magent-store--header-timer
+                          magent-store-magent--deferred-headers)
+        (push pair magent-store-magent--deferred-headers))
+      (unless magent-store-magent--header-timer
+        (setq magent-store-magent--header-timer
               (run-at-time magent-store-flush-interval nil
-                           #'magent-store--refresh-deferred-headers)))
+                           #'magent-store-magent--refresh-deferred-headers)))
       (magent-store-request-flush (magent-thread-session-id thread)))))
 
-(defun magent-store--around-save (_orig session scope)
+(defun magent-store-magent--around-save (_orig session scope)
   "Replace magent's save of SESSION under SCOPE: header, then a durable flush."
-  (unless (magent-store--guarded "a save" (magent-store--unwritten-p session))
-    (magent-store--guarded "a save's header"
-      (magent-store--put-header session scope))
-    (magent-store--guarded "a save"
+  (unless (magent-store-magent--guarded "a save" (magent-store-magent--unwritten-p session))
+    (magent-store-magent--guarded "a save's header"
+      (magent-store-magent--put-header session scope))
+    (magent-store-magent--guarded "a save"
       (let ((thread (magent-session-thread-ledger session)))
-        (magent-store--open-thread thread)
+        (magent-store-magent--open-thread thread)
         (magent-store-flush (magent-thread-session-id thread)))))
   nil)
 
 (declare-function magent-session-id "ext:magent-session" (session))
 (defvar magent-session--current-scope)
 
-(defun magent-store--forget (id)
+(defun magent-store-magent--forget (id)
   "Forget session ID in Emacs: its queue, its timer, its header."
   (when-let ((session (gethash id magent-store--sessions)))
     (when-let ((timer (magent-store--session-timer session)))
       (cancel-timer timer))
     (remhash id magent-store--sessions))
-  (remhash id magent-store--headers-sent)
+  (remhash id magent-store-magent--headers-sent)
   (setq magent-store--recent nil))
 
-(defun magent-store--around-clear (orig session &optional scope)
+(defun magent-store-magent--around-clear (orig session &optional scope)
   "Remove SESSION's files under SCOPE from the store, then let ORIG clear it.
 magent deletes its own file of the session; the store's log and
 snapshot go too, or the next turn of that id would be added to the
 cleared conversation."
-  (magent-store--guarded "clearing a session"
+  (magent-store-magent--guarded "clearing a session"
     (when-let ((id (and session (magent-session-id session))))
       (let* ((open (gethash id magent-store--sessions))
              (target (or scope (bound-and-true-p magent-session--current-scope)))
              (store-scope (if open
                               (magent-store--session-scope open)
-                            (magent-store--store-scope target))))
-        (setq magent-store--deferred-headers
-              (cl-remove session magent-store--deferred-headers :key #'car))
-        (magent-store--forget id)
+                            (magent-store-magent--store-scope target))))
+        (setq magent-store-magent--deferred-headers
+              (cl-remove session magent-store-magent--deferred-headers :key #'car))
+        (magent-store-magent--forget id)
         (magent-store--ensure-backend)
         (magent-store--call "delete"
-                            (list (magent-store--text (magent-store--root))
+                            (list (magent-store-json-text (magent-store--root))
                                   (magent-store--scope-json store-scope)
                                   id)))))
   (funcall orig session scope))
@@ -788,15 +836,15 @@ nil means `magent-store-python' without its \"serve\" argument."
   :type '(choice (const :tag "The backend command" nil) (repeat string))
   :group 'magent-store)
 
-(defvar magent-store--damage-told nil
+(defvar magent-store-magent--damage-told nil
   "Session files whose damage the user was told about in this Emacs.")
 
-(defun magent-store--magent-schema ()
+(defun magent-store-magent--schema ()
   "Return the schema version of the loaded magent, or nil."
   (and (boundp 'magent-session-schema-version)
        magent-session-schema-version))
 
-(defun magent-store--file-schema (filepath)
+(defun magent-store-magent--file-schema (filepath)
   "Return the schema-version FILEPATH declares, reading only its start.
 Both magent and the store write the version among the first fields, so
 a megabyte session costs a few hundred bytes here."
@@ -809,17 +857,17 @@ a megabyte session costs a few hundred bytes here."
           (string-to-number (match-string 1))))
     (file-error nil)))
 
-(defun magent-store--rendered-p (filepath)
+(defun magent-store-magent--rendered-p (filepath)
   "Non-nil when FILEPATH is a store header the loaded magent cannot read."
-  (and (eql (magent-store--magent-schema) 6)
-       (eql (magent-store--file-schema filepath) 7)))
+  (and (eql (magent-store-magent--schema) 6)
+       (eql (magent-store-magent--file-schema filepath) 7)))
 
-(defun magent-store--flush-pending (&optional id)
+(defun magent-store-magent--flush-pending (&optional id)
   "Flush session ID (every session when nil) when Emacs has unsent entries."
-  (when (and (null id) magent-store--header-timer)
+  (when (and (null id) magent-store-magent--header-timer)
     ;; Now, not from a timer that would outlive the flush (and the mode).
-    (cancel-timer magent-store--header-timer)
-    (magent-store--refresh-deferred-headers))
+    (cancel-timer magent-store-magent--header-timer)
+    (magent-store-magent--refresh-deferred-headers))
   (when magent-store--backend
     (maphash (lambda (sid session)
                (when (and (or (null id) (equal id sid))
@@ -832,7 +880,7 @@ a megabyte session costs a few hundred bytes here."
                                    (error-message-string err))))))
              magent-store--sessions)))
 
-(defun magent-store--call-rendered (filepath hollow function)
+(defun magent-store-magent--call-rendered (filepath hollow function)
   "Call FUNCTION with FILEPATH's session rendered for magent, and its damage.
 HOLLOW renders the header fields only.  The rendered file is deleted
 afterwards, whatever FUNCTION does."
@@ -845,20 +893,20 @@ afterwards, whatever FUNCTION does."
       (ignore-errors (delete-file file))
       (ignore-errors (delete-directory (file-name-directory file))))))
 
-(defun magent-store--around-read-file (orig filepath)
+(defun magent-store-magent--around-read-file (orig filepath)
   "Answer magent's ORIG reader for FILEPATH from the store.
 What Emacs has not sent yet is flushed first; a schema-7 session is
 rendered for a magent that reads only schema 6.  Nothing here signals
 into magent's call: a session that cannot be read is nil, as for magent."
-  (magent-store--flush-pending (file-name-base filepath))
-  (if (not (magent-store--rendered-p filepath))
+  (magent-store-magent--flush-pending (file-name-base filepath))
+  (if (not (magent-store-magent--rendered-p filepath))
       (funcall orig filepath)
     (condition-case err
-        (magent-store--call-rendered
+        (magent-store-magent--call-rendered
          filepath nil
          (lambda (file damage)
-           (when (and damage (not (member filepath magent-store--damage-told)))
-             (push filepath magent-store--damage-told)
+           (when (and damage (not (member filepath magent-store-magent--damage-told)))
+             (push filepath magent-store-magent--damage-told)
              (message "magent-store: session %s is damaged (%s); showing what \
 could be read.  `magent-store fsck --repair' repairs what it can"
                       (file-name-base filepath) damage))
@@ -867,10 +915,10 @@ could be read.  `magent-store fsck --repair' repairs what it can"
                ;; magent remembers where a session came from: the real file.
                (puthash session filepath magent-session--loaded-sessions))
              loaded)))
-      (error (magent-store--failed "reading a session for magent" err)
+      (error (magent-store-magent--failed "reading a session for magent" err)
              nil))))
 
-(defun magent-store--damaged-metadata (meta damage filepath)
+(defun magent-store-magent--damaged-metadata (meta damage filepath)
   "Return META, magent's metadata of FILEPATH, saying it is damaged by DAMAGE.
 A damaged session is listed, its title saying so, rather than hidden."
   (when (and damage (plist-get meta :valid))
@@ -887,28 +935,28 @@ A damaged session is listed, its title saying so, rather than hidden."
                               (concat label " " (plist-get meta :title)))))))
   meta)
 
-(defun magent-store--around-read-file-metadata (orig filepath)
+(defun magent-store-magent--around-read-file-metadata (orig filepath)
   "Answer magent's ORIG metadata reader for FILEPATH, for the session picker.
 A damaged session is listed, its title saying so, rather than hidden."
-  (if (not (magent-store--rendered-p filepath))
+  (if (not (magent-store-magent--rendered-p filepath))
       (funcall orig filepath)
     (condition-case err
-        (magent-store--call-rendered
+        (magent-store-magent--call-rendered
          filepath t
          (lambda (file damage)
-           (magent-store--damaged-metadata (funcall orig file) damage filepath)))
-      (error (magent-store--failed "listing a session for magent" err)
+           (magent-store-magent--damaged-metadata (funcall orig file) damage filepath)))
+      (error (magent-store-magent--failed "listing a session for magent" err)
              (funcall orig filepath)))))
 
-(defvar magent-store--listing-times nil
+(defvar magent-store-magent--listing-times nil
   "While magent lists sessions: a table of file -> display time, or nil.
 magent's sort asks for each file's time at every comparison.")
 
-(defun magent-store--around-file-display-time (orig filepath)
+(defun magent-store-magent--around-file-display-time (orig filepath)
   "Return ORIG's time of FILEPATH, or of its log when that is newer.
 The store rewrites a header only when it changes; the log moves with
 every flush, and magent sorts its picker by this time."
-  (let ((cache magent-store--listing-times))
+  (let ((cache magent-store-magent--listing-times))
     (or (and cache (gethash filepath cache))
         (let* ((time (funcall orig filepath))
                (log (file-attribute-modification-time
@@ -918,60 +966,60 @@ every flush, and magent sorts its picker by this time."
           (when (and cache newest) (puthash filepath newest cache))
           newest))))
 
-(defun magent-store--around-list (orig &rest args)
+(defun magent-store-magent--around-list (orig &rest args)
   "Call ORIG, magent's listing, with ARGS after a flush of what Emacs has.
 Each file's time is looked up once per listing, however often the sort
 compares it."
-  (magent-store--guarded "a flush before magent lists"
-    (magent-store--flush-pending))
-  (let ((magent-store--listing-times (make-hash-table :test #'equal)))
+  (magent-store-magent--guarded "a flush before magent lists"
+    (magent-store-magent--flush-pending))
+  (let ((magent-store-magent--listing-times (make-hash-table :test #'equal)))
     (apply orig args)))
 
-(defconst magent-store--listing-gc-threshold (* 64 1024 1024)
+(defconst magent-store-magent--listing-gc-threshold (* 64 1024 1024)
   "The least `gc-cons-threshold' while magent lists sessions with the mode on.
 A listing of thousands of sessions holds every session's metadata while
 it conses: collecting every 800 kB went over all of it each time.")
 
-(defvar magent-store--listing-metadata nil
+(defvar magent-store-magent--listing-metadata nil
   "While magent lists sessions: a table of file -> magent's metadata, or nil.
 magent's sort looks a file's metadata up at every comparison, and each
 lookup reads the file's attributes to check its cache.")
 
-(defun magent-store--around-metadata-cached (orig filepath)
+(defun magent-store-magent--around-metadata-cached (orig filepath)
   "Return ORIG's metadata of FILEPATH, looked up once per listing."
-  (let ((table magent-store--listing-metadata))
+  (let ((table magent-store-magent--listing-metadata))
     (if (not table)
         (funcall orig filepath)
       (or (gethash filepath table)
           (puthash filepath (funcall orig filepath) table)))))
 
-(defun magent-store--around-list-files (orig &rest args)
+(defun magent-store-magent--around-list-files (orig &rest args)
   "Call ORIG, magent's listing of every session, with ARGS.
-As `magent-store--around-list', with every session's metadata and
+As `magent-store-magent--around-list', with every session's metadata and
 time asked of the backend in one call first, and each file's metadata
 looked up once."
-  (magent-store--guarded "a flush before magent lists"
-    (magent-store--flush-pending))
-  (let ((magent-store--listing-times (make-hash-table :test #'equal))
-        (magent-store--listing-metadata (make-hash-table :test #'equal))
+  (magent-store-magent--guarded "a flush before magent lists"
+    (magent-store-magent--flush-pending))
+  (let ((magent-store-magent--listing-times (make-hash-table :test #'equal))
+        (magent-store-magent--listing-metadata (make-hash-table :test #'equal))
         (gc-cons-threshold (max gc-cons-threshold
-                                magent-store--listing-gc-threshold)))
-    (magent-store--guarded "listing the sessions for magent"
-      (magent-store--prefill nil))
+                                magent-store-magent--listing-gc-threshold)))
+    (magent-store-magent--guarded "listing the sessions for magent"
+      (magent-store-magent--prefill nil))
     (apply orig args)))
 
-(defun magent-store--around-list-scope (orig scope &rest args)
+(defun magent-store-magent--around-list-scope (orig scope &rest args)
   "Call ORIG, magent's listing of SCOPE's sessions, with SCOPE and ARGS.
-As `magent-store--around-list-files', for SCOPE's folder only."
-  (magent-store--guarded "a flush before magent lists"
-    (magent-store--flush-pending))
-  (let ((magent-store--listing-times (make-hash-table :test #'equal))
-        (magent-store--listing-metadata (make-hash-table :test #'equal))
+As `magent-store-magent--around-list-files', for SCOPE's folder only."
+  (magent-store-magent--guarded "a flush before magent lists"
+    (magent-store-magent--flush-pending))
+  (let ((magent-store-magent--listing-times (make-hash-table :test #'equal))
+        (magent-store-magent--listing-metadata (make-hash-table :test #'equal))
         (gc-cons-threshold (max gc-cons-threshold
-                                magent-store--listing-gc-threshold)))
+                                magent-store-magent--listing-gc-threshold)))
     (when scope
-      (magent-store--guarded "listing the sessions for magent"
-        (magent-store--prefill
+      (magent-store-magent--guarded "listing the sessions for magent"
+        (magent-store-magent--prefill
          (magent-session--scope-storage-directory scope))))
     (apply orig scope args)))
 
@@ -987,17 +1035,17 @@ As `magent-store--around-list-files', for SCOPE's folder only."
 (declare-function magent-agent-job-from-alist "ext:magent-agent-job" (alist))
 (defvar magent-session--metadata-cache)
 
-(defconst magent-store--picker-functions
+(defconst magent-store-magent--picker-functions
   '(magent-session-validate-id magent-session--clean-summary-title
     magent-session--normalize-project-root
     magent-session--approval-override-from-alist magent-agent-job-from-alist)
   "The magent functions the picker's metadata is built with, all needed.")
 
-(defvar magent-store--project-roots nil
+(defvar magent-store-magent--project-roots nil
   "While the backend's listing is read: project root -> magent's form of it.
 Thousands of sessions share a few project roots.")
 
-(defun magent-store--prefill (directory)
+(defun magent-store-magent--prefill (directory)
   "Fill magent's metadata cache with the sessions under DIRECTORY, in one call.
 DIRECTORY nil means every session.  Only for a magent that reads schema
 6 (the store's sessions are rendered for it): each session's metadata is
@@ -1006,10 +1054,10 @@ keys it (the header's size and time), so magent reads none of them
 again; and each session's metadata and time for the listing's sort.  A
 session the backend does not list, or whose header changed since, is
 read as before."
-  (when (and (eql (magent-store--magent-schema) 6)
+  (when (and (eql (magent-store-magent--schema) 6)
              (boundp 'magent-session--metadata-cache)
              (hash-table-p magent-session--metadata-cache)
-             (cl-every #'fboundp magent-store--picker-functions))
+             (cl-every #'fboundp magent-store-magent--picker-functions))
     (magent-store--ensure-backend)
     (let* ((base (file-name-as-directory
                   (expand-file-name (symbol-value 'magent-session-directory))))
@@ -1018,36 +1066,36 @@ read as before."
                       "listing" (list base (and directory
                                                 (expand-file-name directory))))
                      :object-type 'alist :array-type 'list
-                     :null-object nil :false-object :json-false))
+                     :null-object nil :false-object magent-store-json-false))
            (cache magent-session--metadata-cache)
-           (times magent-store--listing-times)
-           (memo magent-store--listing-metadata)
-           (magent-store--project-roots (make-hash-table :test #'equal)))
+           (times magent-store-magent--listing-times)
+           (memo magent-store-magent--listing-metadata)
+           (magent-store-magent--project-roots (make-hash-table :test #'equal)))
       (dolist (entry entries)
         (let* ((file (expand-file-name (cdr (assq 'file entry)) base))
                (key (let ((k (cdr (assq 'key entry))))
-                      (list (car k) (magent-store--lisp-time (cdr k)))))
+                      (list (car k) (magent-store-magent--lisp-time (cdr k)))))
                (old (gethash file cache)))
           (when times
-            (puthash file (magent-store--lisp-time (cdr (assq 'time entry)))
+            (puthash file (magent-store-magent--lisp-time (cdr (assq 'time entry)))
                      times))
           (if (equal (plist-get old :key) key)
               (when memo (puthash file (plist-get old :metadata) memo))
-            (when-let ((meta (magent-store--picker-metadata
+            (when-let ((meta (magent-store-magent--picker-metadata
                               file (cdr (assq 'fields entry))
                               (cdr (assq 'damage entry)))))
               (puthash file (list :key key :metadata meta) cache)
               (when memo (puthash file meta memo)))))))))
 
-(defun magent-store--lisp-time (pair)
+(defun magent-store-magent--lisp-time (pair)
   "Return PAIR, (SECONDS NANOSECONDS), as `file-attributes' gives a time."
   (let ((seconds (car pair)) (nanoseconds (cadr pair)))
     (list (ash seconds -16) (logand seconds #xffff)
           (/ nanoseconds 1000) (* (% nanoseconds 1000) 1000))))
 
-(defun magent-store--project-root (root)
+(defun magent-store-magent--project-root (root)
   "Return magent's normalized form of project ROOT, once per listing."
-  (let ((roots magent-store--project-roots))
+  (let ((roots magent-store-magent--project-roots))
     (if (not (and roots root))
         (magent-session--normalize-project-root root)
       (let ((known (gethash root roots 'none)))
@@ -1055,7 +1103,7 @@ read as before."
             known
           (puthash root (magent-session--normalize-project-root root) roots))))))
 
-(defun magent-store--picker-metadata (file fields damage)
+(defun magent-store-magent--picker-metadata (file fields damage)
   "Return magent's listing metadata of FILE, a session with header FIELDS.
 What magent's own reader makes of the file rendered for it, with magent's
 own functions, checks included; DAMAGE as the render says it.  nil when
@@ -1072,11 +1120,11 @@ a check fails: magent's reader then reads that session itself."
                    (member scope-name '("global" "project"))
                    (or (stringp project-root)
                        (not (equal scope-name "project"))))
-          (magent-store--damaged-metadata
+          (magent-store-magent--damaged-metadata
            (list :valid t
                  :id id
                  :scope (if (equal scope-name "project") 'project 'global)
-                 :project-root (magent-store--project-root project-root)
+                 :project-root (magent-store-magent--project-root project-root)
                  :summary-title (or (magent-session--clean-summary-title title)
                                     (magent-session--clean-summary-title
                                      (cdr (assq 'summary-title fields))))
@@ -1091,24 +1139,27 @@ a check fails: magent's reader then reads that session itself."
 
 ;;;; Leaving: sessions written back for magent's release
 
-(defun magent-store--schema7-headers ()
+(defun magent-store-magent--schema7-headers ()
   "Return the store's schema-7 headers under the session root."
   (let ((root (magent-store--root)) found)
     (dolist (pattern '("global" "projects/*" "actions/*"))
       (dolist (dir (file-expand-wildcards (expand-file-name pattern root)))
         (when (file-directory-p dir)
           (dolist (file (directory-files dir t "\\.json\\'"))
-            (when (eql (magent-store--file-schema file) 7)
+            (when (eql (magent-store-magent--file-schema file) 7)
               (push file found))))))
     (nreverse found)))
 
-(defun magent-store--export-command ()
+(defun magent-store-magent--export-command ()
   "Return the command line of an export to schema 6."
   (append (or magent-store-export-command
-              (butlast (magent-store--command)))
+              (butlast (magent-store-program-command)))
           (list "export" (magent-store--root) "--schema" "6")))
 
-(defvar magent-store--exported nil
+(defvar magent-store-magent--export-offered nil
+  "Non-nil once turning the mode off told the user about the export.")
+
+(defvar magent-store-magent--exported nil
   "Non-nil once `magent-store-export-for-magent' gave magent its files back.
 Toggling the mode on again then asks first: a user who means to turn it
 off would otherwise have the next save take every session over again.")
@@ -1125,11 +1176,11 @@ message says so.  Return the summary line."
   (when magent-store-mode
     ;; Left on, the mode would take each session over again at its next
     ;; save.  Writing them back is what this does: no offer to.
-    (let ((magent-store--export-offered t))
+    (let ((magent-store-magent--export-offered t))
       (magent-store-mode -1)))
-  (setq magent-store--exported t)
+  (setq magent-store-magent--exported t)
   (magent-store-stop)
-  (let* ((command (magent-store--export-command))
+  (let* ((command (magent-store-magent--export-command))
          (reporter nil)
          (output (generate-new-buffer " *magent-store-export*"))
          (pending "")
@@ -1171,17 +1222,15 @@ its own files again"
             summary))
       (kill-buffer output))))
 
-(defvar magent-store--export-offered nil
-  "Non-nil once turning the mode off told the user about the export.")
 
-(defun magent-store--offer-export (interactive)
+(defun magent-store-magent--offer-export (interactive)
   "Say once that schema-7 sessions need an export for this magent.
 When INTERACTIVE, offer to run it now."
-  (when (and (not magent-store--export-offered)
-             (eql (magent-store--magent-schema) 6))
-    (let ((count (length (magent-store--schema7-headers))))
+  (when (and (not magent-store-magent--export-offered)
+             (eql (magent-store-magent--schema) 6))
+    (let ((count (length (magent-store-magent--schema7-headers))))
       (when (> count 0)
-        (setq magent-store--export-offered t)
+        (setq magent-store-magent--export-offered t)
         (let ((what (if (= count 1) "1 session is"
                       (format "%d sessions are" count))))
           (if (and interactive
@@ -1203,7 +1252,7 @@ read; M-x magent-store-export-for-magent writes them back" what)))))))
 (declare-function magent-store-search-view "magent-store-search" (hit))
 (defvar magent-session--scoped-sessions)
 
-(defun magent-store--magent-live-session (id)
+(defun magent-store-magent--live-session (id)
   "Return magent's session object of ID if this Emacs has it, else nil.
 A session magent holds may be streaming: loading a second copy of it
 would have magent's loader settle that copy as after a restart, writing
@@ -1219,7 +1268,7 @@ a cancelled item and an interrupted turn into the live one."
                    magent-session--scoped-sessions)
           nil))))
 
-(defun magent-store--magent-buffer (id)
+(defun magent-store-magent--buffer (id)
   "Return the live buffer of magent's own for session ID, or nil."
   (when (fboundp 'magent-agent-shell--buffers)
     (cl-find-if (lambda (buffer)
@@ -1230,12 +1279,12 @@ a cancelled item and an interrupted turn into the live one."
                          id))
                 (ignore-errors (magent-agent-shell--buffers)))))
 
-(defun magent-store--magent-show (hit where)
+(defun magent-store-magent--show (hit where)
   "Show HIT's session: magent's buffer for it, else its transcript.
 WHERE says where the session lives, in the transcript's header line.
 Return the buffer shown."
   (let ((id (alist-get 'id hit)))
-    (if-let ((buffer (magent-store--magent-buffer id)))
+    (if-let ((buffer (magent-store-magent--buffer id)))
         (progn (pop-to-buffer buffer) buffer)
       (let ((buffer (magent-store-search-view hit)))
         (with-current-buffer buffer
@@ -1244,7 +1293,7 @@ Return the buffer shown."
                         id where)))
         buffer))))
 
-(defun magent-store--magent-resume (header hit)
+(defun magent-store-magent--resume (header hit)
   "Show HIT's session (header file HEADER) in magent, loading it if need be.
 A session this Emacs already holds is shown where it lives, never
 loaded again; one magent loads is displayed.  Return the session
@@ -1255,15 +1304,15 @@ On `magent-store-search-resume-functions' while `magent-store-mode' is
 on: magent's release reads the store's sessions only through the mode."
   (let ((id (alist-get 'id hit)))
     (cond
-     ((magent-store--magent-live-session id)
+     ((magent-store-magent--live-session id)
       (message "Session %s is already open in magent; showing it, not loading \
 it again" id)
-      (magent-store--magent-show hit "open in magent"))
+      (magent-store-magent--show hit "open in magent"))
      ((fboundp 'magent-runtime-load-session-file)
       (condition-case err
           (if-let* ((loaded (magent-runtime-load-session-file header)))
               (progn
-                (magent-store--magent-show
+                (magent-store-magent--show
                  hit "loaded in magent, as the current session of its scope")
                 (message "Session %s is loaded in magent" id)
                 loaded)
@@ -1275,21 +1324,30 @@ it again" id)
 
 ;;;; The mode
 
-(defun magent-store--kill-emacs ()
-  "Flush everything before Emacs exits."
-  (when magent-store--backend
-    (condition-case err
-        (magent-store-stop)
-      (error (message "magent-store: flush at exit failed: %s"
-                      (error-message-string err))))))
+(defun magent-store-magent--session-directory ()
+  "Return magent's session directory; nil until magent has one.
+Looked up each time, so that the order magent and the store load in
+does not matter; `magent-store-root' overrides it."
+  (and (boundp 'magent-session-directory)
+       (symbol-value 'magent-session-directory)))
 
-(defun magent-store--magent-loaded (_file)
+(setq magent-store--default-root-function
+      #'magent-store-magent--session-directory)
+
+(declare-function magent-store-timing-mode-sync "magent-store-timing" ())
+
+(defun magent-store-magent--timing-sync ()
+  "Let magent-store-timing, when installed, follow `magent-store-mode'."
+  (when (require 'magent-store-timing nil t)
+    (magent-store-timing-mode-sync)))
+
+(defun magent-store-magent--loaded (_file)
   "Install the advice once magent's session module is loaded.
 On `after-load-functions' while the mode waits for magent."
   (when (featurep 'magent-session)
-    (remove-hook 'after-load-functions #'magent-store--magent-loaded)
+    (remove-hook 'after-load-functions #'magent-store-magent--loaded)
     (when magent-store-mode
-      (magent-store--magent-install))))
+      (magent-store-magent--install))))
 
 ;;;###autoload
 (define-minor-mode magent-store-mode
@@ -1304,33 +1362,35 @@ says what the mode makes of the loaded magent (see
 `magent-store-export-for-magent', toggling the mode on asks first."
   :global t
   :group 'magent-store
-  (when (and magent-store-mode magent-store--exported
+  (when (and magent-store-mode magent-store-magent--exported
              (called-interactively-p 'any) (eq arg 'toggle))
     (if (y-or-n-p "The sessions were written back for magent and \
 magent-store-mode turned off; turn it on again (its next save takes each \
 session over again)? ")
-        (setq magent-store--exported nil)
+        (setq magent-store-magent--exported nil)
       (setq magent-store-mode nil)))
   (if magent-store-mode
       (progn
-        (magent-store--magent-install)
+        (magent-store-magent--install)
         (add-hook 'magent-store-search-resume-functions
-                  #'magent-store--magent-resume)
+                  #'magent-store-magent--resume)
         (unless (featurep 'magent-session)
-          (add-hook 'after-load-functions #'magent-store--magent-loaded))
+          (add-hook 'after-load-functions #'magent-store-magent--loaded))
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
-    (remove-hook 'after-load-functions #'magent-store--magent-loaded)
+    (remove-hook 'after-load-functions #'magent-store-magent--loaded)
     (remove-hook 'magent-store-search-resume-functions
-                 #'magent-store--magent-resume)
-    (magent-store--magent-uninstall)
-    (when magent-store--header-timer
-      (cancel-timer magent-store--header-timer))
-    (magent-store--refresh-deferred-headers)
+                 #'magent-store-magent--resume)
+    (magent-store-magent--uninstall)
+    (when magent-store-magent--header-timer
+      (cancel-timer magent-store-magent--header-timer))
+    (magent-store-magent--refresh-deferred-headers)
     (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)
-    (magent-store--guarded "a flush as the mode turns off"
-      (magent-store--flush-pending))
-    (magent-store--guarded "looking for sessions magent cannot read"
-      (magent-store--offer-export (called-interactively-p 'interactive)))))
+    (magent-store-magent--guarded "a flush as the mode turns off"
+      (magent-store-magent--flush-pending))
+    (magent-store-magent--guarded "looking for sessions magent cannot read"
+      (magent-store-magent--offer-export (called-interactively-p 'interactive)))))
+
+(add-hook 'magent-store-mode-hook #'magent-store-magent--timing-sync)
 
 (provide 'magent-store-magent)
 ;;; magent-store-magent.el ends here

@@ -106,7 +106,7 @@ magent's own loader here while it is on."
 
 (defun magent-store-search--command (&rest args)
   "Return the backend command line followed by ARGS."
-  (append (butlast (magent-store--command)) args))
+  (append (butlast (magent-store-program-command)) args))
 
 (defun magent-store-search--start ()
   "Start this buffer's search process; draw the results when it exits."
@@ -304,7 +304,8 @@ The agents are `magent-store-search-resume-functions'."
   "Return VALUE (an item's content, input or output) as text, or nil."
   (cond ((null value) nil)
         ((stringp value) (and (not (string-empty-p value)) value))
-        (t (json-serialize value :null-object nil :false-object :false))))
+        (t (json-serialize value :null-object nil
+                           :false-object magent-store-json-false))))
 
 (defun magent-store-search--fill-view (buffer hit text status)
   "Fill BUFFER with HIT's transcript from TEXT.

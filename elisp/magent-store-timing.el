@@ -414,7 +414,7 @@ With a prefix argument, ask from when (--since)."
               (list "--since"
                     (read-string "Since (2026-11-29, 2026-11-29T14:00, 12h, 7d): ")))))
   (ignore-errors (magent-store-timing-flush))
-  (let ((command (append (butlast (magent-store--command))
+  (let ((command (append (butlast (magent-store-program-command))
                          (cons "report" args)))
         (buffer (get-buffer-create "*magent-store-report*")))
     (with-current-buffer buffer

@@ -30,13 +30,23 @@
 ;; A thin shim between magent and the magent-store backend (a Python
 ;; process speaking EPC on 127.0.0.1).  The backend owns the ledger, the
 ;; JSONL journal and snapshot compaction; this file owns Emacs and nothing
-;; else: it forwards, buffers and schedules.
+;; else: it forwards, buffers and schedules.  It holds the connection to
+;; the backend, each session's queue and the public functions, and knows
+;; only sessions, events, chunks and flushes.  The rest of the package
+;; has rooms of its own: the adapter to magent and `magent-store-mode'
+;; (magent-store-magent.el, loaded when the mode is first turned on), the
+;; status buffer (magent-store-status.el), finding and installing the
+;; backend (magent-store-program.el, magent-store-install.el), JSON and
+;; printing (magent-store-json.el, magent-store-print.el), search and
+;; timing (magent-store-search.el, magent-store-timing.el).
 ;;
 ;; The hot path is cheap by construction: appending a chunk stores four
 ;; references in a reused per-session vector (it allocates nothing) and,
 ;; at most once per `magent-store-flush-interval', the whole batch goes
-;; out as ONE message, printed straight from that vector.  Replies are read by our own process filter, with
-;; no deferred chains.  Nothing on the chunk path waits for the backend.
+;; out as ONE message, printed straight from that vector.  Replies are
+;; read by our own process filter, with no deferred chains; while chunks
+;; stream, the filter sends nothing.  Nothing on the chunk path waits for
+;; the backend.
 ;;
 ;; Setup:
 ;;
@@ -64,34 +74,14 @@
 (require 'cl-lib)
 (require 'json)
 (require 'subr-x)
+(require 'magent-store-json)
+(require 'magent-store-print)
+(require 'magent-store-program)
 
 ;; epc.el is checked for when the backend starts, so that this file loads
 ;; (and byte-compiles) without it and a missing epc.el is reported clearly.
 ;; The shim speaks EPC's framing itself: starting through `epc:start-epc'
 ;; would block Emacs while the backend starts.
-
-;;;; What this Emacs provides (checked once, at load)
-
-;; Every difference between the Emacs versions the shim supports is named
-;; here, found by trying the feature rather than by reading version
-;; numbers.  Nothing else in the shim asks which Emacs it runs on.
-
-(defconst magent-store--json-probe
-  (condition-case nil
-      (json-serialize ["\u00e9"])
-    (error nil))
-  "What `json-serialize' makes of a non-ASCII string; nil without it.")
-
-(defconst magent-store--native-json (stringp magent-store--json-probe)
-  "Non-nil when this Emacs has native JSON (`json-serialize').
-Without it, JSON is written by `json-encode'.")
-
-(defconst magent-store--json-unibyte
-  (and magent-store--native-json
-       (not (multibyte-string-p magent-store--json-probe)))
-  "Non-nil when `json-serialize' returns unibyte UTF-8 (Emacs 30 on).
-`prin1' writes the bytes of such a string as octal escapes, which the
-backend cannot read, so the text is decoded before it is sent.")
 
 ;;;; Customization
 
@@ -109,53 +99,6 @@ backend cannot read, so the text is decoded before it is sent.")
 (defconst magent-store-version "0.1.0"
   "The version of this package; the backend it talks to should match it.")
 
-(defconst magent-store--directory
-  (and load-file-name (file-name-directory load-file-name))
-  "Directory this file was loaded from, to find a backend installed with it.")
-
-(defcustom magent-store-backend-directory
-  (locate-user-emacs-file "magent-store/venv/")
-  "The private virtualenv `magent-store-install-backend' installs into."
-  :type 'directory
-  :group 'magent-store)
-
-(defcustom magent-store-python nil
-  "Command that runs the backend, without the \"serve\" argument.
-A string (the program) or a list (the program and its first arguments),
-e.g. (\"python3\" \"-m\" \"magent_store\").  nil means find it: the
-virtualenv `magent-store-install-backend' made, else the virtualenv of a
-checkout or pip installation these Lisp files came from, else
-`magent-store' on the variable `exec-path'."
-  :type '(choice (const :tag "Find it" nil)
-                 (string :tag "Program")
-                 (repeat :tag "Program and arguments" string))
-  :group 'magent-store)
-
-(defun magent-store--find-backend ()
-  "Return the backend program `magent-store-python' nil stands for, or nil."
-  (or (cl-find-if
-       #'file-executable-p
-       (cons (expand-file-name "bin/magent-store"
-                               magent-store-backend-directory)
-             (and magent-store--directory
-                  (list
-                   ;; A checkout: elisp/ next to the .venv `make install' built.
-                   (expand-file-name "../.venv/bin/magent-store"
-                                     magent-store--directory)
-                   ;; A pip installation: .../lib/pythonX.Y/site-packages/
-                   ;; magent_store/elisp/, its program in .../bin/.
-                   (expand-file-name "../../../../../bin/magent-store"
-                                     magent-store--directory)))))
-      (executable-find "magent-store")))
-
-(defun magent-store--program ()
-  "Return the backend command as a list (program and first arguments).
-The program is nil when `magent-store-python' is nil and no backend
-is installed."
-  (cond ((null magent-store-python) (list (magent-store--find-backend)))
-        ((listp magent-store-python) magent-store-python)
-        (t (list magent-store-python))))
-
 (defcustom magent-store-root nil
   "Directory under which sessions are stored (magent's session root).
 nil means `magent-session-directory' when magent defines it (looked up
@@ -164,12 +107,17 @@ magent/sessions under `user-emacs-directory'."
   :type '(choice (const :tag "magent's session directory" nil) directory)
   :group 'magent-store)
 
+(defvar magent-store--default-root-function nil
+  "Nil, or a function of no argument returning the default session root.
+The adapter of the agent whose sessions are stored sets it, when it
+loads: the core does not know where that agent keeps its sessions.")
+
 (defun magent-store--root ()
   "Return the session root in use, as an absolute directory name."
   (expand-file-name
    (or magent-store-root
-       (and (boundp 'magent-session-directory)
-            (symbol-value 'magent-session-directory))
+       (and magent-store--default-root-function
+            (funcall magent-store--default-root-function))
        (locate-user-emacs-file "magent/sessions"))))
 
 (defcustom magent-store-flush-interval 0.25
@@ -294,117 +242,6 @@ magent-store-timing sets it to record the round trip as a session save.")
 (defvar magent-store--send-buffer nil
   "Buffer messages are printed into, reused so that sending allocates little.")
 
-(defun magent-store--text (string)
-  "Return STRING as text: unchanged when multibyte, else decoded as UTF-8.
-A unibyte string holds bytes (what `json-serialize' returns since
-Emacs 30, or an encoded file name); an ASCII one is returned as is."
-  (if (multibyte-string-p string)
-      string
-    (decode-coding-string string 'utf-8-unix t)))
-
-(defun magent-store--json (object)
-  "Return OBJECT as JSON text, multibyte on every Emacs.
-Strings in OBJECT that hold UTF-8 bytes are text too: native JSON
-refuses them on Emacs 30 and takes them as UTF-8 on Emacs 28, so
-they are decoded first when it refuses.  What it still refuses (a
-symbol as a value, say) is written by `json-encode'."
-  (magent-store--text
-   (or (magent-store--json-native object)
-       (let ((object (magent-store--textify object)))
-         (or (magent-store--json-native object)
-             (let ((json-null :null)
-                   (json-false :false)
-                   (json-encoding-pretty-print nil))
-               (json-encode object)))))))
-
-(defun magent-store--json-native (object)
-  "Return OBJECT as JSON text by `json-serialize', or nil if it cannot."
-  (when-let ((json (and magent-store--native-json
-                        (condition-case nil
-                            (json-serialize object)
-                          ((wrong-type-argument json-error) nil)))))
-    (if magent-store--json-unibyte
-        (decode-coding-string json 'utf-8-unix t)
-      json)))
-
-(defun magent-store--textify (object)
-  "Return a copy of OBJECT whose strings are text (see `magent-store--text')."
-  (cond ((stringp object) (magent-store--text object))
-        ((consp object)
-         ;; A loop, not recursion, along a list: lists may be long.
-         (let (items)
-           (while (consp object)
-             (push (magent-store--textify (pop object)) items))
-           (nconc (nreverse items) (magent-store--textify object))))
-        ((vectorp object) (vconcat (mapcar #'magent-store--textify object)))
-        ((hash-table-p object)
-         (let ((copy (copy-hash-table object)))
-           (maphash (lambda (key value)
-                      (puthash key (magent-store--textify value) copy))
-                    object)
-           copy))
-        (t object)))
-
-(defun magent-store--json-arg (value)
-  "Return VALUE, an alist or its JSON text, as JSON text for the wire.
-JSON text may come from `json-serialize' (unibyte since Emacs 30) or
-`json-encode' (multibyte)."
-  (if (stringp value) (magent-store--text value) (magent-store--json value)))
-
-(defun magent-store--print (sexp)
-  "Print SEXP at point, the way the EPC peer expects it.
-Strings holding bytes (unibyte ones, or raw bytes in multibyte ones)
-are the only ones `prin1' writes with octal escapes, which the backend
-would take literally: such bytes are turned back into the UTF-8 text
-they encode, and bytes that are not UTF-8 into U+FFFD.  Text that has
-no bytes costs one search."
-  (let ((print-escape-newlines nil)
-        (print-escape-nonascii nil)
-        (print-escape-multibyte nil)
-        (print-escape-control-characters nil)
-        (print-length nil)
-        (print-level nil)
-        (start (point)))
-    (prin1 sexp (current-buffer))
-    (magent-store--unescape-bytes start)))
-
-(defun magent-store--unescape-bytes (start)
-  "Turn the octal escapes `prin1' wrote after START back into text.
-Point stays where it is (at the end of what was printed)."
-  (let ((case-fold-search nil)
-        ;; Positions, not `save-excursion': no marker per message.
-        (after (- (point-max) (point))))
-    (goto-char start)
-    (while (re-search-forward "\\\\[0-7]" nil t)
-      (let ((escape (- (point) 2)))
-        (goto-char escape)
-        (skip-chars-backward "\\\\")
-        ;; After an odd number of backslashes the digit is text.
-        (if (cl-evenp (- escape (point)))
-            (magent-store--decode-octal escape)
-          (goto-char (+ escape 2)))))
-    (goto-char (- (point-max) after))))
-
-(defun magent-store--decode-octal (start)
-  "Replace the run of octal escapes at START by the text its bytes encode."
-  (goto-char start)
-  (looking-at "\\(?:\\\\[0-7][0-7]?[0-7]?\\)+")
-  (let* ((end (match-end 0))
-         ;; The reader makes the bytes of the run at C speed.
-         (bytes (car (read-from-string
-                      (concat "\"" (buffer-substring-no-properties start end)
-                              "\""))))
-         (text (decode-coding-string bytes 'utf-8-unix)))
-    (delete-region start end)
-    (insert (if (string-match-p "[\200-\377]" text) ; bytes that were not UTF-8
-                (apply #'string
-                       (mapcar (lambda (char)
-                                 (if (eq (char-charset char) 'eight-bit)
-                                     #xfffd
-                                   char))
-                               text))
-              text))))
-
 (defmacro magent-store--with-send-buffer (&rest body)
   "Run BODY in the emptied send buffer."
   (declare (indent 0) (debug t))
@@ -435,7 +272,7 @@ instead of `prin1' (a batch prints itself from its vector)."
                (magent-store--backend-replies backend)))
     (magent-store--with-send-buffer
       (if (not printer)
-          (magent-store--print (list 'call id (intern method) args))
+          (magent-store-print (list 'call id (intern method) args))
         (insert "(call ")
         (prin1 id (current-buffer))
         (insert " " method " ")
@@ -460,9 +297,10 @@ instead of `prin1' (a batch prints itself from its vector)."
       (with-current-buffer buffer
         (goto-char (point-max))
         (insert output)
-        (let (message)
+        (let ((backend (process-get process 'magent-store-backend))
+              message)
           (while (setq message (magent-store--next-message))
-            (magent-store--dispatch message)))))))
+            (magent-store--dispatch backend message)))))))
 
 (defun magent-store--next-message ()
   "Remove and return the next complete message in this buffer, or nil."
@@ -476,10 +314,9 @@ instead of `prin1' (a batch prints itself from its vector)."
                       'utf-8-unix)))
           (delete-region 1 (+ 7 length)))))))
 
-(defun magent-store--dispatch (message)
-  "Run the callback MESSAGE answers."
-  (let* ((backend magent-store--backend)
-         (kind (car message))
+(defun magent-store--dispatch (backend message)
+  "Run the callback of BACKEND that MESSAGE answers."
+  (let* ((kind (car message))
          (id (nth 1 message))
          (replies (and backend (magent-store--backend-replies backend)))
          (handlers (and replies (gethash id replies))))
@@ -568,20 +405,6 @@ meanwhile is being saved")
 
 ;;;; Starting and stopping the backend
 
-(defun magent-store--command ()
-  "Return the backend command as a list, ending in \"serve\".
-Signal a `user-error' that says how to install the backend when
-there is none."
-  (let ((command (magent-store--program)))
-    (unless (and (car command)
-                 (if (file-name-absolute-p (car command))
-                     (file-executable-p (car command))
-                   (executable-find (car command))))
-      (user-error "The magent-store backend is not installed%s: \
-M-x magent-store-install-backend installs it"
-                  (if (car command) (format " (no %s)" (car command)) "")))
-    (append command (list "serve"))))
-
 (defvar magent-store--token-key nil
   "Secret bytes (hex) read from /dev/urandom once; tokens are derived from it.")
 
@@ -610,6 +433,14 @@ never waits for a subprocess."
                                (cl-incf magent-store--token-count)
                                (float-time))))
 
+(defun magent-store--kill-emacs ()
+  "Flush everything before Emacs exits."
+  (when magent-store--backend
+    (condition-case err
+        (magent-store-stop)
+      (error (message "magent-store: flush at exit failed: %s"
+                      (error-message-string err))))))
+
 (defun magent-store--start-backend ()
   "Start the backend without waiting for it; return the backend.
 The backend announces its port on stdout; our filter then connects and
@@ -619,7 +450,7 @@ chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
   (unless (require 'epc nil t)
     (user-error "Magent-store needs epc.el: M-x package-install RET epc \
 \(MELPA), or your distribution's package (Debian: elpa-epc)"))
-  (let* ((command (magent-store--command))
+  (let* ((command (magent-store-program-command))
          (token (magent-store--token))
          (backend (magent-store--backend-make :started-at (float-time)
                                               :token token
@@ -674,6 +505,9 @@ chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
           :buffer (generate-new-buffer " *magent-store-connection*" t)
           :coding '(binary . utf-8-unix) :noquery t
           :filter #'magent-store--filter :sentinel #'magent-store--sentinel)))
+    ;; The filter finds its backend from the connection, not from a
+    ;; global: a connection's replies belong to the backend that made it.
+    (process-put connection 'magent-store-backend backend)
     (with-current-buffer (process-buffer connection)
       (set-buffer-multibyte nil))
     (setf (magent-store--backend-connection backend) connection
@@ -906,7 +740,11 @@ skips the ones already in its log.  Then the queue follows."
      (magent-store--refused session why))))
 
 (defun magent-store--resend (session)
-  "Send SESSION's unacknowledged batches again, in order, then its queue."
+  "Send SESSION's unacknowledged batches again, in order, then its queue.
+Called by the retry timer, and by the reply to the session's opening
+inside the process filter: sent later, a chunk's flush could overtake
+them, and batches never overtake each other.  Only after a restart or
+a refusal do batches go again."
   (dolist (record (magent-store--session-inflight session))
     (magent-store--send-batch session record nil))
   (if (> (magent-store--session-fill session) 0)
@@ -963,21 +801,21 @@ entries stay in Emacs and are sent again every %ss"
 
 (defun magent-store--scope-json (scope)
   "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
-  (magent-store--json
+  (magent-store-json-encode
    (pcase scope
      ((or 'nil 'global "global") "global")
-     ((pred stringp) (expand-file-name (magent-store--text scope)))
+     ((pred stringp) (expand-file-name (magent-store-json-text scope)))
      (`(action . ,name) `((action . ,(format "%s" name))))
      (_ (user-error "Invalid magent-store scope: %S" scope)))))
 
 (defun magent-store--options-json ()
   "Return the store options as JSON text."
-  (magent-store--json `((fsync . ,(symbol-name magent-store-fsync))
+  (magent-store-json-encode `((fsync . ,(symbol-name magent-store-fsync))
                     (log-max-events . ,magent-store-log-max-events))))
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
-  (let ((args (list (magent-store--text (magent-store--root))
+  (let ((args (list (magent-store-json-text (magent-store--root))
                     (magent-store--scope-json
                      (magent-store--session-scope session))
                     (magent-store--session-id session)
@@ -1096,17 +934,9 @@ TIME is a float, seconds since the epoch.  Schedule SESSION's flush."
   (cl-incf (magent-store--session-queued-chars session) (length chunk))
   (magent-store--due session time))
 
-(defsubst magent-store--print-string (string)
-  "Print STRING at point, without its text properties."
-  (prin1 (if (or (text-properties-at 0 string)
-                 (next-property-change 0 string))
-             (substring-no-properties string)
-           string)
-         (current-buffer)))
-
 (defun magent-store--print-batch (batch fill)
   "Print the entries of BATCH's first FILL slots at point, as one list.
-Bytes in strings are turned into text as by `magent-store--print'."
+Bytes in strings are turned into text as by `magent-store-print'."
   ;; t: print strings as they are; the default copies each one first.
   (let ((print-charset-text-property t)
         (print-escape-newlines nil)
@@ -1120,18 +950,18 @@ Bytes in strings are turned into text as by `magent-store--print'."
     (while (< i fill)
       (let ((chunk (aref batch (1+ i))))
         (if (not chunk)
-            (magent-store--print-string (aref batch i))
+            (magent-store-print--string (aref batch i))
           (insert "(")
-          (magent-store--print-string (aref batch i))
+          (magent-store-print--string (aref batch i))
           (insert " ")
-          (magent-store--print-string chunk)
+          (magent-store-print--string chunk)
           (insert (if (aref batch (+ i 2)) " t " " nil "))
           (prin1 (aref batch (+ i 3)) buffer)
           (insert ")")))
       (insert " ")
       (setq i (+ i magent-store--entry-slots)))
     (insert ")")
-    (magent-store--unescape-bytes start)))
+    (magent-store-print--unescape-bytes start)))
 
 (defun magent-store--print-flush-args (args)
   "Print ARGS, (SESSION-ID RECORD . EXTRA), as a flush's arguments at point."
@@ -1143,7 +973,7 @@ Bytes in strings are turned into text as by `magent-store--print'."
     (magent-store--print-batch (nth 1 record) (nth 2 record))
     (dolist (arg (nthcdr 2 args))
       (insert " ")
-      (magent-store--print arg))
+      (magent-store-print arg))
     (insert ")")))
 
 (defun magent-store--schedule (session now)
@@ -1164,13 +994,19 @@ pending timer each time it wakes up, on every chunk of a stream."
                        #'magent-store--tick session))))
 
 (defun magent-store--after-reply (session)
-  "Send what SESSION queued while its last batch awaited this reply.
-Called when a batch of SESSION is answered.  While another batch
-awaits its reply, that reply will come and call this again."
+  "Have what SESSION queued while its last batch awaited this reply sent.
+Called when a batch of SESSION is answered, inside the connection's
+process filter: the batch is printed and sent by a timer due at once,
+which runs when the filter has returned (timers run before Emacs waits
+again, so it costs no wakeup of its own), not by the filter, which then
+only reads replies.  The timer is the session's flush timer: a chunk or
+a flush that sends first cancels it.  While another batch awaits its
+reply, that reply will come and call this again."
   (when (and (null (magent-store--session-inflight session))
              (magent-store--session-deadline session)
              (not (magent-store--session-timer session)))
-    (magent-store--tick session)))
+    (setf (magent-store--session-timer session)
+          (run-at-time 0 nil #'magent-store--tick session))))
 
 (defun magent-store--tick (session)
   "Send SESSION's queued entries: the flush timer's function.
@@ -1326,7 +1162,7 @@ EVENT is an alist, or its JSON text (unibyte or multibyte, from
 `json-serialize' or `json-encode').  The session must be open.
 Nothing waits for the backend."
   (when magent-store-persistence-enabled
-    (let ((text (magent-store--json-arg event)))
+    (let ((text (magent-store-json-arg event)))
       (magent-store--push (magent-store--get session-id) text (length text)))))
 
 (defun magent-store-append-item-content (session-id item-id chunk
@@ -1344,7 +1180,7 @@ else."
   "Queue HEADER as the header of SESSION-ID, sent before its next flush.
 HEADER is an alist or its JSON text, as for `magent-store-append-event'."
   (let ((session (magent-store--get session-id))
-        (text (magent-store--json-arg header)))
+        (text (magent-store-json-arg header)))
     (setf (magent-store--session-header session) text)
     ;; Otherwise the session's reopening sends it.
     (when (magent-store--sendable-p session)
@@ -1428,7 +1264,7 @@ megabytes never cross the EPC wire."
                         (insert-file-contents file))
                       (json-parse-buffer :object-type 'alist
                                          :null-object nil
-                                         :false-object :false))))
+                                         :false-object magent-store-json-false))))
           (list :header (alist-get 'header data)
                 :snapshot (alist-get 'snapshot data)))
       (delete-file file))))
@@ -1463,7 +1299,7 @@ backend starts when the installation is done)."
   (interactive (list t))
   (setq magent-store--gave-up nil)
   (if (and offer-install
-           (not (car (magent-store--program)))
+           (not (car (magent-store-program)))
            (y-or-n-p "The magent-store backend is not installed.  \
 Install it into a private virtualenv now? "))
       (progn
@@ -1538,104 +1374,9 @@ Emacs does not wait: the sessions are reopened once the backend is up."
   (message "magent-store: backend restarting; unsaved entries are sent \
 again once it is up"))
 
-(defun magent-store--percentile (numbers p)
-  "Return the P-th percentile (P an integer, 0 to 100) of NUMBERS, or nil.
-Linear interpolation between the closest ranks, as the backend and
-`magent-store report' compute it: the median is P = 50, and a higher
-P never gives less."
-  (when numbers
-    (let* ((sorted (sort (copy-sequence numbers) #'<))
-           (rank (* (1- (length sorted)) p))
-           (low (nth (/ rank 100) sorted))
-           (rest (% rank 100)))
-      (if (zerop rest)
-          low
-        (+ low (/ (* (- (nth (1+ (/ rank 100)) sorted) low) rest) 100.0))))))
+;;;; The status buffer (magent-store-status.el)
 
-(defun magent-store--ms (value)
-  "Return VALUE, a number of milliseconds or nil, as short text."
-  (if (numberp value) (format "%.1f" value) "-"))
-
-(defvar magent-store-status-functions nil
-  "Functions of no argument returning more lines for `magent-store-status'.")
-
-;;;###autoload
-(defun magent-store-status ()
-  "Show the backend's state in a buffer."
-  (interactive)
-  (let* ((backend magent-store--backend)
-         (status (and backend
-                      (ignore-errors
-                        (json-parse-string (magent-store--call "status" nil)
-                                           :object-type 'alist
-                                           :null-object nil))))
-         (ms magent-store--flush-ms))
-    (with-current-buffer (get-buffer-create "*magent-store-status*")
-      (let ((inhibit-read-only t))
-        (erase-buffer)
-        (if (not backend)
-            (insert "Backend: not running\n")
-          (insert (format "Backend pid:        %s\n"
-                          (magent-store--backend-pid backend))
-                  (format "Port:               %s\n"
-                          (magent-store--backend-port backend))
-                  (format "Uptime:             %.0f s\n"
-                          (- (float-time)
-                             (magent-store--backend-started-at backend)))
-                  (format "Open sessions:      %s\n"
-                          (let ((open (alist-get 'open-sessions status)))
-                            (if (> (length open) 0)
-                                (mapconcat #'identity open " ")
-                              "none")))
-                  (format "Pending events:     %s\n"
-                          (alist-get 'pending-events status))
-                  (format "Flushes:            %s\n"
-                          (alist-get 'flushes status))
-                  (let ((bytes (alist-get 'bytes-written status)))
-                    (format "Bytes written:      %s\n"
-                            (if (numberp bytes)
-                                (format "%d (%s)" bytes
-                                        (file-size-human-readable bytes 'iec " "))
-                              "-")))
-                  (if (alist-get 'flush-ms-last status)
-                      (format "Flush (backend):    last %s, median %s, p99 %s ms\n"
-                              (magent-store--ms (alist-get 'flush-ms-last status))
-                              (magent-store--ms (alist-get 'flush-ms-p50 status))
-                              (magent-store--ms (alist-get 'flush-ms-p99 status)))
-                    "Flush (backend):    no flush yet\n")
-                  ;; Replies to the flushes the timer sends are held back up
-                  ;; to a second to save Emacs wakeups: not a latency.
-                  (if ms
-                      (format "Acknowledged after: last %s, median %s, p99 %s ms \
-\(timed flushes are acknowledged within 1 s, together)\n"
-                              (magent-store--ms (car ms))
-                              (magent-store--ms (magent-store--percentile ms 50))
-                              (magent-store--ms (magent-store--percentile ms 99)))
-                    "Acknowledged after: no flush yet\n")
-                  (format "Compactions:        %s\n"
-                          (alist-get 'compactions status))
-                  ;; The disk is nearly full: the sessions have it first.
-                  (let ((paused (alist-get 'search-index-paused status)))
-                    (format "Search index:       %s\n"
-                            (if (> (length paused) 0)
-                                (mapconcat #'identity paused "\n                    ")
-                              "kept current")))))
-        (insert (format "Last error:         %s\n"
-                        (or magent-store--last-error
-                            (and status (alist-get 'last-error status))
-                            "none"))
-                (pcase magent-store--stops
-                  ('nil "Restarts:           none\n")
-                  (`(,count ,time ,why)
-                   (format "Restarts:           %d, last at %s: the backend %s\n"
-                           count (format-time-string "%F %T" time) why)))
-                (format "Backend log:        %s\n"
-                        (expand-file-name "server.log"
-                                          (magent-store--log-directory))))
-        (dolist (function magent-store-status-functions)
-          (insert (or (ignore-errors (funcall function)) "")))
-        (special-mode))
-      (display-buffer (current-buffer)))))
+(autoload 'magent-store-status "magent-store-status" nil t)
 
 ;;;; Searching past sessions (magent-store-search.el)
 
@@ -1647,17 +1388,13 @@ P never gives less."
 
 (autoload 'magent-store-record-timing "magent-store-timing")
 (autoload 'magent-store-timing-report "magent-store-timing" nil t)
-(declare-function magent-store-timing-mode-sync "magent-store-timing" ())
 
-(defun magent-store--timing-sync ()
-  "Let magent-store-timing, when installed, follow `magent-store-mode'."
-  (when (require 'magent-store-timing nil t)
-    (magent-store-timing-mode-sync)))
+;;;; The mode: the adapter to magent (magent-store-magent.el)
 
-(add-hook 'magent-store-mode-hook #'magent-store--timing-sync)
+;; Loaded when the mode is first turned on, never by this file: the
+;; adapter requires the core, and the core knows nothing of magent.
+(autoload 'magent-store-mode "magent-store-magent" nil t)
+(autoload 'magent-store-export-for-magent "magent-store-magent" nil t)
 
 (provide 'magent-store)
-
-;; The adapter to magent's own functions (`magent-store-mode').
-(require 'magent-store-magent)
 ;;; magent-store.el ends here

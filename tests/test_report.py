@@ -32,7 +32,7 @@ MAGENT_STORE = str(Path(sys.executable).with_name("magent-store"))
 EMACS = shutil.which("emacs")
 TIMEOUT = 10
 
-# What tests/elisp/magent-store-timing-standin.el plants.
+# What tests/elisp/magent-store-test-timing-standin.el plants.
 SECRETS = [
     "sekrit-chunk-4f1c", "sekrit-tool-arg-9a2e", "sekrit-file-name-77d0", "sekrit-tool-output-1b3b",
     "sekrit-error-detail-c0de", "sekrit-metadata-5e5e", "sekrit-prompt-title-0a0a",
@@ -55,8 +55,8 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), MAGENT_STORE_TEST_ROOT=str(tmp / "root"),
                MAGENT_STORE_TEST_PYTHON=MAGENT_STORE)  # fmt: skip
     run = subprocess.run(
-        [EMACS, "--batch", "-Q", "-L", "elisp", "-L", "tests/elisp", "-l", "magent-store-timing-standin",
-         "-f", "magent-store-timing-standin-batch"],
+        [EMACS, "--batch", "-Q", "-L", "elisp", "-L", "tests/elisp", "-l", "magent-store-test-timing-standin",
+         "-f", "magent-store-test-timing-standin-batch"],
         cwd=REPO, env=env, capture_output=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]

@@ -66,11 +66,11 @@ def test_emacs_computes_the_same_percentiles() -> None:
     ps = (50, 90, 99)
     def call(case: list[float], p: int) -> str:
         numbers = " ".join(repr(x) for x in case)
-        return f"(magent-store--percentile '({numbers}) {p})"
+        return f"(magent-store-status--percentile '({numbers}) {p})"
 
     forms = " ".join('(princ (format "%S\\n" (list ' + " ".join(call(case, p) for p in ps) + ")))"
                      for case in cases)  # fmt: skip
-    out = subprocess.run([EMACS, "--batch", "-Q", "-L", str(REPO / "elisp"), "-l", "magent-store",
+    out = subprocess.run([EMACS, "--batch", "-Q", "-L", str(REPO / "elisp"), "-l", "magent-store-status",
                           "--eval", f"(progn {forms})"], check=True, capture_output=True, text=True).stdout  # fmt: skip
     lines = [line for line in out.splitlines() if line.startswith("(")]
     assert len(lines) == len(cases)

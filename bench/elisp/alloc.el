@@ -27,7 +27,7 @@
 ;;; Code:
 
 (require 'cl-lib)
-(require 'magent-store)
+(require 'magent-store-magent)
 
 (declare-function magent-thread-create "ext:magent-ledger" (&rest args))
 (declare-function magent-thread-start-turn "ext:magent-ledger" (thread turn-id))
@@ -43,7 +43,7 @@
 (declare-function magent-session-save-for-session "ext:magent-session"
                   (session scope))
 (declare-function magent-store-mode "magent-store-magent" (&optional arg))
-(declare-function magent-store--open-thread "magent-store-magent" (thread))
+(declare-function magent-store-magent--open-thread "magent-store-magent" (thread))
 (defvar magent-store-mode)
 (defvar magent-session-directory)
 (defvar magent-session--pending-saves)
@@ -159,7 +159,7 @@ the thread's id).  ROOT is the session root.  Return a plist: :bytes
                                            :role 'assistant))
       (when (eq strategy 'store)
         ;; The session is open before the stream, as after a turn's events.
-        (magent-store--open-thread thread)
+        (magent-store-magent--open-thread thread)
         (magent-store-flush sid)))
     (unless magent
       (when (eq strategy 'store)

@@ -15,8 +15,8 @@
 ;;; Code:
 
 (require 'cl-lib)
-(require 'magent-store-upstream)
-(magent-store-upstream-load)
+(require 'magent-store-test-upstream)
+(magent-store-test-upstream-load)
 (require 'magent-agent-job)
 
 (defvar magent-session-directory)

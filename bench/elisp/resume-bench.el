@@ -23,11 +23,11 @@
 ;;; Code:
 
 (require 'cl-lib)
-(require 'magent-store-upstream)
+(require 'magent-store-test-upstream)
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
-(magent-store-upstream-load)
+(magent-store-test-upstream-load)
 (require 'magent-agent-job)
 (require 'magent-store)
 

@@ -17,7 +17,7 @@
 
 (require 'magent-store)
 
-(dolist (f '(magent-store--unescape-bytes magent-store--decode-octal))
+(dolist (f '(magent-store-print--unescape-bytes magent-store-print--decode-octal))
   (byte-compile f))
 
 (defun wire-text--median-us (n thunk)
@@ -39,7 +39,7 @@
                    2000 (lambda () (erase-buffer) (prin1 sexp (current-buffer)))))
            (both (wire-text--median-us
                   2000 (lambda () (erase-buffer) (prin1 sexp (current-buffer))
-                         (magent-store--unescape-bytes (point-min))))))
+                         (magent-store-print--unescape-bytes (point-min))))))
       (message "%-30s %5d chars  prin1 %6.1f us  + search %5.1f us (%+4.0f%%)"
                label (buffer-size) print (- both print)
                (* 100 (/ (- both print) print))))))
@@ -48,7 +48,7 @@
                                  1764400000000.0)))
       (code (make-list 40 (list "item-1" "(format \"%s\\n\" (concat \"a\" b))"
                                 nil 1764400000000.0)))
-      (events (make-list 5 (magent-store--json
+      (events (make-list 5 (magent-store-json-encode
                             '((type . "item-completed")
                               (payload . ((content . "\"quoted\" \\ é"))))))))
   (message "Emacs %s" emacs-version)

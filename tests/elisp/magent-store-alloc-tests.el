@@ -19,15 +19,15 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-tests)
-(require 'magent-store-alloc)
+(require 'magent-store-test)
+(require 'magent-store-test-alloc)
 
 (ert-deftest magent-store-alloc-a-chunk-allocates-its-time-and-share-of-a-tick ()
   "Through the public API a chunk costs at most 64 bytes, ticks included.
 That is its time (one float) and its share of the ticks and replies:
 the list a chunk used to be queued as was 80 bytes by itself."
   (magent-store-test--with-backend
-    (magent-store-alloc--compile)
+    (magent-store-test-alloc--compile)
     (magent-store-open "s-alloc")
     (magent-store-test--start-turn "s-alloc")
     (magent-store-flush "s-alloc")
@@ -40,14 +40,14 @@ the list a chunk used to be queued as was 80 bytes by itself."
                     (magent-store-request-flush "s-alloc"))))
            (idle (byte-compile (lambda (_chunk) nil)))
            ;; A first stream fills the reused batch vectors.
-           (_ (magent-store-alloc--stream
-               send (magent-store-alloc--chunks n) session))
-           (chunks (magent-store-alloc--chunks n))
-           (with (magent-store-alloc--counting
-                   (magent-store-alloc--stream send chunks session)))
-           (without (magent-store-alloc--counting
-                      (magent-store-alloc--stream idle chunks nil)))
-           (per-chunk (/ (float (magent-store-alloc--bytes
+           (_ (magent-store-test-alloc--stream
+               send (magent-store-test-alloc--chunks n) session))
+           (chunks (magent-store-test-alloc--chunks n))
+           (with (magent-store-test-alloc--counting
+                   (magent-store-test-alloc--stream send chunks session)))
+           (without (magent-store-test-alloc--counting
+                      (magent-store-test-alloc--stream idle chunks nil)))
+           (per-chunk (/ (float (magent-store-test-alloc--bytes
                                  (cl-mapcar #'- with without)))
                          n)))
       (message "public API: %.1f bytes per chunk (%S)" per-chunk
@@ -57,7 +57,7 @@ the list a chunk used to be queued as was 80 bytes by itself."
       (should (equal (magent-store-test--content
                       (magent-store-load "s-alloc"))
                      (concat (mapconcat #'identity
-                                        (magent-store-alloc--chunks n) "")
+                                        (magent-store-test-alloc--chunks n) "")
                              (mapconcat #'identity chunks "")))))))
 
 (ert-deftest magent-store-alloc-no-timer-is-pending-while-chunks-stream ()

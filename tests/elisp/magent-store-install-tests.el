@@ -94,7 +94,7 @@ under `user-emacs-directory'; the backend then starts from there."
           (magent-store-install-test--package
            (expand-file-name "elpa/magent-store-0.1.0/" tmp)))
          ;; As if loaded from the package: no checkout .venv beside it.
-         (magent-store--directory magent-store-install--directory)
+         (magent-store-program--directory magent-store-install--directory)
          (magent-store-install-python (magent-store-install-test--python))
          (exec-path (magent-store-install-test--without-backends exec-path))
          (magent-store-python nil)
@@ -116,10 +116,10 @@ under `user-emacs-directory'; the backend then starts from there."
           (should (string-prefix-p user-emacs-directory
                                    magent-store-backend-directory))
           ;; Missing, the backend is named with the way to install it.
-          (should (equal (magent-store--program) '(nil)))
+          (should (equal (magent-store-program) '(nil)))
           (should (string-match-p
                    "not installed.*M-x magent-store-install-backend"
-                   (cadr (should-error (magent-store--command)
+                   (cadr (should-error (magent-store-program-command)
                                        :type 'user-error))))
           (cl-letf (((symbol-function 'y-or-n-p)
                      (lambda (prompt) (setq offered prompt) t)))
@@ -143,7 +143,7 @@ under `user-emacs-directory'; the backend then starts from there."
           (let ((program (expand-file-name "bin/magent-store"
                                            magent-store-backend-directory)))
             (should (file-executable-p program))
-            (should (equal (magent-store--program) (list program)))
+            (should (equal (magent-store-program) (list program)))
             ;; The installed backend carries this package's Lisp files.
             (should (file-exists-p
                      (expand-file-name

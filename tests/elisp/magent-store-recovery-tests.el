@@ -12,7 +12,7 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-tests)
+(require 'magent-store-test)
 
 (defun magent-store-recovery-test--kill-and-wait (predicate)
   "SIGKILL the backend, then run timers until PREDICATE holds (5 s at most)."

@@ -14,7 +14,7 @@
 ;;; Code:
 
 (require 'ert)
-(require 'magent-store-tests)
+(require 'magent-store-test)
 (require 'magent-store-search)
 
 (defun magent-store-search-test--write (session-id chunks)

@@ -16,7 +16,7 @@
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
-(require 'magent-store)
+(require 'magent-store-status)
 
 (defvar magent-store-test-python nil
   "The backend command under test; nil means the shim's default.")
@@ -144,12 +144,12 @@
         (delete-directory tmp t)))))
 
 (ert-deftest magent-store-percentile-interpolates-and-never-falls-below-the-median ()
-  (should-not (magent-store--percentile nil 50))
-  (should (< (abs (- (magent-store--percentile '(6.2 4.9) 50) 5.55)) 1e-9))
-  (should (< (abs (- (magent-store--percentile '(4.9 6.2) 99) 6.187)) 1e-9))
+  (should-not (magent-store-status--percentile nil 50))
+  (should (< (abs (- (magent-store-status--percentile '(6.2 4.9) 50) 5.55)) 1e-9))
+  (should (< (abs (- (magent-store-status--percentile '(4.9 6.2) 99) 6.187)) 1e-9))
   (let ((numbers (number-sequence 101 1 -1)))  ; 1..101: the P-th is P + 1
     (dolist (p '(0 1 50 89 90 91 99 100))
-      (should (= (magent-store--percentile numbers p) (1+ p))))
+      (should (= (magent-store-status--percentile numbers p) (1+ p))))
     (should (equal numbers (number-sequence 101 1 -1))))) ; left as it was
 
 (ert-deftest magent-store-status-a-header-refused-at-opening-is-said ()

@@ -14,7 +14,7 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-tests)
+(require 'magent-store-test)
 
 ;; A machine's speed decides whether a reply happens to land between
 ;; two timed chunks, so the test makes it happen: it sends a batch,
@@ -73,6 +73,54 @@
       (should (>= crossed magent-store-test--stream-rounds))
       (should (equal (magent-store-test--content (magent-store-load "s-long"))
                      (apply #'concat (reverse sent)))))))
+
+;; A reply runs in the connection's process filter; printing the next
+;; batch there, megabytes at times, would hold up reading the replies
+;; after it.  So the reply only schedules the send.
+(ert-deftest magent-store-reply-sends-nothing-from-the-process-filter ()
+  "A reply to a batch sends the entries queued meanwhile, but not from the filter."
+  (magent-store-test--with-backend
+    (magent-store-open "s-filter")
+    (magent-store-test--start-turn "s-filter")
+    (magent-store-flush "s-filter")
+    (let* ((session (gethash "s-filter" magent-store--sessions))
+           (connection (magent-store--backend-connection magent-store--backend))
+           (sent-in-filter 0)
+           (replies 0)
+           (magent-store--flushed-function
+            (lambda (&rest _) (cl-incf replies)))
+           ;; A batch sent counts a flush of the session.
+           (filter (lambda (orig &rest args)
+                     (let ((before (magent-store--session-flushes session)))
+                       (apply orig args)
+                       (cl-incf sent-in-filter
+                                (- (magent-store--session-flushes session)
+                                   before))))))
+      (advice-add 'magent-store--filter :around filter)
+      (unwind-protect
+          (progn
+            (magent-store-append-item-content "s-filter" "item-1" "one|")
+            (magent-store--tick session)
+            (magent-store-append-item-content "s-filter" "item-1" "two|")
+            (magent-store-request-flush "s-filter")
+            (should (> (magent-store--session-fill session) 0))
+            (let ((deadline (+ (float-time) 20)))
+              ;; No timer runs while this waits: the reply alone is seen.
+              (while (and (= replies 0) (< (float-time) deadline))
+                (accept-process-output connection 0.05 nil 1)))
+            (should (= replies 1))
+            (should (= sent-in-filter 0))
+            ;; Once timers run, the queued chunk goes out by itself.
+            (let ((deadline (+ (float-time) 20)))
+              (while (and (or (> (magent-store--session-fill session) 0)
+                              (magent-store--session-inflight session))
+                          (< (float-time) deadline))
+                (accept-process-output nil 0.05)))
+            (should (= replies 2))
+            (should (= sent-in-filter 0)))
+        (advice-remove 'magent-store--filter filter))
+      (should (equal (magent-store-test--content (magent-store-load "s-filter"))
+                     "one|two|")))))
 
 (provide 'magent-store-stream-tests)
 ;;; magent-store-stream-tests.el ends here

@@ -46,15 +46,28 @@
 
 (ert-deftest magent-store-text-features-are-checked-once ()
   "The load-time check says what `json-serialize' returns here."
-  (should magent-store--native-json)
-  (should (eq magent-store--json-unibyte
+  (should magent-store-json--native)
+  (should (eq magent-store-json--unibyte
               (not (multibyte-string-p (json-serialize ["\u00e9"])))))
   ;; Whatever this Emacs does, the shim's JSON is text.
-  (should (multibyte-string-p (magent-store--json '((a . "é")))))
-  (should (equal (magent-store--json '((a . "é"))) "{\"a\":\"é\"}"))
-  (should (equal (magent-store--json-arg (json-serialize '((a . "é"))))
+  (should (multibyte-string-p (magent-store-json-encode '((a . "é")))))
+  (should (equal (magent-store-json-encode '((a . "é"))) "{\"a\":\"é\"}"))
+  (should (equal (magent-store-json-arg (json-serialize '((a . "é"))))
                  "{\"a\":\"é\"}"))
-  (should (equal (magent-store--json "é") "\"é\"")))
+  (should (equal (magent-store-json-encode "é") "\"é\"")))
+
+(ert-deftest magent-store-json-false-is-one-marker-both-ways ()
+  "False is `:json-false' (magent's marker) in what Emacs sends and reads."
+  (should (equal (magent-store-json-encode '((a . :json-false) (b . :null) (c . t)))
+                 "{\"a\":false,\"b\":null,\"c\":true}"))
+  (magent-store-test--with-backend
+    (magent-store-open "s-false")
+    (magent-store-append-event
+     "s-false" (magent-store-text-test--turn-started
+                "turn-1" '((flag . :json-false) (on . t))))
+    (magent-store-flush "s-false")
+    (should (equal (magent-store-text-test--inputs "s-false")
+                   '(((flag . :json-false) (on . t)))))))
 
 (ert-deftest magent-store-text-events-of-every-encoder ()
   "Events as alists, unibyte strings in them, and JSON text of both encoders."
@@ -81,7 +94,7 @@
                     (json-encode
                      (magent-store-text-test--turn-started "turn-4" text))))
       ;; 5. an Emacs without native JSON: the shim's `json-encode' path
-      (let ((magent-store--native-json nil))
+      (let ((magent-store-json--native nil))
         (magent-store-append-event
          "s-events" (magent-store-text-test--turn-started "turn-5" text)))
       (should (= (magent-store-flush "s-events") 6))

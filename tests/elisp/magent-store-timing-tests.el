@@ -5,7 +5,7 @@
 ;;; Commentary:
 
 ;; The timing sink through the real shim and backend, with the stand-in
-;; magent of magent-store-timing-standin.el: records ride the flush
+;; magent of magent-store-test-timing-standin.el: records ride the flush
 ;; message, the mode registers and removes the sink and the advice, the
 ;; report command shows the stand-in's turns, no planted secret reaches
 ;; the state directory, and recording costs no more than a chunk.
@@ -14,8 +14,8 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-timing-standin)
-(require 'magent-store-alloc)
+(require 'magent-store-test-timing-standin)
+(require 'magent-store-test-alloc)
 
 (defvar magent-store-test-python nil
   "The backend command under test; nil means the shim's default.")
@@ -101,7 +101,7 @@
     (unwind-protect
         (progn
           (magent-store-mode 1)
-          (magent-store-timing-standin-emit 'llm-request-start 100.0 ctx
+          (magent-store-test-timing-standin-emit 'llm-request-start 100.0 ctx
                                             :prompt-count 3)
           (dolist (type '(reasoning-delta reasoning-delta text-delta text-delta))
             (magent-agent-loop-apply-event (list :context ctx)
@@ -158,8 +158,8 @@
           (progn
             (magent-store-mode 1)
             (magent-store-open "s-ride")
-            (magent-store-timing-standin-emit 'turn-start (float-time) ctx)
-            (magent-store-timing-standin-emit 'tool-call-start (float-time) ctx
+            (magent-store-test-timing-standin-emit 'turn-start (float-time) ctx)
+            (magent-store-test-timing-standin-emit 'tool-call-start (float-time) ctx
                                               :call-id "c1" :args '(:path "/x"))
             (magent-store-timing-test--start-events "s-ride")
             (sleep-for (* 2 magent-store-flush-interval))
@@ -194,7 +194,7 @@
   "`magent-store-timing-report' shows the CLI's report in a read-only buffer."
   (magent-store-timing-test--with-backend
     (magent-store-mode 1)
-    (magent-store-timing-standin-run "s-report")
+    (magent-store-test-timing-standin-run "s-report")
     (let ((buffer (magent-store-timing-report)))
       (with-current-buffer buffer
         (should buffer-read-only)
@@ -209,7 +209,7 @@
   "Secrets in chunks, tool args, errors and metadata stay out of metrics and logs."
   (magent-store-timing-test--with-backend
     (magent-store-mode 1)
-    (magent-store-timing-standin-run "s-secret")
+    (magent-store-test-timing-standin-run "s-secret")
     (magent-store-stop)
     (let ((files (directory-files-recursively state "")))
       (should (member (expand-file-name "magent-store/metrics.jsonl" state) files))
@@ -217,14 +217,14 @@
       (dolist (file files)
         (with-temp-buffer
           (insert-file-contents-literally file)
-          (dolist (secret magent-store-timing-standin-secrets)
+          (dolist (secret magent-store-test-timing-standin-secrets)
             (goto-char (point-min))
             (should-not (search-forward secret nil t))))))
     ;; Planted for real: the session holds them.
     (with-temp-buffer
       (insert-file-contents-literally
        (expand-file-name "global/s-secret.jsonl" magent-store-root))
-      (should (search-forward (car magent-store-timing-standin-secrets) nil t)))))
+      (should (search-forward (car magent-store-test-timing-standin-secrets) nil t)))))
 
 (defun magent-store-timing-test--per-call-us (n function)
   "Return the microseconds per call of FUNCTION, best of 5 runs of N calls."
@@ -237,7 +237,7 @@
           (setq best (if best (min best us) us)))))
     best))
 
-;; Timing belongs to the benchmark (magent-store-timing-cost.el prints the
+;; Timing belongs to the benchmark (magent-store-test-timing-cost.el prints the
 ;; microseconds); what a test can pin without a clock is allocation, which
 ;; is what turns into garbage-collection pauses in a user's Emacs.
 (ert-deftest magent-store-timing-recording-allocates-one-small-record ()
@@ -257,31 +257,31 @@ allocates no copy of a record."
            (n 200)
            sink record)
       (magent-store-open "s-cost")
-      (magent-store-alloc--compile)
+      (magent-store-test-alloc--compile)
       ;; Warm up: the first calls may create the queue or intern names.
       (magent-store-timing--sink start)
       (magent-store-record-timing 'acp-update :duration-ms 1.5 :count 1)
       (setq magent-store-timing--queue nil)
-      (setq sink (/ (magent-store-alloc--bytes
-                     (magent-store-alloc--counting
+      (setq sink (/ (magent-store-test-alloc--bytes
+                     (magent-store-test-alloc--counting
                        (dotimes (_ (/ n 2))
                          (magent-store-timing--sink start)
                          (magent-store-timing--sink end))))
                     (float n)))
       (setq magent-store-timing--queue nil)
-      (setq record (/ (magent-store-alloc--bytes
-                       (magent-store-alloc--counting
+      (setq record (/ (magent-store-test-alloc--bytes
+                       (magent-store-test-alloc--counting
                          (dotimes (_ n)
                            (magent-store-record-timing
                             'acp-update :duration-ms 1.5 :count 1))))
                       (float n)))
       (let* ((records (make-list 10 (list 'tool-call-start "turn-c"
                                           1764400000000000 :call 3 :agent 1)))
-             (printing (magent-store-alloc--bytes
-                        (magent-store-alloc--counting
+             (printing (magent-store-test-alloc--bytes
+                        (magent-store-test-alloc--counting
                           (dotimes (_ 20)
                             (magent-store--with-send-buffer
-                              (magent-store--print
+                              (magent-store-print
                                (list 'call 1 'tick (list "s" records)))))))))
         (setq magent-store-timing--queue nil)
         (message "bytes allocated: lifecycle event %.0f, record-timing %.0f, \

@@ -16,8 +16,8 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-upstream)
-(require 'magent-store-alloc)
+(require 'magent-store-test-upstream)
+(require 'magent-store-test-alloc)
 
 (declare-function magent-thread-create "ext:magent-ledger" (&rest args))
 (declare-function magent-thread-start-turn "ext:magent-ledger" (thread turn-id))
@@ -60,11 +60,11 @@ It appends to ITEM of THREAD, then asks for MSESSION's deferred save."
   "magent streaming a chunk with the mode on allocates at most 150 bytes more.
 That is the advice's argument lists (magent's two calls per chunk), the
 chunk's share of the ticks and replies, and nothing per chunk besides."
-  (skip-unless (magent-store-upstream-available-p))
-  (magent-store-upstream-load)
-  (magent-store-alloc--with-backend
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-test-upstream-load)
+  (magent-store-test-alloc--with-backend
     (magent-store-alloc-magent-test--compile)
-    (magent-store-alloc--compile)
+    (magent-store-test-alloc--compile)
     (let* ((magent-session-directory magent-store-root)
            (sid "s-alloc-magent")
            (thread (magent-thread-create :id sid :session-id sid))
@@ -86,23 +86,23 @@ chunk's share of the ticks and replies, and nothing per chunk besides."
             (magent-store-flush sid)
             (setq session (gethash sid magent-store--sessions))
             (let ((magent-store-flush-interval 3600)
-                  (chunks (magent-store-alloc--chunks n)))
+                  (chunks (magent-store-test-alloc--chunks n)))
               ;; A first stream fills the reused batch vectors.
-              (magent-store-alloc--stream
+              (magent-store-test-alloc--stream
                (magent-store-alloc-magent-test--sender thread msession (nth 0 items))
-               (magent-store-alloc--chunks n) session)
+               (magent-store-test-alloc--chunks n) session)
               (let ((send (magent-store-alloc-magent-test--sender
                            thread msession (nth 1 items))))
-                (setq with (magent-store-alloc--counting
-                             (magent-store-alloc--stream send chunks session))))
+                (setq with (magent-store-test-alloc--counting
+                             (magent-store-test-alloc--stream send chunks session))))
               (magent-store-mode -1)
               (let ((send (magent-store-alloc-magent-test--sender
                            thread msession (nth 2 items))))
                 (cl-letf (((symbol-function 'magent-session-save-deferred-for-session)
                            (byte-compile #'magent-store-alloc-magent-test--noop-save)))
-                  (setq without (magent-store-alloc--counting
-                                  (magent-store-alloc--stream send chunks nil))))))
-            (let ((per-chunk (/ (float (magent-store-alloc--bytes
+                  (setq without (magent-store-test-alloc--counting
+                                  (magent-store-test-alloc--stream send chunks nil))))))
+            (let ((per-chunk (/ (float (magent-store-test-alloc--bytes
                                         (cl-mapcar #'- with without)))
                                 n)))
               (message "through magent: %.1f bytes per chunk (%S)" per-chunk
@@ -110,7 +110,7 @@ chunk's share of the ticks and replies, and nothing per chunk besides."
               (should (<= per-chunk 150))
               ;; And the chunks are stored as magent has them.
               (magent-store-flush sid)
-              (let* ((stored (magent-store-alloc--show sid))
+              (let* ((stored (magent-store-test-alloc--show sid))
                      (turn (aref (alist-get 'turns stored) 0)))
                 (should (equal (alist-get 'content
                                           (seq-find (lambda (item)

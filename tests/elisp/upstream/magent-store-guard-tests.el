@@ -33,11 +33,11 @@
       (magent-session-save-for-session session 42)
       ;; Each failure is recorded with its message, and the session is
       ;; not in the store.
-      (should magent-store--adapter-failures)
-      (dolist (row magent-store--adapter-failures)
+      (should magent-store-magent--adapter-failures)
+      (dolist (row magent-store-magent--adapter-failures)
         (should (equal (nth 2 row) "Unknown magent scope 42")))
       (should (member "opening a session"
-                      (mapcar #'caar magent-store--adapter-failures)))
+                      (mapcar #'caar magent-store-magent--adapter-failures)))
       (should-not (gethash "s-scope-42" magent-store--sessions)))))
 
 (provide 'magent-store-guard-tests)

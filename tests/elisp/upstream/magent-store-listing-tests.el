@@ -20,7 +20,7 @@
 
 (defvar magent-session-directory)
 (defvar magent-session--metadata-cache)
-(defvar magent-store--listing-times)
+(defvar magent-store-magent--listing-times)
 
 (defun magent-store-listing-test--counting (thunk)
   "Call THUNK; return (VALUE CALLS READS STATS).
@@ -49,12 +49,12 @@ attributes were read."
 
 (defun magent-store-listing-test--rendered-metadata (file)
   "Return magent's metadata of FILE read from the session rendered for it."
-  (magent-store--around-read-file-metadata
+  (magent-store-magent--around-read-file-metadata
    (advice--cd*r (symbol-function 'magent-session--read-file-metadata)) file))
 
 (ert-deftest magent-store-listing-asks-the-backend-once-and-magent-reads-what-it-would ()
   "One call lists every session; magent reads each as from its own file."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((project (file-truename (file-name-directory magent-session-directory)))
            (specs `(("20261130-090000-a") ("20261130-090000-b") ("torn")
@@ -106,11 +106,11 @@ to be cut by magent's own rule  ")
               (should (equal meta (magent-store-resume-test--own-metadata
                                    (cdr (assoc id own)))))))))
       ;; The sort's times: each file's, as magent's reader of times gives it.
-      (let ((magent-store--listing-times (make-hash-table :test #'equal)))
-        (magent-store--prefill nil)
+      (let ((magent-store-magent--listing-times (make-hash-table :test #'equal)))
+        (magent-store-magent--prefill nil)
         (pcase-dolist (`(,_ . ,file) files)
-          (should (equal (gethash file magent-store--listing-times)
-                         (let ((magent-store--listing-times nil))
+          (should (equal (gethash file magent-store-magent--listing-times)
+                         (let ((magent-store-magent--listing-times nil))
                            (magent-session--file-display-time file))))))
       ;; A scope's listing asks for that scope's folder.
       (pcase-let ((`(,listed ,calls ,reads)
@@ -122,7 +122,7 @@ to be cut by magent's own rule  ")
 
 (ert-deftest magent-store-listing-a-session-saved-since-is-read-again ()
   "A header rewritten after a listing is read anew, as magent's own cache does."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((session (magent-store-resume-test--new-session "20261130-100000-a"))
            (file (magent-store-listing-test--file "20261130-100000-a")))
@@ -143,14 +143,14 @@ to be cut by magent's own rule  ")
 (ert-deftest magent-store-listing-a-backend-without-it-lists-each-session ()
   "A backend that does not know the listing (an older one still running) is no error.
 magent lists every session, each read from the session rendered for it."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((ids '("20261130-110000-a" "20261130-110000-b"))
            (files (mapcar (lambda (id)
                             (magent-store-resume-test--new-session id)
                             (magent-store-listing-test--file id))
                           ids))
-           (magent-store--adapter-failures nil))
+           (magent-store-magent--adapter-failures nil))
       (magent-store-resume-test--restart)
       (pcase-let ((`(,listed ,calls ,_ ,_)
                    (cl-letf* ((call (symbol-function 'magent-store--call))
@@ -164,7 +164,7 @@ magent lists every session, each read from the session rendered for it."
                       #'magent-session-list-files))))
         (should (equal (sort (copy-sequence listed) #'string<) files))
         (should (equal calls '("listing" "render" "render"))))
-      (should (equal (mapcar #'car (mapcar #'car magent-store--adapter-failures))
+      (should (equal (mapcar #'car (mapcar #'car magent-store-magent--adapter-failures))
                      '("listing the sessions for magent")))
       (dolist (file files)
         (should (equal (magent-session--read-file-metadata-cached file)

@@ -43,9 +43,9 @@
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
-(require 'magent-store-upstream)
-(magent-store-upstream-load)
-(require 'magent-store)
+(require 'magent-store-test-upstream)
+(magent-store-test-upstream-load)
+(require 'magent-store-magent)
 
 (defvar magent-store-test-python nil
   "The backend command under test; nil means the shim's default.")
@@ -76,9 +76,9 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
                                 (not (memq symbol magent-store-magent-test--release-functions)))
                        (fmakunbound symbol))))
          6)
-        (magent-store-upstream-session7
+        (magent-store-test-upstream-session7
          (load (expand-file-name "magent-session.el"
-                                 magent-store-upstream-session7)
+                                 magent-store-test-upstream-session7)
                nil t t)
          7)))
 
@@ -96,16 +96,16 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
            (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
                  process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--headers-sent (make-hash-table :test #'equal))
+          (magent-store-magent--headers-sent (make-hash-table :test #'equal))
           (magent-store--recent nil)
           (magent-store--backend nil)
           (magent-store--restarts nil)
           (magent-store--gave-up nil)
           (magent-store--last-error nil)
-          (magent-store--adapter-failures nil)
-          (magent-store--unencodable nil)
-          (magent-store--deferred-headers nil)
-          (magent-store--header-timer nil)
+          (magent-store-magent--adapter-failures nil)
+          (magent-store-magent--unencodable nil)
+          (magent-store-magent--deferred-headers nil)
+          (magent-store-magent--header-timer nil)
           (magent-store-persistence-enabled t))
      (unwind-protect
          (progn (magent-store-mode 1) ,@body)
@@ -253,7 +253,7 @@ OUTCOME is `completed', `failed' or `cancelled'."
   "Parse JSON TEXT the same way for both sides of a comparison."
   (json-parse-string (if (multibyte-string-p text) text
                        (decode-coding-string text 'utf-8))
-                     :object-type 'alist :null-object nil :false-object :false))
+                     :object-type 'alist :null-object nil :false-object :json-false))
 
 (defun magent-store-magent-test--without (alist &rest keys)
   "Return ALIST without KEYS."
@@ -273,7 +273,7 @@ OUTCOME is `completed', `failed' or `cancelled'."
     (magent-store-flush id)
     ;; `magent-store-load' parses as `magent-store-magent-test--parse' does.
     (magent-store-magent-test--without
-     (plist-get (magent-store-load id (magent-store--store-scope scope))
+     (plist-get (magent-store-load id (magent-store-magent--store-scope scope))
                 :snapshot)
      'snapshot-created-at 'last-event-seq)))
 
@@ -419,8 +419,8 @@ own snapshot functions, with history no event of the fork carries."
     (let ((sessions (magent-store-magent-test--play)))
       (should (= (length sessions) 5))
       (magent-store-magent-test--check-sessions sessions)
-      (should-not magent-store--adapter-failures)
-      (should-not magent-store--unencodable))))
+      (should-not magent-store-magent--adapter-failures)
+      (should-not magent-store-magent--unencodable))))
 
 (ert-deftest magent-store-magent-sessions-under-schema-7-magent ()
   "Schema-7 magent (its header builder, its fork): the same holds."
@@ -430,7 +430,7 @@ own snapshot functions, with history no event of the fork carries."
         (let ((sessions (magent-store-magent-test--play)))
           (should (= (length sessions) 5))
           (magent-store-magent-test--check-sessions sessions)
-          (should-not magent-store--adapter-failures)))
+          (should-not magent-store-magent--adapter-failures)))
     (magent-store-magent-test--use-magent 6)))
 
 ;;;; 4: the schema-7 reader reads every session back as magent holds it
@@ -539,12 +539,12 @@ See the Commentary: upstream's ledger with that event is not public."
 
 (ert-deftest magent-store-magent-schema-7-reader-reads-every-session-back ()
   "Every session written passes the schema-7 reader and reads back whole."
-  (skip-unless magent-store-upstream-session7)
+  (skip-unless magent-store-test-upstream-session7)
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
     (let ((magent-store-log-max-events 40))
       (magent-store-magent-test--read-back (magent-store-magent-test--play))
-      (should-not magent-store--adapter-failures))))
+      (should-not magent-store-magent--adapter-failures))))
 
 ;;;; 3: never an error into magent, whatever magent holds
 
@@ -600,7 +600,7 @@ See the Commentary: upstream's ledger with that event is not public."
           (magent-session-save-deferred-for-session session 'global)))
       (magent-thread-complete-turn thread turn-id (car bad))
       (magent-session-save-for-session session 'global)
-      (should-not magent-store--adapter-failures)
+      (should-not magent-store-magent--adapter-failures)
       ;; Every encodable shape is stored exactly as magent's writer has it.
       (let* ((store (magent-store-magent-test--store-snapshot session 'global))
              (store-items (alist-get 'items (aref (alist-get 'turns store) 0)))
@@ -629,29 +629,29 @@ See the Commentary: upstream's ledger with that event is not public."
           ;; this Emacs reads them back (30), else stored as text (28).
           (should (equal (butlast stored 1)
                          (list "0.0e+NaN" "1.0e+INF" "-1.0e+INF"
-                               (if magent-store--reader-refuses-bignum
+                               (if magent-store-magent--reader-refuses-bignum
                                    (number-to-string (expt 2 70))
                                  (expt 2 70))
-                               (if magent-store--reader-refuses-bignum
+                               (if magent-store-magent--reader-refuses-bignum
                                    (number-to-string (- (expt 2 66)))
                                  (- (expt 2 66)))
                                "raw \ufffd byte" "\ufffd\ufffd not UTF-8"
                                "unibyte ü UTF-8" "\ufffdx"
-                               (if magent-store--reader-refuses-nul
+                               (if magent-store-magent--reader-refuses-nul
                                    "nul \ufffd end"
                                  "nul \0 end"))))
           (should (equal (car (last stored))
                          '((nested . ((nan . "0.0e+NaN") (ok . "fine"))))))))
       ;; Noted once each, and shown by `magent-store-status'.
-      (should (= (length magent-store--unencodable)
-                 (if magent-store--reader-refuses-nul 4 2)))
+      (should (= (length magent-store-magent--unencodable)
+                 (if magent-store-magent--reader-refuses-nul 4 2)))
       (let ((said (with-current-buffer (messages-buffer)
                     (substring (buffer-string) (length messages-before)))))
         (should (= (cl-count-if (lambda (line)
                                   (string-match-p "cannot be written as JSON"
                                                   line))
                                 (split-string said "\n"))
-                   (length magent-store--unencodable))))
+                   (length magent-store-magent--unencodable))))
       (magent-store-status)
       (with-current-buffer "*magent-store-status*"
         (should (string-match-p "Not JSON: +a NaN or infinite number, [0-9]+ times"
@@ -688,7 +688,7 @@ See the Commentary: upstream's ledger with that event is not public."
       (magent-store-magent-test--should-equal
        (magent-store-magent-test--store-header session root)
        (magent-store-magent-test--magent-header session root))
-      (should-not magent-store--adapter-failures))))
+      (should-not magent-store-magent--adapter-failures))))
 
 ;;;; A session the store already has is not sent again
 
@@ -779,7 +779,7 @@ is put on a function magent lacks, and the mode says so once."
           ;; A magent without `magent-session-read-file': not advised, and
           ;; shown by the status, not said at every start.
           (let ((definition (symbol-function 'magent-session-read-file))
-                (magent-store--magent-reported 'never)
+                (magent-store-magent--reported 'never)
                 (messages-before (with-current-buffer (messages-buffer)
                                    (buffer-string))))
             (fmakunbound 'magent-session-read-file)
@@ -789,11 +789,11 @@ is put on a function magent lacks, and the mode says so once."
                     (magent-store-mode 1)
                     (should-not (fboundp 'magent-session-read-file))
                     (should (advice-member-p
-                             #'magent-store--after-append-item-content
+                             #'magent-store-magent--after-append-item-content
                              'magent-thread-append-item-content))
                     (should (string-match-p
                              "^ +not done: a session is flushed, then read by magent"
-                             (magent-store--adapter-status)))
+                             (magent-store-magent--adapter-status)))
                     (magent-store-mode -1))
                   (should-not (string-match-p
                                "magent-store-mode: .*magent"
@@ -810,7 +810,7 @@ start, also before magent is loaded); the status says, in user words,
 what the mode makes of it, naming none of magent's private functions."
   (magent-store-magent-test--use-magent 6)
   (let ((messages nil)
-        (magent-store--magent-reported 'never))
+        (magent-store-magent--reported 'never))
     (cl-letf (((symbol-function 'message)
                (lambda (format &rest args)
                  (when format (push (apply #'format-message format args) messages)))))
@@ -825,13 +825,13 @@ what the mode makes of it, naming none of magent's private functions."
                          (lambda (feature &rest rest)
                            (and (not (eq feature 'magent-session))
                                 (apply featurep feature rest))))))
-              (let ((magent-store--magent-missing nil))
+              (let ((magent-store-magent--missing nil))
                 (magent-store-mode 1)
                 (should (string-match-p "^Magent: +not loaded yet"
-                                        (magent-store--adapter-status)))
+                                        (magent-store-magent--adapter-status)))
                 (magent-store-mode -1)))
             (magent-store-mode 1)
-            (let ((status (magent-store--adapter-status)))
+            (let ((status (magent-store-magent--adapter-status)))
               (should (string-match-p
                        "^Magent: +magent's current release (sessions in schema 6.*;\n +headers are built by magent-store, as magent builds them$"
                        status))

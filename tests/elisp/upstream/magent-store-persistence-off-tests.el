@@ -30,7 +30,7 @@
       (magent-thread-complete-turn thread turn-id nil)
       (should-not (gethash "s-off" magent-store--sessions))
       (should (= (hash-table-count magent-store--sessions) 0))
-      (should-not magent-store--adapter-failures))))
+      (should-not magent-store-magent--adapter-failures))))
 
 (provide 'magent-store-persistence-off-tests)
 ;;; magent-store-persistence-off-tests.el ends here

@@ -14,13 +14,13 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-upstream)
+(require 'magent-store-test-upstream)
 (unless (locate-library "epc")
   (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
     (add-to-list 'load-path dir)))
-(require 'magent-store)
-(when (magent-store-upstream-available-p)
-  (magent-store-upstream-load)
+(require 'magent-store-magent)
+(when (magent-store-test-upstream-available-p)
+  (magent-store-test-upstream-load)
   (require 'magent-agent-job))
 
 (defvar magent-store-test-python nil
@@ -54,7 +54,7 @@
           (magent-store--backend nil)
           (magent-store--restarts nil)
           (magent-store--gave-up nil)
-          (magent-store--export-offered nil)
+          (magent-store-magent--export-offered nil)
           (magent-session--metadata-cache (make-hash-table :test #'equal))
           (magent-session--loaded-sessions (make-hash-table :test #'eq))
           (magent-session--scoped-sessions (make-hash-table :test #'equal)))
@@ -144,7 +144,7 @@ Return the id of the last turn."
 
 (ert-deftest magent-store-resume-lists-and-reads-what-the-backend-wrote ()
   "magent's own listing and reader return the session magent held."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((id "20261130-120000-a")
            (session (magent-store-resume-test--new-session id))
@@ -152,8 +152,8 @@ Return the id of the last turn."
            (file (expand-file-name (concat "global/" id ".json")
                                    magent-session-directory)))
       (magent-store-resume-test--restart)
-      (should (eql (magent-store--file-schema file) 7))
-      (should (eql (magent-store--file-schema own) 6))
+      (should (eql (magent-store-magent--file-schema file) 7))
+      (should (eql (magent-store-magent--file-schema own) 6))
       ;; The listing, and what the picker shows of it.
       (should (equal (magent-session-list-files) (list file)))
       (should (equal (magent-session-list-files-for-scope 'global) (list file)))
@@ -179,7 +179,7 @@ Return the id of the last turn."
 
 (ert-deftest magent-store-resume-every-scope-reads-back-as-magent-shows-it ()
   "A project and an action session list and read as magent's own files do."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((magent-action-session-directory nil)
            (project (file-truename (file-name-directory magent-session-directory)))
@@ -205,7 +205,7 @@ Return the id of the last turn."
                                                   action-id ".json")
                                           magent-session-directory))))
       (magent-store-resume-test--restart)
-      (should (eql (magent-store--file-schema (cadr files)) 7))
+      (should (eql (magent-store-magent--file-schema (cadr files)) 7))
       (should (equal (magent-session-list-files) (list (car files))))
       (should (equal (magent-session-list-files-for-scope project)
                      (list (car files))))
@@ -234,7 +234,7 @@ Return the id of the last turn."
 After two round trips magent holds its origin scope as the string
 \"global\" and builds a project header from it; the store keeps the
 session's own scope and every other field."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((id "20261130-180000-tw")
            (file (expand-file-name (concat "global/" id ".json")
@@ -291,8 +291,8 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-under-schema-7-magent-reads-itself-after-a-flush ()
   "With magent reading schema 7, magent reads the files; the mode flushes first."
-  (skip-unless (and (magent-store-upstream-available-p)
-                    magent-store-upstream-session7))
+  (skip-unless (and (magent-store-test-upstream-available-p)
+                    magent-store-test-upstream-session7))
   (require 'magent-store-magent-tests)
   (let ((tail-standin (not (fboundp 'magent-thread-journal-tail)))
         (magent-session-log-max-events
@@ -327,7 +327,7 @@ session's own scope and every other field."
                           (gethash id magent-store--sessions))
                          0))
               (let ((own (magent-store-resume-test--own-save session 'global)))
-                (advice-add 'magent-store--call-rendered :before count)
+                (advice-add 'magent-store-magent--call-rendered :before count)
                 (unwind-protect
                     (progn
                       (should (equal (magent-session-list-files) (list file)))
@@ -349,7 +349,7 @@ session's own scope and every other field."
                                                           (magent-session-thread-ledger
                                                            after)))))))
                                        "not sent yet"))))
-                  (advice-remove 'magent-store--call-rendered count)))
+                  (advice-remove 'magent-store-magent--call-rendered count)))
               ;; magent read the files itself: nothing was rendered for it.
               (should (= renders 0))))))
     (magent-store-magent-test--use-magent 6)
@@ -379,7 +379,7 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-after-emacs-is-killed-mid-stream ()
   "A fresh Emacs resumes everything up to the last flush; magent reconciles the rest."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((progress (expand-file-name "progress" (file-name-directory
                                                    magent-session-directory)))
@@ -473,7 +473,7 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-damaged-sessions-are-listed-and-read ()
   "A torn log, a missing snapshot, a header alone: listed as damaged, read as far as can be."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let ((files (mapcar (lambda (id)
                            (magent-store-resume-test--new-session id)
@@ -527,7 +527,7 @@ session's own scope and every other field."
 
 (ert-deftest magent-store-resume-leaving-writes-sessions-back-for-magent ()
   "Turning the mode off says so once; the export gives magent its own files back."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((project (file-truename (file-name-directory magent-session-directory)))
            (a (magent-store-resume-test--new-session "20261130-140000-a"))
@@ -557,7 +557,7 @@ cannot read; M-x magent-store-export-for-magent writes them back")))
       (let ((summary (magent-store-export-for-magent)))
         (should (string-match-p "2 written back and value-identical" summary)))
       (dolist (file files)
-        (should (eql (magent-store--file-schema file) 6))
+        (should (eql (magent-store-magent--file-schema file) 6))
         (should-not (file-exists-p (concat (file-name-sans-extension file) ".jsonl"))))
       (should (= 2 (length (file-expand-wildcards
                             (expand-file-name "schema7-backup-*/*/*.json*"
@@ -587,10 +587,10 @@ cannot read; M-x magent-store-export-for-magent writes them back")))
   "The export, run with the mode on, turns it off and says so in its last
 message, not that sessions need writing back; toggling the mode afterwards
 asks before taking the sessions over again."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let ((magent-store-resume-test--messages nil)
-          (magent-store--exported nil)
+          (magent-store-magent--exported nil)
           (file (expand-file-name "global/20261130-150000-e.json"
                                   magent-session-directory))
           (asked nil))
@@ -601,7 +601,7 @@ asks before taking the sessions over again."
           (magent-store-export-for-magent)
         (advice-remove 'message #'magent-store-resume-test--record-message))
       (should-not magent-store-mode)
-      (should (eql (magent-store--file-schema file) 6))
+      (should (eql (magent-store-magent--file-schema file) 6))
       (should-not (cl-find-if (lambda (m) (string-match-p "cannot read" m))
                               magent-store-resume-test--messages))
       (should (string-match-p
@@ -613,7 +613,7 @@ asks before taking the sessions over again."
         (call-interactively #'magent-store-mode))
       (should (string-match-p "turn it on again" asked))
       (should-not magent-store-mode)
-      (should-not (advice-member-p #'magent-store--around-save
+      (should-not (advice-member-p #'magent-store-magent--around-save
                                    'magent-session-save-for-session))
       ;; Turned on on purpose (with an argument, or from Lisp): no question.
       (setq asked nil)
@@ -630,7 +630,7 @@ asks before taking the sessions over again."
 
 (ert-deftest magent-store-resume-continues-a-session-magent-wrote ()
   "An old schema-6 session resumes, continues, and is taken over at the first write."
-  (skip-unless (magent-store-upstream-available-p))
+  (skip-unless (magent-store-test-upstream-available-p))
   (magent-store-resume-test--with-magent
     (let* ((root magent-session-directory)
            (old-file (expand-file-name "global/20261129-090000-old.json" root))
@@ -644,7 +644,7 @@ asks before taking the sessions over again."
                         (set-buffer-multibyte nil)
                         (insert-file-contents-literally old-file)
                         (buffer-string)))
-      (should (eql (magent-store--file-schema old-file) 6))
+      (should (eql (magent-store-magent--file-schema old-file) 6))
       (magent-store-resume-test--new-session "20261130-090000-new")
       (magent-store-resume-test--restart)
       ;; Both kinds are listed together.
@@ -660,7 +660,7 @@ asks before taking the sessions over again."
         (magent-store-resume-test--converse session 1 3)
         (magent-session-save-for-session session 'global))
       ;; The backend took it over: migrated in place, the original kept.
-      (should (eql (magent-store--file-schema old-file) 7))
+      (should (eql (magent-store-magent--file-schema old-file) 7))
       (let ((backup (car (file-expand-wildcards
                           (expand-file-name
                            "schema6-backup-*/global/20261129-090000-old.json"

@@ -18,7 +18,7 @@
 
 (require 'cl-lib)
 (require 'ert)
-(require 'magent-store-upstream)
+(require 'magent-store-test-upstream)
 (require 'magent-store-resume-tests)
 (require 'magent-store-search)
 
@@ -34,9 +34,9 @@
 
 (defun magent-store-search-magent-test--runtime ()
   "Load magent's runtime, or skip loudly (fail under CI) without yaml.el."
-  (unless (magent-store-upstream-available-p)
+  (unless (magent-store-test-upstream-available-p)
     (ert-skip "MAGENT_LISP does not name upstream magent's lisp/ folder"))
-  (magent-store-upstream-need (magent-store-upstream-load-runtime)
+  (magent-store-test-upstream-need (magent-store-test-upstream-load-runtime)
                               "yaml.el, which magent's runtime needs"
                               "apt-get install elpa-yaml"))
 
@@ -72,7 +72,7 @@ scope, equal to magent's own save and read of the same session."
                             (magent-store-resume-test--own-save global 'global))
                       (cons "20261130-200000-p"
                             (magent-store-resume-test--own-save in-project project)))))
-      (should (memq #'magent-store--magent-resume
+      (should (memq #'magent-store-magent--resume
                     magent-store-search-resume-functions))
       (magent-store-resume-test--restart)
       (let ((buffer (magent-store-search-magent-test--search "CHUNK 3 QUOTED")))
@@ -114,7 +114,7 @@ scope, equal to magent's own save and read of the same session."
       (magent-store-resume-test--new-session "20261130-200100-g")
       (magent-store-resume-test--restart)
       (magent-store-mode -1)
-      (should-not (memq #'magent-store--magent-resume
+      (should-not (memq #'magent-store-magent--resume
                         magent-store-search-resume-functions))
       (let* ((buffer (magent-store-search-magent-test--search "chunk 4"))
              (view (magent-store-search-magent-test--ret buffer "20261130-200100-g")))

@@ -1,4 +1,4 @@
-;;; magent-store-timing-cost.el --- What timing costs Emacs, byte-compiled  -*- lexical-binding: t; -*-
+;;; magent-store-test-timing-cost.el --- What timing costs Emacs, byte-compiled  -*- lexical-binding: t; -*-
 
 ;; SPDX-License-Identifier: GPL-3.0-or-later
 
@@ -7,8 +7,8 @@
 ;; Measures, with the shim byte-compiled as users run it, what recording
 ;; costs Emacs next to the chunk path it must not exceed:
 ;;
-;;   emacs --batch -Q -L elisp -L tests/elisp -l magent-store-timing-cost \
-;;         -f magent-store-timing-cost-run
+;;   emacs --batch -Q -L elisp -L tests/elisp -l magent-store-test-timing-cost \
+;;         -f magent-store-test-timing-cost-run
 ;;
 ;; Per call, best of 5 runs: a chunk through `magent-store-mode's advice
 ;; (magent's append-item-content), a lifecycle event through the sink, a
@@ -23,19 +23,19 @@
 (require 'cl-lib)
 (require 'bytecomp)
 
-(defconst magent-store-timing-cost--checkout
+(defconst magent-store-test-timing-cost--checkout
   (expand-file-name ".." (file-name-directory
                           (directory-file-name
                            (file-name-directory (or load-file-name
                                                     buffer-file-name)))))
   "The checkout this file belongs to.")
 
-(defun magent-store-timing-cost--load-compiled ()
+(defun magent-store-test-timing-cost--load-compiled ()
   "Byte-compile the shim into a temporary directory and load it from there."
   (let ((dir (make-temp-file "magent-store-elc-" t)))
     (dolist (name '("magent-store.el" "magent-store-timing.el"))
       (copy-file (expand-file-name (concat "elisp/" name)
-                                   magent-store-timing-cost--checkout)
+                                   magent-store-test-timing-cost--checkout)
                  (expand-file-name name dir)))
     (add-to-list 'load-path dir)
     (unless (locate-library "epc")
@@ -49,9 +49,9 @@
     (load (expand-file-name "magent-store-timing.elc" dir) nil t)
     dir))
 
-(defun magent-store-timing-cost-run ()
+(defun magent-store-test-timing-cost-run ()
   "Print the costs; see the Commentary."
-  (let ((dir (magent-store-timing-cost--load-compiled)))
+  (let ((dir (magent-store-test-timing-cost--load-compiled)))
     (require 'magent-store-timing-tests)
     (byte-compile 'magent-store-timing-test--per-call-us)
     (dolist (f '(magent-agent-loop-apply-event magent-agent-loop-event-context
@@ -63,7 +63,7 @@
       (byte-compile f))
     (let ((magent-store-test-python
            (expand-file-name ".venv/bin/magent-store"
-                             magent-store-timing-cost--checkout))
+                             magent-store-test-timing-cost--checkout))
           (n 1000))
       (magent-store-timing-test--with-backend
         (let* ((thread (list :session-id "s-cost" :scope 'global))
@@ -94,8 +94,8 @@
           (magent-store-mode 1)
           (magent-store-open "s-cost")
           (magent-thread-append-event
-           thread (magent-store-timing-standin--event "thread-started"))
-          (magent-store-timing-standin--journal-turn thread "turn-cost")
+           thread (magent-store-test-timing-standin--event "thread-started"))
+          (magent-store-test-timing-standin--journal-turn thread "turn-cost")
           (let* ((chunk (- (magent-store-timing-test--per-call-us n chunk-fn) bare-chunk))
                  (apply (- (magent-store-timing-test--per-call-us n apply-fn) bare-apply))
                  (sink (/ (magent-store-timing-test--per-call-us (/ n 2) sink-fn) 2))
@@ -112,7 +112,7 @@
                              (byte-compile
                               `(lambda ()
                                  (magent-store--with-send-buffer
-                                   (magent-store--print
+                                   (magent-store-print
                                     (list 'call 1 'tick
                                           (list "s" ',chunks ,@extra))))))))
                  (plain (magent-store-timing-test--per-call-us
@@ -129,5 +129,5 @@
                            (/ (- riding plain) 100)))))))
     (delete-directory dir t)))
 
-(provide 'magent-store-timing-cost)
-;;; magent-store-timing-cost.el ends here
+(provide 'magent-store-test-timing-cost)
+;;; magent-store-test-timing-cost.el ends here

@@ -1,4 +1,4 @@
-;;; magent-store-timing-standin.el --- A stand-in magent that emits lifecycle events  -*- lexical-binding: t; -*-
+;;; magent-store-test-timing-standin.el --- A stand-in magent that emits lifecycle events  -*- lexical-binding: t; -*-
 
 ;; SPDX-License-Identifier: GPL-3.0-or-later
 
@@ -11,13 +11,13 @@
 ;; keys: :title, :prompt-count, :call-id, :tool-name, :args, :result,
 ;; :status, :detail ...).
 ;;
-;; `magent-store-timing-standin-run' plays four turns with injected times
+;; `magent-store-test-timing-standin-run' plays four turns with injected times
 ;; (so the report's figures are known exactly) while streaming chunks
 ;; into a session through `magent-store-mode's advice, and plants a
 ;; secret string everywhere magent could leak one: chunks, tool
 ;; arguments and results, titles, error details, item metadata, model
 ;; names, and timing props that are not allowed.  Used by the ERT tests
-;; and, through `magent-store-timing-standin-batch', by tests/test_report.py.
+;; and, through `magent-store-test-timing-standin-batch', by tests/test_report.py.
 
 ;;; Code:
 
@@ -49,7 +49,7 @@
     (setq magent-lifecycle-events--sinks
           (delq sink magent-lifecycle-events--sinks))))
 
-(defun magent-store-timing-standin-emit (type time context &rest props)
+(defun magent-store-test-timing-standin-emit (type time context &rest props)
   "Emit lifecycle event TYPE at TIME in CONTEXT with PROPS, as magent does."
   (let ((event (append (list :type type :time time)
                        (when context
@@ -81,18 +81,18 @@
 
 ;;;; The turns
 
-(defconst magent-store-timing-standin-secrets
+(defconst magent-store-test-timing-standin-secrets
   '("sekrit-chunk-4f1c" "sekrit-tool-arg-9a2e" "sekrit-file-name-77d0"
     "sekrit-tool-output-1b3b" "sekrit-error-detail-c0de" "sekrit-metadata-5e5e"
     "sekrit-prompt-title-0a0a" "sekrit-model-name-e1e1" "sekrit-prop-d00d"
     "sekrit-turn-id-f00f")
   "Strings planted where magent could leak content; none may reach the state dir.")
 
-(defun magent-store-timing-standin--secret (n)
+(defun magent-store-test-timing-standin--secret (n)
   "Return the Nth planted secret."
-  (nth n magent-store-timing-standin-secrets))
+  (nth n magent-store-test-timing-standin-secrets))
 
-(defun magent-store-timing-standin--event (type &rest fields)
+(defun magent-store-test-timing-standin--event (type &rest fields)
   "Return a journal event alist of TYPE with FIELDS (a plist)."
   `((seq) (type . ,type) (thread-id . "thread-1")
     (turn-id . ,(plist-get fields :turn-id))
@@ -100,45 +100,45 @@
     (payload . ,(plist-get fields :payload))
     (created-at . ,(float-time))))
 
-(defun magent-store-timing-standin--journal-turn (thread turn-id)
+(defun magent-store-test-timing-standin--journal-turn (thread turn-id)
   "Journal TURN-ID in THREAD with an assistant item carrying secret metadata."
   (let ((now (float-time))
         (item-id (concat turn-id "-a")))
     (magent-thread-append-event
-     thread (magent-store-timing-standin--event
+     thread (magent-store-test-timing-standin--event
              "turn-started" :turn-id turn-id
              :payload `((turn . ((id . ,turn-id) (thread-id . "thread-1")
                                  (status . "in-progress")
-                                 (input . ,(magent-store-timing-standin--secret 6))
+                                 (input . ,(magent-store-test-timing-standin--secret 6))
                                  (items . []) (queued-at . ,now)
                                  (started-at . ,now))))))
     (magent-thread-append-event
-     thread (magent-store-timing-standin--event
+     thread (magent-store-test-timing-standin--event
              "item-started" :turn-id turn-id :item-id item-id
              :payload `((item . ((id . ,item-id) (turn-id . ,turn-id)
                                  (type . "message") (status . "in-progress")
                                  (role . "assistant")
-                                 (metadata . ((note . ,(magent-store-timing-standin--secret 5))))
+                                 (metadata . ((note . ,(magent-store-test-timing-standin--secret 5))))
                                  (created-at . ,now) (updated-at . ,now))))))
     (list :id item-id)))
 
-(defun magent-store-timing-standin--stream (thread item n)
+(defun magent-store-test-timing-standin--stream (thread item n)
   "Stream N chunks holding a secret into ITEM of THREAD, then save."
   (dotimes (i n)
     (magent-thread-append-item-content
-     thread item (format "chunk %d %s\n" i (magent-store-timing-standin--secret 0)))
+     thread item (format "chunk %d %s\n" i (magent-store-test-timing-standin--secret 0)))
     (magent-session-save-deferred-for-session
      (list :id (plist-get thread :session-id) :thread thread))
     (sleep-for 0.005))
   ;; The save that ends a turn: its round trip lands inside the turn.
   (magent-store-flush (plist-get thread :session-id)))
 
-(defun magent-store-timing-standin--fpe (turn-id time)
+(defun magent-store-test-timing-standin--fpe (turn-id time)
   "Record the first provider event of TURN-ID at TIME, as magent's loop would."
   (magent-store-record-timing 'first-provider-event :turn-id turn-id :time time
-                              :error (magent-store-timing-standin--secret 8)))
+                              :error (magent-store-test-timing-standin--secret 8)))
 
-(defun magent-store-timing-standin-run (session-id)
+(defun magent-store-test-timing-standin-run (session-id)
   "Play four turns into SESSION-ID with injected times; return the base time.
 Turns, offsets in seconds from each turn's start:
 - turn-ord: request at 0.01, first event 0.31, request end 1.01, end 1.02.
@@ -150,20 +150,20 @@ Turns, offsets in seconds from each turn's start:
 - turn-ord2: request 0.01, first event 0.11, end 0.5."
   (let* ((thread (list :session-id session-id :scope 'global))
          (base (- (float-time) 100))
-         (emit #'magent-store-timing-standin-emit)
-         (secret #'magent-store-timing-standin--secret))
+         (emit #'magent-store-test-timing-standin-emit)
+         (secret #'magent-store-test-timing-standin--secret))
     (magent-thread-append-event
-     thread (magent-store-timing-standin--event "thread-started"))
+     thread (magent-store-test-timing-standin--event "thread-started"))
     ;; turn-ord
     (let* ((t0 base)
            (ctx (magent-lifecycle-events-context-create :turn-id "turn-ord"))
-           (item (magent-store-timing-standin--journal-turn thread "turn-ord")))
+           (item (magent-store-test-timing-standin--journal-turn thread "turn-ord")))
       (funcall emit 'turn-start t0 ctx :title (funcall secret 6))
       (funcall emit 'llm-request-start (+ t0 0.01) ctx
                :backend "Standin" :model (funcall secret 7)
                :prompt-count 4 :tool-count 3 :system-prompt-length 1234)
-      (magent-store-timing-standin--fpe "turn-ord" (+ t0 0.31))
-      (magent-store-timing-standin--stream thread item 12)
+      (magent-store-test-timing-standin--fpe "turn-ord" (+ t0 0.31))
+      (magent-store-test-timing-standin--stream thread item 12)
       (funcall emit 'llm-request-end (+ t0 1.01) ctx :status 'completed
                :model (funcall secret 7))
       (funcall emit 'turn-end (+ t0 1.02) ctx :status 'completed :detail nil))
@@ -174,11 +174,11 @@ Turns, offsets in seconds from each turn's start:
                  :turn-id "turn-tool" :subagent-id "subagent-standin-1"
                  :title (funcall secret 6)))
            (args (list :path (funcall secret 2) :command (funcall secret 1)))
-           (item (magent-store-timing-standin--journal-turn thread "turn-tool")))
+           (item (magent-store-test-timing-standin--journal-turn thread "turn-tool")))
       (funcall emit 'turn-start t0 ctx :title "Fix it")
       (funcall emit 'llm-request-start t0 ctx :prompt-count 10 :tool-count 3)
-      (magent-store-timing-standin--fpe "turn-tool" (+ t0 0.2))
-      (magent-store-timing-standin--stream thread item 4)
+      (magent-store-test-timing-standin--fpe "turn-tool" (+ t0 0.2))
+      (magent-store-test-timing-standin--stream thread item 4)
       (dolist (call '(("call-a" 0.5 1.5) ("call-b" 0.6 2.6)))
         (funcall emit 'tool-call-start (+ t0 (nth 1 call)) ctx
                  :call-id (car call) :tool-name "bash" :title "bash"
@@ -198,7 +198,7 @@ Turns, offsets in seconds from each turn's start:
                  :exit-code 1 :result (funcall secret 3)
                  :result-summary (funcall secret 4)))
       (funcall emit 'llm-request-start (+ t0 2.9) ctx :prompt-count 14)
-      (magent-store-timing-standin--fpe "turn-tool" (+ t0 3.0))
+      (magent-store-test-timing-standin--fpe "turn-tool" (+ t0 3.0))
       (magent-store-record-timing 'acp-update :turn-id "turn-tool"
                                   :time (+ t0 3.4) :duration-ms 5 :count 1
                                   :title (funcall secret 8))
@@ -207,11 +207,11 @@ Turns, offsets in seconds from each turn's start:
     ;; turn-long
     (let* ((t0 (+ base 6))
            (ctx (magent-lifecycle-events-context-create :turn-id "turn-long"))
-           (item (magent-store-timing-standin--journal-turn thread "turn-long")))
+           (item (magent-store-test-timing-standin--journal-turn thread "turn-long")))
       (funcall emit 'turn-start t0 ctx)
       (funcall emit 'llm-request-start t0 ctx :prompt-count 240)
-      (magent-store-timing-standin--fpe "turn-long" (+ t0 0.9))
-      (magent-store-timing-standin--stream thread item 4)
+      (magent-store-test-timing-standin--fpe "turn-long" (+ t0 0.9))
+      (magent-store-test-timing-standin--stream thread item 4)
       (funcall emit 'llm-request-end (+ t0 2.0) ctx :status 'failed)
       (funcall emit 'turn-end (+ t0 2.1) ctx :status 'failed
                :detail (funcall secret 4)))
@@ -220,7 +220,7 @@ Turns, offsets in seconds from each turn's start:
            (ctx (magent-lifecycle-events-context-create :turn-id "turn-ord2")))
       (funcall emit 'turn-start t0 ctx)
       (funcall emit 'llm-request-start (+ t0 0.01) ctx :prompt-count 6)
-      (magent-store-timing-standin--fpe "turn-ord2" (+ t0 0.11))
+      (magent-store-test-timing-standin--fpe "turn-ord2" (+ t0 0.11))
       (funcall emit 'turn-end (+ t0 0.5) ctx :status 'completed))
     ;; What a careless caller might pass: dropped by the shim, and what
     ;; reaches the backend anyway is dropped there.
@@ -235,7 +235,7 @@ Turns, offsets in seconds from each turn's start:
     (magent-store-timing-flush)
     base))
 
-(defun magent-store-timing-standin-batch ()
+(defun magent-store-test-timing-standin-batch ()
   "Run the turns under `emacs --batch' for tests/test_report.py.
 The session root is $MAGENT_STORE_TEST_ROOT, the backend command
 $MAGENT_STORE_TEST_PYTHON; the state directory is $XDG_STATE_HOME."
@@ -244,9 +244,9 @@ $MAGENT_STORE_TEST_PYTHON; the state directory is $XDG_STATE_HOME."
                                  magent-store-python)))
     (magent-store-mode 1)
     (unwind-protect
-        (princ (format "%s\n" (magent-store-timing-standin-run "s-timing")))
+        (princ (format "%s\n" (magent-store-test-timing-standin-run "s-timing")))
       (magent-store-mode -1)
       (magent-store-stop))))
 
-(provide 'magent-store-timing-standin)
-;;; magent-store-timing-standin.el ends here
+(provide 'magent-store-test-timing-standin)
+;;; magent-store-test-timing-standin.el ends here

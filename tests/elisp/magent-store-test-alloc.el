@@ -1,4 +1,4 @@
-;;; magent-store-alloc.el --- Counting what a streamed chunk allocates  -*- lexical-binding: t; -*-
+;;; magent-store-test-alloc.el --- Counting what a streamed chunk allocates  -*- lexical-binding: t; -*-
 
 ;; SPDX-License-Identifier: GPL-3.0-or-later
 
@@ -20,7 +20,7 @@
 
 (defvar magent-store-test-python)
 
-(defmacro magent-store-alloc--with-backend (&rest body)
+(defmacro magent-store-test-alloc--with-backend (&rest body)
   "Run BODY with a private root and state dir; stop the backend after."
   (declare (indent 0) (debug t))
   `(let* ((tmp (make-temp-file "magent-store-alloc-" t))
@@ -41,7 +41,7 @@
          (magent-store--kill-backend magent-store--backend))
        (delete-directory tmp t))))
 
-(defun magent-store-alloc--show (session-id)
+(defun magent-store-test-alloc--show (session-id)
   "Return `magent-store show' of global SESSION-ID, parsed."
   (with-temp-buffer
     (call-process (if (listp magent-store-python) (car magent-store-python)
@@ -52,7 +52,7 @@
     (goto-char (point-min))
     (json-parse-buffer :object-type 'alist :null-object nil)))
 
-(defun magent-store-alloc--compile ()
+(defun magent-store-test-alloc--compile ()
   "Byte-compile the shim's functions in memory, as users load them."
   (mapatoms (lambda (symbol)
               (when (and (fboundp symbol)
@@ -65,7 +65,7 @@
                 (let ((byte-compile-warnings nil))
                   (byte-compile symbol))))))
 
-(defun magent-store-alloc--bytes (counts)
+(defun magent-store-test-alloc--bytes (counts)
   "Return the bytes the `memory-use-counts' difference COUNTS stands for."
   (let ((gc (garbage-collect)))
     (cl-loop for n in counts
@@ -73,14 +73,14 @@
                                   intervals strings)
              sum (* n (or (nth 1 (assq kind gc)) 0)))))
 
-(defun magent-store-alloc--chunks (n)
+(defun magent-store-test-alloc--chunks (n)
   "Return a vector of N distinct chunks, made before anything is counted."
   (let ((chunks (make-vector n nil)))
     (dotimes (i n)
       (aset chunks i (format "chunk %d é 漢字 \"q\" \\ \n" i)))
     chunks))
 
-(defmacro magent-store-alloc--counting (&rest body)
+(defmacro magent-store-test-alloc--counting (&rest body)
   "Run BODY; return the `memory-use-counts' difference it made."
   (declare (indent 0) (debug t))
   `(progn
@@ -89,13 +89,13 @@
        ,@body
        (cl-mapcar #'- (memory-use-counts) before))))
 
-(defun magent-store-alloc--wait (session)
+(defun magent-store-test-alloc--wait (session)
   "Wait, running no timers, until the backend answered SESSION's batches."
   (let ((process (magent-store--backend-connection magent-store--backend)))
     (while (magent-store--session-inflight session)
       (accept-process-output process 0.05 nil 1))))
 
-(defun magent-store-alloc--stream (send chunks session)
+(defun magent-store-test-alloc--stream (send chunks session)
   "Call SEND on each of CHUNKS, a tick of SESSION after every 33.
 33 chunks is a tick's worth at 131 chunks/s; after every fourth tick
 \(a second's worth), take the replies, as a streaming Emacs does."
@@ -106,10 +106,10 @@
       (when (and session (= 0 (% i 33)))
         (magent-store--tick session)
         (when (= 0 (% i 132))
-          (magent-store-alloc--wait session))))
+          (magent-store-test-alloc--wait session))))
     (when session
       (magent-store--tick session)
-      (magent-store-alloc--wait session))))
+      (magent-store-test-alloc--wait session))))
 
-(provide 'magent-store-alloc)
-;;; magent-store-alloc.el ends here
+(provide 'magent-store-test-alloc)
+;;; magent-store-test-alloc.el ends here

@@ -1,4 +1,4 @@
-;;; magent-store-upstream.el --- Load upstream magent for integration tests  -*- lexical-binding: t; -*-
+;;; magent-store-test-upstream.el --- Load upstream magent for integration tests  -*- lexical-binding: t; -*-
 
 ;;; Commentary:
 
@@ -15,47 +15,47 @@
 (require 'ert)
 (require 'subr-x)
 
-(defconst magent-store-upstream-lisp
+(defconst magent-store-test-upstream-lisp
   (let ((dir (getenv "MAGENT_LISP")))
     (and dir (not (string-empty-p dir)) (file-name-as-directory
                                            (expand-file-name dir))))
   "Upstream magent's lisp/ folder, from MAGENT_LISP, or nil.")
 
-(defconst magent-store-upstream-session7
+(defconst magent-store-test-upstream-session7
   (let ((dir (getenv "MAGENT_SESSION7")))
     (and dir (not (string-empty-p dir)) (file-name-as-directory
                                            (expand-file-name dir))))
   "Folder of a schema-7 magent-session.el, from MAGENT_SESSION7, or nil.")
 
-(defconst magent-store-upstream--stubs
+(defconst magent-store-test-upstream--stubs
   (expand-file-name "stubs" (file-name-directory
                              (or load-file-name buffer-file-name)))
   "Stand-ins for packages magent requires that cannot be installed here.")
 
-(defun magent-store-upstream-available-p ()
+(defun magent-store-test-upstream-available-p ()
   "Return non-nil when upstream magent's code can be loaded."
-  (and magent-store-upstream-lisp
+  (and magent-store-test-upstream-lisp
        (file-readable-p (expand-file-name "magent-ledger.el"
-                                          magent-store-upstream-lisp))))
+                                          magent-store-test-upstream-lisp))))
 
-(defun magent-store-upstream-load (&optional schema7)
+(defun magent-store-test-upstream-load (&optional schema7)
   "Load upstream magent's ledger and session modules.
 With SCHEMA7, load the schema-7 magent-session.el over the release's
 \(signal an error when MAGENT_SESSION7 is not set)."
-  (unless (magent-store-upstream-available-p)
+  (unless (magent-store-test-upstream-available-p)
     (error "MAGENT_LISP does not name upstream magent's lisp/ folder"))
-  (add-to-list 'load-path magent-store-upstream-lisp)
+  (add-to-list 'load-path magent-store-test-upstream-lisp)
   (unless (locate-library "gptel")
-    (add-to-list 'load-path magent-store-upstream--stubs t))
+    (add-to-list 'load-path magent-store-test-upstream--stubs t))
   (require 'magent-ledger)
   (require 'magent-session)
   (when schema7
-    (unless magent-store-upstream-session7
+    (unless magent-store-test-upstream-session7
       (error "MAGENT_SESSION7 is not set"))
-    (load (expand-file-name "magent-session.el" magent-store-upstream-session7)
+    (load (expand-file-name "magent-session.el" magent-store-test-upstream-session7)
           nil t t)))
 
-(defun magent-store-upstream-need (present what how)
+(defun magent-store-test-upstream-need (present what how)
   "Go on when PRESENT is non-nil; else fail under CI=true, or skip loudly.
 WHAT names the missing thing, HOW says how to get it."
   (unless present
@@ -65,17 +65,17 @@ WHAT names the missing thing, HOW says how to get it."
         (message "*** SKIPPED: %s; with CI=true this fails the run ***" text)
         (ert-skip text)))))
 
-(defun magent-store-upstream-load-runtime ()
+(defun magent-store-test-upstream-load-runtime ()
   "Load magent's runtime (`magent-runtime-api') over its sessions.
 It needs yaml.el (Debian: elpa-yaml), looked for on `load-path' and
 in Debian's Emacs package folders.  Return non-nil when it is loaded,
 nil when yaml.el is missing."
-  (magent-store-upstream-load)
+  (magent-store-test-upstream-load)
   (unless (locate-library "yaml")
     (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/yaml-[0-9]*"))
       (add-to-list 'load-path dir)))
   (and (locate-library "yaml")
        (require 'magent-runtime-api)))
 
-(provide 'magent-store-upstream)
-;;; magent-store-upstream.el ends here
+(provide 'magent-store-test-upstream)
+;;; magent-store-test-upstream.el ends here

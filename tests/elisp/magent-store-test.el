@@ -1,0 +1,125 @@
+;;; magent-store-test.el --- Helpers of the magent-store ERT tests  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; What the ERT suites share: a real backend per test (no mocks), with a
+;; fresh session root and state directory, started by the shim exactly as
+;; a user's Emacs starts it; and events in magent's shape.  `make
+;; test-elisp' sets `magent-store-test-python' to the checkout's
+;; .venv/bin/magent-store.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+
+;; `emacs -Q' does not activate Debian's elpa-epc: put it on the path.
+(unless (locate-library "epc")
+  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
+    (add-to-list 'load-path dir)))
+(require 'magent-store)
+
+(defvar magent-store-test-python nil
+  "The backend command under test; nil means the shim's default.")
+
+(defmacro magent-store-test--with-backend (&rest body)
+  "Run BODY with a private root and state dir; stop the backend after."
+  (declare (indent 0) (debug t))
+  `(let* ((tmp (make-temp-file "magent-store-test-" t))
+          (magent-store-root (expand-file-name "root" tmp))
+          (magent-store-python (or magent-store-test-python magent-store-python))
+          (process-environment
+           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+                 process-environment))
+          (magent-store--sessions (make-hash-table :test #'equal))
+          (magent-store--recent nil)
+          (magent-store--backend nil)
+          (magent-store--restarts nil)
+          (magent-store--gave-up nil)
+          (magent-store-persistence-enabled t))
+     (unwind-protect
+         (progn ,@body)
+       (ignore-errors (magent-store-stop))
+       (when magent-store--backend
+         (magent-store--kill-backend magent-store--backend))
+       (delete-directory tmp t))))
+
+;;;; Events in magent's shape
+
+(defun magent-store-test--event (type &rest fields)
+  "Return a journal event alist of TYPE with FIELDS (a plist)."
+  `((seq) (type . ,type) (thread-id . "thread-1")
+    (turn-id . ,(plist-get fields :turn-id))
+    (item-id . ,(plist-get fields :item-id))
+    (payload . ,(plist-get fields :payload))
+    (created-at . ,(float-time))))
+
+(defun magent-store-test--item (id turn-id &optional role type)
+  "Return an item alist ID in TURN-ID with ROLE and TYPE."
+  `((id . ,id) (turn-id . ,turn-id) (type . ,(or type "message"))
+    (status . "in-progress") (role . ,(or role "assistant")) (content) (name)
+    (call-id) (input) (output) (error) (phase) (metadata)
+    (created-at . ,(float-time)) (updated-at . ,(float-time)) (completed-at)))
+
+(defun magent-store-test--turn (id)
+  "Return a turn alist ID."
+  `((id . ,id) (thread-id . "thread-1") (op-id) (status . "in-progress")
+    (input . "Say something") (items . []) (error) (usage) (metadata)
+    (queued-at . ,(float-time)) (started-at . ,(float-time)) (completed-at)
+    (duration-ms)))
+
+(defun magent-store-test--start-turn (session-id)
+  "Journal a thread, a turn and an assistant item in SESSION-ID."
+  (magent-store-append-event session-id
+                             (magent-store-test--event "thread-started"))
+  (magent-store-append-event
+   session-id (magent-store-test--event
+               "turn-started" :turn-id "turn-1"
+               :payload `((turn . ,(magent-store-test--turn "turn-1")))))
+  (magent-store-append-event
+   session-id (magent-store-test--event
+               "item-started" :turn-id "turn-1" :item-id "item-1"
+               :payload `((item . ,(magent-store-test--item "item-1" "turn-1"))))))
+
+(defconst magent-store-test--chunks
+  (let (chunks)
+    (dotimes (i 40)
+      (push (format "chunk %d: \"quoted\" back\\slash é 漢字 \u2028 newline\n" i)
+            chunks))
+    (nreverse chunks))
+  "Chunks with everything that has broken serializers before.")
+
+(defun magent-store-test--content (loaded)
+  "Return the first item's content in LOADED (from `magent-store-load')."
+  (let* ((snapshot (plist-get loaded :snapshot))
+         (turn (aref (alist-get 'turns snapshot) 0))
+         (item (aref (alist-get 'items turn) 0)))
+    (alist-get 'content item)))
+
+(defun magent-store-test--show (session-id &rest args)
+  "Return `magent-store show' of global SESSION-ID with ARGS, parsed."
+  (with-temp-buffer
+    (let ((status (apply #'call-process
+                         (if (listp magent-store-python)
+                             (car magent-store-python)
+                           magent-store-python)
+                         nil '(t nil) nil "show"
+                         (expand-file-name (concat "global/" session-id ".json")
+                                           magent-store-root)
+                         args)))
+      (should (eq status 0))
+      (goto-char (point-min))
+      (json-parse-buffer :object-type 'alist :null-object nil))))
+
+(defun magent-store-test--stream (session-id chunks interval)
+  "Append CHUNKS to item-1 of SESSION-ID, one every INTERVAL seconds.
+Timers run between chunks, as they do while a real reply streams."
+  (dolist (chunk chunks)
+    (magent-store-append-item-content session-id "item-1" chunk)
+    (magent-store-request-flush session-id)
+    (sleep-for interval)))
+
+(provide 'magent-store-test)
+;;; magent-store-test.el ends here
