@@ -50,6 +50,9 @@
 (require 'subr-x)
 (require 'tabulated-list)
 (require 'magent-store)
+;; Past sessions are magent's: its session directory is the default root,
+;; and RET resumes through magent, even before `magent-store-mode' is on.
+(require 'magent-store-magent)
 
 (defgroup magent-store-search nil
   "Search past magent sessions by what was said in them."

@@ -3,7 +3,7 @@
 Linear interpolation between the closest ranks ("type 7", as numpy's and
 spreadsheets' default): the median is the usual median, and P never
 falls below a lower percentile of the same samples.  The Emacs side
-computes it the same way (`magent-store--percentile`); a test compares the
+computes it the same way (`magent-store-status--percentile`); a test compares the
 two on the same samples.
 """
 

@@ -121,8 +121,11 @@ Each one would have killed a batch Emacs whose SIGPIPE is at its default.")
 
 (defun fault--tcp-state (connection)
   "CONNECTION's TCP state as the kernel lists it (hex, \"01\" established).
-Nil once the kernel lists it no more (closed).  Reads no process output."
-  (let ((port (aref (process-contact connection :local) 4)))
+Nil once the kernel lists it no more (closed).  Reads no process output.
+The line is found by both ports: an earlier connection that used the same
+local port may still be listed (TIME_WAIT), with another remote port."
+  (let ((port (aref (process-contact connection :local) 4))
+        (remote (aref (process-contact connection :remote) 4)))
     (with-temp-buffer
       ;; One read of a /proc file stops at 16 KB: read on until nothing comes.
       (let ((at 0) read)
@@ -133,7 +136,8 @@ Nil once the kernel lists it no more (closed).  Reads no process output."
           (setq at (+ at read))))
       (goto-char (point-min))
       (and (re-search-forward
-            (format "^ *[0-9]+: [0-9A-F]+:%04X [0-9A-F]+:[0-9A-F]+ \\([0-9A-F]+\\)" port)
+            (format "^ *[0-9]+: [0-9A-F]+:%04X [0-9A-F]+:%04X \\([0-9A-F]+\\)"
+                    port remote)
             nil t)
            (match-string 1)))))
 
