@@ -1832,13 +1832,7 @@ class Store:
     @staticmethod
     def _refuse_schema6(files: SessionFiles) -> None:
         """Refuse a session magent wrote: taking it over is decided above the store (see sessions.py)."""
-        try:
-            version = declared_schema(files.header)
-        except (FileNotFoundError, WriteFailed):
-            return
-        except OSError as exc:
-            raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
-        if version == 6:
+        if header_schema(files.header) == 6:
             raise StoreError(f"{files.header}: a session magent wrote (schema 6) is opened here only once "
                              "taken over (by the backend, or `magent-store migrate`)")  # fmt: skip
 
@@ -1908,12 +1902,20 @@ def new_backup_path(root: Path, kind: str = "schema6") -> Path:
     return candidate
 
 
-def declared_schema(path: Path) -> int | None:
-    """The schema-version the header file at PATH declares among its first bytes, or None.
+def header_schema(path: Path) -> int | None:
+    """The schema-version the header file at PATH declares among its first bytes.
 
-    Raises what reading it raises (`FileNotFoundError`; `WriteFailed` for a link).
+    None when it declares none, or there is no file (or only a symbolic
+    link, never followed) to read; a file that cannot be read raises
+    `StoreError` naming it.
     """
-    declared = _SCHEMA_HEAD.search(read_file(path)[:1024])
+    try:
+        data = read_file(path)
+    except (FileNotFoundError, WriteFailed):
+        return None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    declared = _SCHEMA_HEAD.search(data[:1024])
     return None if declared is None else int(declared.group(1))
 
 
