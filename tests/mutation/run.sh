@@ -9,10 +9,10 @@
 set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
-for module in ${MODULES:-ledger store server search export fsck migrate}; do
+for module in ${MODULES:-ledger store logfile fileio server search export fsck migrate}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_validation.py" ;;
-    store) selection="tests/test_store.py tests/test_exactly_once.py tests/test_store_contract.py" ;;
+    store|logfile|fileio) selection="tests/test_store.py tests/test_exactly_once.py tests/test_store_contract.py" ;;
     server) selection="tests/test_server.py tests/test_hostile_and_stop.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
