@@ -311,7 +311,7 @@ class LogWriter:
         self._clock = clock
         self._start_timer = start_timer
         self._io_lock = io_lock
-        self._crash = crash
+        self.crash = crash
         self._root = root
         self._fd = -1
         self.ino = 0
@@ -407,15 +407,16 @@ class LogWriter:
         cuts the log back to where it was and raises `WriteFailed`, its
         message ending in KEPT (what the caller keeps of LINES).
         """
-        self.sync_new_names()
+        if self._unsynced_dirs:
+            self.sync_new_names()
         if not lines:
             return 0
         data = b"".join(lines)
         size = os.fstat(self._fd).st_size
         try:
             fileio.write_all(self._fd, data)
-            if self._crash:
-                self._crash("log-written")
+            if self.crash:
+                self.crash("log-written")
             self.sums.add(self.ino, size, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -436,7 +437,7 @@ class LogWriter:
 
     def replace(self, data: bytes, *, sync: bool) -> None:
         """Replace the whole log by DATA (atomically); later writes go to the new file."""
-        atomic_write(self.files.log, data, sync=sync, crash=self._crash)
+        atomic_write(self.files.log, data, sync=sync, crash=self.crash)
         os.close(self._fd)
         self._fd = open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self.ino = os.fstat(self._fd).st_ino

@@ -681,7 +681,7 @@ class Compactor:
         self.files = files
         self.log_max_events = log_max_events
         self.log_growth = log_growth
-        self._crash = crash
+        self.crash = crash
         self._tail: deque[bytes] = deque()
         self._tail_bytes = 0
         self.since_snapshot = 0
@@ -750,11 +750,11 @@ class Compactor:
         sync = writer.fsync != "never"
         thread.snapshot_created_at = time.time()
         snapshot = dumps(ledger.thread_to_json(thread))
-        atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self._crash)
+        atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self.crash)
         self._snapshot_size = len(snapshot)
         self.snapshot_on_disk = True
-        if self._crash:
-            self._crash("before-log-replace")
+        if self.crash:
+            self.crash("before-log-replace")
         writer.replace(b"".join(self._tail), sync=sync)
         self.since_snapshot = 0
         self._log_bytes_since_snapshot = 0
@@ -807,9 +807,8 @@ class Session:
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
-        self._crash = crash  # a test's fault hook; tests may set it on an open session
         self._compactor = Compactor(files, log_max_events=log_max_events, log_growth=log_growth,
-                                    crash=self._fault)  # fmt: skip
+                                    crash=crash)  # fmt: skip
         self.files = files
         self.scope = scope
         self._io_lock = threading.RLock()
@@ -826,7 +825,7 @@ class Session:
         check_directory(files.directory)
         self._log = LogWriter(
             files, fsync=fsync, fsync_interval=fsync_interval_ms / 1000, clock=clock,
-            start_timer=start_timer, io_lock=self._io_lock, crash=self._fault, root=root, made=made,
+            start_timer=start_timer, io_lock=self._io_lock, crash=crash, root=root, made=made,
         )  # fmt: skip
         self._lock = SessionLock(files)
         try:
@@ -839,10 +838,14 @@ class Session:
             self._lock.release(remove=True)
             raise
 
-    def _fault(self, point: str) -> None:
-        """The fault hook of the rooms that write: the test's, at POINT, if one is set."""
-        if self._crash is not None:
-            self._crash(point)
+    @property
+    def _crash(self) -> Callable[[str], None] | None:
+        """A test's fault hook, called at named points of each write; tests set it on an open session."""
+        return self._compactor.crash
+
+    @_crash.setter
+    def _crash(self, hook: Callable[[str], None] | None) -> None:
+        self._compactor.crash = self._log.crash = hook
 
     # -- opening ----------------------------------------------------------
 
@@ -1030,7 +1033,7 @@ class Session:
         written = self._pending[resent:]  # lines written before are not news to `after_flush`
         bytes_written = self._write_events()
         header_written = self._header.write_if_changed(
-            self.files.header, self.thread, sync=self._log.fsync != "never", crash=self._fault
+            self.files.header, self.thread, sync=self._log.fsync != "never", crash=self._crash
         )
         compacted = self._compactor.wanted(self.thread, compact, unconfirmed=self.unconfirmed_events,
                                            rewriting=self._rewriting)  # fmt: skip
