@@ -81,8 +81,7 @@ $(PLOT_STAMP): $(STAMP)
 test-python: install $(PLOT_STAMP)
 	$(SUITE) test-python pytest -- $(PY) -m pytest -q
 
-# Mutation testing (mutmut) of ledger.py, store.py (and its logfile.py and
-# fileio.py), server.py, search.py,
+# Mutation testing (mutmut) of ledger.py, store.py, server.py, search.py,
 # export.py, fsck.py and migrate.py, each against its own test file; scores
 # and survivors under build/mutation/ (README, "Testing").  MODULES="ledger"
 # narrows it, JOBS=2 runs two mutants at once.
