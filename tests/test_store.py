@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from conftest import Events, need
-from magent_store import ledger, store
+from magent_store import fileio, ledger, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
     CorruptSessionError,
@@ -89,13 +89,13 @@ def test_flush_writes_all_pending_lines_at_once(root: Path, events: Events, monk
     fill(s, events)
     s.flush()
     writes: list[tuple[int, int]] = []
-    real = store._write_all
-    monkeypatch.setattr(store, "_write_all", lambda fd, data: (writes.append((fd, len(data))), real(fd, data)))
+    real = fileio.write_all
+    monkeypatch.setattr(fileio, "write_all", lambda fd, data: (writes.append((fd, len(data))), real(fd, data)))
     for i in range(10):
         s.append_content("a1", f"chunk {i}", False, events.now())
     assert s.pending_events == 10
     result = s.flush()
-    assert [n for fd, n in writes if fd == s._log_fd] == [result.bytes_written]
+    assert [n for fd, n in writes if fd == s._log.fd] == [result.bytes_written]
     assert len(writes) == 2, "the log's write and its checksum's"
     assert result.events_written == 10 and s.pending_events == 0
     assert not result.compacted and not result.header_written
@@ -659,15 +659,15 @@ def test_a_full_disk_while_writing_gone_files_again_keeps_everything_for_the_nex
     s.flush()
     shutil.rmtree(root / "global")
     s.append_content("a0", "after", False, events.now())
-    real = store._write_all
+    real = fileio.write_all
 
     def enospc(fd: int, data: bytes | memoryview) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store, "_write_all", enospc)
+    monkeypatch.setattr(fileio, "write_all", enospc)
     with pytest.raises(store.WriteFailed, match="no space left"):
         s.flush()
-    monkeypatch.setattr(store, "_write_all", real)
+    monkeypatch.setattr(fileio, "write_all", real)
     assert s.flush().durable_seq == s.last_seq
     s.close()
     assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(state(s))
@@ -774,17 +774,17 @@ def test_full_disk_keeps_events_pending_and_the_log_clean(
     before = log_path.read_bytes()
     for i in range(5):
         s.append_content("a0", f"chunk {i}", False, events.now())
-    real = store._write_all
+    real = fileio.write_all
 
     def half_then_enospc(fd: int, data: bytes | memoryview) -> None:
         real(fd, bytes(data)[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store, "_write_all", half_then_enospc)
+    monkeypatch.setattr(fileio, "write_all", half_then_enospc)
     with pytest.raises(StoreError, match=r"s1.jsonl: cannot write \(no space left on device: \d+ bytes needed.*5 events kept"):
         s.flush()
     assert log_path.read_bytes() == before and s.pending_events == 5
-    monkeypatch.setattr(store, "_write_all", real)
+    monkeypatch.setattr(fileio, "write_all", real)
     assert s.flush().events_written == 5
     expected = state(s)
     s.close()

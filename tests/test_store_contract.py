@@ -27,7 +27,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import ledger, sessions, store
+from magent_store import fileio, ledger, sessions, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
     BatchOutOfOrder,
@@ -1125,7 +1125,7 @@ def test_a_full_disk_during_a_batch_says_the_batch_is_to_be_sent_again(
     def enospc(fd: int, data: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store, "_write_all", enospc)
+    monkeypatch.setattr(fileio, "write_all", enospc)
     assert s.begin_batch(P, 2)
     s.append_event(events.content("t1", "i1", "x"))
     with pytest.raises(WriteFailed) as failed:
@@ -1153,7 +1153,7 @@ def test_a_failed_first_batch_starts_again_from_the_initial_state(
     initial = ledger.thread_from_json({**state, "last-event-seq": 0, "metadata": {"source": "magent"}})
     expected = store.dumps(ledger.thread_to_json(initial))
     s = Store(root).open("s1", None, initial)
-    real = store._write_all
+    real = fileio.write_all
 
     def enospc_on_the_log(fd: int, data: Any) -> None:
         if os.readlink(f"/proc/self/fd/{fd}").endswith("s1.jsonl"):
@@ -1162,12 +1162,12 @@ def test_a_failed_first_batch_starts_again_from_the_initial_state(
 
     batch = [events.content("t0", "i0", " there"), events.turn("turn-started", "t1"),
              events.item_started("t1", "i1")]  # fmt: skip
-    monkeypatch.setattr(store, "_write_all", enospc_on_the_log)
+    monkeypatch.setattr(fileio, "write_all", enospc_on_the_log)
     for _ in range(2):
         with pytest.raises(WriteFailed):
             send(s, 1, batch)
         assert s.snapshot_bytes() == expected
-    monkeypatch.setattr(store, "_write_all", real)
+    monkeypatch.setattr(fileio, "write_all", real)
     assert send(s, 1, batch)
     s.close()
     _, thread = Store(root).load("s1")
@@ -1393,7 +1393,7 @@ def test_a_directory_that_cannot_be_synced_does_not_fail_the_write(
     def unsupported(directory: Path) -> None:
         raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
 
-    monkeypatch.setattr(store, "_fsync_dir", unsupported)
+    monkeypatch.setattr(fileio, "_fsync_dir", unsupported)
     root.mkdir()
     store.atomic_write(root / "f", b"data", sync=True)
     assert (root / "f").read_bytes() == b"data"

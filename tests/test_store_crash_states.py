@@ -38,7 +38,7 @@ import pytest
 import conftest
 from conftest import Events
 from crash import fs
-from magent_store import fsck, ledger, store
+from magent_store import fileio, fsck, ledger, logfile, store
 from magent_store.store import Scope, SessionFiles, Store, StoreError
 
 SEED = 20261201
@@ -104,12 +104,17 @@ def strip(thread: ledger.Thread) -> Any:
     return obj
 
 
+# The modules that touch a session's files: the recorder stands in for their `os`.
+STORE_MODULES = (store, fileio, logfile)
+
+
 def run_workload(base: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Journal:
     """Three sessions streaming through the real store, every file operation recorded."""
     base.mkdir()
     fake = FakeTime()
     recorder = fs.Recorder(base, fake.clock)
-    monkeypatch.setattr(store, "os", recorder)
+    for module in STORE_MODULES:
+        monkeypatch.setattr(module, "os", recorder)
     extra: dict[str, Any] = {}
     if mode == "interval":
         extra = {"clock": fake.clock, "start_timer": fake.start_timer}
@@ -148,7 +153,8 @@ def run_workload(base: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Jour
             fake.advance(rng.choice((0.2, 0.4, 1.5)))
     for sid, _ in SESSIONS:
         flush(sid, close=True)
-    monkeypatch.setattr(store, "os", recorder._os)
+    for module in STORE_MODULES:
+        monkeypatch.setattr(module, "os", recorder._os)
     return journal
 
 

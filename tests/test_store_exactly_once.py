@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import store
+from magent_store import fileio, store
 from magent_store.store import (
     BatchOutOfOrder,
     Scope,
@@ -188,19 +188,19 @@ def test_a_full_disk_refuses_the_whole_batch_and_the_resend_applies_it_once(
     s = open_session(root)
     send(s, 1, start(events))
     before = (root / "global/s1.jsonl").read_bytes()
-    real = store._write_all
+    real = fileio.write_all
 
     def half_then_enospc(fd: int, data: bytes | memoryview) -> None:
         real(fd, bytes(data)[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store, "_write_all", half_then_enospc)
+    monkeypatch.setattr(fileio, "write_all", half_then_enospc)
     batch = [events.content("t1", "i1", c) for c in "abc"]
     with pytest.raises(WriteFailed, match=r"s1.jsonl: cannot write \(no space left on device: \d+ bytes needed"):
         send(s, 2, batch)
     assert (root / "global/s1.jsonl").read_bytes() == before
     assert s.pending_events == 0 and s.last_seq == 3, "the batch is forgotten whole: its sender keeps it"
-    monkeypatch.setattr(store, "_write_all", real)
+    monkeypatch.setattr(fileio, "write_all", real)
     assert send(s, 2, batch)
     s.close()
     assert log_chunks(root) == ["a", "b", "c"]
@@ -211,7 +211,7 @@ def test_a_full_disk_during_compaction_names_the_snapshot_and_loses_nothing(
 ) -> None:
     s = open_session(root, log_max_events=3, log_growth=0.0)
     send(s, 1, start(events))
-    real = store._write_all
+    real = fileio.write_all
     calls = {"n": 0}
 
     def enospc_on_temp_files(fd: int, data: bytes | memoryview) -> None:
@@ -222,13 +222,13 @@ def test_a_full_disk_during_compaction_names_the_snapshot_and_loses_nothing(
         calls["n"] += 1
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store, "_write_all", enospc_on_temp_files)
+    monkeypatch.setattr(fileio, "write_all", enospc_on_temp_files)
     batch = [events.content("t1", "i1", c) for c in "abcd"]
     with pytest.raises(StoreError, match=r"s1.snapshot: cannot write \(no space left on device: \d+ bytes needed.*unchanged"):
         send(s, 2, batch)
     assert calls["n"] == 1
     assert not list((root / "global").glob(".*.tmp-*")), "the temp file is removed"
-    monkeypatch.setattr(store, "_write_all", real)
+    monkeypatch.setattr(fileio, "write_all", real)
     assert not send(s, 2, batch), "committed before compaction: the resend is skipped"
     s.close()
     assert log_chunks(root) == ["a", "b", "c", "d"]

@@ -2,6 +2,10 @@
 
 Every subcommand maps to one store operation; errors go to stderr with a
 non-zero exit status (1 for a refused operation, 2 for a usage error).
+
+A command is its handler ``cmd_x(args)``, registered by ``@command`` with its
+help text and ``x_arguments(parser)``, which declares its options right above
+it; ``--help`` lists the commands in the order they are registered.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +53,49 @@ Commands that take SESSION.json name a session by its header's path.
 """
 
 
+Handler = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand: its name, its help line and description, its arguments, its handler."""
+
+    name: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    help: str
+    description: str
+    run: Handler
+
+
+# Every command, in the order `magent-store --help` lists them.
+COMMANDS: list[Command] = []
+
+
+def command(
+    name: str, arguments: Callable[[argparse.ArgumentParser], None], help: str, description: str
+) -> Callable[[Handler], Handler]:
+    """Register the handler it decorates as command NAME, whose options ARGUMENTS declares."""
+
+    def register(run: Handler) -> Handler:
+        COMMANDS.append(Command(name, arguments, help, description, run))
+        return run
+
+    return register
+
+
+def no_arguments(p: argparse.ArgumentParser) -> None:
+    """A command that takes no arguments but --help."""
+
+
+def fsync_argument(p: argparse.ArgumentParser) -> None:
+    """--fsync, for the commands that write a session."""
+    p.add_argument(
+        "--fsync", choices=FSYNC_MODES, default="always",
+        help="always: fsync every flush (default); interval: at most once a second; "
+        "never: leave it to the OS",
+    )  # fmt: skip
+
+
 class CliError(Exception):
     """A refused operation: printed as one line on stderr, exit status 1."""
 
@@ -68,6 +116,25 @@ def _events(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]]:
             raise CliError(f"{where}: not valid JSON: {exc}") from None
 
 
+def apply_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", type=Path, metavar="SESSION.json")
+    p.add_argument("events", nargs="?", default="-", metavar="EVENTS.jsonl|-",
+                   help="the events to apply (default: standard input)")  # fmt: skip
+    p.add_argument("--project-root", metavar="DIR",
+                   help="create a project session for DIR (default: a global session)")  # fmt: skip
+    p.add_argument("--log-max-events", type=int, default=LOG_MAX_EVENTS, metavar="N",
+                   help=f"compact once N events follow the snapshot (default {LOG_MAX_EVENTS})")  # fmt: skip
+    fsync_argument(p)
+
+
+@command(
+    "apply", apply_arguments, "apply a stream of events to a session",
+    "Apply events (one JSON object per line, magent's event shape; any seq is ignored\n"
+    "and the store assigns the next one) to the session whose header is SESSION.json,\n"
+    "creating it if missing, then flush.  If any line is refused, nothing is written.\n\n"
+    "example:\n"
+    "  magent-store apply ~/.emacs.d/magent/sessions/global/s1.json events.jsonl",
+)  # fmt: skip
 def cmd_apply(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
     if files.header.exists():
@@ -115,6 +182,25 @@ def _show_json(obj: Any, *, pretty: bool) -> bytes:
                           allow_nan=False).encode("utf-8", "surrogatepass")  # fmt: skip
 
 
+def show_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", type=Path, metavar="SESSION.json")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--header", action="store_true", help="print the header")
+    which.add_argument("--log", action="store_true", help="print the log's events")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+
+
+@command(
+    "show", show_arguments, "print a session's snapshot, header or log",
+    "Print the materialized thread (the snapshot with the log replayed) as magent's\n"
+    "JSON, or with --header the header, or with --log the logged events one per line.\n"
+    "Reads only: takes no lock and repairs nothing.  A session in magent's own format\n"
+    "(schema 6) is read as it is, and stderr says so.\n\n"
+    "examples:\n"
+    "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --pretty\n"
+    "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --header\n"
+    "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --log | tail -n 5",
+)  # fmt: skip
 def cmd_show(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
     out = sys.stdout.buffer
@@ -165,6 +251,22 @@ def _schema6_info(path: Path, *, turns: bool) -> SessionInfo:
     )  # fmt: skip
 
 
+def ls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--json", action="store_true", help="print one JSON array")
+    p.add_argument("--turns", action="store_true", help="count turns (reads every snapshot)")
+
+
+@command(
+    "ls", ls_arguments, "list the sessions under a root",
+    "One line per session: id, scope, last update, size on disk, format, title.\n"
+    "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.\n"
+    "Sessions in magent's own format (schema 6) are read as they are, nothing written.\n\n"
+    "examples:\n"
+    "  magent-store ls ~/.emacs.d/magent/sessions\n"
+    "  magent-store ls ~/.emacs.d/magent/sessions --turns\n"
+    "  magent-store ls ~/.emacs.d/magent/sessions --json > sessions.json",
+)  # fmt: skip
 def cmd_ls(args: argparse.Namespace) -> int:
     if not args.root.is_dir():
         raise CliError(f"{args.root}: no such directory")
@@ -205,6 +307,23 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def compact_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", type=Path, metavar="SESSION.json")
+    fsync_argument(p)
+
+
+@command(
+    "compact", compact_arguments, "write a snapshot now and cut the log to its tail",
+    "Force a compaction: the snapshot is replaced atomically, then the log by a\n"
+    "bounded tail of recent events.  Sessions compact by themselves every\n"
+    f"{LOG_MAX_EVENTS} events; this is for inspection and tests.  A log that ends in\n"
+    "a batch whose writer was never told it is saved (a backend killed in\n"
+    "between) is left as it is, and the tool says so and exits 1: that writer\n"
+    "sends the batch again.\n\n"
+    "examples:\n"
+    "  magent-store compact ~/.emacs.d/magent/sessions/global/s1.json\n"
+    "  magent-store compact --fsync never /tmp/scratch/global/s1.json",
+)  # fmt: skip
 def cmd_compact(args: argparse.Namespace) -> int:
     files = SessionFiles.from_header_path(args.session)
     scope = Scope.from_header(schema6.read_any_header(files.header)[0])
@@ -220,12 +339,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
     print(f"{files.header}: compacted at seq {result.written_seq} in {result.seconds * 1000:.1f} ms",
           file=sys.stderr)  # fmt: skip
     return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from magent_store import server
-
-    return server.serve(log_level=args.log_level)
 
 
 def _migration_progress(paths: list[Path], root: Path) -> tuple[Callable[[FileReport], None], Any]:
@@ -267,6 +380,35 @@ def _report_line(report: FileReport, root: Path) -> str:
     return f"{report.outcome}: {report.path.relative_to(root)}{reason}{shadowed}"
 
 
+def migrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
+    p.add_argument("--no-backup", action="store_true", help="do not copy the originals first")
+    p.add_argument("--json", action="store_true", help="print the per-file report as JSON")
+    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+                   help="files migrated at a time (default: one per CPU, at most 4)")  # fmt: skip
+
+
+@command(
+    "migrate", migrate_arguments, "migrate a schema-6 session tree to schema 7, verified value by value",
+    "Migrate every schema-6 session (one <id>.json holding header, snapshot and journal)\n"
+    "under ROOT's global/, projects/*/ and actions/*/ to schema 7.  Per session, each\n"
+    "file atomically: <id>.jsonl (the journal's events), then <id>.snapshot, then the\n"
+    "schema-7 header replaces <id>.json.  Before that last step the new files are read\n"
+    "back and compared with the schema-6 state (snapshot replayed with journal) value by\n"
+    "value; any difference leaves the schema-6 file as it was and the exit status is 1.\n"
+    "Schema-7 files, files that are not sessions and invalid sessions (reported with the\n"
+    "reason) are left as they are; duplicate metadata keys that magent never read (it\n"
+    "reads the first) are dropped and counted apart.  An interrupted run leaves every file\n"
+    "readable: run it again to finish.  Sessions open in a running backend are skipped.\n\n"
+    "Unless --no-backup, each original is first copied to ROOT/schema6-backup-<time>/.\n\n"
+    "Exit status: 0 when every file was migrated or rightly left alone; 1 when a value\n"
+    "would have changed, a session was open elsewhere or a write failed; 2 usage error.\n\n"
+    "examples:\n"
+    "  magent-store migrate --dry-run ~/.emacs.d/magent/sessions   # what would happen\n"
+    "  magent-store migrate ~/.emacs.d/magent/sessions\n"
+    "  magent-store migrate --json ~/.emacs.d/magent/sessions > report.json",
+)  # fmt: skip
 def cmd_migrate(args: argparse.Namespace) -> int:
     root: Path = args.root.expanduser()
     if not root.is_dir():
@@ -292,6 +434,29 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--schema", type=int, required=True, metavar="N", help="the format to write: 6")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
+    p.add_argument("--no-backup", action="store_true", help="do not copy the store's files first")
+    p.add_argument("--json", action="store_true", help="print the per-session report as JSON")
+
+
+@command(
+    "export", export_arguments, "write every session back in the format magent's current release reads",
+    "Write every schema-7 session under ROOT's global/, projects/*/ and actions/*/ back\n"
+    "as one schema-6 <id>.json (header, snapshot and journal), the format magent's\n"
+    "current release reads: for leaving magent-store-mode.  Each file is read back and\n"
+    "compared with the store value by value before it replaces the header; any\n"
+    "difference leaves the session as it was and the exit status is 1.  Then the log\n"
+    "and snapshot are removed.  Unless --no-backup, the store's files are first copied\n"
+    "to ROOT/schema7-backup-<time>/.  Damaged sessions are left alone (run fsck\n"
+    "--repair first), as are sessions open in a running backend.  Running it again\n"
+    "changes nothing.\n\n"
+    "examples:\n"
+    "  magent-store export --dry-run ~/.emacs.d/magent/sessions --schema 6\n"
+    "  magent-store export ~/.emacs.d/magent/sessions --schema 6",
+)  # fmt: skip
 def cmd_export(args: argparse.Namespace) -> int:
     root: Path = args.root.expanduser()
     if not root.is_dir():
@@ -337,6 +502,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def fsck_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--repair", action="store_true", help="repair what can be repaired without guessing")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+
+@command(
+    "fsck", fsck_arguments, "check every session under a root, and repair what is safe",
+    "Check every session under ROOT: header valid and naming its file, snapshot present\n"
+    "and valid, every log line valid with seqs strictly increasing, the log continuing\n"
+    "the snapshot, torn final lines, orphans (a log or snapshot without a header), temp\n"
+    "files of interrupted writes, and locks nobody holds.  Sessions open for writing\n"
+    "are left alone.\n\n"
+    "--repair fixes only what has one right answer: drops torn tails, removes stale temp\n"
+    "files and locks, rebuilds a missing snapshot from a log that starts at seq 1 and a\n"
+    "missing header from the snapshot.  A corrupt line in the middle of a log is never\n"
+    "deleted: the log is cut there and the rest moved to <id>.jsonl.corrupt-<n>.\n\n"
+    "Exit status: 0 healthy (or repaired), 1 damage remains, 2 usage error.\n\n"
+    "examples:\n"
+    "  magent-store fsck ~/.emacs.d/magent/sessions\n"
+    "  magent-store fsck --repair --json ~/.emacs.d/magent/sessions",
+)  # fmt: skip
 def cmd_fsck(args: argparse.Namespace) -> int:
     root: Path = args.root.expanduser()
     if not root.is_dir():
@@ -349,6 +536,54 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             print(finding.line(root))
         print(result.summary())
     return 0 if result.healthy else 1
+
+
+command("scan", scan.add_arguments, scan.HELP, scan.DESCRIPTION)(scan.run)
+
+
+def serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+@command(
+    "serve", serve_arguments, "run the EPC server (started by the Emacs shim)",
+    "Serve the store to Emacs over EPC on 127.0.0.1.  Started by elisp/magent-store.el,\n"
+    "which hands it a token in the environment; it prints its port on stdout, logs to\n"
+    "$XDG_STATE_HOME/magent-store/, and exits when Emacs disconnects.  It refuses every\n"
+    "call until the client authenticates with the token in MAGENT_STORE_TOKEN.\n\n"
+    "examples:\n"
+    "  magent-store serve                     # what M-x magent-store-start runs\n"
+    "  MAGENT_STORE_TOKEN=secret magent-store serve --log-level DEBUG   # by hand, to debug",
+)  # fmt: skip
+def cmd_serve(args: argparse.Namespace) -> int:
+    from magent_store import server
+
+    return server.serve(log_level=args.log_level)
+
+
+def elisp_dir() -> Path:
+    """Where the Emacs Lisp files are: in the installed package, or the checkout's elisp/."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "elisp", package.parent.parent / "elisp"):
+        if (candidate / "magent-store.el").is_file():
+            return candidate
+    raise CliError(f"the Emacs Lisp files are missing: neither {package / 'elisp'} nor a checkout's elisp/")
+
+
+@command(
+    "elisp-dir", no_arguments, "print the directory holding the Emacs Lisp files",
+    "Print the directory holding magent-store.el and the other Emacs Lisp files that\n"
+    "came with this installation, for Emacs's load-path.\n\n"
+    "examples:\n"
+    "  magent-store elisp-dir\n"
+    "  emacs --eval \"(add-to-list 'load-path \\\"$(magent-store elisp-dir)\\\")\"\n\n"
+    "In your init file:\n"
+    "  (add-to-list 'load-path\n"
+    "               (string-trim (shell-command-to-string \"magent-store elisp-dir\")))",
+)  # fmt: skip
+def cmd_elisp_dir(args: argparse.Namespace) -> int:
+    sys.stdout.write(f"{elisp_dir()}\n")
+    return 0
 
 
 def _since(value: str) -> float:
@@ -364,6 +599,38 @@ def _since(value: str) -> float:
         ) from None
 
 
+def report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", type=_since, metavar="DATE",
+                   help="only turns from DATE (2026-11-29, 2026-11-29T14:00) or an age (7d)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the report (every turn) as JSON")
+    p.add_argument("--plot", metavar="FILE", help="also plot timelines and distributions to FILE (.png)")
+    p.add_argument("--long-history", type=int, default=100, metavar="N",
+                   help="long-history: a request of N prompt messages or more (default 100)")  # fmt: skip
+    p.add_argument("--timelines", type=int, default=10, metavar="N",
+                   help="draw the timelines of the last N turns (default 10; 0 for none)")  # fmt: skip
+    p.add_argument("--dir", type=Path, metavar="DIR",
+                   help="read the metrics in DIR (default: the state directory)")  # fmt: skip
+
+
+@command(
+    "report", report_arguments, "where turns spend their time, from the lifecycle timing metrics",
+    "Read the timing records Emacs sent while magent-store-mode was on\n"
+    "($XDG_STATE_HOME/magent-store/metrics.jsonl and its rotations; only event types,\n"
+    "digests of turn ids, durations, counts and sizes) and print, per turn kind, the count and\n"
+    "the median, p90 and max of each phase, then the timelines of the latest turns.\n"
+    "Overlapping intervals (parallel tool calls, subagents, saves during a stream)\n"
+    "are drawn as a timeline and their time is a union, never a sum.\n\n"
+    "Phases: total; first-event (turn start to the first provider event);\n"
+    "provider-wait (request start to its first event); request; reasoning;\n"
+    "tool-call (each call); tool-wall (union of the turn's calls); tool-gap (last\n"
+    "tool completion to the next request); session-save(s); acp-update(s).\n"
+    "Kinds: long-history (a request carried at least --long-history prompt\n"
+    "messages), else tool-use (any tool call), else ordinary.\n\n"
+    "examples:\n"
+    "  magent-store report --since 7d\n"
+    "  magent-store report --json > turns.json\n"
+    "  magent-store report --plot turns.png     # pip install 'magent-store[plot]'",
+)  # fmt: skip
 def cmd_report(args: argparse.Namespace) -> int:
     from magent_store import metrics, report
 
@@ -401,6 +668,42 @@ def _marked(text: str, spans: list[tuple[int, int]], on: str, off: str) -> str:
     return "".join([*out, text[at:]])
 
 
+def search_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("query", metavar="QUERY")
+    p.add_argument("root", type=Path, nargs="?", default=Path("~/.emacs.d/magent/sessions"), metavar="ROOT",
+                   help="the session root (default ~/.emacs.d/magent/sessions)")  # fmt: skip
+    p.add_argument("--scope", metavar="global|PROJECT|action:NAME",
+                   help="only global sessions, those of the project in directory PROJECT, or of action NAME")
+    p.add_argument("--since", type=_since, metavar="DATE",
+                   help="only matches from DATE (2026-11-29, 2026-11-29T14:00) or an age (30m, 12h, 30d)")
+    p.add_argument("--role", action="append", choices=["user", "assistant", "tool"],
+                   help="search only this role's text (repeatable); tool adds tool input and output")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N sessions (default 20)")
+    p.add_argument("--json", action="store_true",
+                   help="print {query, roles, notices, hits: [{id, root, scope, title, header, time, "
+                   "score, excerpts: [{text, highlights, role, turn, item, time}]}]}")
+
+
+@command(
+    "search", search_arguments, "find sessions by what was said in them",
+    "Find the sessions under ROOT in which every word of QUERY was said (in one\n"
+    "passage, any order, any case; \"quoted words\" must appear together).  Words match\n"
+    "anywhere, even inside longer words, in any language: CJK, identifiers, paths.\n"
+    "Nothing else is special: AND, OR, NOT, *, ( ) are searched as typed.  Queries\n"
+    "shorter than 3 characters scan only the newest passages.\n\n"
+    "Sessions are ranked by their best passage (bm25; when a word is everywhere, among\n"
+    "its newest uses), each with its title, scope, time of the newest match, up to\n"
+    "three excerpts with the match highlighted, and what it takes to open it.\n"
+    "User and assistant text is searched; --role tool adds tool input and output.\n\n"
+    "The index lives in ROOT/.search/ (private, rebuilt from the sessions whenever it\n"
+    "is missing or damaged) and is brought up to date before each search.\n\n"
+    "Exit status: 0 something found, 1 nothing found, 2 usage error.\n\n"
+    "examples:\n"
+    "  magent-store search 'parse_query' ~/.emacs.d/magent/sessions\n"
+    "  magent-store search '\"connection refused\" docker' --since 30d\n"
+    "  magent-store search 迁移 --scope ~/src/shop --role tool\n"
+    "  magent-store search TODO --scope action:review --json | jq '.hits[].id'",
+)  # fmt: skip
 def cmd_search(args: argparse.Namespace) -> int:
     from magent_store import search
 
@@ -441,6 +744,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0 if result.hits else 1
 
 
+def index_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, metavar="ROOT")
+    p.add_argument("--rebuild", action="store_true", help="drop the index and index everything again")
+
+
+@command(
+    "index", index_arguments, "bring the search index up to date, or rebuild it",
+    "Index every session under ROOT that changed since it was last indexed, and drop\n"
+    "the sessions that are gone (a search does this by itself first).  With --rebuild,\n"
+    "start from nothing: the index is derived from the session files, never the other\n"
+    "way round.  A session that cannot be read is reported and skipped (exit status 1).\n\n"
+    "examples:\n"
+    "  magent-store index ~/.emacs.d/magent/sessions --rebuild",
+)  # fmt: skip
 def cmd_index(args: argparse.Namespace) -> int:
     from magent_store import search
 
@@ -487,21 +804,8 @@ def _index_progress() -> tuple[Callable[[int, int], None] | None, Callable[[], N
     return advance, bar.stop
 
 
-def elisp_dir() -> Path:
-    """Where the Emacs Lisp files are: in the installed package, or the checkout's elisp/."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "elisp", package.parent.parent / "elisp"):
-        if (candidate / "magent-store.el").is_file():
-            return candidate
-    raise CliError(f"the Emacs Lisp files are missing: neither {package / 'elisp'} nor a checkout's elisp/")
-
-
-def cmd_elisp_dir(args: argparse.Namespace) -> int:
-    sys.stdout.write(f"{elisp_dir()}\n")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the command line: each registered command with its own arguments."""
     parser = argparse.ArgumentParser(
         prog="magent-store",
         description="Persist magent sessions: a journal of events, a snapshot, a header.",
@@ -510,264 +814,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name, help=help, description=description, epilog=EPILOG,
+    for c in COMMANDS:
+        p = sub.add_parser(
+            c.name, help=c.help, description=c.description, epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )  # fmt: skip
-
-    def durability(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--fsync", choices=FSYNC_MODES, default="always",
-            help="always: fsync every flush (default); interval: at most once a second; "
-            "never: leave it to the OS",
-        )  # fmt: skip
-
-    p = add(
-        "apply", "apply a stream of events to a session",
-        "Apply events (one JSON object per line, magent's event shape; any seq is ignored\n"
-        "and the store assigns the next one) to the session whose header is SESSION.json,\n"
-        "creating it if missing, then flush.  If any line is refused, nothing is written.\n\n"
-        "example:\n"
-        "  magent-store apply ~/.emacs.d/magent/sessions/global/s1.json events.jsonl",
-    )  # fmt: skip
-    p.add_argument("session", type=Path, metavar="SESSION.json")
-    p.add_argument("events", nargs="?", default="-", metavar="EVENTS.jsonl|-",
-                   help="the events to apply (default: standard input)")  # fmt: skip
-    p.add_argument("--project-root", metavar="DIR",
-                   help="create a project session for DIR (default: a global session)")  # fmt: skip
-    p.add_argument("--log-max-events", type=int, default=LOG_MAX_EVENTS, metavar="N",
-                   help=f"compact once N events follow the snapshot (default {LOG_MAX_EVENTS})")  # fmt: skip
-    durability(p)
-    p.set_defaults(func=cmd_apply)
-
-    p = add(
-        "show", "print a session's snapshot, header or log",
-        "Print the materialized thread (the snapshot with the log replayed) as magent's\n"
-        "JSON, or with --header the header, or with --log the logged events one per line.\n"
-        "Reads only: takes no lock and repairs nothing.  A session in magent's own format\n"
-        "(schema 6) is read as it is, and stderr says so.\n\n"
-        "examples:\n"
-        "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --pretty\n"
-        "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --header\n"
-        "  magent-store show ~/.emacs.d/magent/sessions/global/s1.json --log | tail -n 5",
-    )  # fmt: skip
-    p.add_argument("session", type=Path, metavar="SESSION.json")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--header", action="store_true", help="print the header")
-    which.add_argument("--log", action="store_true", help="print the log's events")
-    p.add_argument("--pretty", action="store_true", help="indent the JSON")
-    p.set_defaults(func=cmd_show)
-
-    p = add(
-        "ls", "list the sessions under a root",
-        "One line per session: id, scope, last update, size on disk, format, title.\n"
-        "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.\n"
-        "Sessions in magent's own format (schema 6) are read as they are, nothing written.\n\n"
-        "examples:\n"
-        "  magent-store ls ~/.emacs.d/magent/sessions\n"
-        "  magent-store ls ~/.emacs.d/magent/sessions --turns\n"
-        "  magent-store ls ~/.emacs.d/magent/sessions --json > sessions.json",
-    )  # fmt: skip
-    p.add_argument("root", type=Path, metavar="ROOT")
-    p.add_argument("--json", action="store_true", help="print one JSON array")
-    p.add_argument("--turns", action="store_true", help="count turns (reads every snapshot)")
-    p.set_defaults(func=cmd_ls)
-
-    p = add(
-        "compact", "write a snapshot now and cut the log to its tail",
-        "Force a compaction: the snapshot is replaced atomically, then the log by a\n"
-        "bounded tail of recent events.  Sessions compact by themselves every\n"
-        f"{LOG_MAX_EVENTS} events; this is for inspection and tests.  A log that ends in\n"
-        "a batch whose writer was never told it is saved (a backend killed in\n"
-        "between) is left as it is, and the tool says so and exits 1: that writer\n"
-        "sends the batch again.\n\n"
-        "examples:\n"
-        "  magent-store compact ~/.emacs.d/magent/sessions/global/s1.json\n"
-        "  magent-store compact --fsync never /tmp/scratch/global/s1.json",
-    )  # fmt: skip
-    p.add_argument("session", type=Path, metavar="SESSION.json")
-    durability(p)
-    p.set_defaults(func=cmd_compact)
-
-    p = add(
-        "migrate", "migrate a schema-6 session tree to schema 7, verified value by value",
-        "Migrate every schema-6 session (one <id>.json holding header, snapshot and journal)\n"
-        "under ROOT's global/, projects/*/ and actions/*/ to schema 7.  Per session, each\n"
-        "file atomically: <id>.jsonl (the journal's events), then <id>.snapshot, then the\n"
-        "schema-7 header replaces <id>.json.  Before that last step the new files are read\n"
-        "back and compared with the schema-6 state (snapshot replayed with journal) value by\n"
-        "value; any difference leaves the schema-6 file as it was and the exit status is 1.\n"
-        "Schema-7 files, files that are not sessions and invalid sessions (reported with the\n"
-        "reason) are left as they are; duplicate metadata keys that magent never read (it\n"
-        "reads the first) are dropped and counted apart.  An interrupted run leaves every file\n"
-        "readable: run it again to finish.  Sessions open in a running backend are skipped.\n\n"
-        "Unless --no-backup, each original is first copied to ROOT/schema6-backup-<time>/.\n\n"
-        "Exit status: 0 when every file was migrated or rightly left alone; 1 when a value\n"
-        "would have changed, a session was open elsewhere or a write failed; 2 usage error.\n\n"
-        "examples:\n"
-        "  magent-store migrate --dry-run ~/.emacs.d/magent/sessions   # what would happen\n"
-        "  magent-store migrate ~/.emacs.d/magent/sessions\n"
-        "  magent-store migrate --json ~/.emacs.d/magent/sessions > report.json",
-    )  # fmt: skip
-    p.add_argument("root", type=Path, metavar="ROOT")
-    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
-    p.add_argument("--no-backup", action="store_true", help="do not copy the originals first")
-    p.add_argument("--json", action="store_true", help="print the per-file report as JSON")
-    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
-                   help="files migrated at a time (default: one per CPU, at most 4)")  # fmt: skip
-    p.set_defaults(func=cmd_migrate)
-
-    p = add(
-        "export", "write every session back in the format magent's current release reads",
-        "Write every schema-7 session under ROOT's global/, projects/*/ and actions/*/ back\n"
-        "as one schema-6 <id>.json (header, snapshot and journal), the format magent's\n"
-        "current release reads: for leaving magent-store-mode.  Each file is read back and\n"
-        "compared with the store value by value before it replaces the header; any\n"
-        "difference leaves the session as it was and the exit status is 1.  Then the log\n"
-        "and snapshot are removed.  Unless --no-backup, the store's files are first copied\n"
-        "to ROOT/schema7-backup-<time>/.  Damaged sessions are left alone (run fsck\n"
-        "--repair first), as are sessions open in a running backend.  Running it again\n"
-        "changes nothing.\n\n"
-        "examples:\n"
-        "  magent-store export --dry-run ~/.emacs.d/magent/sessions --schema 6\n"
-        "  magent-store export ~/.emacs.d/magent/sessions --schema 6",
-    )  # fmt: skip
-    p.add_argument("root", type=Path, metavar="ROOT")
-    p.add_argument("--schema", type=int, required=True, metavar="N", help="the format to write: 6")
-    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
-    p.add_argument("--no-backup", action="store_true", help="do not copy the store's files first")
-    p.add_argument("--json", action="store_true", help="print the per-session report as JSON")
-    p.set_defaults(func=cmd_export)
-
-    p = add(
-        "fsck", "check every session under a root, and repair what is safe",
-        "Check every session under ROOT: header valid and naming its file, snapshot present\n"
-        "and valid, every log line valid with seqs strictly increasing, the log continuing\n"
-        "the snapshot, torn final lines, orphans (a log or snapshot without a header), temp\n"
-        "files of interrupted writes, and locks nobody holds.  Sessions open for writing\n"
-        "are left alone.\n\n"
-        "--repair fixes only what has one right answer: drops torn tails, removes stale temp\n"
-        "files and locks, rebuilds a missing snapshot from a log that starts at seq 1 and a\n"
-        "missing header from the snapshot.  A corrupt line in the middle of a log is never\n"
-        "deleted: the log is cut there and the rest moved to <id>.jsonl.corrupt-<n>.\n\n"
-        "Exit status: 0 healthy (or repaired), 1 damage remains, 2 usage error.\n\n"
-        "examples:\n"
-        "  magent-store fsck ~/.emacs.d/magent/sessions\n"
-        "  magent-store fsck --repair --json ~/.emacs.d/magent/sessions",
-    )  # fmt: skip
-    p.add_argument("root", type=Path, metavar="ROOT")
-    p.add_argument("--repair", action="store_true", help="repair what can be repaired without guessing")
-    p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.set_defaults(func=cmd_fsck)
-
-    scan.add_arguments(add("scan", scan.HELP, scan.DESCRIPTION))
-
-    p = add(
-        "serve", "run the EPC server (started by the Emacs shim)",
-        "Serve the store to Emacs over EPC on 127.0.0.1.  Started by elisp/magent-store.el,\n"
-        "which hands it a token in the environment; it prints its port on stdout, logs to\n"
-        "$XDG_STATE_HOME/magent-store/, and exits when Emacs disconnects.  It refuses every\n"
-        "call until the client authenticates with the token in MAGENT_STORE_TOKEN.\n\n"
-        "examples:\n"
-        "  magent-store serve                     # what M-x magent-store-start runs\n"
-        "  MAGENT_STORE_TOKEN=secret magent-store serve --log-level DEBUG   # by hand, to debug",
-    )  # fmt: skip
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    p.set_defaults(func=cmd_serve)
-
-    p = add(
-        "elisp-dir", "print the directory holding the Emacs Lisp files",
-        "Print the directory holding magent-store.el and the other Emacs Lisp files that\n"
-        "came with this installation, for Emacs's load-path.\n\n"
-        "examples:\n"
-        "  magent-store elisp-dir\n"
-        "  emacs --eval \"(add-to-list 'load-path \\\"$(magent-store elisp-dir)\\\")\"\n\n"
-        "In your init file:\n"
-        "  (add-to-list 'load-path\n"
-        "               (string-trim (shell-command-to-string \"magent-store elisp-dir\")))",
-    )  # fmt: skip
-    p.set_defaults(func=cmd_elisp_dir)
-
-    p = add(
-        "report", "where turns spend their time, from the lifecycle timing metrics",
-        "Read the timing records Emacs sent while magent-store-mode was on\n"
-        "($XDG_STATE_HOME/magent-store/metrics.jsonl and its rotations; only event types,\n"
-        "digests of turn ids, durations, counts and sizes) and print, per turn kind, the count and\n"
-        "the median, p90 and max of each phase, then the timelines of the latest turns.\n"
-        "Overlapping intervals (parallel tool calls, subagents, saves during a stream)\n"
-        "are drawn as a timeline and their time is a union, never a sum.\n\n"
-        "Phases: total; first-event (turn start to the first provider event);\n"
-        "provider-wait (request start to its first event); request; reasoning;\n"
-        "tool-call (each call); tool-wall (union of the turn's calls); tool-gap (last\n"
-        "tool completion to the next request); session-save(s); acp-update(s).\n"
-        "Kinds: long-history (a request carried at least --long-history prompt\n"
-        "messages), else tool-use (any tool call), else ordinary.\n\n"
-        "examples:\n"
-        "  magent-store report --since 7d\n"
-        "  magent-store report --json > turns.json\n"
-        "  magent-store report --plot turns.png     # pip install 'magent-store[plot]'",
-    )  # fmt: skip
-    p.add_argument("--since", type=_since, metavar="DATE",
-                   help="only turns from DATE (2026-11-29, 2026-11-29T14:00) or an age (7d)")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print the report (every turn) as JSON")
-    p.add_argument("--plot", metavar="FILE", help="also plot timelines and distributions to FILE (.png)")
-    p.add_argument("--long-history", type=int, default=100, metavar="N",
-                   help="long-history: a request of N prompt messages or more (default 100)")  # fmt: skip
-    p.add_argument("--timelines", type=int, default=10, metavar="N",
-                   help="draw the timelines of the last N turns (default 10; 0 for none)")  # fmt: skip
-    p.add_argument("--dir", type=Path, metavar="DIR",
-                   help="read the metrics in DIR (default: the state directory)")  # fmt: skip
-    p.set_defaults(func=cmd_report)
-
-    p = add(
-        "search", "find sessions by what was said in them",
-        "Find the sessions under ROOT in which every word of QUERY was said (in one\n"
-        "passage, any order, any case; \"quoted words\" must appear together).  Words match\n"
-        "anywhere, even inside longer words, in any language: CJK, identifiers, paths.\n"
-        "Nothing else is special: AND, OR, NOT, *, ( ) are searched as typed.  Queries\n"
-        "shorter than 3 characters scan only the newest passages.\n\n"
-        "Sessions are ranked by their best passage (bm25; when a word is everywhere, among\n"
-        "its newest uses), each with its title, scope, time of the newest match, up to\n"
-        "three excerpts with the match highlighted, and what it takes to open it.\n"
-        "User and assistant text is searched; --role tool adds tool input and output.\n\n"
-        "The index lives in ROOT/.search/ (private, rebuilt from the sessions whenever it\n"
-        "is missing or damaged) and is brought up to date before each search.\n\n"
-        "Exit status: 0 something found, 1 nothing found, 2 usage error.\n\n"
-        "examples:\n"
-        "  magent-store search 'parse_query' ~/.emacs.d/magent/sessions\n"
-        "  magent-store search '\"connection refused\" docker' --since 30d\n"
-        "  magent-store search 迁移 --scope ~/src/shop --role tool\n"
-        "  magent-store search TODO --scope action:review --json | jq '.hits[].id'",
-    )  # fmt: skip
-    p.add_argument("query", metavar="QUERY")
-    p.add_argument("root", type=Path, nargs="?", default=Path("~/.emacs.d/magent/sessions"), metavar="ROOT",
-                   help="the session root (default ~/.emacs.d/magent/sessions)")  # fmt: skip
-    p.add_argument("--scope", metavar="global|PROJECT|action:NAME",
-                   help="only global sessions, those of the project in directory PROJECT, or of action NAME")
-    p.add_argument("--since", type=_since, metavar="DATE",
-                   help="only matches from DATE (2026-11-29, 2026-11-29T14:00) or an age (30m, 12h, 30d)")
-    p.add_argument("--role", action="append", choices=["user", "assistant", "tool"],
-                   help="search only this role's text (repeatable); tool adds tool input and output")
-    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N sessions (default 20)")
-    p.add_argument("--json", action="store_true",
-                   help="print {query, roles, notices, hits: [{id, root, scope, title, header, time, "
-                   "score, excerpts: [{text, highlights, role, turn, item, time}]}]}")
-    p.set_defaults(func=cmd_search)
-
-    p = add(
-        "index", "bring the search index up to date, or rebuild it",
-        "Index every session under ROOT that changed since it was last indexed, and drop\n"
-        "the sessions that are gone (a search does this by itself first).  With --rebuild,\n"
-        "start from nothing: the index is derived from the session files, never the other\n"
-        "way round.  A session that cannot be read is reported and skipped (exit status 1).\n\n"
-        "examples:\n"
-        "  magent-store index ~/.emacs.d/magent/sessions --rebuild",
-    )  # fmt: skip
-    p.add_argument("root", type=Path, metavar="ROOT")
-    p.add_argument("--rebuild", action="store_true", help="drop the index and index everything again")
-    p.set_defaults(func=cmd_index)
+        c.arguments(p)
+        p.set_defaults(func=c.run)
     return parser
 
 

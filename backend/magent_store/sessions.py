@@ -23,8 +23,7 @@ from magent_store.store import (
     SessionFiles,
     Store,
     StoreError,
-    WriteFailed,
-    declared_schema,
+    header_schema,
 )
 
 log = logging.getLogger(__name__)
@@ -58,13 +57,7 @@ def open_header(
 
 def take_over(files: SessionFiles, root: Path, *, sync: bool) -> None:
     """Migrate FILES in place when magent wrote them (schema 6): verified, backed up under ROOT."""
-    try:
-        version = declared_schema(files.header)
-    except (FileNotFoundError, WriteFailed):
-        return
-    except OSError as exc:
-        raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
-    if version != schema6.SCHEMA6:
+    if header_schema(files.header) != schema6.SCHEMA6:
         return
     migrator = migrate.Migrator(root, sync=sync)
     report = migrator.migrate_file(files.header)

@@ -13,9 +13,14 @@ the snapshot is replaced atomically first, then the log by a bounded tail.
 Replay skips every logged event the snapshot already holds, so a crash at
 any point leaves the state of the last completed flush or later.
 
-The tools above (fsck, migrate, export, search) read every log with this
-module's one reader, `read_log`, and write through `atomic_write`; taking
-over a session magent wrote is decided above them all (sessions.py).
+Its rooms: `fileio` (the store's errors and single files: private,
+never through a link, replaced atomically), `logfile` (the log's one
+reader `read_log`, its checksums, and `LogWriter`, which owns the open
+log and its syncs), and here the producer record, the header, the
+compactor, the lock, and `Session`, which coordinates them.  The tools
+above (fsck, migrate, export, search) read every log with `read_log` and
+write through `atomic_write`; taking over a session magent wrote is
+decided above them all (sessions.py).
 """
 
 from __future__ import annotations
@@ -26,14 +31,12 @@ import datetime as dt
 import errno
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import re
 import threading
 import time
 import unicodedata
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,7 +46,47 @@ from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 import orjson
 
 from magent_store import ledger
+from magent_store.fileio import BatchOutOfOrder as BatchOutOfOrder
+from magent_store.fileio import CorruptSessionError as CorruptSessionError
+from magent_store.fileio import InvalidSessionId as InvalidSessionId
+from magent_store.fileio import SessionFiles as SessionFiles
+from magent_store.fileio import SessionLockedError as SessionLockedError
+from magent_store.fileio import SessionNotFound as SessionNotFound
+from magent_store.fileio import SimulatedCrash as SimulatedCrash
+from magent_store.fileio import StoreError as StoreError
+from magent_store.fileio import WriteFailed as WriteFailed
+from magent_store.fileio import atomic_write as atomic_write
+from magent_store.fileio import check_directory as check_directory
+from magent_store.fileio import check_session_id as check_session_id
+from magent_store.fileio import dumps as dumps
+from magent_store.fileio import free_bytes as free_bytes
+from magent_store.fileio import is_temp_file as is_temp_file
+from magent_store.fileio import loads as loads
+from magent_store.fileio import make_private_dirs as make_private_dirs
+from magent_store.fileio import open_private as open_private
+from magent_store.fileio import read_file as read_file
+from magent_store.fileio import remove_stale_temps as remove_stale_temps
+from magent_store.fileio import sync_directories as sync_directories
+from magent_store.fileio import truncate_file as truncate_file
+from magent_store.fileio import write_failed as write_failed
 from magent_store.ledger import Event, LedgerError, Thread
+from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
+from magent_store.logfile import FSYNC_MODES as FSYNC_MODES
+from magent_store.logfile import INVALID_TAIL as INVALID_TAIL
+from magent_store.logfile import SEQ_ORDER as SEQ_ORDER
+from magent_store.logfile import CorruptionReporter as CorruptionReporter
+from magent_store.logfile import FsyncMode as FsyncMode
+from magent_store.logfile import LogScan as LogScan
+from magent_store.logfile import LogSums as LogSums
+from magent_store.logfile import LogWriter as LogWriter
+from magent_store.logfile import StartTimer as StartTimer
+from magent_store.logfile import crash_tail as crash_tail
+from magent_store.logfile import damage_message as damage_message
+from magent_store.logfile import damaged_range as damaged_range
+from magent_store.logfile import read_log as read_log
+from magent_store.logfile import read_log_file as read_log_file
+from magent_store.logfile import scan_log as scan_log
+from magent_store.logfile import sum_line as sum_line
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +95,6 @@ HEADER_KEYS: Final = (
     "id", "schema-version", "kind", "action", "status", "title", "parent-session-id",
     "metadata", "scope", "project-root", "summary-title", "agent-jobs", "approval-overrides",
 )  # fmt: skip
-FSYNC_MODES: Final = ("always", "interval", "never")
 LOG_MAX_EVENTS: Final = 2000
 # Compaction also waits until the log has grown by this fraction of the
 # snapshot's size, so its cost per event stays flat however large the session
@@ -66,9 +108,6 @@ TITLE_MAX_CHARS: Final = 100
 PRODUCER_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PRODUCER_RECORD_BYTES: Final = 256
 
-FsyncMode = Literal["always", "interval", "never"]
-# Starts a timer: (seconds, callback) -> a function that cancels it.
-StartTimer = Callable[[float, Callable[[], None]], Callable[[], None]]
 
 
 def monotonic() -> float:
@@ -82,49 +121,6 @@ def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], Non
     timer.daemon = True
     timer.start()
     return timer.cancel
-
-
-class StoreError(Exception):
-    """A session that cannot be opened, read or written; the message says why."""
-
-
-class InvalidSessionId(StoreError, ValueError):
-    """A session id (or action name) that must not name a file."""
-
-
-class SessionLockedError(StoreError):
-    """The session is open for writing elsewhere."""
-
-
-class CorruptSessionError(StoreError):
-    """A session file holds something that is not what the store wrote."""
-
-
-class SessionNotFound(StoreError, FileNotFoundError):
-    """No header where one was expected."""
-
-
-class WriteFailed(StoreError, OSError):
-    """A write the disk refused (full, say); the message names the file and the space needed."""
-
-
-class BatchOutOfOrder(StoreError):
-    """A numbered batch that arrived before the one it follows."""
-
-
-class SimulatedCrash(BaseException):
-    """Raised by test crash hooks; a BaseException so no handler swallows it."""
-
-
-def check_session_id(session_id: object, what: str = "session id") -> str:
-    """SESSION-ID if it may name a file (SPEC §2), else raise `InvalidSessionId`."""
-    if not ledger.valid_session_id(session_id):
-        raise InvalidSessionId(
-            f"invalid {what} {session_id!r:.80}: it must match [A-Za-z0-9][A-Za-z0-9_.-]*, "
-            f"be at most {ledger.SESSION_ID_MAX} characters and not be . or .."
-        )
-    assert isinstance(session_id, str)
-    return session_id
 
 
 # ---------------------------------------------------------------------------
@@ -232,268 +228,6 @@ class Scope:
 
     def label(self) -> str:
         return self.kind if self.value is None else f"{self.kind}:{self.value}"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionFiles:
-    """The paths of one session."""
-
-    directory: Path
-    id: str
-
-    @classmethod
-    def from_header_path(cls, path: Path) -> SessionFiles:
-        if path.suffix != ".json":
-            raise StoreError(f"{path}: a session is named by its header, <id>.json")
-        return cls(path.parent, check_session_id(path.stem))
-
-    @property
-    def header(self) -> Path:
-        return self.directory / f"{self.id}.json"
-
-    @property
-    def log(self) -> Path:
-        return self.directory / f"{self.id}.jsonl"
-
-    @property
-    def snapshot(self) -> Path:
-        return self.directory / f"{self.id}.snapshot"
-
-    @property
-    def lock(self) -> Path:
-        return self.directory / f"{self.id}.lock"
-
-    @property
-    def sums(self) -> Path:
-        """Checksums of the log's committed ranges (see `damaged_range`); magent never reads it."""
-        return self.directory / f"{self.id}.sums"
-
-    def side_file(self, kind: str) -> Path:
-        """A free ``<id>.jsonl.KIND-<n>`` beside the log, for lines set aside (never deleted)."""
-        n = 1
-        while (self.directory / f"{self.log.name}.{kind}-{n}").exists():
-            n += 1
-        return self.directory / f"{self.log.name}.{kind}-{n}"
-
-    @property
-    def producer(self) -> Path:
-        """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
-        return self.directory / f"{self.id}.producer"
-
-
-# ---------------------------------------------------------------------------
-# Private files
-
-
-def make_private_dirs(path: Path) -> list[Path]:
-    """Create PATH and its missing parents as 0700, whatever the umask.
-
-    Returns the directories it created, outermost first: their names are
-    on disk only once their parents are fsynced (see `sync_directories`).
-    """
-    missing: list[Path] = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    made: list[Path] = []
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, 0o700)
-            os.chmod(d, 0o700)
-            made.append(d)
-    return made
-
-
-def _link_refused(path: Path) -> WriteFailed:
-    error = WriteFailed(
-        f"{path}: a symbolic link; the store never follows one in a session directory "
-        "(remove it, or put the file it points to in its place)"
-    )
-    error.errno = errno.ELOOP
-    return error
-
-
-def _open_private(path: Path, flags: int) -> int:
-    """Open PATH as the store's own file (0600), never through a symbolic link."""
-    try:
-        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _link_refused(path) from None
-        raise
-    try:
-        os.fchmod(fd, 0o600)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_file(path: Path) -> bytes:
-    """The bytes of the session file at PATH, never read through a symbolic link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _link_refused(path) from None
-        raise
-    with open(fd, "rb") as f:
-        return f.read()
-
-
-def truncate_file(path: Path, size: int) -> None:
-    """Cut the session file at PATH to SIZE bytes, never through a symbolic link."""
-    fd = _open_private(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
-
-
-def check_directory(directory: Path) -> None:
-    """Refuse a session directory that is not the user's own; make one writable by others 0700."""
-    st = os.stat(directory)
-    if st.st_uid != os.getuid():
-        raise StoreError(
-            f"{directory}: owned by user {st.st_uid}, not by you; refused, since whoever owns it "
-            "could change your sessions (use a directory of your own)"
-        )
-    if st.st_mode & 0o022:
-        os.chmod(directory, 0o700)
-        log.warning("%s: was writable by others; made 0700", directory)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def free_bytes(directory: Path) -> int | None:
-    """Bytes an unprivileged writer may still use in DIRECTORY's file system."""
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def write_failed(path: Path, exc: OSError, needed: int, what: str = "") -> WriteFailed:
-    """A `WriteFailed` naming PATH, the error and, for a full disk, the space needed."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = free_bytes(path.parent)
-        have = "" if free is None else f", {free} free"
-        why = f"no space left on device: {needed} bytes needed{have}"
-    else:
-        why = exc.strerror or str(exc)
-    error = WriteFailed(f"{path}: cannot write ({why}){what}")
-    error.errno = exc.errno
-    return error
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sync_directories(directories: list[Path]) -> None:
-    """Fsync each of DIRECTORIES, so the names made in them survive a power loss.
-
-    A failure raises `WriteFailed` naming the directory: what depends on
-    those names must not be reported saved.  A file system that does not
-    sync directories at all (EINVAL) leaves nothing more to do.
-    """
-    for directory in directories:
-        try:
-            _fsync_dir(directory)
-        except OSError as exc:
-            if exc.errno in (errno.EINVAL, errno.ENOTSUP):
-                continue  # a file system that cannot sync a directory: nothing more to do
-            error = WriteFailed(
-                f"{directory}: cannot fsync the directory ({exc.strerror or exc}): "
-                "what was just written in it might not survive a power loss"
-            )
-            error.errno = exc.errno
-            raise error from None
-
-
-def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], None] | None = None) -> None:
-    """Replace PATH by DATA: temp file in the same directory, fsync, rename, fsync the directory.
-
-    The temp file is fsynced before its rename even without SYNC: a power
-    loss then leaves the old file or the new one, never an empty or cut
-    one.  Without SYNC the directory is fsynced only when PATH is a new
-    name (a session's first header, say), so a file once written is never
-    lost whole.  A failed write (a full disk, say) leaves PATH as it was,
-    removes the temp file and raises `WriteFailed` naming PATH and the
-    space it needs; so does a failed directory fsync.
-    """
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    new_name = not sync and not path.exists()
-    try:
-        try:
-            fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:  # left by an earlier attempt, or planted: a name, not ours to follow
-            os.unlink(tmp)
-            fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if crash:
-                crash(f"{path.suffix[1:]}-temp-written")
-            os.replace(tmp, path)
-        except Exception:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except WriteFailed:
-        raise
-    except OSError as exc:
-        raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
-    if crash:
-        crash(f"{path.suffix[1:]}-renamed")
-    if sync or new_name:
-        sync_directories([path.parent])
-
-
-def dumps(obj: Any) -> bytes:
-    """Encode OBJ as magent writes it (keys in insertion order, `Text` as strings).
-
-    Integers beyond 64 bits (Emacs reads them as bignums) are written exactly,
-    by the standard library: orjson refuses them.
-    """
-    try:
-        return orjson.dumps(obj, default=ledger.json_default)
-    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
-        if "64-bit" not in str(exc):
-            raise LedgerError(f"cannot encode as JSON: {exc}") from None
-    try:
-        text = json.dumps(obj, default=ledger.json_default, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False)  # fmt: skip
-    except (TypeError, ValueError) as exc:
-        raise LedgerError(f"cannot encode as JSON: {exc}") from None
-    return text.encode("utf-8", "surrogatepass")
-
-
-# An integer of 19 digits or more standing as a JSON value: orjson would read
-# one beyond 64 bits as a float, silently.  A string holding such text only
-# costs the slower exact parser.
-_LONG_INTEGER: Final = re.compile(rb"[:,\[]\s*-?\d{19,}\s*[,\]}]")
-
-
-def loads(data: bytes) -> Any:
-    """Decode JSON DATA, keeping integers beyond 64 bits exact (`ValueError` if malformed)."""
-    if _LONG_INTEGER.search(data) is None:
-        return orjson.loads(data)
-    return json.loads(data)
 
 
 # ---------------------------------------------------------------------------
@@ -630,191 +364,6 @@ def read_header(path: Path) -> dict[str, Any]:
         raise CorruptSessionError(f"{path}: {exc}") from None
 
 
-# What a log reader reports of the first line it cannot read.
-CORRUPT_LINE: Final = "corrupt-line"  # a malformed or invalid line before the end of the log
-SEQ_ORDER: Final = "seq-order"  # a seq that does not follow the one before it
-INVALID_TAIL: Final = "invalid-tail"  # invalid lines after the last valid one (a power loss)
-
-# Told (line number, kind, reason) of the line a reader stops at; it may raise.
-CorruptionReporter = Callable[[int, str, str], None]
-
-
-@dataclass(slots=True)
-class LogScan:
-    """What a log holds, as read back: its valid prefix, and where and why reading stopped."""
-
-    events: list[Event]
-    lines: list[bytes]
-    good_size: int  # bytes up to the end of the last valid line
-    torn: bool  # a final line without its newline was dropped
-    # Complete lines after the last valid one, none of them valid (with a
-    # torn one, what a power loss leaves of unsynced appends), skipped.
-    invalid_tail: int = 0
-    data: bytes = b""  # the file as read
-    bad_line: int | None = None  # 1-based number of the first line not read
-    bad_kind: str | None = None  # CORRUPT_LINE, SEQ_ORDER or INVALID_TAIL
-    bad_message: str | None = None
-    tail: bytes = b""  # the torn final line
-
-    @property
-    def moved_lines(self) -> int:
-        """Lines from the bad one to the end (a torn tail counts as one)."""
-        if self.bad_line is None:
-            return 0
-        rest = self.data[self.good_size :]
-        return rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
-
-
-def _valid_line(line: bytes) -> bool:
-    try:
-        ledger.event_from_json(loads(line), need_seq=True)
-    except (ValueError, LedgerError):
-        return False
-    return True
-
-
-def crash_tail(line: bytes, after: list[bytes]) -> bool:
-    """True when invalid LINE and the lines AFTER it are what a power loss leaves of unsynced appends.
-
-    That is, LINE holds a NUL byte (a page that never reached the disk
-    reads as zeros, and the store never writes a NUL: JSON escapes it, so
-    what follows is the rest of that append), or LINE is not JSON at all
-    (cut) and no valid line follows.  A line that is JSON but no valid
-    event was written so: that is corruption, never set aside silently.
-    """
-    if b"\0" in line:
-        return True
-    try:
-        loads(line)
-    except ValueError:
-        return not any(_valid_line(later) for later in after)
-    return False
-
-
-def read_log(data: bytes, report: CorruptionReporter | None = None) -> LogScan:
-    """Read the log DATA as far as it is valid: the one reader of every log.
-
-    Reading stops at the first line that is not a valid event or whose seq
-    does not follow the one before; REPORT is told of it (and may raise),
-    and the result names it.  A final line without its newline is a torn
-    append: dropped, never reported.
-    """
-    lines = data.split(b"\n")
-    tail = lines.pop()  # after the final "\n" this is b""; else a torn append
-    scan = LogScan([], lines, 0, tail != b"", data=data, tail=tail)
-    events = scan.events
-    previous = good_size = 0
-    # An integer beyond 64 bits stays exact; only a log holding one pays for it.
-    exact = _LONG_INTEGER.search(data) is not None
-    for number, line in enumerate(lines, 1):
-        try:
-            event = ledger.event_from_json(loads(line) if exact else orjson.loads(line), need_seq=True)
-        except (ValueError, LedgerError) as exc:
-            kind = INVALID_TAIL if crash_tail(line, lines[number:]) else CORRUPT_LINE
-            _stop(scan, number, kind, str(exc), report)
-            break
-        assert event.seq is not None
-        if event.seq <= previous:
-            _stop(scan, number, SEQ_ORDER, f"seq {event.seq} does not follow {previous}", report)
-            break
-        previous = event.seq
-        events.append(event)
-        good_size += len(line) + 1
-    scan.good_size = good_size
-    return scan
-
-
-def _stop(scan: LogScan, number: int, kind: str, reason: str, report: CorruptionReporter | None) -> None:
-    scan.bad_line, scan.bad_kind, scan.bad_message = number, kind, reason
-    if kind == INVALID_TAIL:
-        scan.invalid_tail = len(scan.lines) - number + 1
-    del scan.lines[number - 1 :]
-    if report is not None:
-        report(number, kind, reason)
-
-
-def scan_log(path: Path) -> LogScan:
-    """Read and validate every line of the log at PATH (missing → empty), as a session is opened.
-
-    What a power loss leaves of unsynced appends is skipped: everything
-    from a line holding NUL bytes on, or lines that are not JSON at all
-    with no valid line after them (see `crash_tail`).  Any other invalid
-    line is corruption, raised naming the line.
-    """
-    try:
-        data = read_file(path)
-    except FileNotFoundError:
-        return LogScan([], [], 0, False)
-
-    def refuse(number: int, kind: str, reason: str) -> None:
-        if kind != INVALID_TAIL:
-            raise CorruptSessionError(f"{path}:{number}: {reason}")
-
-    scan = read_log(data, refuse)
-    if scan.invalid_tail:
-        log.warning("%s: skipping %d lines a crash left after the last valid one (line %d on)", path,
-                    scan.invalid_tail + scan.torn, len(scan.lines) + 1)  # fmt: skip
-    elif scan.torn:
-        log.warning("%s: dropping a torn final line of %d bytes", path, len(scan.tail))
-    return scan
-
-
-def read_log_file(path: Path) -> LogScan:
-    """The log at PATH read as far as it is valid, nothing raised for its lines (missing → empty)."""
-    try:
-        return read_log(path.read_bytes())
-    except FileNotFoundError:
-        return LogScan([], [], 0, False)
-
-
-# ---------------------------------------------------------------------------
-# Checksums of the committed log
-#
-# ``<id>.sums`` holds one line per write of the log: its inode, the byte
-# range and the CRC-32 of those bytes.  Opening a session and fsck compare
-# them with the log, so a byte changed at rest (a flipped digit still reads
-# as valid JSON) is found and named.  Lines of another inode (a log
-# replaced since) or beyond the log's end (what a crash cut) are not
-# checked; a range no line covers is not checked either.  The file is not
-# synced: a power loss costs checks, never data.
-
-
-def sum_line(ino: int, start: int, data: bytes) -> bytes:
-    return orjson.dumps({"ino": ino, "from": start, "to": start + len(data), "crc": zlib.crc32(data)}) + b"\n"
-
-
-def damaged_range(files: SessionFiles, data: bytes, ino: int) -> tuple[tuple[int, int] | None, bool]:
-    """The first range of log DATA (inode INO) that does not match its checksum (or None),
-    and whether a checksum of this log covers bytes beyond DATA."""
-    try:
-        sums = read_file(files.sums)
-    except (FileNotFoundError, WriteFailed):
-        return None, False
-    except OSError as exc:
-        log.warning("%s: cannot read (%s); the log is not checked", files.sums, exc.strerror)
-        return None, False
-    beyond = False
-    for line in sums.split(b"\n"):
-        try:
-            record = orjson.loads(line)
-            start, end, crc = record["from"], record["to"], record["crc"]
-            if record["ino"] != ino or not 0 <= start <= end:
-                continue
-        except (ValueError, TypeError, KeyError):
-            continue  # a line a crash cut, or zeros
-        if end > len(data):
-            beyond = True
-        elif zlib.crc32(data[start:end]) != crc:
-            return (start, end), beyond
-    return None, beyond
-
-
-def damage_message(files: SessionFiles, data: bytes, where: tuple[int, int]) -> str:
-    start, end = where
-    first, last = data[:start].count(b"\n") + 1, data[:end].count(b"\n")
-    return (f"bytes {start}-{end} (lines {first}-{last}) do not match the checksum kept when they "
-            f"were written ({files.sums.name}): changed since")  # fmt: skip
-
 
 def replay_session(
     files: SessionFiles, scope: Scope | None, scan: LogScan, initial: Thread | None = None
@@ -877,7 +426,7 @@ class SessionLock:
         self.path = files.lock
         self._fd = -1
         while True:
-            fd = _open_private(self.path, os.O_RDWR | os.O_CREAT)
+            fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -929,53 +478,15 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
-class LogSums:
-    """``<id>.sums``, the checksums of a log's writes: kept best effort, never synced.
-
-    A failure to keep them is logged and costs checks, never a write.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd = -1
-
-    def rewrite(self, ino: int, data: bytes) -> None:
-        """Make the checksums cover exactly DATA, the whole log (inode INO), now checked or just written.
-
-        Rewritten in place, unsynced: what a crash leaves of it is lines of
-        an older log (not checked) or a cut line (skipped), never a false alarm.
-        """
-        self.close()
-        if not data and not self.path.exists():
-            return
-        try:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-            self._fd = _open_private(self.path, flags)
-            if data:
-                _write_all(self._fd, sum_line(ino, 0, data))
-        except OSError as exc:
-            log.warning("%s: cannot keep checksums (%s); the log is not checked", self.path,
-                        exc.strerror)  # fmt: skip
-            self.close()
-
-    def add(self, ino: int, start: int, data: bytes) -> None:
-        """Keep the checksum of DATA, just written to the log (inode INO) at START."""
-        try:
-            if self._fd < 0:
-                self._fd = _open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            _write_all(self._fd, sum_line(ino, start, data))
-        except OSError as exc:
-            log.warning("%s: cannot keep a checksum (%s); that part of the log is not checked",
-                        self.path, exc.strerror)  # fmt: skip
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
 class ProducerRecord:
     """``<id>.producer``: which batch NUMBER of which PRODUCER the log holds last, up to SEQ.
+
+    A writer (Emacs) numbers its batches and resends, after a crash of
+    either side's connection, every batch it has no reply for.  The record
+    is written right after a batch's log lines, before anything else, so
+    log lines past its seq are a batch whose writer never heard back.
+    magent never reads the file: its log and header stay exactly as magent
+    writes them.
 
     One fixed-size line, rewritten in place by one small write (a killed
     process writes all of it or none).  An unreadable record is logged
@@ -1012,13 +523,44 @@ class ProducerRecord:
         record = orjson.dumps({"producer": producer, "batch": number, "seq": seq})
         data = record.ljust(PRODUCER_RECORD_BYTES - 1) + b"\n"
         if self._fd < 0:
-            self._fd = _open_private(self.path, os.O_RDWR | os.O_CREAT)
+            self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:
             if os.pwrite(self._fd, data, 0) != len(data):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as exc:
             raise write_failed(self.path, exc, len(data)) from None
         self.producer, self.number, self.seq = producer, number, seq
+
+    def admit(self, producer: Any, number: Any, session_id: str) -> bool:
+        """True for a batch to apply: NUMBER of PRODUCER is new; False: the log holds it already.
+
+        A batch older than the last one logged for PRODUCER is skipped; a
+        later one than the next is refused, so batches never change order.
+        """
+        if not isinstance(producer, str) or PRODUCER_RE.fullmatch(producer) is None:
+            raise StoreError(f"batch producer must be 1 to 64 letters, digits, - or _, got {producer!r:.80}")
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= ledger.INT_MAX:
+            raise StoreError(f"batch number must be a positive 64-bit integer, got {number!r:.80}")
+        if producer == self.producer:
+            if number <= self.number:
+                return False
+            if number > self.number + 1:
+                raise BatchOutOfOrder(
+                    f"session {session_id!r}: batch {number} came before batch {self.number + 1}; "
+                    f"send again from batch {self.number + 1}"
+                )
+        return True
+
+    def name_writer(self, producer: str, number: int, seq: int) -> None:
+        """Name PRODUCER (up to its batch before batch NUMBER, at SEQ) before its lines reach the log.
+
+        Lines past the record's seq are then the uncommitted batch of the
+        writer it names, which sends it again and has it replaced.  Without
+        this, the first batch of a new writer cut by a crash would be
+        nobody's, and its resend applied twice.  Lines an earlier writer
+        left uncommitted are kept: that writer is gone.
+        """
+        self.write(producer, number - 1, seq)
 
     def commit(self, seq: int) -> None:
         """Record the log as holding the last batch up to SEQ (nothing while no producer is named)."""
@@ -1061,11 +603,178 @@ def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concaten
     return locked
 
 
-class Session:
-    """One session open for writing: the lock, the ledger state, the pending log.
+class SessionHeader:
+    """The header of a session open for writing: the one its writer gave, or the store's default.
 
-    The producer record (`ProducerRecord`) and the log's checksums
-    (`LogSums`) are rooms of their own that it asks.
+    A header its writer gave is written to the letter; otherwise the store
+    fills in the summary title from the thread.  The file is rewritten only
+    when its bytes change.
+    """
+
+    def __init__(self, files: SessionFiles, scope: Scope) -> None:
+        """The header FILES hold (scope SCOPE), or a new session's default."""
+        try:
+            self.header = read_header(files.header)
+            self.on_disk: bytes | None = read_file(files.header)
+            self.given = True
+        except SessionNotFound:
+            if files.snapshot.exists():
+                raise CorruptSessionError(
+                    f"{files.header}: missing, but {files.snapshot.name} exists; "
+                    "run `magent-store fsck --repair` to rebuild the header"
+                ) from None
+            # A new session, or one whose first flush stopped before its header.
+            self.header = default_header(files.id, scope)
+            self.on_disk = None
+            self.given = False
+        else:
+            header_scope = Scope.from_header(self.header)
+            if header_scope != scope:
+                raise StoreError(
+                    f"{files.header}: session has scope {header_scope.label()}, not {scope.label()}"
+                )
+
+    def put(self, obj: Any, session_id: str, scope: Scope) -> None:
+        normalized = normalize_header(obj, session_id, scope)
+        ledger.check_json_value(normalized, "header")
+        self.header = normalized
+        self.given = True
+
+    def current(self, thread: Thread) -> dict[str, Any]:
+        """The header as the next flush writes it."""
+        header = self.header
+        # A header its writer gave is theirs to the letter: magent leaves
+        # summary-title out when it has none.
+        if header["summary-title"] is None and not self.given:
+            title = summary_title(thread)
+            if title is not None:
+                header = {**header, "summary-title": title}
+        return header
+
+    def bytes(self, thread: Thread) -> bytes:
+        # magent leaves an absent field out rather than writing null.
+        return dumps({k: v for k, v in self.current(thread).items() if v is not None})
+
+    def write_if_changed(self, path: Path, thread: Thread, *, sync: bool,
+                         crash: Callable[[str], None] | None) -> bool:  # fmt: skip
+        data = self.bytes(thread)
+        if data == self.on_disk:
+            return False
+        atomic_write(path, data, sync=sync, crash=crash)
+        self.on_disk = data
+        return True
+
+
+class Compactor:
+    """When a session's log is compacted, and the compaction: the snapshot replaced, then the log cut.
+
+    A compaction is due once LOG-MAX-EVENTS events follow the snapshot and
+    the log has grown by LOG-GROWTH of the snapshot's size since.  It keeps
+    the bounded tail a compaction leaves in the log (replay skips it; it is
+    there for inspection).
+    """
+
+    def __init__(self, files: SessionFiles, *, log_max_events: int, log_growth: float,
+                 crash: Callable[[str], None] | None) -> None:  # fmt: skip
+        if log_max_events < 1:
+            raise StoreError(f"log_max_events must be ≥ 1, got {log_max_events}")
+        self.files = files
+        self.log_max_events = log_max_events
+        self.log_growth = log_growth
+        self.crash = crash
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self.since_snapshot = 0
+        self._log_bytes_since_snapshot = 0
+        self._snapshot_size = 0
+        self.snapshot_on_disk = False
+
+    def load(self, scan: LogScan, snapshot_seq: int | None) -> None:
+        """Count what the log SCAN read holds past the snapshot (at SNAPSHOT-SEQ; None: no snapshot)."""
+        self.snapshot_on_disk = snapshot_seq is not None
+        after = [n for n, e in enumerate(scan.events) if (e.seq or 0) > (snapshot_seq or 0)]
+        self.since_snapshot = len(after)
+        self._log_bytes_since_snapshot = sum(len(scan.lines[n]) + 1 for n in after)
+        self._snapshot_size = self.files.snapshot.stat().st_size if self.snapshot_on_disk else 0
+        for line in scan.lines:
+            self.remember(line + b"\n")
+
+    def queued(self, line: bytes) -> None:
+        """Count LINE, an event appended past the snapshot."""
+        self.since_snapshot += 1
+        self._log_bytes_since_snapshot += len(line)
+
+    def remember(self, line: bytes) -> None:
+        """Keep LINE, just written, in the bounded tail that compaction leaves in the log."""
+        self._tail.append(line)
+        self._tail_bytes += len(line)
+        while len(self._tail) > LOG_TAIL_EVENTS or (
+            self._tail_bytes > LOG_TAIL_BYTES and len(self._tail) > 1
+        ):
+            self._tail_bytes -= len(self._tail.popleft())
+
+    def take_tail(self) -> list[bytes]:
+        """The lines of the tail, forgotten here (the log that held them is gone)."""
+        lines = list(self._tail)
+        self.forget_tail()
+        return lines
+
+    def forget_tail(self) -> None:
+        self._tail.clear()
+        self._tail_bytes = 0
+
+    def wanted(self, thread: Thread, compact: bool | None, *, unconfirmed: int, rewriting: bool) -> bool:
+        """Whether this flush compacts THREAD: COMPACT forces (True) or prevents (False) it, None when due.
+
+        UNCONFIRMED log lines past the committed seq are a batch a killed
+        backend never committed: its resend cuts them from the log and
+        applies it again.  A snapshot holding them would keep them past
+        that cut, and the batch would be in twice; the compaction waits for
+        the commit.  Files written again (REWRITING) are compacted all the
+        same: the snapshot is gone.
+        """
+        # A thread takes its id from its first event: until then there is no snapshot to write.
+        if thread.id is None or not (compact or (compact is None and self.due)):
+            return False
+        return rewriting or unconfirmed == 0
+
+    @property
+    def due(self) -> bool:
+        return not self.snapshot_on_disk or (
+            self.since_snapshot >= self.log_max_events
+            and self._log_bytes_since_snapshot >= self.log_growth * self._snapshot_size
+        )
+
+    def compact(self, thread: Thread, writer: LogWriter) -> None:
+        """Replace the snapshot by THREAD, then the log WRITER appends to by the tail."""
+        sync = writer.fsync != "never"
+        thread.snapshot_created_at = time.time()
+        snapshot = dumps(ledger.thread_to_json(thread))
+        atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self.crash)
+        self._snapshot_size = len(snapshot)
+        self.snapshot_on_disk = True
+        if self.crash:
+            self.crash("before-log-replace")
+        writer.replace(b"".join(self._tail), sync=sync)
+        self.since_snapshot = 0
+        self._log_bytes_since_snapshot = 0
+        # Every written event is now in a synced snapshot (or the policy promises nothing).
+        writer.covered()
+
+
+# Session is longer than a room should be: what is left in it is the
+# protocol between its rooms (which room acts first in a flush, a batch, a
+# reload, files written again), and each of those steps reads and changes
+# the state of several of them at once.
+class Session:
+    """One session open for writing: it holds the lock and the ledger state, and coordinates its rooms.
+
+    The log writer (`LogWriter`) owns the log file and its syncs, the
+    producer record (`ProducerRecord`) which batch the log holds last, the
+    compactor (`Compactor`) when and how the log is cut, and the header
+    (`SessionHeader`) what the header file holds.  The session turns what
+    it is given into events, keeps those not yet written, and decides what
+    each flush does.
     """
 
     def __init__(
@@ -1098,49 +807,45 @@ class Session:
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
-        if log_max_events < 1:
-            raise StoreError(f"log_max_events must be ≥ 1, got {log_max_events}")
+        self._compactor = Compactor(files, log_max_events=log_max_events, log_growth=log_growth,
+                                    crash=crash)  # fmt: skip
         self.files = files
         self.scope = scope
-        self.fsync: FsyncMode = fsync
-        self.fsync_interval = fsync_interval_ms / 1000
-        self.log_max_events = log_max_events
-        self.log_growth = log_growth
-        self._crash = crash
-        self._clock = clock
-        self._start_timer = start_timer
-        self._cancel_idle_sync: Callable[[], None] | None = None
         self._io_lock = threading.RLock()
         # Told what each flush wrote (the search index); must never raise.
         self.after_flush: Callable[[Session, list[bytes]], None] | None = None
         self._pending: list[bytes] = []
         self._pending_first_seq = 0
-        self._tail: deque[bytes] = deque()
-        self._tail_bytes = 0
-        self._log_fd = -1
         self._closed = False
-        self._sums = LogSums(files.sums)
         self._next_batch: tuple[str, int] | None = None
         self._new_writer = False  # the next batch's writer is not the one the record names
         self._rewriting = False
-        # Checked at every flush (see `_files_in_place`): plain strings cost the least.
-        self._log_name = os.fspath(files.log)
-        self._header_name = os.fspath(files.header)
-        self._root = root
+        self._header_name = os.fspath(files.header)  # checked at every flush: a string costs the least
         made = [*(made or []), *make_private_dirs(files.directory)]
         check_directory(files.directory)
-        # Directories whose new entries the next flush must fsync first.
-        self._unsynced_dirs: list[Path] = [d.parent for d in made]
+        self._log = LogWriter(
+            files, fsync=fsync, fsync_interval=fsync_interval_ms / 1000, clock=clock,
+            start_timer=start_timer, io_lock=self._io_lock, crash=crash, root=root, made=made,
+        )  # fmt: skip
         self._lock = SessionLock(files)
         try:
-            self._remove_stale_temps()
+            remove_stale_temps(files)
             # Kept for `_reload`: replay without a snapshot starts from it, in place.
             self._initial = copy.deepcopy(initial)
             self._load(initial)
-            self._record = ProducerRecord(files.producer, self._written_seq)
+            self._record = ProducerRecord(files.producer, self._log.written_seq)
         except BaseException:
             self._lock.release(remove=True)
             raise
+
+    @property
+    def _crash(self) -> Callable[[str], None] | None:
+        """A test's fault hook, called at named points of each write; tests set it on an open session."""
+        return self._compactor.crash
+
+    @_crash.setter
+    def _crash(self, hook: Callable[[str], None] | None) -> None:
+        self._compactor.crash = self._log.crash = hook
 
     # -- opening ----------------------------------------------------------
 
@@ -1150,135 +855,29 @@ class Session:
             raise StoreError(
                 f"initial state of session {files.id!r} is for session {initial.session_id!r:.80}"
             )
-        try:
-            self.header = read_header(files.header)
-            self._header_on_disk: bytes | None = read_file(files.header)
-            self._header_given = True
-        except SessionNotFound:
-            if files.snapshot.exists():
-                raise CorruptSessionError(
-                    f"{files.header}: missing, but {files.snapshot.name} exists; "
-                    "run `magent-store fsck --repair` to rebuild the header"
-                ) from None
-            # A new session, or one whose first flush stopped before its header.
-            self.header = default_header(files.id, self.scope)
-            self._header_on_disk = None
-            self._header_given = False
-        else:
-            header_scope = Scope.from_header(self.header)
-            if header_scope != self.scope:
-                raise StoreError(
-                    f"{files.header}: session has scope {header_scope.label()}, not {self.scope.label()}"
-                )
+        self._header = SessionHeader(files, self.scope)
         scan = scan_log(files.log)
         self.thread, snapshot_seq = replay_session(files, self.scope, scan, initial)
-        self._snapshot_on_disk = snapshot_seq is not None
-        after = [n for n, e in enumerate(scan.events) if (e.seq or 0) > (snapshot_seq or 0)]
-        self._since_snapshot = len(after)
-        self._log_bytes_since_snapshot = sum(len(scan.lines[n]) + 1 for n in after)
-        self._snapshot_size = files.snapshot.stat().st_size if self._snapshot_on_disk else 0
-        for line in scan.lines:
-            self._remember(line + b"\n")
-        if scan.invalid_tail:
-            self._set_aside_tail(scan)
-        new_log = not files.log.exists()
-        self._log_fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._log_ino = os.fstat(self._log_fd).st_ino
-        data = scan.data[: scan.good_size]
-        damaged, beyond = damaged_range(files, data, self._log_ino)
-        if damaged is not None:
-            os.close(self._log_fd)
-            self._log_fd = -1
-            raise CorruptSessionError(
-                f"{files.log}: {damage_message(files, data, damaged)}; run `magent-store fsck --repair` "
-                "to set aside the log from there (nothing is deleted)"
-            )
-        if beyond:  # the log was cut since (a torn tail): appends would land in those ranges
-            self._sums.rewrite(self._log_ino, data)
-        if new_log or self._header_on_disk is None:
-            self._unsynced_dirs += self._directory_chain()
-        if scan.torn and not scan.invalid_tail:
-            os.ftruncate(self._log_fd, scan.good_size)
-            log.warning("%s: torn final line dropped and the log repaired", files.log)
-        self._durable_seq = self._written_seq = self.thread.last_event_seq
-        self._last_sync = self._clock()
-        self._unsynced = False
-
-    def _set_aside_tail(self, scan: LogScan) -> None:
-        """Move the log's invalid tail to a side file beside it (synced first), then cut the log."""
-        files = self.files
-        tail = read_file(files.log)[scan.good_size :]
-        aside = files.side_file("tail")
-        atomic_write(aside, tail, sync=True)
-        fd = _open_private(files.log, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, scan.good_size)
-            os.fsync(fd)
-        except OSError as exc:
-            raise write_failed(files.log, exc, 0, f"; its invalid tail is copied to {aside.name}") from None
-        finally:
-            os.close(fd)
-        log.warning("%s: %d lines a crash left after the last valid one set aside in %s", files.log,
-                    scan.invalid_tail + scan.torn, aside.name)  # fmt: skip
-
-    def _directory_chain(self) -> list[Path]:
-        """The session's directory and its parents up to the root: the names a new session needs."""
-        chain = [self.files.directory]
-        root = self._root
-        if root is not None and root in self.files.directory.parents:
-            p = self.files.directory
-            while p != root:
-                p = p.parent
-                chain.append(p)
-        return chain
-
-    def _sync_new_names(self) -> None:
-        """Fsync the directories holding names this session made and no fsync covers yet."""
-        if self._unsynced_dirs:
-            sync_directories(list(dict.fromkeys(self._unsynced_dirs)))
-            self._unsynced_dirs = []
-
-    def _remove_stale_temps(self) -> None:
-        """Remove what an interrupted atomic write of this session left behind.
-
-        We hold the session's lock: nobody else is writing these files now.
-        """
-        for ext in ("json", "jsonl", "snapshot", "producer", "sums"):
-            for path in self.files.directory.glob(f".{self.files.id}.{ext}.tmp-*"):
-                if is_temp_file(path.name):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                        log.info("%s: removed the temp file of an interrupted write", path)
+        self._compactor.load(scan, snapshot_seq)
+        self._log.open(scan, self.thread.last_event_seq, new_header=self._header.on_disk is None)
 
     def _reload(self) -> None:
         """Read the session back from disk, dropping what is in memory only (not the header)."""
-        if self._log_fd >= 0 and (self._rewriting or not self._files_in_place()):
+        if self._log.fd >= 0 and (self._rewriting or not self._files_in_place()):
             # What the disk holds is not this session: reading it back would lose it.
             self.abandon()
             raise StoreError(
                 f"session {self.files.id!r}: its files at {self.files.log} are gone and could not be "
                 "written again; its unsaved entries stay with their sender: open it again"
             )
-        header, given = self.header, self._header_given
+        header, given = self._header.header, self._header.given
         self._pending = []
-        self._tail.clear()
-        self._tail_bytes = 0
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
-        self._sums.close()
+        self._compactor.forget_tail()
+        self._log.close()
         self._load(copy.deepcopy(self._initial))
-        self.header, self._header_given = header, given
+        self._header.header, self._header.given = header, given
 
-    # -- batches: exactly once across crashes --------------------------------
-    #
-    # A writer (Emacs) numbers its batches and resends, after a crash of either
-    # side's connection, every batch it has no reply for.  The producer record
-    # (<id>.producer, one fixed-size line rewritten in place) says which batch
-    # of which writer the log holds last and up to which seq: it is written
-    # right after the batch's log lines, before anything else, so log lines
-    # past its seq are a batch whose writer never heard back.  magent never
-    # reads that file: its log and header stay exactly as magent writes them.
+    # -- batches: exactly once across crashes (see `ProducerRecord`) ---------
 
     @_locked
     def begin_batch(self, producer: Any, number: Any) -> bool:
@@ -1290,21 +889,12 @@ class Session:
         committed); a later one is refused, so batches never change order.
         """
         self._check_open()
-        if not isinstance(producer, str) or PRODUCER_RE.fullmatch(producer) is None:
-            raise StoreError(f"batch producer must be 1 to 64 letters, digits, - or _, got {producer!r:.80}")
-        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= ledger.INT_MAX:
-            raise StoreError(f"batch number must be a positive 64-bit integer, got {number!r:.80}")
-        if producer == self._record.producer:
-            if number <= self._record.number:
-                return False
-            if number > self._record.number + 1:
-                raise BatchOutOfOrder(
-                    f"session {self.files.id!r}: batch {number} came before batch {self._record.number + 1}; "
-                    f"send again from batch {self._record.number + 1}"
-                )
-            if self.thread.last_event_seq > self._record.seq and not self._pending:
-                self._drop_uncommitted()
-        self._new_writer = producer != self._record.producer and not self._pending
+        record = self._record
+        if not record.admit(producer, number, self.files.id):
+            return False
+        if producer == record.producer and self.thread.last_event_seq > record.seq and not self._pending:
+            self._drop_uncommitted()
+        self._new_writer = producer != record.producer and not self._pending
         self._next_batch = (producer, number)
         return True
 
@@ -1329,22 +919,16 @@ class Session:
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
-    def _name_writer(self, producer: str, number: int) -> None:
-        """Make the record name PRODUCER (up to its batch before batch NUMBER) before its lines reach the log.
-
-        Lines past the record's seq are then the uncommitted batch of the
-        writer it names, which sends it again and has it replaced.  Without
-        this, the first batch of a new writer cut by a crash would be
-        nobody's, and its resend applied twice.  Lines an earlier writer
-        left uncommitted are kept: that writer is gone.
-        """
-        self._record.write(producer, number - 1, self._written_seq)
-
     # -- state ------------------------------------------------------------
 
     @property
     def id(self) -> str:
         return self.files.id
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The header as its writer gave it (or the store's default)."""
+        return self._header.header
 
     @property
     def last_seq(self) -> int:
@@ -1354,11 +938,11 @@ class Session:
     @property
     def written_seq(self) -> int:
         """The seq of the last event written to the log file."""
-        return self._written_seq
+        return self._log.written_seq
 
     @property
     def durable_seq(self) -> int:
-        return self._durable_seq
+        return self._log.durable_seq
 
     @property
     def unconfirmed_events(self) -> int:
@@ -1369,15 +953,14 @@ class Session:
         """
         if self._record.producer is None:
             return 0
-        return max(0, self._written_seq - self._record.seq)
+        return max(0, self._log.written_seq - self._record.seq)
 
     @property
     def pending_events(self) -> int:
         return len(self._pending)
 
     def header_bytes(self) -> bytes:
-        # magent leaves an absent field out rather than writing null.
-        return dumps({k: v for k, v in self._current_header().items() if v is not None})
+        return self._header.bytes(self.thread)
 
     def snapshot_bytes(self) -> bytes:
         return dumps(ledger.thread_to_json(self.thread))
@@ -1406,64 +989,28 @@ class Session:
     def append_content(self, item_id: str, chunk: str, output: bool, created_at: float) -> int:
         """Journal an item-content-appended event: the hot path of a streaming reply."""
         self._check_open()
-        if not isinstance(chunk, str) or not chunk:
-            raise LedgerError(f"chunk: expected a non-empty string, got {chunk!r:.80}")
-        if not isinstance(output, bool):
-            raise LedgerError(f"output: expected true or false, got {output!r:.80}")
-        if isinstance(created_at, bool) or not isinstance(created_at, int | float):
-            raise LedgerError(f"created-at: expected a number, got {created_at!r:.80}")
         thread = self.thread
-        item = thread.item_index.get(item_id) if isinstance(item_id, str) else None
-        if item is None or thread.id is None:
-            raise LedgerError(f"item-id: no item {item_id!r:.80} in session {self.files.id!r}")
-        turn_id = item.turn_id or next(t.id for t in thread.turns if item in t.items)
-        seq = thread.last_event_seq + 1
-        event = Event(
-            seq, "item-content-appended", thread.id, turn_id, item_id,
-            {"chunk": chunk, "output": output}, created_at,
-        )  # fmt: skip
+        event = content_event(thread, self.files.id, item_id, chunk, output, created_at)
         line = dumps(ledger.event_to_json(event)) + b"\n"
         ledger.apply(thread, event)
-        self._queue(line, seq)
-        return seq
+        assert event.seq is not None
+        self._queue(line, event.seq)
+        return event.seq
 
     def _queue(self, line: bytes, seq: int) -> None:
         if not self._pending:
             self._pending_first_seq = seq
         self._pending.append(line)
-        self._since_snapshot += 1
-        self._log_bytes_since_snapshot += len(line)
-
-    def _remember(self, line: bytes) -> None:
-        """Keep LINE in the bounded tail that compaction leaves in the log."""
-        self._tail.append(line)
-        self._tail_bytes += len(line)
-        while len(self._tail) > LOG_TAIL_EVENTS or (
-            self._tail_bytes > LOG_TAIL_BYTES and len(self._tail) > 1
-        ):
-            self._tail_bytes -= len(self._tail.popleft())
+        self._compactor.queued(line)
 
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
-        normalized = normalize_header(header, self.files.id, self.scope)
-        ledger.check_json_value(normalized, "header")
-        self.header = normalized
-        self._header_given = True
+        self._header.put(header, self.files.id, self.scope)
 
     def current_header(self) -> dict[str, Any]:
         """The header as the next flush writes it."""
-        return self._current_header()
-
-    def _current_header(self) -> dict[str, Any]:
-        header = self.header
-        # A header its writer gave is theirs to the letter: magent leaves
-        # summary-title out when it has none.
-        if header["summary-title"] is None and not self._header_given:
-            title = summary_title(self.thread)
-            if title is not None:
-                header = {**header, "summary-title": title}
-        return header
+        return self._header.current(self.thread)
 
     # -- flushing ---------------------------------------------------------
 
@@ -1484,54 +1031,20 @@ class Session:
             compact = True
         events_written = len(self._pending)
         written = self._pending[resent:]  # lines written before are not news to `after_flush`
-        named = self._next_batch
-        if named is None:
-            bytes_written = self._write_pending()
-            # Only what this flush wrote is committed here.  With nothing
-            # written, log lines past the committed seq are a batch that a
-            # killed backend wrote and never committed: its writer sends it
-            # again under its number, and committing them now would make
-            # that resend look new and apply it twice.
-            if events_written and self._written_seq != self._record.seq:
-                self._record.commit(self._written_seq)
-        else:
-            size = os.fstat(self._log_fd).st_size
-            try:
-                if self._new_writer and self._pending:
-                    self._name_writer(*named)
-                self._new_writer = False
-                bytes_written = self._write_pending()
-                self._next_batch = None
-                self._record.write(*named, self._written_seq)
-            except OSError as exc:
-                self._next_batch = None
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self._log_fd, size)
-                self._reload()
-                raise WriteFailed(f"{exc}; the batch was not written: send it again") from None
-        header_written = self._write_header_if_changed()
-        due = not self._snapshot_on_disk or (
-            self._since_snapshot >= self.log_max_events
-            and self._log_bytes_since_snapshot >= self.log_growth * self._snapshot_size
+        bytes_written = self._write_events()
+        header_written = self._header.write_if_changed(
+            self.files.header, self.thread, sync=self._log.fsync != "never", crash=self._crash
         )
-        compacted = False
-        # Log lines past the committed seq are a batch a killed backend never
-        # committed: its resend cuts them from the log and applies it again.
-        # A snapshot holding them would keep them past that cut, and the
-        # batch would be in twice; the compaction waits for the commit.
-        # (Files written again are compacted all the same: the snapshot is gone.)
-        held = self.unconfirmed_events > 0
-        # A thread takes its id from its first event: until then there is no snapshot to write.
-        if (self.thread.id is not None and (compact or (compact is None and due))
-                and (self._rewriting or not held)):  # fmt: skip
-            self._compact()
-            compacted = True
+        compacted = self._compactor.wanted(self.thread, compact, unconfirmed=self.unconfirmed_events,
+                                           rewriting=self._rewriting)  # fmt: skip
+        if compacted:
+            self._compactor.compact(self.thread, self._log)
             self._rewriting = False
         if self.after_flush is not None and written:
             self.after_flush(self, written)
         return FlushResult(
-            written_seq=self._written_seq,
-            durable_seq=self._durable_seq,
+            written_seq=self._log.written_seq,
+            durable_seq=self._log.durable_seq,
             bytes_written=bytes_written,
             events_written=events_written,
             header_written=header_written,
@@ -1539,21 +1052,65 @@ class Session:
             seconds=time.perf_counter() - started,
         )
 
+    def _write_events(self) -> int:
+        """Write the pending events, committing them in the producer record; return the bytes written."""
+        named = self._next_batch
+        if named is None:
+            events_written = len(self._pending)
+            bytes_written = self._write_pending()
+            # Only what this flush wrote is committed here.  With nothing
+            # written, log lines past the committed seq are a batch that a
+            # killed backend wrote and never committed: its writer sends it
+            # again under its number, and committing them now would make
+            # that resend look new and apply it twice.
+            if events_written and self._log.written_seq != self._record.seq:
+                self._record.commit(self._log.written_seq)
+            return bytes_written
+        size = self._log.end()
+        try:
+            if self._new_writer and self._pending:
+                self._record.name_writer(*named, self._log.written_seq)
+            self._new_writer = False
+            bytes_written = self._write_pending()
+            self._next_batch = None
+            self._record.write(*named, self._log.written_seq)
+        except OSError as exc:
+            self._next_batch = None
+            self._log.cut(size)
+            self._reload()
+            raise WriteFailed(f"{exc}; the batch was not written: send it again") from None
+        return bytes_written
+
+    def _write_pending(self) -> int:
+        kept = (f"; {len(self._pending)} events kept in memory for the next flush"
+                if self._next_batch is None else "")  # fmt: skip
+        bytes_written = self._log.write(self._pending, self._pending_first_seq, kept)
+        for line in self._pending:
+            self._compactor.remember(line)
+        self._pending = []
+        self._log.sync_due()
+        return bytes_written
+
+    @_locked
+    def sync(self) -> None:
+        """Fsync the log now (for ``interval`` mode's timer and for close)."""
+        self._check_open()
+        self._log.sync()
+
+    def compact(self) -> FlushResult:
+        """Flush, then write a snapshot and cut the log to a bounded tail."""
+        return self.flush(compact=True)
+
     # -- files gone under the store ----------------------------------------
 
     def _files_in_place(self) -> bool:
         """True while the log at our path is the file we append to, and the header is there."""
-        try:
-            here = os.stat(self._log_name)
-        except OSError:
+        if not self._log.in_place():
             return False
-        mine = os.fstat(self._log_fd)
-        if mine.st_nlink == 0 or here.st_ino != mine.st_ino or here.st_dev != mine.st_dev:
-            return False
-        if self._header_on_disk is not None and not os.path.lexists(self._header_name):
+        if self._header.on_disk is not None and not os.path.lexists(self._header_name):
             log.warning("%s: the header is no longer there; writing it again from what the store holds",
                         self.files.header)  # fmt: skip
-            self._header_on_disk = None  # written again by this flush
+            self._header.on_disk = None  # written again by this flush
         return True
 
     def _write_again(self) -> int:
@@ -1565,143 +1122,20 @@ class Session:
         directories it makes, before it reports anything saved.  Returns how
         many lines written before it queues again.
         """
-        files = self.files
         log.warning("%s: the session's files are no longer there (removed or replaced); "
-                    "writing them again from what the store holds", files.log)  # fmt: skip
-        try:
-            made = make_private_dirs(files.directory)
-            fd = _open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC)
-        except OSError as exc:
-            where = Path(exc.filename) if isinstance(exc.filename, str) else files.directory
-            error = WriteFailed(
-                f"{where}: the session's files are gone and cannot be written again "
-                f"({exc.strerror or exc}); nothing of this flush is saved"
-            )
-            error.errno = exc.errno
-            raise error from None
-        os.close(self._log_fd)
-        self._log_fd = fd
-        self._log_ino = os.fstat(fd).st_ino
-        self._sums.close()
-        self._unsynced_dirs += [d.parent for d in made] + self._directory_chain()
-        self._header_on_disk = None
-        self._close_producer()
+                    "writing them again from what the store holds", self.files.log)  # fmt: skip
+        self._log.restart()
+        self._header.on_disk = None
+        self._record.close()
         self._rewriting = True  # until a compaction has written the whole session again
         # The log now holds nothing: the lines it kept go back in (the snapshot holds the rest).
-        resent = len(self._tail)
-        self._pending = [*self._tail, *self._pending]
-        self._pending_first_seq = self._written_seq - resent + 1
-        self._tail.clear()
-        self._tail_bytes = 0
+        tail = self._compactor.take_tail()
+        self._pending = [*tail, *self._pending]
+        self._pending_first_seq = self._log.written_seq - len(tail) + 1
         # The lock file went with the directory: take the lock again where it belongs.
         self._lock.release(remove=False)
-        self._lock = SessionLock(files)
-        return resent
-
-    def _write_pending(self) -> int:
-        self._sync_new_names()
-        if not self._pending:
-            self._maybe_sync(force=False)
-            return 0
-        data = b"".join(self._pending)
-        size = os.fstat(self._log_fd).st_size
-        try:
-            _write_all(self._log_fd, data)
-            if self._crash:
-                self._crash("log-written")
-            self._sums.add(self._log_ino, size, data)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._log_fd, size)
-            kept = (f"; {len(self._pending)} events kept in memory for the next flush"
-                    if self._next_batch is None else "")  # fmt: skip
-            raise write_failed(self.files.log, exc, len(data), kept) from None
-        last = self._pending_first_seq + len(self._pending) - 1
-        for line in self._pending:
-            self._remember(line)
-        self._pending = []
-        self._written_seq = last
-        self._unsynced = True
-        self._maybe_sync(force=self.fsync == "always")
-        return len(data)
-
-    def _maybe_sync(self, *, force: bool) -> None:
-        if not self._unsynced:
-            return
-        if self.fsync == "never":
-            self._durable_seq = self._written_seq
-            self._unsynced = False
-            return
-        now = self._clock()
-        if force or self.fsync == "always" or now - self._last_sync >= self.fsync_interval:
-            try:
-                os.fsync(self._log_fd)
-            except OSError as exc:
-                raise write_failed(self.files.log, exc, 0, "; fsync failed") from None
-            self._last_sync = now
-            self._durable_seq = self._written_seq
-            self._unsynced = False
-        elif self._cancel_idle_sync is None:
-            delay = max(0.0, self._last_sync + self.fsync_interval - now)
-            self._cancel_idle_sync = self._start_timer(delay, self._idle_sync)
-
-    def _idle_sync(self) -> None:
-        """The interval's fsync when no flush came to make it (on the timer's thread)."""
-        with self._io_lock:
-            self._cancel_idle_sync = None
-            if self._closed or self._log_fd < 0:
-                return
-            try:
-                self._maybe_sync(force=True)
-            except StoreError as exc:
-                log.error("%s (tried again in one interval, or by the next flush)", exc)
-                # Again for a session that stays idle: its events are still not on disk.
-                self._cancel_idle_sync = self._start_timer(self.fsync_interval, self._idle_sync)
-
-    def _stop_idle_sync(self) -> None:
-        if self._cancel_idle_sync is not None:
-            self._cancel_idle_sync()
-            self._cancel_idle_sync = None
-
-    @_locked
-    def sync(self) -> None:
-        """Fsync the log now (for ``interval`` mode's timer and for close)."""
-        self._check_open()
-        if self.fsync != "never":
-            self._maybe_sync(force=True)
-
-    def _write_header_if_changed(self) -> bool:
-        data = self.header_bytes()
-        if data == self._header_on_disk:
-            return False
-        atomic_write(self.files.header, data, sync=self.fsync != "never", crash=self._crash)
-        self._header_on_disk = data
-        return True
-
-    def compact(self) -> FlushResult:
-        """Flush, then write a snapshot and cut the log to a bounded tail."""
-        return self.flush(compact=True)
-
-    def _compact(self) -> None:
-        sync = self.fsync != "never"
-        thread = self.thread
-        thread.snapshot_created_at = time.time()
-        snapshot = self.snapshot_bytes()
-        atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self._crash)
-        self._snapshot_size = len(snapshot)
-        self._snapshot_on_disk = True
-        if self._crash:
-            self._crash("before-log-replace")
-        atomic_write(self.files.log, b"".join(self._tail), sync=sync, crash=self._crash)
-        os.close(self._log_fd)
-        self._log_fd = _open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._log_ino = os.fstat(self._log_fd).st_ino
-        self._sums.rewrite(self._log_ino, b"".join(self._tail))
-        self._since_snapshot = 0
-        self._log_bytes_since_snapshot = 0
-        # Every written event is now in a synced snapshot (or the policy promises nothing).
-        self._durable_seq = self._written_seq
-        self._unsynced = False
+        self._lock = SessionLock(self.files)
+        return len(tail)
 
     # -- closing ----------------------------------------------------------
 
@@ -1714,12 +1148,10 @@ class Session:
             self.flush()
             self.sync()
         finally:
-            self._stop_idle_sync()
+            self._log.stop_idle_sync()
             self._closed = True
-            if self._log_fd >= 0:
-                os.close(self._log_fd)
-                self._log_fd = -1
-            self._close_producer()
+            self._log.close()
+            self._record.close()
             self._lock.release(remove=True)
 
     @_locked
@@ -1729,24 +1161,37 @@ class Session:
         Pending events are discarded: this is what a crash leaves behind, and
         how a refused batch leaves the disk as it was (REMOVE-LOCK then).
         """
-        self._stop_idle_sync()
+        self._log.stop_idle_sync()
         self._closed = True
         self._pending = []
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
-        self._close_producer()
-        self._lock.release(remove=remove_lock)
-
-    def _close_producer(self) -> None:
-        self._sums.close()
+        self._log.close()
         self._record.close()
+        self._lock.release(remove=remove_lock)
 
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def content_event(thread: Thread, session_id: str, item_id: str, chunk: str, output: bool,
+                  created_at: float) -> Event:  # fmt: skip
+    """The item-content-appended event of CHUNK for item ITEM-ID of THREAD, under its next seq (checked)."""
+    if not isinstance(chunk, str) or not chunk:
+        raise LedgerError(f"chunk: expected a non-empty string, got {chunk!r:.80}")
+    if not isinstance(output, bool):
+        raise LedgerError(f"output: expected true or false, got {output!r:.80}")
+    if isinstance(created_at, bool) or not isinstance(created_at, int | float):
+        raise LedgerError(f"created-at: expected a number, got {created_at!r:.80}")
+    item = thread.item_index.get(item_id) if isinstance(item_id, str) else None
+    if item is None or thread.id is None:
+        raise LedgerError(f"item-id: no item {item_id!r:.80} in session {session_id!r}")
+    turn_id = item.turn_id or next(t.id for t in thread.turns if item in t.items)
+    return Event(
+        thread.last_event_seq + 1, "item-content-appended", thread.id, turn_id, item_id,
+        {"chunk": chunk, "output": output}, created_at,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -1782,7 +1227,6 @@ class SessionInfo:
 # The version a session file declares first (magent and the store write it second).
 _SCHEMA_HEAD: Final = re.compile(rb'"schema-version"\s*:\s*(\d+)')
 _HEADER_GLOBS: Final = ("global/*.json", "projects/*/*.json", "actions/*/*.json")
-_TEMP_RE: Final = re.compile(r"^\..*\.tmp-\d+$")
 
 
 class Store:
@@ -1832,13 +1276,7 @@ class Store:
     @staticmethod
     def _refuse_schema6(files: SessionFiles) -> None:
         """Refuse a session magent wrote: taking it over is decided above the store (see sessions.py)."""
-        try:
-            version = declared_schema(files.header)
-        except (FileNotFoundError, WriteFailed):
-            return
-        except OSError as exc:
-            raise StoreError(f"{files.header}: cannot read: {exc.strerror}") from None
-        if version == 6:
+        if header_schema(files.header) == 6:
             raise StoreError(f"{files.header}: a session magent wrote (schema 6) is opened here only once "
                              "taken over (by the backend, or `magent-store migrate`)")  # fmt: skip
 
@@ -1908,15 +1346,19 @@ def new_backup_path(root: Path, kind: str = "schema6") -> Path:
     return candidate
 
 
-def declared_schema(path: Path) -> int | None:
-    """The schema-version the header file at PATH declares among its first bytes, or None.
+def header_schema(path: Path) -> int | None:
+    """The schema-version the header file at PATH declares among its first bytes.
 
-    Raises what reading it raises (`FileNotFoundError`; `WriteFailed` for a link).
+    None when it declares none, or there is no file (or only a symbolic
+    link, never followed) to read; a file that cannot be read raises
+    `StoreError` naming it.
     """
-    declared = _SCHEMA_HEAD.search(read_file(path)[:1024])
+    try:
+        data = read_file(path)
+    except (FileNotFoundError, WriteFailed):
+        return None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    declared = _SCHEMA_HEAD.search(data[:1024])
     return None if declared is None else int(declared.group(1))
 
-
-def is_temp_file(name: str) -> bool:
-    """True for the temp files an interrupted atomic write leaves behind."""
-    return _TEMP_RE.match(name) is not None

@@ -9,10 +9,10 @@
 set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
-for module in ${MODULES:-ledger store server registry spool arguments search export fsck migrate}; do
+for module in ${MODULES:-ledger store logfile fileio server registry spool arguments search export fsck migrate}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_ledger_validation.py" ;;
-    store) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py" ;;
+    store|logfile|fileio) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py tests/test_store_logfile.py" ;;
     # The server's rooms (the open sessions, the spool, a call's arguments) are
     # tested through the server, as Emacs meets them.
     server|registry|spool|arguments) selection="tests/test_server_wire.py tests/test_server_flush.py tests/test_server_calls.py tests/test_server_serve.py tests/test_server_hostile.py" ;;
