@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, export, fsck, ledger, migrate, scan, schema6, sessions
+from magent_store import __version__, export, fsck, ledger, migrate, scan, schema6, sessions, usage
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
 from magent_store.store import (
@@ -539,6 +539,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 
 command("scan", scan.add_arguments, scan.HELP, scan.DESCRIPTION)(scan.run)
+command("du", usage.add_arguments, usage.HELP, usage.DESCRIPTION)(usage.run)
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:
