@@ -261,3 +261,27 @@ def test_an_unreadable_index_is_shared_by_the_sessions_bytes(tmp_path: Path) -> 
     assert a["index"] == 14000 * weight["a"] // sum(weight.values())
     assert b["index"] == 14000 * weight["b"] // sum(weight.values())
     assert "could not be read" in run(str(root)).stdout
+
+
+def test_links_are_not_followed_and_an_unreadable_directory_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "here", Scope.project(PROJECT), created=NOW)
+    elsewhere = tmp_path / "elsewhere"
+    seven(elsewhere, "there", Scope.global_(), created=NOW, replies=20, size=1000)
+    (root / "projects" / ("0" * 40)).symlink_to(elsewhere / "global", target_is_directory=True)
+    (root / "linked-backup").symlink_to(elsewhere, target_is_directory=True)
+    got = du_json(root)
+    assert [s["id"] for s in got["sessions"]] == ["here"]
+    assert got["bytes"] == sum(files_of(root).values()) and got["other"] == 0
+    listdir = os.listdir
+    project = Store(root).files("here", Scope.project(PROJECT)).directory
+
+    def refused(path: Any) -> list[str]:
+        if Path(path) == project:
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", refused)
+    assert cli.main(["du", str(root)]) == 2
+    assert capsys.readouterr().err == f"magent-store: error: {project}: Permission denied\n"

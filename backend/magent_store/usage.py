@@ -311,6 +311,12 @@ def _is_file(st: os.stat_result) -> bool:
     return (st.st_mode & 0o170000) == 0o100000
 
 
+def _is_dir(path: str) -> bool:
+    """Whether PATH is a directory itself (a symbolic link to one is not followed)."""
+    st = _lstat(path)
+    return st is not None and (st.st_mode & 0o170000) == 0o040000
+
+
 def _tree_bytes(path: str) -> int:
     """The bytes of every file under PATH (symbolic links not followed)."""
     total = 0
@@ -360,17 +366,17 @@ def measure(root: Path, now: float | None = None) -> Usage:
     try:
         top = os.listdir(base)
     except OSError as exc:
-        raise UsageFailed(f"{root}: {exc.strerror or exc}") from None
+        raise UsageFailed(f"{exc.filename or root}: {exc.strerror or exc}") from None
     now = time.time() if now is None else now
     directories: list[DirectoryUsage] = []
     sessions: list[SessionUsage] = []
     for scope_dir in SCOPE_DIRS:
         if scope_dir == "global":
-            found = [("global", "global")] if os.path.isdir(f"{base}/global") else []
+            found = [("global", "global")] if _is_dir(f"{base}/global") else []
         else:
             kind = "project" if scope_dir == "projects" else "action"
             found = [(f"{scope_dir}/{name}", kind) for name in _names(f"{base}/{scope_dir}")
-                     if os.path.isdir(f"{base}/{scope_dir}/{name}")]  # fmt: skip
+                     if _is_dir(f"{base}/{scope_dir}/{name}")]  # fmt: skip
         for relative, scope in found:
             here, own = _walk_directory(base, relative, scope)
             here.sessions = len(own)
@@ -388,9 +394,9 @@ def measure(root: Path, now: float | None = None) -> Usage:
         st = _lstat(f"{base}/{name}")
         if st is None:
             continue
-        other += _tree_bytes(f"{base}/{name}") if os.path.isdir(f"{base}/{name}") and not os.path.islink(
-            f"{base}/{name}") else (st.st_size if _is_file(st) else 0)  # fmt: skip
-    index_bytes = _tree_bytes(f"{base}/{INDEX_DIR}") if os.path.isdir(f"{base}/{INDEX_DIR}") else 0
+        other += _tree_bytes(f"{base}/{name}") if _is_dir(f"{base}/{name}") else (
+            st.st_size if _is_file(st) else 0)  # fmt: skip
+    index_bytes = _tree_bytes(f"{base}/{INDEX_DIR}") if _is_dir(f"{base}/{INDEX_DIR}") else 0
     share, unattributed = "none", index_bytes
     if index_bytes:
         rows = _index_rows(f"{base}/{INDEX_DIR}/{INDEX_NAME}")
@@ -498,8 +504,8 @@ def run(args: argparse.Namespace) -> int:
         usage = measure(root)
     except UsageFailed as exc:
         return _fail(str(exc))
-    except OSError as exc:
-        return _fail(f"{root}: {exc.strerror or exc}")
+    except OSError as exc:  # a directory under it that cannot be read
+        return _fail(f"{exc.filename or root}: {exc.strerror or exc}")
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(usage.to_json(args.limit, args.by),
                                              default=ledger.json_default) + b"\n")  # fmt: skip
