@@ -39,7 +39,7 @@ HOSTILE: dict[str, str] = {
     "comment": "# a comment line\nplain",
     "planning": "DEADLINE: <2026-12-01 Tue>\nSCHEDULED: soon",
     "footnote": "[fn:1] a note\nmore",
-    "latex": "\\begin{equation}\nx = 1\n",
+    "latex": "\\begin{equation}\nx = 1\n\\end{equation}",
     "leading-blank-lines": "\n\n  first after blanks",
     "trailing-spaces": "trailing   \nspaces\t\n   \n",
     "cjk": "迁移数据库 ＊ 测试\n日本語のテキスト\u2028改行",
@@ -47,6 +47,10 @@ HOSTILE: dict[str, str] = {
     "fence-without-language": "```\nplain code\n```",
     "nested-backticks": "Use ````` or `` ` ``:\n````\n```\ninner\n```\n````\n",
     "unclosed-fence": "```js\nlet x = 1;\n",
+    "unclosed-fence-later": "Start:\n```js\nlet x = 1;\n",
+    "text-fence": "```text\nfoo\n```",
+    "fence-closed-early": "```\n````\nmore\n```",
+    "table": "| a | b |\n|---+---|\n| 1 | 2 |",
     "tilde-fence": "~~~\n* x\n~~~",
     "markdown-heading": "## Summary\n- a\n- b",
     "details": "<details>\n</details>",
@@ -55,6 +59,7 @@ HOSTILE: dict[str, str] = {
     "empty": "",
     "only-newlines": "\n\n",
     "newline-at-end": "one line\n",
+    "trailing-hash": "see issue #",
 }
 TOOL_OUTPUT = "#+end_example\n* x\n,#+end_src\n````\n\n</details>\nlast\n"
 TOOL_INPUT = {"pattern": "```", "paths": ["* a", "#+b"], "big": 2**70}
@@ -97,6 +102,15 @@ def build(root: Path, messages: dict[str, str]) -> SessionFiles:
 READ_ORG = r"""
 (progn
   (require 'org) (require 'org-element) (require 'json)
+  (defun doc-structure (section)
+    ;; Every element of SECTION that is not text, a list, a table or one of the blocks.
+    (let ((found nil))
+      (org-element-map section org-element-all-elements
+        (lambda (e)
+          (unless (memq (org-element-type e)
+                        '(section paragraph plain-list item table table-row src-block example-block))
+            (push (symbol-name (org-element-type e)) found))))
+      (vconcat (nreverse found))))
   (defun doc-text (section)
     (let ((pos (org-element-property :begin section)) (parts nil))
       (org-element-map section '(src-block example-block)
@@ -127,7 +141,8 @@ READ_ORG = r"""
                           (if section
                               (vconcat (org-element-map section '(src-block example-block)
                                          (lambda (b) (org-element-property :value b))))
-                            []))
+                            [])
+                          (if section (doc-structure section) []))
                   out))))
       (let ((coding-system-for-write 'utf-8-unix))
         (write-region (json-encode (vconcat (nreverse out))) nil (getenv "OUT"))))))
@@ -142,7 +157,8 @@ def read_org(path: Path) -> list[dict[str, Any]]:
                          text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text(encoding="utf-8"))
-    return [{"level": r[0], "title": r[1], "tags": r[2], "text": r[3], "blocks": r[4]} for r in rows]
+    return [{"level": r[0], "title": r[1], "tags": r[2], "text": r[3], "blocks": r[4], "structure": r[5]}
+            for r in rows]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +186,7 @@ def test_org_gives_back_each_message_exactly(org_read: tuple[str, list[dict[str,
     assert [r["title"] for r in turn[1:]] == ["User", "Assistant", "Tool: grep <x> & y"]
     assert turn[1]["text"] == text
     assert turn[2]["text"] == text
+    assert turn[1]["structure"] == turn[2]["structure"] == [], "Org reads the message as text and blocks only"
     assert turn[0]["tags"] == [], "the prompt's first line is no heading's tags"
 
 
@@ -193,7 +210,8 @@ def test_org_has_one_heading_per_turn_and_folded_tool_calls(org_read: tuple[str,
 
 def test_org_leaves_prose_and_emphasis_as_text(org_read: tuple[str, list[dict[str, Any]]]) -> None:
     _, rows = org_read
-    for case in ("emphasis-stays-text", "cjk", "list", "markdown-heading", "tag-like-title"):
+    for case in ("emphasis-stays-text", "cjk", "list", "markdown-heading", "tag-like-title", "table",
+                 "fence-closed-early"):  # fmt: skip
         turn = org_turn(rows, list(HOSTILE).index(case))
         assert turn[1]["blocks"] == [], case
     code = org_turn(rows, list(HOSTILE).index("fence-with-language"))[1]
@@ -296,10 +314,12 @@ def test_markdown_has_the_same_shape(markdown_read: tuple[str, list[tuple[str, s
     text, _ = markdown_read
     assert text.startswith("# Hostile text\n\n- id: s1\n- scope: project\n- project root: /home/u/src/プロジェクト\n")
     assert text.count("\n## Turn ") == len(HOSTILE)
+    # A heading's closing run of #s is not its text: the prompt's own # is escaped.
+    assert f"\n## Turn {len(HOSTILE)}: see issue \\#\n" in text
     assert "<summary>Tool: grep &lt;x&gt; &amp; y (completed)</summary>" in text
     assert re.search(r"\n`{3,}json\n\{\n", text)
-    wrapped = {"comment", "fence-without-language", "unclosed-fence", "tilde-fence", "markdown-heading", "details"}
-    assert text.count("```text\n") == len(HOSTILE) + 2 * len(wrapped)  # each tool output, and these messages
+    wrapped = {"comment", "fence-without-language", "unclosed-fence", "unclosed-fence-later", "text-fence",
+               "fence-closed-early", "tilde-fence", "markdown-heading", "details"}  # fmt: skip
     assert {case for case, message in HOSTILE.items() if document.md_text(message).startswith("```")} == wrapped
 
 
