@@ -130,7 +130,10 @@ READ_ORG = r"""
   (with-temp-buffer
     (let ((coding-system-for-read 'utf-8-unix)) (insert-file-contents (getenv "DOC")))
     (org-mode)
-    (let ((out nil))
+    (let ((out (list (vector 0 (cadr (car (org-collect-keywords '("TITLE"))))
+                             (vector (org-entry-get (point-min) "ID") (org-entry-get (point-min) "SCOPE")
+                                     (org-entry-get (point-min) "PROJECT_ROOT"))
+                             "" [] [] :null))))
       (org-element-map (org-element-parse-buffer) 'headline
         (lambda (h)
           (let ((section (car (org-element-contents h))))
@@ -142,7 +145,8 @@ READ_ORG = r"""
                               (vconcat (org-element-map section '(src-block example-block)
                                          (lambda (b) (org-element-property :value b))))
                             [])
-                          (if section (doc-structure section) []))
+                          (if section (doc-structure section) [])
+                          (or (org-element-property :STATUS h) :null))
                   out))))
       (let ((coding-system-for-write 'utf-8-unix))
         (write-region (json-encode (vconcat (nreverse out))) nil (getenv "OUT"))))))
@@ -157,8 +161,8 @@ def read_org(path: Path) -> list[dict[str, Any]]:
                          text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text(encoding="utf-8"))
-    return [{"level": r[0], "title": r[1], "tags": r[2], "text": r[3], "blocks": r[4], "structure": r[5]}
-            for r in rows]  # fmt: skip
+    return [{"level": r[0], "title": r[1], "tags": r[2], "text": r[3], "blocks": r[4], "structure": r[5],
+             "status": r[6]} for r in rows]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +196,11 @@ def test_org_gives_back_each_message_exactly(org_read: tuple[str, list[dict[str,
 
 def test_org_has_one_heading_per_turn_and_folded_tool_calls(org_read: tuple[str, list[dict[str, Any]]]) -> None:
     text, rows = org_read
+    assert rows[0]["title"] == "Hostile text"
+    assert rows[0]["tags"] == ["s1", "project", PROJECT], "the session's properties, as Org reads them"
+    rows = rows[1:]
     assert [r["level"] for r in rows] == [1, 2, 2, 2] * len(HOSTILE)
+    assert [r["status"] for r in rows[::4]] == ["completed"] * len(HOSTILE)
     assert rows[0]["title"] == "Turn 1: Look:"
     assert rows[4 * list(HOSTILE).index("tag-like-title")]["title"].startswith("Turn ")
     tools = [r for r in rows if r["title"].startswith("Tool: ")]
@@ -237,7 +245,7 @@ def test_schema6_session_renders_as_it_is(tmp_path: Path) -> None:
     path = tmp_path / "s1.org"
     path.write_text(text, encoding="utf-8", newline="")
     rows = read_org(path)
-    assert [r["text"] for r in rows[1:3]] == ["hello\n* there"] * 2
+    assert [r["text"] for r in rows[2:4]] == ["hello\n* there"] * 2
 
 
 # --- Markdown, read back by a reader of the document's shape ----------------------
@@ -330,9 +338,11 @@ def test_markdown_fence_is_longer_than_any_backtick_run() -> None:
 
 
 def test_markdown_wraps_only_what_would_be_read_as_structure() -> None:
-    for text in ("## Summary", "# one", "<details>", "```js\nopen", "```\nclosed\n```"):
+    for text in ("## Summary", "# one", "<details>", "```js\nopen", "```\nclosed\n```", "a\n<!-- open",
+                 "<pre>\n\n# x", "<SCRIPT>", "<?php"):  # fmt: skip
         assert document.md_text(text).startswith("```"), text
-    for text in ("#### deep heading", "Code:\n```py\n# comment\n```\nafter", "**bold** and `code`", "- a\n- b"):
+    for text in ("#### deep heading", "Code:\n```py\n# comment\n```\nafter", "**bold** and `code`", "- a\n- b",
+                 "a <b>bold</b> word", "<div>x</div>"):  # fmt: skip
         assert document.md_text(text) == text + "\n", text
 
 

@@ -17,7 +17,8 @@ Every message's text comes back exactly from the document:
   definitions, LaTeX environments) goes in an example block, escaped the
   way Org escapes code (a comma before a line's leading ``*`` or ``#+``).
 - In Markdown, a message with a heading of the document's levels (1 to 3),
-  a ``<details>`` or ``<summary>`` line, an unclosed code fence or a fence
+  a ``<details>`` or ``<summary>`` line, HTML that runs on past a blank line
+  (a comment, ``<pre>``, ``<script>``...), an unclosed code fence or a fence
   on its first line goes whole in a fence longer than any run of backticks
   in it, with the info string ``text``.
 
@@ -58,7 +59,11 @@ _FENCE_OPEN = re.compile(r"```([A-Za-z0-9][\w+#.-]*)?\n")
 _FENCE_LIKE = re.compile(r" {0,3}(?:`{3,}|~{3,})")
 _ORG_TAGS = re.compile(r"([ \t]+)(:[\w@#%:]+:)([ \t]*)$")
 _MD_HEADING = re.compile(r" {0,3}#{1,3}(?:[ \t]|\n|$)")
-_MD_HTML = re.compile(r"[ \t]*</?(?:details|summary)\b", re.IGNORECASE)
+# The document's own tags, and HTML that runs on past a blank line (to its closing tag).
+_MD_HTML = re.compile(
+    r"[ \t]*<(?:/?(?:details|summary)\b|!--|\?|!\[CDATA\[|![A-Za-z]|(?:pre|script|style|textarea)\b)",
+    re.IGNORECASE,
+)
 _BACKTICKS = re.compile(r"`+")
 
 
