@@ -412,3 +412,22 @@ def test_export_format_refuses_what_is_not_a_session(tmp_path: Path) -> None:
     run = cli("export", bad, "--format", "markdown", "-o", tmp_path / "x.md")
     assert run.returncode == 1 and str(bad) in run.stderr
     assert not (tmp_path / "x.md").exists()
+
+
+def test_other_items_are_folded_with_their_content_in_a_block(tmp_path: Path) -> None:
+    events = Events()
+    thread = ledger.thread_from_json({
+        "id": "thread-1", "session-id": "s2", "scope": "global", "status": "idle", "created-at": 1.0,
+        "updated-at": 1.0, "preview": None, "metadata": None, "turns": [], "last-event-seq": 0})  # fmt: skip
+    with Store(tmp_path / "sessions").open("s2", Scope.global_(), thread) as s:
+        for e in (events.thread_started(), events.turn("turn-started", "t0", input="q"),
+                  events.item_started("t0", "r0", type="reasoning", role=None, content="* thinking\n"),
+                  events.item_end("item-completed", "t0", "r0")):  # fmt: skip
+            s.append_event(e)
+        header = s.files.header
+    text = document.org(*document.read(header))
+    assert "** Reasoning\n:PROPERTIES:\n:VISIBILITY: folded\n:STATUS: completed\n:END:\n" in text
+    assert "Content:\n#+begin_example\n,* thinking\n\n#+end_example\n" in text
+    assert "<details>\n<summary>Reasoning (completed)</summary>\n\nContent:\n\n```text\n* thinking\n\n```\n" in (
+        document.markdown(*document.read(header))
+    )
