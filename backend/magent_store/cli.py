@@ -25,7 +25,8 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, export, fsck, ledger, migrate, scan, schema6, sessions, usage
+from magent_store import __version__, document, export, fsck, ledger, migrate, scan, schema6, sessions, usage
+from magent_store.fileio import atomic_write, open_private, write_all
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
 from magent_store.store import (
@@ -435,30 +436,52 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def export_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("root", type=Path, metavar="ROOT")
-    p.add_argument("--schema", type=int, required=True, metavar="N", help="the format to write: 6")
-    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would happen")
-    p.add_argument("--no-backup", action="store_true", help="do not copy the store's files first")
-    p.add_argument("--json", action="store_true", help="print the per-session report as JSON")
+    p.add_argument("target", type=Path, metavar="ROOT|SESSION.json",
+                   help="the session root with --schema; one session's header with --format")  # fmt: skip
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--schema", type=int, metavar="N",
+                      help="write every session under ROOT back in format N: 6")  # fmt: skip
+    what.add_argument("--format", choices=document.FORMATS,
+                      help="print the session SESSION.json as a document to read or share")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+                   help="with --format: write the document to a new private FILE, not stdout")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="with --output: replace FILE if it exists")
+    p.add_argument("--dry-run", action="store_true", help="with --schema: only say what it would do")
+    p.add_argument("--no-backup", action="store_true", help="with --schema: copy nothing first")
+    p.add_argument("--json", action="store_true", help="with --schema: print the per-session report as JSON")
 
 
 @command(
-    "export", export_arguments, "write every session back in the format magent's current release reads",
-    "Write every schema-7 session under ROOT's global/, projects/*/ and actions/*/ back\n"
-    "as one schema-6 <id>.json (header, snapshot and journal), the format magent's\n"
-    "current release reads: for leaving magent-store-mode.  Each file is read back and\n"
-    "compared with the store value by value before it replaces the header; any\n"
-    "difference leaves the session as it was and the exit status is 1.  Then the log\n"
-    "and snapshot are removed.  Unless --no-backup, the store's files are first copied\n"
-    "to ROOT/schema7-backup-<time>/.  Damaged sessions are left alone (run fsck\n"
-    "--repair first), as are sessions open in a running backend.  Running it again\n"
+    "export", export_arguments,
+    "write sessions back in the format magent's current release reads, or one as a document",
+    "With --schema 6, write every schema-7 session under ROOT's global/, projects/*/\n"
+    "and actions/*/ back as one schema-6 <id>.json (header, snapshot and journal), the\n"
+    "format magent's current release reads: for leaving magent-store-mode.  Each file\n"
+    "is read back and compared with the store value by value before it replaces the\n"
+    "header; any difference leaves the session as it was and the exit status is 1.\n"
+    "Then the log and snapshot are removed.  Unless --no-backup, the store's files are\n"
+    "first copied to ROOT/schema7-backup-<time>/.  Damaged sessions are left alone (run\n"
+    "fsck --repair first), as are sessions open in a running backend.  Running it again\n"
     "changes nothing.\n\n"
+    "With --format org or markdown, print the session whose header is SESSION.json as a\n"
+    "document (or write it to --output FILE, which is never replaced without --force):\n"
+    "the session's properties, a heading per turn with its status and timing, the\n"
+    "prompt and the reply as text, each tool call folded with its input and output.\n"
+    "Every message's text reads back exactly: code blocks become Org source blocks,\n"
+    "and text Org would read as structure goes in an example block, escaped as Org\n"
+    "escapes code.  Reads only; magent's own format (schema 6) is read as it is.\n\n"
     "examples:\n"
     "  magent-store export --dry-run ~/.emacs.d/magent/sessions --schema 6\n"
-    "  magent-store export ~/.emacs.d/magent/sessions --schema 6",
+    "  magent-store export ~/.emacs.d/magent/sessions --schema 6\n"
+    "  magent-store export ~/.emacs.d/magent/sessions/global/s1.json --format org -o s1.org\n"
+    "  magent-store export ~/.emacs.d/magent/sessions/global/s1.json --format markdown | less",
 )  # fmt: skip
 def cmd_export(args: argparse.Namespace) -> int:
-    root: Path = args.root.expanduser()
+    if args.format is not None:
+        return _export_document(args)
+    if args.output is not None or args.force:
+        raise UsageError("--output and --force go with --format (a document), not --schema")
+    root: Path = args.target.expanduser()
     if not root.is_dir():
         raise UsageError(f"{root}: no such directory")
     if args.schema != export.SCHEMA6:
@@ -500,6 +523,46 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"the store's files copied to {result.backup}")
         print(result.summary())
     return 0 if result.ok else 1
+
+
+def _export_document(args: argparse.Namespace) -> int:
+    """export --format: one session as a document, on stdout or in a new private file."""
+    for flag, given in (("--dry-run", args.dry_run), ("--no-backup", args.no_backup), ("--json", args.json)):
+        if given:
+            raise UsageError(f"{flag} goes with --schema (writing sessions back), not --format")
+    if args.force and args.output is None:
+        raise UsageError("--force goes with --output FILE")
+    path: Path = args.target.expanduser()
+    if path.is_dir():
+        raise UsageError(f"{path}: a directory; --format takes one session's header (SESSION.json)")
+    if path.suffix != ".json":
+        raise UsageError(f"{path}: not a session's header (SESSION.json)")
+    header, thread = document.read(path)
+    data = document.render(args.format, header, thread).encode("utf-8", "surrogatepass")
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        return 0
+    out: Path = args.output.expanduser()
+    if out.is_dir():
+        raise UsageError(f"{out}: a directory; --output takes a file name")
+    if args.force:
+        atomic_write(out, data, sync=True)
+        return 0
+    try:
+        fd = open_private(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        raise CliError(f"{out}: already exists; --force replaces it") from None
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    print(f"magent-store: {path.name} written to {out} ({args.format})", file=sys.stderr)
+    return 0
 
 
 def fsck_arguments(p: argparse.ArgumentParser) -> None:
