@@ -491,6 +491,9 @@ def _damaged_tree(root: Path) -> None:
     (root / "global" / "lone.lock").write_text("4242\n")
     (root / "global" / ".stale.snapshot.tmp-999999").write_bytes(b"{")
     (root / "global" / ".junk.tmp-1").write_bytes(b"{")
+    (root / "global" / ".odd.tmp-1.snapshot.tmp-9").write_bytes(b"{")
+    (root / "global" / "0-notes").mkdir()  # neither is a session's: skipped
+    (root / "global" / "0-readme.txt").write_bytes(b"")
     (root / "global" / "notes.json").write_bytes(b'{"a": 1}')
     (root / "global" / "list.json").write_bytes(b"[1]")
     (root / "global" / "v9.json").write_bytes(b'{"schema-version": 9}')
@@ -560,6 +563,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         ("header-invalid", g + "wronghdr.json", "wronghdr", True, False, False, None),
         ("not-session", g + "yes.json", "yes", False, False, False, None),
         ("stale-temp", g + ".junk.tmp-1", None, True, True, False, None),
+        ("stale-temp", g + ".odd.tmp-1.snapshot.tmp-9", "odd.tmp-1", True, True, False, None),
         ("stale-temp", g + ".stale.snapshot.tmp-999999", "stale", True, True, False, None),
         ("orphan", elsewhere + ".json", "p1", True, False, False, None),
         ("snapshot-missing", p1 + ".snapshot", "p1", True, False, False, None),
@@ -568,7 +572,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         ("schema-6", a + "mixed.json", "mixed", False, False, False, None),
         ("orphan", a + "moved.json", "moved", True, False, False, None),
     ]
-    assert check.summary() == "17 sessions checked: 22 problems found, 0 repaired, 22 remaining; 12 notes — damaged"
+    assert check.summary() == "17 sessions checked: 23 problems found, 0 repaired, 23 remaining; 12 notes — damaged"
     repaired = fsck.Fsck(root, repair=True).run()
     stale_lock = "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
     not_json = "unexpected character, expected a JSON value: line 1 column 1 (char 0)"
@@ -606,6 +610,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         f"header-invalid: {g}wronghdr.json: header.id: 'other' is not this session ('wronghdr')",
         f"not-session: {g}yes.json: unknown schema-version True; left alone",
         f"stale-temp: {g}.junk.tmp-1: temp file of an interrupted write [repaired]",
+        f"stale-temp: {g}.odd.tmp-1.snapshot.tmp-9: temp file of an interrupted write [repaired]",
         f"stale-temp: {g}.stale.snapshot.tmp-999999: temp file of an interrupted write [repaired]",
         f"orphan: {elsewhere}.json: a log or snapshot without a header; the snapshot's project root does not hash "
         "to its directory",
@@ -621,8 +626,9 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         "sums.jsonl.corrupt-1 [repaired]"
     assert [(f.session, f.events) for f in repaired.findings] == [(s, e) for _, _, s, _, _, _, e in json_lines]
     assert repaired.summary() == (
-        "17 sessions checked: 22 problems found, 13 repaired, 9 remaining; 12 notes — damaged")
+        "17 sessions checked: 23 problems found, 14 repaired, 9 remaining; 12 notes — damaged")
     assert repaired.to_json()["repair"] is True
+    assert (root / "global" / "0-readme.txt").exists() and (root / "global" / "0-notes").is_dir()
     # What a repair could not mend is left as it was; what it mended checks healthy.
     again = fsck.Fsck(root).run()
     assert sorted({f.session for f in again.findings if f.damage}) == [
