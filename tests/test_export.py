@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -758,3 +759,18 @@ def test_export_defaults_write_back_with_a_backup_and_a_dry_run_writes_nothing(
     assert plain_run.count(export.EXPORTED) == 1 and plain_run.root == root and plain_run.backup is None
     assert sorted(p.name for p in root.iterdir()) == ["global"]
     assert schema6_state(files.header)[0]["schema-version"] == 6
+
+
+def test_a_value_magents_format_cannot_hold_is_refused_and_nothing_written(tmp_path: Path, events: Events) -> None:
+    root = tmp_path / "root"
+    files = make_session(root, events, "s1")
+    deep: Any = "bottom"
+    for _ in range(300):  # readable, but deeper than the encoder writes
+        deep = [deep]
+    header = orjson.loads(files.header.read_bytes())
+    files.header.write_bytes(json.dumps({**header, "metadata": {"deep": deep}}).encode())
+    before = tree(root)
+    [report] = Exporter(root).run().reports
+    assert (report.path, report.outcome, report.reason) == (
+        files.header, export.CHANGED, "cannot be written as schema 6: cannot encode as JSON: Recursion limit reached")
+    assert tree(root) == before
