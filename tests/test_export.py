@@ -445,12 +445,16 @@ def test_a_header_that_does_not_read_back_fails_the_session(
     def write(path: Path, data: bytes, *, sync: bool) -> None:  # the schema-6 file comes back otherwise
         real(path, data + b" " if path == files.header and b'"schema-version":6' in data else data, sync=sync)
 
+    synced: list[Path] = []
+    real_sync = store.sync_directories
+    monkeypatch.setattr(store, "sync_directories", lambda ds: (synced.extend(ds), real_sync(ds)))
     before = tree(root)
     monkeypatch.setattr(export, "atomic_write", write)
     result = Exporter(root, backup=False).run()
     assert [(r.outcome, r.reason) for r in result.reports] == [
         (export.FAILED, f"{files.header} did not read back as written; the session is unchanged")]
     assert tree(root) == before  # the schema-7 header put back, nothing of the store's dropped
+    assert synced == [files.directory, files.directory]  # the put-back as durable as the write
 
 
 def test_every_file_an_export_writes_is_synced(tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
