@@ -750,3 +750,19 @@ def test_the_parallel_path_migrates_each_file_as_one_run_would(
     plain_run = migrate.migrate(root / "again", backup=False, jobs=2)
     assert plain_run.backup is None and sorted(p.name for p in (root / "again").iterdir()) == sorted(
         {f.relpath.split("/")[0] for f in corpus})
+
+
+def test_every_file_a_migration_writes_is_synced_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[Path] = []
+    real = store.sync_directories
+    monkeypatch.setattr(store, "sync_directories", lambda ds: (synced.extend(ds), real(ds)))
+    counts = []
+    for n, options in enumerate(({}, {"sync": False})):
+        path = schema6.session(random.Random(16), "s1").write(tmp_path / str(n))
+        synced.clear()
+        assert migrate.migrate(tmp_path / str(n), backup=False, **options).count(migrate.MIGRATED) == 1
+        counts.append(synced.count(path.parent))
+    # The new log and snapshot (new names: synced either way), then the header replacing the schema-6 file.
+    assert counts == [3, 2]
