@@ -302,9 +302,11 @@ def test_a_repair_that_cuts_the_log_cuts_its_checksums_too(root: Path) -> None:
     good = files.log.read_bytes()
     files.log.write_bytes(good[:-5])  # a torn last line, its checksum kept
     assert fsck.fsck(root, repair=True).healthy
-    # Whatever is appended next where the torn line was raises no alarm.
+    # Whatever is appended next where the torn line was raises no alarm (other bytes than the cut ones).
+    last = good[len(good.rsplit(b"\n", 2)[0]) + 1 :]
+    assert b" more 3" in last
     with files.log.open("ab") as f:
-        f.write(good[len(good.rsplit(b"\n", 2)[0]) + 1 :])
+        f.write(last.replace(b" more 3", b" more 9"))
     assert fsck.fsck(root).healthy
 
 
@@ -486,6 +488,11 @@ def _damaged_tree(root: Path) -> None:
     replay = make_session(root, "replay")
     lines = log_lines(replay)
     replay.log.write_bytes(b"".join(lines[:-1]) + orjson.dumps({**orjson.loads(lines[-1]), "thread-id": "x"}) + b"\n")
+    nohdr = make_session(root, "nohdr")
+    nohdr.header.write_bytes(b"")
+    nohdr.snapshot.unlink()
+    nohdr.log.write_bytes(b"".join(log_lines(nohdr)[3:]))
+    (root / "global" / "bare.json").write_bytes(b'{"schema-version": 7, "id": "bare", "scope": "global"}')
     stale = make_session(root, "stale")
     stale.lock.write_text("4242\n")
     (root / "global" / "lone.lock").write_text("4242\n")
@@ -528,7 +535,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
     json_lines = [(f["kind"], f["path"], f["session"], f["damage"], f["repairable"], f["repaired"], f["events"])
                   for f in check.to_json()["findings"]]  # fmt: skip
     assert check.to_json()["root"] == str(root) and check.to_json()["repair"] is False
-    assert check.to_json()["sessions"] == 17 and check.to_json()["healthy"] is False
+    assert check.to_json()["sessions"] == 19 and check.to_json()["healthy"] is False
     checksum = next(f.message for f in check.findings if f.kind == fsck.CHECKSUM)
     assert re.fullmatch(r"bytes \d+-\d+ \(lines 28-31\) do not match the checksum kept when they were "
                         r"written \(sums\.sums\): changed since; 4 lines from there to the end", checksum)
@@ -550,6 +557,8 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         ("not-session", g + "list.json", "list", False, False, False, None),
         ("stale-lock", g + "lone.lock", "lone", False, True, False, None),
         ("snapshot-missing", g + "lost.snapshot", "lost", True, False, False, None),
+        ("header-invalid", g + "nohdr.json", "nohdr", True, False, False, None),
+        ("snapshot-missing", g + "nohdr.snapshot", "nohdr", True, False, False, None),
         ("snapshot-missing", g + "nosnap.snapshot", "nosnap", True, True, False, None),
         ("not-session", g + "notes.json", "notes", False, False, False, None),
         ("stale-producer", g + "old.producer", "old", True, True, False, None),
@@ -572,7 +581,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         ("schema-6", a + "mixed.json", "mixed", False, False, False, None),
         ("orphan", a + "moved.json", "moved", True, False, False, None),
     ]
-    assert check.summary() == "17 sessions checked: 23 problems found, 0 repaired, 23 remaining; 12 notes — damaged"
+    assert check.summary() == "19 sessions checked: 25 problems found, 0 repaired, 25 remaining; 12 notes — damaged"
     repaired = fsck.Fsck(root, repair=True).run()
     stale_lock = "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
     not_json = "unexpected character, expected a JSON value: line 1 column 1 (char 0)"
@@ -596,6 +605,9 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         f"not-session: {g}list.json: not a session file; left alone",
         f"stale-lock: {g}lone.lock: {stale_lock} [repaired]",
         f"snapshot-missing: {g}lost.snapshot: no snapshot; the log starts at seq 4: earlier events are gone",
+        f"header-invalid: {g}nohdr.json: not valid JSON: Input is a zero-length, empty document: line 1 column 1 "
+        "(char 0); no valid snapshot to rebuild it from",
+        f"snapshot-missing: {g}nohdr.snapshot: no snapshot; the log starts at seq 4: earlier events are gone",
         f"snapshot-missing: {g}nosnap.snapshot: no snapshot; rebuildable from the log, which starts at seq 1 "
         "[repaired]",
         f"not-session: {g}notes.json: not a session file; left alone",
@@ -624,15 +636,23 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
     ]
     assert only(repaired, fsck.CHECKSUM).line(root) == f"checksum: {g}sums.jsonl: {checksum} moved to " \
         "sums.jsonl.corrupt-1 [repaired]"
-    assert [(f.session, f.events) for f in repaired.findings] == [(s, e) for _, _, s, _, _, _, e in json_lines]
+    assert [(f.session, f.repairable, f.events) for f in repaired.findings] == [
+        (s, r, e) for _, _, s, _, r, _, e in json_lines]
+    # Before the repair: what can be repaired says so; a note does not; the messages are the same.
+    lines = {f.path.name: f.line(root) for f in check.findings}
+    assert lines["torn.jsonl"] == f"torn-tail: {g}torn.jsonl: a torn final line of 10 bytes [repairable]"
+    assert lines["stale.lock"] == f"stale-lock: {g}stale.lock: {stale_lock}"
+    assert check.to_json()["findings"][0]["message"] == check.findings[0].message == (
+        "a damaged file replaced by an earlier repair; inspect and delete by hand")
+    assert orjson.loads((root / "global" / "headerless.json").read_bytes())["id"] == "headerless"
     assert repaired.summary() == (
-        "17 sessions checked: 23 problems found, 14 repaired, 9 remaining; 12 notes — damaged")
+        "19 sessions checked: 25 problems found, 14 repaired, 11 remaining; 12 notes — damaged")
     assert repaired.to_json()["repair"] is True
     assert (root / "global" / "0-readme.txt").exists() and (root / "global" / "0-notes").is_dir()
     # What a repair could not mend is left as it was; what it mended checks healthy.
     again = fsck.Fsck(root).run()
     assert sorted({f.session for f in again.findings if f.damage}) == [
-        "badsnap", "gap", "lost", "moved", "p1", "replay", "wronghdr"]
+        "badsnap", "gap", "lost", "moved", "nohdr", "p1", "replay", "wronghdr"]
     for sid in ("corrupt", "cutsnap", "emptyhdr", "headerless", "nosnap", "sums", "tail", "torn"):
         _, thread = load_session(SessionFiles(root / "global", sid))
         assert thread.snapshot_created_at is not None or sid not in ("cutsnap", "nosnap")
@@ -710,3 +730,13 @@ def test_repairs_are_synced_unless_told_not_to(root: Path, monkeypatch: pytest.M
         counts.append(synced.count(files.directory))
     # The lines set aside (a new file: synced either way), then the checksums rewritten.
     assert counts == [2, 1]
+
+
+def test_the_verdict_names_a_healthy_tree_and_a_repaired_one(root: Path) -> None:
+    files = make_session(root, "s1", Scope.project("/src/app"))
+    assert fsck.fsck(root).summary().endswith("0 notes — healthy")
+    files.snapshot.write_bytes(files.snapshot.read_bytes()[:50])  # cut: rebuilt from the log
+    repaired = fsck.fsck(root, repair=True)
+    assert repaired.summary() == "1 sessions checked: 1 problems found, 1 repaired, 0 remaining; 0 notes — repaired"
+    _, thread = load_session(files)
+    assert thread.scope == "/src/app"  # the rebuilt snapshot keeps the project's root
