@@ -660,13 +660,13 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
 
 def test_a_file_replaced_twice_is_set_aside_under_the_next_free_number(root: Path) -> None:
     files = make_session(root)
-    for n in (1, 2):
+    for n in (1, 3):
         (files.directory / f"s1.json.corrupt-{n}").write_bytes(b"earlier %d" % n)
     files.header.write_bytes(b"")
     repaired = fsck.fsck(root, repair=True)
-    assert only(repaired, fsck.HEADER_INVALID).message.endswith("the old one moved to s1.json.corrupt-3")
+    assert only(repaired, fsck.HEADER_INVALID).message.endswith("the old one moved to s1.json.corrupt-2")
     assert [(files.directory / f"s1.json.corrupt-{n}").read_bytes() for n in (1, 2, 3)] == [
-        b"earlier 1", b"earlier 2", b""]
+        b"earlier 1", b"", b"earlier 3"]
 
 
 def test_a_session_open_for_writing_is_reported_and_its_files_left_alone(
@@ -676,6 +676,10 @@ def test_a_session_open_for_writing_is_reported_and_its_files_left_alone(
     with Store(root).open("s1"):
         (files.directory / ".s1.jsonl.tmp-7").write_bytes(b"being written")
         before = tree(root)
+        stale = files.directory / ".zz.json.tmp-8"  # another's, listed after it: still found
+        stale.write_bytes(b"{")
+        assert [f.path for f in fsck.fsck(root).findings if f.kind == fsck.STALE_TEMP] == [stale]
+        stale.unlink()
         check = fsck.fsck(root, repair=True)
         assert [f.line(root) for f in check.findings] == [
             "in-use: global/s1.lock: open for writing by a running process; not checked"]
