@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import random
+import re
 import signal
 import stat
 import subprocess
@@ -272,6 +273,8 @@ def test_a_value_change_found_by_verification_keeps_the_schema6_file(root: Path)
     result = Migrator(root, crash=tamper).run()
     (report,) = result.reports
     assert report.outcome == migrate.CHANGED and "became" in (report.reason or "")
+    assert re.fullmatch(r"thread\.turns\[0\]\.input: '[^']*' became 'changed [^']*; the schema-6 file is unchanged",
+                        report.reason or ""), report.reason  # fmt: skip
     assert not result.ok and "1 values changed" in result.summary()
     assert path.read_bytes() == fixture.data
     assert sorted(p.name for p in path.parent.iterdir()) == ["s1.json"], "new log and snapshot removed"
@@ -624,7 +627,9 @@ def test_every_outcome_is_reported_with_its_reason_sizes_and_events(root: Path) 
     assert by_name["global/cut.json"]["reason"].startswith("not valid JSON: ")
     assert by_name["global/cut.json"]["bytes"] == len(b'{"schema-version": 6, "id": "cut"')
     assert by_name["global/done.json"]["outcome"] == "schema-7"
-    assert by_name["global/notes.json"]["outcome"] == "not-session"
+    assert by_name["global/notes.json"] == {"path": "global/notes.json", "outcome": "not-session",
+                                            "reason": by_name["global/notes.json"]["reason"], "shadowed-keys": 0,
+                                            "bytes": len(b'{"hello": 1}'), "events": 0}  # fmt: skip
     assert result.summary() == (
         "6 files seen, 1 migrated and value-identical, 1 already schema 7, 1 not session files, 1 invalid, "
         "0 values changed, 1 skipped (open in a running backend), 1 failed; "
@@ -758,11 +763,13 @@ def test_every_file_a_migration_writes_is_synced_unless_told_not_to(
     synced: list[Path] = []
     real = store.sync_directories
     monkeypatch.setattr(store, "sync_directories", lambda ds: (synced.extend(ds), real(ds)))
+    monkeypatch.setattr(migrate, "ProcessPoolExecutor", ThreadPoolExecutor)  # the parallel path, seen here
     counts = []
-    for n, options in enumerate(({}, {"sync": False})):
-        path = schema6.session(random.Random(16), "s1").write(tmp_path / str(n))
+    for n, options in enumerate(({}, {"sync": False}, {"jobs": 2}, {"jobs": 2, "sync": False})):
+        for sid in ("s1", "s2"):
+            path = schema6.session(random.Random(16), sid).write(tmp_path / str(n))
         synced.clear()
-        assert migrate.migrate(tmp_path / str(n), backup=False, **options).count(migrate.MIGRATED) == 1
+        assert migrate.migrate(tmp_path / str(n), backup=False, **options).count(migrate.MIGRATED) == 2
         counts.append(synced.count(path.parent))
     # The new log and snapshot (new names: synced either way), then the header replacing the schema-6 file.
-    assert counts == [3, 2]
+    assert counts == [6, 4, 6, 4]
