@@ -638,6 +638,7 @@ def test_every_outcome_is_reported_with_its_reason_sizes_and_events(root: Path) 
     assert not result.ok and result.bytes_migrated == len(new.data)
     # The dry run saw the same, and would migrate what the run migrated.
     assert dry.to_json()["dry-run"] is True and dry.to_json()["backup"] is None
+    assert [r.reason for r in dry.reports if r.outcome == migrate.LOCKED] == ["open for writing by a running process"]
     assert [(f["path"], f["outcome"]) for f in dry.to_json()["files"]] == [
         (f["path"], "would-migrate" if f["outcome"] == "migrated" else f["outcome"]) for f in report["files"]]
     assert dry.summary() == (
@@ -773,3 +774,8 @@ def test_every_file_a_migration_writes_is_synced_unless_told_not_to(
         counts.append(synced.count(path.parent))
     # The new log and snapshot (new names: synced either way), then the header replacing the schema-6 file.
     assert counts == [6, 4, 6, 4]
+    # The command's migrator syncs by default too.
+    path = schema6.session(random.Random(16), "s1").write(tmp_path / "cli")
+    synced.clear()
+    assert Migrator(tmp_path / "cli", backup=False).run().count(migrate.MIGRATED) == 1
+    assert synced.count(path.parent) == 3
