@@ -14,10 +14,18 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fsck, ledger, migrate
+from magent_store import fsck, ledger, migrate, store
 from magent_store.fsck import Check, Finding
 from magent_store.migrate import Migrator
-from magent_store.store import Scope, SessionFiles, SimulatedCrash, Store, load_session, read_header
+from magent_store.store import (
+    Scope,
+    SessionFiles,
+    SessionLock,
+    SimulatedCrash,
+    Store,
+    load_session,
+    read_header,
+)
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 
@@ -294,9 +302,11 @@ def test_a_repair_that_cuts_the_log_cuts_its_checksums_too(root: Path) -> None:
     good = files.log.read_bytes()
     files.log.write_bytes(good[:-5])  # a torn last line, its checksum kept
     assert fsck.fsck(root, repair=True).healthy
-    # Whatever is appended next where the torn line was raises no alarm.
+    # Whatever is appended next where the torn line was raises no alarm (other bytes than the cut ones).
+    last = good[len(good.rsplit(b"\n", 2)[0]) + 1 :]
+    assert b" more 3" in last
     with files.log.open("ab") as f:
-        f.write(good[len(good.rsplit(b"\n", 2)[0]) + 1 :])
+        f.write(last.replace(b" more 3", b" more 9"))
     assert fsck.fsck(root).healthy
 
 
@@ -439,3 +449,298 @@ def test_the_thread_after_any_repair_is_what_the_store_loads(root: Path) -> None
     fsck.fsck(root, repair=True)
     with Store(root).open("s1") as session:
         assert ledger.thread_to_json(session.thread)["last-event-seq"] == len(log_lines(files))
+
+
+# --- every finding, whole ---------------------------------------------------------
+
+
+def _damaged_tree(root: Path) -> None:
+    """One session or file for each kind of finding, in global/, a project and an action."""
+    torn = make_session(root, "torn")
+    torn.log.write_bytes(torn.log.read_bytes() + b'{"seq": 99')
+    corrupt = make_session(root, "corrupt")
+    lines = log_lines(corrupt)
+    corrupt.log.write_bytes(b"".join(lines[:-3]) + b"garbage\n" + b"".join(lines[-2:]))
+    tail = make_session(root, "tail")
+    tail.log.write_bytes(tail.log.read_bytes() + b"\0\0\n")
+    sums = make_session(root, "sums")
+    data = sums.log.read_bytes()
+    at = data.rindex(b" more ") + len(b" more ")
+    sums.log.write_bytes(data[:at] + b"7" + data[at + 1 :])
+    nosnap = make_session(root, "nosnap")
+    nosnap.snapshot.unlink()
+    lost = make_session(root, "lost")
+    lost.snapshot.unlink()
+    lost.log.write_bytes(b"".join(log_lines(lost)[3:]))
+    cutsnap = make_session(root, "cutsnap")
+    cutsnap.snapshot.write_bytes(cutsnap.snapshot.read_bytes()[:40])
+    badsnap = make_session(root, "badsnap")
+    badsnap.snapshot.write_bytes(orjson.dumps({**orjson.loads(badsnap.snapshot.read_bytes()), "status": "zzz"}))
+    headerless = make_session(root, "headerless")
+    headerless.header.unlink()
+    emptyhdr = make_session(root, "emptyhdr")
+    emptyhdr.header.write_bytes(b"")
+    wronghdr = make_session(root, "wronghdr")
+    wronghdr.header.write_bytes(orjson.dumps({**orjson.loads(wronghdr.header.read_bytes()), "id": "other"}))
+    gap = make_session(root, "gap")
+    lines = log_lines(gap)
+    gap.log.write_bytes(b"".join(line for line in lines if orjson.loads(line)["seq"] != snapshot_seq(gap) + 1))
+    replay = make_session(root, "replay")
+    lines = log_lines(replay)
+    replay.log.write_bytes(b"".join(lines[:-1]) + orjson.dumps({**orjson.loads(lines[-1]), "thread-id": "x"}) + b"\n")
+    nohdr = make_session(root, "nohdr")
+    nohdr.header.write_bytes(b"")
+    nohdr.snapshot.unlink()
+    nohdr.log.write_bytes(b"".join(log_lines(nohdr)[3:]))
+    (root / "global" / "bare.json").write_bytes(b'{"schema-version": 7, "id": "bare", "scope": "global"}')
+    stale = make_session(root, "stale")
+    stale.lock.write_text("4242\n")
+    (root / "global" / "lone.lock").write_text("4242\n")
+    (root / "global" / ".stale.snapshot.tmp-999999").write_bytes(b"{")
+    (root / "global" / ".junk.tmp-1").write_bytes(b"{")
+    (root / "global" / ".odd.tmp-1.snapshot.tmp-9").write_bytes(b"{")
+    (root / "global" / "0-notes").mkdir()  # neither is a session's: skipped
+    (root / "global" / "0-readme.txt").write_bytes(b"")
+    (root / "global" / "notes.json").write_bytes(b'{"a": 1}')
+    (root / "global" / "list.json").write_bytes(b"[1]")
+    (root / "global" / "v9.json").write_bytes(b'{"schema-version": 9}')
+    (root / "global" / "yes.json").write_bytes(b'{"schema-version": true}')
+    (root / "global" / "bad id!.jsonl").write_bytes(b"")
+    (root / "global" / "stale.jsonl.corrupt-1").write_bytes(b"x\n")
+    (root / "global" / "stale.jsonl.tail-1").write_bytes(b"x\n")
+    (root / "global" / "stale.json.corrupt-1").write_bytes(b"x")
+    (root / "global" / "stale.lock.corrupt-1").write_bytes(b"x")
+    old = schema6.session(random.Random(1), "old")
+    old.write(root)
+    (root / "global" / "old.producer").write_bytes(b"{}\n")
+    (root / "global" / "gone.sums").write_bytes(b"")
+    mixed = schema6.session(random.Random(2), "mixed", scope="action")
+    path = mixed.write(root)
+    path.with_suffix(".jsonl").write_bytes(b"")
+    # An action's snapshot without its header, of another session; a project's whose root hashes elsewhere.
+    review = make_session(root, "copied", Scope.action("review"))
+    review.header.unlink()
+    review.snapshot.rename(review.directory / "moved.snapshot")
+    review.log.unlink()
+    project = make_session(root, "p1", Scope.project("/src/app"))
+    project.header.unlink()
+    elsewhere = root / "projects" / ("0" * 40)
+    elsewhere.mkdir()
+    project.snapshot.rename(elsewhere / "p1.snapshot")
+
+
+def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: Path) -> None:
+    _damaged_tree(root)
+    check = fsck.Fsck(root).run()
+    json_lines = [(f["kind"], f["path"], f["session"], f["damage"], f["repairable"], f["repaired"], f["events"])
+                  for f in check.to_json()["findings"]]  # fmt: skip
+    assert check.to_json()["root"] == str(root) and check.to_json()["repair"] is False
+    assert check.to_json()["sessions"] == 19 and check.to_json()["healthy"] is False
+    checksum = next(f.message for f in check.findings if f.kind == fsck.CHECKSUM)
+    assert re.fullmatch(r"bytes \d+-\d+ \(lines 28-31\) do not match the checksum kept when they were "
+                        r"written \(sums\.sums\): changed since; 4 lines from there to the end", checksum)
+    g, a = "global/", "actions/review/"
+    p1 = "projects/8cfb6a42bd7e556d1b97a73e46142afdbdba326b/p1"
+    elsewhere = "projects/0000000000000000000000000000000000000000/p1"
+    assert json_lines == [
+        ("set-aside", g + "stale.json.corrupt-1", "stale", False, False, False, None),
+        ("set-aside", g + "stale.jsonl.corrupt-1", "stale", False, False, False, None),
+        ("set-aside", g + "stale.jsonl.tail-1", "stale", False, False, False, None),
+        ("not-session", g + "bad id!.jsonl", "bad id!", False, False, False, None),
+        ("snapshot-invalid", g + "badsnap.snapshot", "badsnap", True, False, False, None),
+        ("corrupt-line", g + "corrupt.jsonl", "corrupt", True, True, False, 3),
+        ("snapshot-invalid", g + "cutsnap.snapshot", "cutsnap", True, True, False, None),
+        ("header-invalid", g + "emptyhdr.json", "emptyhdr", True, True, False, None),
+        ("log-gap", g + "gap.jsonl", "gap", True, False, False, None),
+        ("stale-sums", g + "gone.sums", "gone", True, True, False, None),
+        ("orphan", g + "headerless.json", "headerless", True, True, False, None),
+        ("not-session", g + "list.json", "list", False, False, False, None),
+        ("stale-lock", g + "lone.lock", "lone", False, True, False, None),
+        ("snapshot-missing", g + "lost.snapshot", "lost", True, False, False, None),
+        ("header-invalid", g + "nohdr.json", "nohdr", True, False, False, None),
+        ("snapshot-missing", g + "nohdr.snapshot", "nohdr", True, False, False, None),
+        ("snapshot-missing", g + "nosnap.snapshot", "nosnap", True, True, False, None),
+        ("not-session", g + "notes.json", "notes", False, False, False, None),
+        ("stale-producer", g + "old.producer", "old", True, True, False, None),
+        ("schema-6", g + "old.json", "old", False, False, False, None),
+        ("replay-error", g + "replay.jsonl", "replay", True, False, False, None),
+        ("stale-lock", g + "stale.lock", "stale", False, True, False, None),
+        ("checksum", g + "sums.jsonl", "sums", True, True, False, 4),
+        ("invalid-tail", g + "tail.jsonl", "tail", True, True, False, 1),
+        ("torn-tail", g + "torn.jsonl", "torn", True, True, False, None),
+        ("not-session", g + "v9.json", "v9", False, False, False, None),
+        ("header-invalid", g + "wronghdr.json", "wronghdr", True, False, False, None),
+        ("not-session", g + "yes.json", "yes", False, False, False, None),
+        ("stale-temp", g + ".junk.tmp-1", None, True, True, False, None),
+        ("stale-temp", g + ".odd.tmp-1.snapshot.tmp-9", "odd.tmp-1", True, True, False, None),
+        ("stale-temp", g + ".stale.snapshot.tmp-999999", "stale", True, True, False, None),
+        ("orphan", elsewhere + ".json", "p1", True, False, False, None),
+        ("snapshot-missing", p1 + ".snapshot", "p1", True, False, False, None),
+        ("orphan", p1 + ".json", "p1", True, False, False, None),
+        ("stale-sums", a + "copied.sums", "copied", True, True, False, None),
+        ("schema-6", a + "mixed.json", "mixed", False, False, False, None),
+        ("orphan", a + "moved.json", "moved", True, False, False, None),
+    ]
+    assert check.summary() == "19 sessions checked: 25 problems found, 0 repaired, 25 remaining; 12 notes — damaged"
+    repaired = fsck.Fsck(root, repair=True).run()
+    stale_lock = "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
+    not_json = "unexpected character, expected a JSON value: line 1 column 1 (char 0)"
+    invalid_status = "invalid status 'zzz'; expected one of ['active', 'closed', 'idle', 'not-loaded', 'system-error']"
+    assert [f.line(root) for f in repaired.findings if f.kind != fsck.CHECKSUM] == [
+        f"set-aside: {g}stale.json.corrupt-1: a damaged file replaced by an earlier repair; inspect and delete by hand",
+        f"set-aside: {g}stale.jsonl.corrupt-1: lines set aside by an earlier repair; inspect and delete by hand",
+        f"set-aside: {g}stale.jsonl.tail-1: invalid lines a crash left at the end of the log, set aside when the "
+        "session was next opened; inspect and delete by hand",
+        f"not-session: {g}bad id!.jsonl: file name is not a valid session id",
+        f"snapshot-invalid: {g}badsnap.snapshot: snapshot.status: {invalid_status}",
+        f"corrupt-line: {g}corrupt.jsonl: line 29: {not_json}; 3 lines from there to the end moved to "
+        "corrupt.jsonl.corrupt-1 [repaired]",
+        f"snapshot-invalid: {g}cutsnap.snapshot: unexpected end of data: line 1 column 41 (char 40); rebuildable "
+        "from the log, which starts at seq 1; the old one moved to cutsnap.snapshot.corrupt-1 [repaired]",
+        f"header-invalid: {g}emptyhdr.json: not valid JSON: Input is a zero-length, empty document: line 1 column 1 "
+        "(char 0); rebuildable from the snapshot; the old one moved to emptyhdr.json.corrupt-1 [repaired]",
+        f"log-gap: {g}gap.jsonl: line 28: seq 29 leaves a gap after the snapshot at seq 27",
+        f"stale-sums: {g}gone.sums: log's checksums left behind beside no session of the store's [repaired]",
+        f"orphan: {g}headerless.json: a log or snapshot without a header; rebuildable from the snapshot [repaired]",
+        f"not-session: {g}list.json: not a session file; left alone",
+        f"stale-lock: {g}lone.lock: {stale_lock} [repaired]",
+        f"snapshot-missing: {g}lost.snapshot: no snapshot; the log starts at seq 4: earlier events are gone",
+        f"header-invalid: {g}nohdr.json: not valid JSON: Input is a zero-length, empty document: line 1 column 1 "
+        "(char 0); no valid snapshot to rebuild it from",
+        f"snapshot-missing: {g}nohdr.snapshot: no snapshot; the log starts at seq 4: earlier events are gone",
+        f"snapshot-missing: {g}nosnap.snapshot: no snapshot; rebuildable from the log, which starts at seq 1 "
+        "[repaired]",
+        f"not-session: {g}notes.json: not a session file; left alone",
+        f"stale-producer: {g}old.producer: batch record left behind beside no session of the store's [repaired]",
+        f"schema-6: {g}old.json: a schema-6 session: run `magent-store migrate`",
+        f"replay-error: {g}replay.jsonl: line 31: event.thread-id: 'x' is not this thread ('thread-replay')",
+        f"stale-lock: {g}stale.lock: {stale_lock} [repaired]",
+        f"invalid-tail: {g}tail.jsonl: line 32: invalid from here to the end ({not_json}): what a power loss leaves "
+        "of appends not yet synced; 1 lines from there to the end moved to tail.jsonl.tail-1 [repaired]",
+        f"torn-tail: {g}torn.jsonl: a torn final line of 10 bytes [repaired]",
+        f"not-session: {g}v9.json: unknown schema-version 9; left alone",
+        f"header-invalid: {g}wronghdr.json: header.id: 'other' is not this session ('wronghdr')",
+        f"not-session: {g}yes.json: unknown schema-version True; left alone",
+        f"stale-temp: {g}.junk.tmp-1: temp file of an interrupted write [repaired]",
+        f"stale-temp: {g}.odd.tmp-1.snapshot.tmp-9: temp file of an interrupted write [repaired]",
+        f"stale-temp: {g}.stale.snapshot.tmp-999999: temp file of an interrupted write [repaired]",
+        f"orphan: {elsewhere}.json: a log or snapshot without a header; the snapshot's project root does not hash "
+        "to its directory",
+        f"snapshot-missing: {p1}.snapshot: no snapshot; the log starts at seq 1 but the project root is unknown "
+        "without a header",
+        f"orphan: {p1}.json: a log or snapshot without a header, and no valid snapshot to rebuild it from",
+        f"stale-sums: {a}copied.sums: log's checksums left behind beside no session of the store's [repaired]",
+        f"schema-6: {a}mixed.json: a schema-6 session (an interrupted migration left new files beside it): run "
+        "`magent-store migrate`",
+        f"orphan: {a}moved.json: a log or snapshot without a header; the snapshot is of session 'copied'",
+    ]
+    assert only(repaired, fsck.CHECKSUM).line(root) == f"checksum: {g}sums.jsonl: {checksum} moved to " \
+        "sums.jsonl.corrupt-1 [repaired]"
+    assert [(f.session, f.repairable, f.events) for f in repaired.findings] == [
+        (s, r, e) for _, _, s, _, r, _, e in json_lines]
+    # Before the repair: what can be repaired says so; a note does not; the messages are the same.
+    lines = {f.path.name: f.line(root) for f in check.findings}
+    assert lines["torn.jsonl"] == f"torn-tail: {g}torn.jsonl: a torn final line of 10 bytes [repairable]"
+    assert lines["stale.lock"] == f"stale-lock: {g}stale.lock: {stale_lock}"
+    assert check.to_json()["findings"][0]["message"] == check.findings[0].message == (
+        "a damaged file replaced by an earlier repair; inspect and delete by hand")
+    assert orjson.loads((root / "global" / "headerless.json").read_bytes())["id"] == "headerless"
+    assert repaired.summary() == (
+        "19 sessions checked: 25 problems found, 14 repaired, 11 remaining; 12 notes — damaged")
+    assert repaired.to_json()["repair"] is True
+    assert (root / "global" / "0-readme.txt").exists() and (root / "global" / "0-notes").is_dir()
+    # What a repair could not mend is left as it was; what it mended checks healthy.
+    again = fsck.Fsck(root).run()
+    assert sorted({f.session for f in again.findings if f.damage}) == [
+        "badsnap", "gap", "lost", "moved", "nohdr", "p1", "replay", "wronghdr"]
+    for sid in ("corrupt", "cutsnap", "emptyhdr", "headerless", "nosnap", "sums", "tail", "torn"):
+        _, thread = load_session(SessionFiles(root / "global", sid))
+        assert thread.snapshot_created_at is not None or sid not in ("cutsnap", "nosnap")
+
+
+def test_a_file_replaced_twice_is_set_aside_under_the_next_free_number(root: Path) -> None:
+    files = make_session(root)
+    for n in (1, 3):
+        (files.directory / f"s1.json.corrupt-{n}").write_bytes(b"earlier %d" % n)
+    files.header.write_bytes(b"")
+    repaired = fsck.fsck(root, repair=True)
+    assert only(repaired, fsck.HEADER_INVALID).message.endswith("the old one moved to s1.json.corrupt-2")
+    assert [(files.directory / f"s1.json.corrupt-{n}").read_bytes() for n in (1, 2, 3)] == [
+        b"earlier 1", b"", b"earlier 3"]
+
+
+def test_a_session_open_for_writing_is_reported_and_its_files_left_alone(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = make_session(root)
+    with Store(root).open("s1"):
+        (files.directory / ".s1.jsonl.tmp-7").write_bytes(b"being written")
+        before = tree(root)
+        stale = files.directory / ".zz.json.tmp-8"  # another's, listed after it: still found
+        stale.write_bytes(b"{")
+        assert [f.path for f in fsck.fsck(root).findings if f.kind == fsck.STALE_TEMP] == [stale]
+        stale.unlink()
+        check = fsck.fsck(root, repair=True)
+        assert [f.line(root) for f in check.findings] == [
+            "in-use: global/s1.lock: open for writing by a running process; not checked"]
+        assert check.findings[0].session == "s1" and check.healthy and check.sessions == 0
+        # Taken between fsck's look and its own take of the lock: not repaired either.
+        monkeypatch.setattr(fsck, "lock_is_held", lambda path: False)
+        check = fsck.fsck(root, repair=True)
+        assert [(f.line(root), f.session) for f in check.findings] == [
+            ("in-use: global/s1.lock: open for writing by a running process; not repaired", "s1")]
+        assert tree(root) == before
+
+
+@pytest.mark.parametrize("beside", ["header7", "log", "snapshot", "held-lock", "header6", "nothing"])
+def test_a_batch_record_is_stale_only_beside_no_session_of_the_stores(root: Path, beside: str) -> None:
+    files = make_session(root)
+    files.producer.write_bytes(b"{}\n")
+    files.sums.unlink(missing_ok=True)
+    keep = {"header7": [files.header], "log": [files.log], "snapshot": [files.snapshot],
+            "held-lock": [], "header6": [], "nothing": []}[beside]  # fmt: skip
+    for p in (files.header, files.log, files.snapshot):
+        if p not in keep:
+            p.unlink()
+    if beside == "header6":
+        files.header.write_bytes(b'{"schema-version": 6, "id": "s1"}')
+    lock = SessionLock(files) if beside == "held-lock" else None
+    try:
+        check = fsck.fsck(root)
+    finally:
+        if lock is not None:
+            lock.release()
+    stale = [f for f in check.findings if f.kind == fsck.STALE_PRODUCER]
+    assert bool(stale) == (beside in ("header6", "nothing"))
+
+
+def test_repairs_are_synced_unless_told_not_to(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[Path] = []
+    real = store.sync_directories
+
+    def sync(directories: list[Path]) -> None:
+        synced.extend(directories)
+        real(directories)
+
+    monkeypatch.setattr(store, "sync_directories", sync)
+    counts = []
+    for options in ({}, {"sync": False}):
+        files = make_session(root / str(len(counts)), more=6)
+        data = files.log.read_bytes()
+        at = data.rindex(b" more ") + len(b" more ")
+        files.log.write_bytes(data[:at] + b"7" + data[at + 1 :])
+        synced.clear()
+        assert only(fsck.Fsck(root / str(len(counts)), repair=True, **options).run(), fsck.CHECKSUM).repaired
+        counts.append(synced.count(files.directory))
+    # The lines set aside (a new file: synced either way), then the checksums rewritten.
+    assert counts == [2, 1]
+
+
+def test_the_verdict_names_a_healthy_tree_and_a_repaired_one(root: Path) -> None:
+    files = make_session(root, "s1", Scope.project("/src/app"))
+    assert fsck.fsck(root).summary().endswith("0 notes — healthy")
+    files.snapshot.write_bytes(files.snapshot.read_bytes()[:50])  # cut: rebuilt from the log
+    repaired = fsck.fsck(root, repair=True)
+    assert repaired.summary() == "1 sessions checked: 1 problems found, 1 repaired, 0 remaining; 0 notes — repaired"
+    _, thread = load_session(files)
+    assert thread.scope == "/src/app"  # the rebuilt snapshot keeps the project's root

@@ -6,11 +6,13 @@ import json
 import os
 import pty
 import random
+import re
 import signal
 import stat
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +273,8 @@ def test_a_value_change_found_by_verification_keeps_the_schema6_file(root: Path)
     result = Migrator(root, crash=tamper).run()
     (report,) = result.reports
     assert report.outcome == migrate.CHANGED and "became" in (report.reason or "")
+    assert re.fullmatch(r"thread\.turns\[0\]\.input: '[^']*' became 'changed [^']*; the schema-6 file is unchanged",
+                        report.reason or ""), report.reason  # fmt: skip
     assert not result.ok and "1 values changed" in result.summary()
     assert path.read_bytes() == fixture.data
     assert sorted(p.name for p in path.parent.iterdir()) == ["s1.json"], "new log and snapshot removed"
@@ -577,3 +581,201 @@ def read_header_any(path: Path) -> dict[str, Any]:
 
 def plain_thread(thread: ledger.Thread) -> dict[str, Any]:
     return json.loads(store.dumps(ledger.thread_to_json(thread)))
+
+
+# --- every outcome, as the command reports it ---------------------------------------
+
+
+def test_every_outcome_is_reported_with_its_reason_sizes_and_events(root: Path) -> None:
+    rng = random.Random(11)
+    new, busy, done = (schema6.session(rng, sid) for sid in ("new", "busy", "done"))
+    for f in (new, busy, done):
+        f.write(root)
+    assert Migrator(root, backup=False).migrate_file(root / done.relpath).outcome == migrate.MIGRATED
+    (root / "global" / "notes.json").write_bytes(b'{"hello": 1}')
+    (root / "global" / "cut.json").write_bytes(b'{"schema-version": 6, "id": "cut"')
+    (root / "global" / "dir.json").mkdir()
+    lock = SessionLock(SessionFiles.from_header_path(root / busy.relpath))
+    seen: list[str] = []
+    try:
+        dry = Migrator(root, dry_run=True).run()
+        result = Migrator(root).run(lambda r: seen.append(r.path.name))
+    finally:
+        lock.release()
+    assert seen == ["busy.json", "cut.json", "dir.json", "done.json", "new.json", "notes.json"]
+    report = result.to_json()
+    by_name = {f["path"]: f for f in report["files"]}
+    assert report["root"] == str(root) and report["dry-run"] is False and report["backup"] == str(result.backup)
+    assert result.backup is not None and (result.backup / new.relpath).read_bytes() == new.data
+    assert report["summary"] == {
+        "files": 6, "migrated": 1, "would-migrate": 0, "schema-7": 1, "not-session": 1, "invalid": 1,
+        "changed": 0, "locked": 1, "failed": 1, "shadowed-only": 0,
+    }  # fmt: skip
+    assert by_name["global/new.json"] == {"path": "global/new.json", "outcome": "migrated", "reason": None,
+                                          "shadowed-keys": 0, "bytes": len(new.data), "events": new.events}  # fmt: skip
+    assert new.events > 0
+    assert by_name["global/busy.json"]["outcome"] == "locked"
+    assert by_name["global/busy.json"]["reason"] == (
+        f"session 'busy' in {root / 'global'} is open for writing by another process (pid {os.getpid()}); "
+        "close it there first")
+    assert (by_name["global/busy.json"]["bytes"], by_name["global/busy.json"]["events"]) == (
+        len(busy.data), busy.events)
+    assert by_name["global/dir.json"] == {"path": "global/dir.json", "outcome": "failed",
+                                          "reason": "cannot read: Is a directory", "shadowed-keys": 0,
+                                          "bytes": 0, "events": 0}  # fmt: skip
+    assert by_name["global/cut.json"]["outcome"] == "invalid"
+    assert by_name["global/cut.json"]["reason"].startswith("not valid JSON: ")
+    assert by_name["global/cut.json"]["bytes"] == len(b'{"schema-version": 6, "id": "cut"')
+    assert by_name["global/done.json"]["outcome"] == "schema-7"
+    assert by_name["global/notes.json"] == {"path": "global/notes.json", "outcome": "not-session",
+                                            "reason": by_name["global/notes.json"]["reason"], "shadowed-keys": 0,
+                                            "bytes": len(b'{"hello": 1}'), "events": 0}  # fmt: skip
+    assert result.summary() == (
+        "6 files seen, 1 migrated and value-identical, 1 already schema 7, 1 not session files, 1 invalid, "
+        "0 values changed, 1 skipped (open in a running backend), 1 failed; "
+        "0 differing only by shadowed duplicate keys"
+    )
+    assert not result.ok and result.bytes_migrated == len(new.data)
+    # The dry run saw the same, and would migrate what the run migrated.
+    assert dry.to_json()["dry-run"] is True and dry.to_json()["backup"] is None
+    assert [r.reason for r in dry.reports if r.outcome == migrate.LOCKED] == ["open for writing by a running process"]
+    assert [(f["path"], f["outcome"]) for f in dry.to_json()["files"]] == [
+        (f["path"], "would-migrate" if f["outcome"] == "migrated" else f["outcome"]) for f in report["files"]]
+    assert dry.summary() == (
+        "6 files seen, 1 would be migrated (dry run), 1 already schema 7, 1 not session files, 1 invalid, "
+        "0 values changed, 1 skipped (open in a running backend), 1 failed; "
+        "0 differing only by shadowed duplicate keys"
+    )
+    assert dry.bytes_migrated == len(new.data)  # the locked one is not counted
+
+
+def test_a_failed_write_removes_the_new_files_and_keeps_the_schema6_file(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixture = schema6.session(random.Random(12), "s1")
+    path = fixture.write(root)
+    before = tree(root)
+    real = migrate.atomic_write
+
+    def write(target: Path, data: bytes, **kwargs: Any) -> None:  # the log written, then the disk is full
+        if target == path.with_suffix(".snapshot"):
+            raise OSError(28, "No space left on device")
+        real(target, data, **kwargs)
+
+    monkeypatch.setattr(migrate, "atomic_write", write)
+    result = Migrator(root, backup=False).run()
+    assert [(r.outcome, r.reason) for r in result.reports] == [
+        (migrate.FAILED, "No space left on device; the schema-6 file is unchanged")]
+    assert tree(root) == before  # the new log removed, no lock left
+
+    def fail_first(target: Path, data: bytes, **kwargs: Any) -> None:  # nothing written at all
+        raise OSError("cable unplugged")
+
+    monkeypatch.setattr(migrate, "atomic_write", fail_first)
+    result = Migrator(root, backup=False).run()
+    assert [(r.outcome, r.reason) for r in result.reports] == [
+        (migrate.FAILED, "cable unplugged; the schema-6 file is unchanged")]
+    assert tree(root) == before
+
+
+def test_verification_counts_the_events_the_log_reads_back(root: Path) -> None:
+    fixture = schema6.session(random.Random(13), "s1", turns=2)
+    path = fixture.write(root)
+
+    def tamper(point: str) -> None:
+        if point == "jsonl-renamed":  # the disk loses the last line
+            log = path.with_suffix(".jsonl")
+            log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:-1]))
+
+    (report,) = Migrator(root, crash=tamper, backup=False).run().reports
+    assert (report.outcome, report.reason) == (
+        migrate.CHANGED,
+        f"log: {fixture.events} events written, {fixture.events - 1} read back; the schema-6 file is unchanged")
+    assert path.read_bytes() == fixture.data and sorted(p.name for p in path.parent.iterdir()) == ["s1.json"]
+
+
+def test_verification_compares_the_header_it_will_write(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture = schema6.session(random.Random(14), "s1")
+    path = fixture.write(root)
+    real = migrate.schema6.plan
+
+    def plan(*args: Any) -> Any:  # an encoder that loses the title
+        planned = real(*args)
+        header = orjson.loads(planned.header_bytes)
+        planned.header_bytes = orjson.dumps({**header, "title": "lost"})
+        return planned
+
+    monkeypatch.setattr(migrate.schema6, "plan", plan)
+    (report,) = Migrator(root, backup=False).run().reports
+    assert report.outcome == migrate.CHANGED
+    assert report.reason == (f"header.title: {fixture.header['title']!r} became 'lost'; "
+                             "the schema-6 file is unchanged")  # fmt: skip
+    assert path.read_bytes() == fixture.data
+
+
+def test_a_header_that_does_not_read_back_puts_the_schema6_file_back(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixture = schema6.session(random.Random(15), "s1")
+    path = fixture.write(root)
+    real = migrate.atomic_write
+
+    def write(target: Path, data: bytes, **kwargs: Any) -> None:
+        real(target, data + b" " if target == path and b'"schema-version":7' in data else data, **kwargs)
+
+    monkeypatch.setattr(migrate, "atomic_write", write)
+    (report,) = Migrator(root, backup=False).run().reports
+    assert (report.outcome, report.reason) == (
+        migrate.CHANGED, "the header did not read back as written; the schema-6 file was restored")
+    assert path.read_bytes() == fixture.data and sorted(p.name for p in path.parent.iterdir()) == ["s1.json"]
+
+
+def test_the_parallel_path_migrates_each_file_as_one_run_would(
+    root: Path, corpus: list[schema6.Fixture], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its workers, on threads of this process (the same code a process pool runs).
+    monkeypatch.setattr(migrate, "ProcessPoolExecutor", ThreadPoolExecutor)
+    fixtures = write(root, corpus)
+    before = tree(root)
+    seen: list[Path] = []
+    dry = migrate.migrate(root, dry_run=True, jobs=2, progress=lambda r: seen.append(r.path))
+    assert tree(root) == before and dry.backup is None and sorted(seen) == sorted(r.path for r in dry.reports)
+    assert dry.count(migrate.WOULD_MIGRATE) == sum(f.kind == "session" for f in corpus)
+    result = migrate.migrate(root, jobs=2)
+    assert [r.path for r in result.reports] == Migrator(root).files()
+    assert [(r.path, r.outcome, r.bytes, r.events, r.shadowed) for r in result.reports] == [
+        (r.path, migrate.MIGRATED if r.outcome == migrate.WOULD_MIGRATE else r.outcome, r.bytes, r.events,
+         r.shadowed) for r in dry.reports]  # fmt: skip
+    assert result.backup is not None
+    for f in fixtures.values():
+        if f.kind == "session":
+            assert_migrated(root, f)
+            assert (result.backup / f.relpath).read_bytes() == f.data
+    # Without a backup, none is made.
+    write(root / "again", corpus)
+    plain_run = migrate.migrate(root / "again", backup=False, jobs=2)
+    assert plain_run.backup is None and sorted(p.name for p in (root / "again").iterdir()) == sorted(
+        {f.relpath.split("/")[0] for f in corpus})
+
+
+def test_every_file_a_migration_writes_is_synced_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[Path] = []
+    real = store.sync_directories
+    monkeypatch.setattr(store, "sync_directories", lambda ds: (synced.extend(ds), real(ds)))
+    monkeypatch.setattr(migrate, "ProcessPoolExecutor", ThreadPoolExecutor)  # the parallel path, seen here
+    counts = []
+    for n, options in enumerate(({}, {"sync": False}, {"jobs": 2}, {"jobs": 2, "sync": False})):
+        for sid in ("s1", "s2"):
+            path = schema6.session(random.Random(16), sid).write(tmp_path / str(n))
+        synced.clear()
+        assert migrate.migrate(tmp_path / str(n), backup=False, **options).count(migrate.MIGRATED) == 2
+        counts.append(synced.count(path.parent))
+    # The new log and snapshot (new names: synced either way), then the header replacing the schema-6 file.
+    assert counts == [6, 4, 6, 4]
+    # The command's migrator syncs by default too.
+    path = schema6.session(random.Random(16), "s1").write(tmp_path / "cli")
+    synced.clear()
+    assert Migrator(tmp_path / "cli", backup=False).run().count(migrate.MIGRATED) == 1
+    assert synced.count(path.parent) == 3

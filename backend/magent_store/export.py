@@ -444,9 +444,11 @@ class Exporter:
             for p in (files.header, files.log, files.snapshot):
                 with contextlib.suppress(FileNotFoundError):
                     atomic_write(target / p.name, p.read_bytes(), sync=self.sync)
+        original = files.header.read_bytes()
         # The commit point: from here on magent's release reads the session.
         atomic_write(files.header, body, sync=self.sync)
         if files.header.read_bytes() != body:
+            atomic_write(files.header, original, sync=self.sync)
             raise OSError(f"{files.header} did not read back as written")
         self._drop_leftovers(files, locked=True)
         return ExportReport(path, EXPORTED, None, len(body))
