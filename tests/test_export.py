@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import export, fsck, ledger, migrate, schema6, store
+from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store
 from magent_store.export import Exporter, render, salvage
 from magent_store.store import Scope, SessionFiles, SessionLock, Store, dumps, load_session, read_header
 
@@ -447,7 +447,8 @@ def test_a_header_that_does_not_read_back_fails_the_session(
 
     synced: list[Path] = []
     real_sync = store.sync_directories
-    monkeypatch.setattr(store, "sync_directories", lambda ds: (synced.extend(ds), real_sync(ds)))
+    for module in (store, fileio, logfile):  # every module that syncs directories
+        monkeypatch.setattr(module, "sync_directories", lambda ds: (synced.extend(ds), real_sync(ds)))
     before = tree(root)
     monkeypatch.setattr(export, "atomic_write", write)
     result = Exporter(root, backup=False).run()
@@ -467,7 +468,9 @@ def test_every_file_an_export_writes_is_synced(tmp_path: Path, events: Events, m
         synced.extend(directories)
         real(directories)
 
-    monkeypatch.setattr(store, "sync_directories", sync)
+    for module in (store, fileio, logfile):  # every module that syncs directories
+
+        monkeypatch.setattr(module, "sync_directories", sync)
     result = Exporter(root).run()
     assert result.count(export.EXPORTED) == 1 and result.backup is not None
     backup = result.backup / "global"

@@ -14,7 +14,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fsck, ledger, migrate, store
+from magent_store import fileio, fsck, ledger, logfile, migrate, store
 from magent_store.fsck import Check, Finding
 from magent_store.migrate import Migrator
 from magent_store.store import (
@@ -722,7 +722,9 @@ def test_repairs_are_synced_unless_told_not_to(root: Path, monkeypatch: pytest.M
         synced.extend(directories)
         real(directories)
 
-    monkeypatch.setattr(store, "sync_directories", sync)
+    for module in (store, fileio, logfile):  # every module that syncs directories
+
+        monkeypatch.setattr(module, "sync_directories", sync)
     counts = []
     for options in ({}, {"sync": False}):
         files = make_session(root / str(len(counts)), more=6)

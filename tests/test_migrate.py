@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import schema6
 from conftest import examples
-from magent_store import ledger, migrate, store
+from magent_store import fileio, ledger, logfile, migrate, store
 from magent_store.migrate import Migrator
 from magent_store.schema6 import loads_first_wins
 from magent_store.sessions import open_session
@@ -763,7 +763,8 @@ def test_every_file_a_migration_writes_is_synced_unless_told_not_to(
 ) -> None:
     synced: list[Path] = []
     real = store.sync_directories
-    monkeypatch.setattr(store, "sync_directories", lambda ds: (synced.extend(ds), real(ds)))
+    for module in (store, fileio, logfile):  # every module that syncs directories
+        monkeypatch.setattr(module, "sync_directories", lambda ds: (synced.extend(ds), real(ds)))
     monkeypatch.setattr(migrate, "ProcessPoolExecutor", ThreadPoolExecutor)  # the parallel path, seen here
     counts = []
     for n, options in enumerate(({}, {"sync": False}, {"jobs": 2}, {"jobs": 2, "sync": False})):
