@@ -49,9 +49,13 @@
     (setq item (magent-thread-start-item thread id 'message :role 'assistant))
     (magent-session-save-deferred-for-session session 'global)
     (while t
+      ;; Recorded before it is appended: a chunk may reach the backend
+      ;; inside the call that appends it (the first chunk after a flush
+      ;; falls due sends the batch), so a kill between the two must find it
+      ;; already counted as sent.
+      (write-region (format "%d %f\n" n (float-time)) nil progress t 'silent)
       (magent-thread-append-item-content thread item (format "chunk %04d é\n" n))
       (magent-session-save-deferred-for-session session 'global)
-      (write-region (format "%d %f\n" n (float-time)) nil progress t 'silent)
       (setq n (1+ n))
       ;; Timers and process output run here, as in an interactive Emacs.
       (sit-for 0.01))))
