@@ -232,3 +232,33 @@ def test_no_false_positives_on_this_project_and_upstream_magent(tmp_path: Path) 
     assert chars > 1_000_000
     assert found == []
     print(f"{len(files)} files, {chars} characters: 0 findings")
+
+
+def test_a_spec_builds_the_redactor_it_names() -> None:
+    aws = "AKIA" + "Z7Q3" + "X5RTNWLM2KJP"  # built, never stored whole
+    full = redact.redactor_from_spec({"patterns": {"ticket": r"TICKET-[0-9]{6}"}, "literals": ["hunter2-pw"]})
+    text = f"key {aws} ticket TICKET-123456 pass hunter2-pw"
+    out, found = full.redact(text)
+    assert {f.kind for f in found} == {"aws-access-token", "ticket", "auth-source"}
+    assert aws not in out and "TICKET-123456" not in out and "hunter2-pw" not in out
+    bare = redact.redactor_from_spec({"rules": False, "literals": ["hunter2-pw"]})
+    out, found = bare.redact(text)
+    assert aws in out and "TICKET-123456" in out and [f.kind for f in found] == ["auth-source"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ([], "JSON object"),
+        ({"rule": True}, "unknown key 'rule'"),
+        ({"rules": "yes"}, "rules: true or false"),
+        ({"patterns": [["k", "x"]]}, "patterns"),
+        ({"patterns": {"Bad Kind": "x"}}, "kind 'Bad Kind'"),
+        ({"patterns": {"k": "("}}, "kind 'k': not a regular expression"),
+        ({"literals": "hunter2-pw"}, "literals: a list"),
+        ({"literals": ["abc"]}, "4 characters or more"),
+    ],
+)
+def test_a_bad_spec_is_refused_naming_what_is_wrong(spec: object, named: str) -> None:
+    with pytest.raises(redact.RedactError, match=re.escape(named)):
+        redact.redactor_from_spec(spec)

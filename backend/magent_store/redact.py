@@ -274,6 +274,35 @@ def user_rules(patterns: Mapping[str, str]) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def redactor_from_spec(spec: Any, *, key: bytes | None = None) -> Redactor:
+    """The redactor a redaction spec asks for.
+
+    SPEC is what Emacs sends (and ``--redact-spec`` reads), decoded JSON: an
+    object with ``rules`` (the vendored credential rules: true, the default,
+    or false), ``patterns`` (an object from kind name to regular expression,
+    Python syntax) and ``literals`` (a list of secrets, kind
+    ``auth-source``).  Any other key, or a value of the wrong type, is a
+    `RedactError` that names it (and never quotes a literal).
+    """
+    if not isinstance(spec, dict):
+        raise RedactError(f"a redaction spec is a JSON object, not {type(spec).__name__}")
+    unknown = sorted(set(spec) - {"rules", "patterns", "literals"})
+    if unknown:
+        raise RedactError(f"unknown key {unknown[0]!r} in the redaction spec "
+                          "(known: rules, patterns, literals)")
+    rules = spec.get("rules", True)
+    if not isinstance(rules, bool):
+        raise RedactError("the redaction spec's rules: true or false")
+    patterns = spec.get("patterns", {})
+    if not isinstance(patterns, dict) or not all(isinstance(v, str) for v in patterns.values()):
+        raise RedactError("the redaction spec's patterns: an object from kind name to regular expression")
+    literals = spec.get("literals", [])
+    if not isinstance(literals, list) or not all(isinstance(v, str) for v in literals):
+        raise RedactError("the redaction spec's literals: a list of strings")
+    base = default_rules() if rules else RuleSet(rules=(), allow=(), stopwords=(), source_commit="")
+    return Redactor(base, patterns=patterns, literals=literals, key=key)
+
+
 class Redactor:
     """Finds and replaces secrets: the vendored rules, the user's patterns, literal secrets.
 
