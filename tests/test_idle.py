@@ -20,6 +20,7 @@ import schema6
 from conftest import Events
 from crash import fs
 from magent_store import fileio, idle, ledger, logfile, store
+from magent_store import schema6 as magent_schema6
 from magent_store.store import Scope, SessionFiles, Store, load_session
 
 DAY = 86400.0
@@ -88,6 +89,7 @@ def test_an_idle_session_becomes_one_snapshot_with_the_same_thread(tmp_path: Pat
     assert sorted(p.name for p in old.directory.iterdir()) == ["old.json", "old.snapshot"]
     assert thread_json(old) == before  # every value, snapshot-created-at included
     assert orjson.loads(old.snapshot.read_bytes()) == before
+    assert old.header.stat().st_mtime == OLD + 3600  # magent lists sessions by it: the same place
     assert old.snapshot.stat().st_mode & 0o777 == 0o600
 
 
@@ -227,13 +229,91 @@ def test_a_batch_its_writer_sends_again_is_left_in_the_log(tmp_path: Path) -> No
     assert state(root) == before
 
 
-def test_a_session_in_magents_own_format_is_left_as_it_is(tmp_path: Path) -> None:
+def _pairs(data: bytes) -> Any:
+    """DATA parsed with every object as its list of pairs (order and duplicates kept)."""
+    return json.loads(data, object_pairs_hook=list)
+
+
+def test_a_schema6_session_keeps_every_byte_but_its_journal(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    path = schema6.session(random.Random(5), "six", turns=2).write(root)
+    path = schema6.session(random.Random(5), "six", turns=3, snapshot_lag=0, shadow_rate=0.2).write(root)
+    os.utime(path, (OLD, OLD))
+    old = path.read_bytes()
+    thread = magent_schema6.read(path).thread
+    assert magent_schema6.read(path).events
+    result = run_json(root)
+    assert by_id(result)["six"]["outcome"] == "compacted"
+    new = path.read_bytes()
+    assert by_id(result)["six"]["bytes-saved"] == len(old) - len(new) > 0
+    expected = [(k, [] if k == "journal" else v) for k, v in _pairs(old)]
+    assert _pairs(new) == expected  # every other value as it was, duplicate keys and order too
+    at = old.index(b'"journal"')
+    assert new[:at] == old[:at] and new[at:].startswith(b'"journal":[]')
+    again = magent_schema6.read(path)
+    assert again.events == [] and ledger.thread_to_json(again.thread) == ledger.thread_to_json(thread)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.stat().st_mtime == OLD  # magent lists sessions by it: the same place
+    after = state(root)
+    assert by_id(run_json(root))["six"]["outcome"] == "no-log" and state(root) == after
+
+
+def test_a_schema6_journal_past_its_snapshot_is_left_as_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(6), "lag", turns=3, snapshot_lag=2).write(root)
     os.utime(path, (OLD, OLD))
     before = state(root)
-    assert by_id(run_json(root))["six"]["outcome"] == "schema-6"
+    report = by_id(run_json(root))["lag"]
+    assert report["outcome"] == "kept" and "events its snapshot lacks" in report["reason"]
     assert state(root) == before
+
+
+def test_a_recent_or_open_schema6_session_is_left_as_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(7), "six", turns=2, snapshot_lag=0).write(root)
+    before = state(root)
+    assert by_id(run_json(root))["six"]["outcome"] == "recent"  # the file was written just now
+    os.utime(path, (OLD, OLD))
+    lock = store.SessionLock(SessionFiles.from_header_path(path))
+    try:
+        assert by_id(run_json(root))["six"]["outcome"] == "open"
+        assert path.read_bytes() == before[str(path.relative_to(root))][1]
+    finally:
+        lock.release()
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["str", "num", "lit"] + (["list", "obj"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "str":
+        return rng.choice(['journal', 'a"b', "back\\slash\\", '"journal":[1]', "é\u2028", "}]{[,:", ""])
+    if kind == "num":
+        return rng.choice([0, -1.5e10, 12345678901234567890, 3.25])
+    if kind == "lit":
+        return rng.choice([None, True, False])
+    if kind == "list":
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["journal", "k", 'q"', "snapshot"]): _random_json(rng, depth + 1) for _ in range(3)}
+
+
+def test_the_journal_is_found_wherever_json_puts_it() -> None:
+    rng = random.Random(11)
+    for n in range(500):
+        obj = {f"before{i}": _random_json(rng) for i in range(rng.randint(0, 3))}
+        obj["journal"] = [_random_json(rng) for _ in range(rng.randint(0, 4))]
+        obj.update({f"after{i}": _random_json(rng) for i in range(rng.randint(0, 3))})
+        separators = rng.choice([(",", ":"), (", ", ": "), (" ,\n ", " :\t")])
+        data = json.dumps(obj, separators=separators, ensure_ascii=rng.random() < 0.5).encode()
+        if rng.random() < 0.3:
+            data = b" \n" + data + b"\n"
+        span = idle.journal_span(data)
+        assert span is not None, data
+        start, end = span
+        assert json.loads(data[start:end]) == obj["journal"], (n, data)
+        assert json.loads(data[:start] + b"[]" + data[end:]) == {**obj, "journal": []}
+    assert idle.journal_span(b'{"journal":[],"journal":[1]}') is None  # magent refuses duplicate fields
+    assert idle.journal_span(b'{"snapshot":{"journal":[1]}}') is None
+    assert idle.journal_span(b'{"journal":[1') is None
+    assert idle.journal_span(b"[]") is None
 
 
 @pytest.mark.parametrize("days", ["0", "-3", "soon", "nan", "inf"])

@@ -356,9 +356,12 @@ def _idle_days(text: str) -> float:
     "snapshot is written atomically and read back value by value before the log\n"
     "goes, so a crash at any point leaves a session that reads the same.  Sessions\n"
     "open in a running backend are skipped and listed, damaged ones left alone for\n"
-    "fsck, sessions in magent's own format (schema 6) left as they are.  Running\n"
-    "it again changes nothing.  Exit status: 0, 1 when a session is damaged or\n"
-    "could not be compacted, 2 on a usage error or a root that is no directory.\n\n"
+    "fsck.  A session in magent's own format (schema 6, one file) has its journal\n"
+    "emptied when its snapshot holds every event of it, every other byte of the\n"
+    "file kept.  What goes is the journal, history magent reads beside the thread;\n"
+    "the thread reads back the same.  Running it again changes nothing.\n"
+    "Exit status: 0, 1 when a session is damaged or could not be compacted, 2 on a\n"
+    "usage error or a root that is no directory.\n\n"
     "examples:\n"
     "  magent-store compact ~/.emacs.d/magent/sessions/global/s1.json\n"
     "  magent-store compact --fsync never /tmp/scratch/global/s1.json\n"
@@ -394,8 +397,8 @@ def _compact_idle(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
         return 0 if result.ok else 1
     shown = {idle.COMPACTED: "compacted", idle.WOULD_COMPACT: "would compact", idle.OPEN: "skipped (open)",
-             idle.UNCOMMITTED: "skipped", idle.DAMAGED: "damaged", idle.CHANGED: "not compacted",
-             idle.FAILED: "failed"}  # fmt: skip
+             idle.UNCOMMITTED: "skipped", idle.KEPT: "left as it is", idle.DAMAGED: "damaged",
+             idle.CHANGED: "not compacted", idle.FAILED: "failed"}  # fmt: skip
     for report in result.sessions:
         if report.outcome in shown:
             saved = f", {_human_size(report.bytes_saved)} saved" if report.bytes_saved else ""
@@ -405,8 +408,7 @@ def _compact_idle(args: argparse.Namespace) -> int:
     verb = "would be compacted" if args.dry_run else "compacted"
     print(f"{root}: {result.count(done)} idle session(s) {verb}, {_human_size(result.bytes_saved)} "
           f"{'would be ' if args.dry_run else ''}saved; {result.count(idle.RECENT)} recent, "
-          f"{result.count(idle.NO_LOG)} without a log, {result.count(idle.OPEN)} open, "
-          f"{result.count(idle.SCHEMA6)} in magent's own format")  # fmt: skip
+          f"{result.count(idle.NO_LOG)} compact already, {result.count(idle.OPEN)} open")  # fmt: skip
     return 0 if result.ok else 1
 
 

@@ -23,14 +23,23 @@ snapshot holds every logged event, and replay skips the events it holds.
 The log is removed, not emptied: magent's schema-7 reader takes an empty
 log for one torn mid-line and rewrites it.  A log that ends in a batch its
 writer was never told is saved (a backend killed in between) is left for
-that writer to send again.  A session in magent's own format (schema 6) is
-left as it is.  The batch record (``<id>.producer``) stays: it is what
-keeps a batch sent again from being applied twice.
+that writer to send again.  The batch record (``<id>.producer``) stays: it
+is what keeps a batch sent again from being applied twice.
+
+A session in magent's own format (schema 6, one file) has its journal
+emptied, when every event in it is one its snapshot already holds (as
+magent's release writes them): the file's bytes stay the same but for the
+journal's, which become ``[]``, and the file is replaced atomically, only
+if it has not changed since it was read.  A journal holding an event past
+the snapshot is left as it is.  What compaction drops in both formats is
+the journal, the history magent reads beside the thread (its "audit"
+view); the thread itself reads back the same.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -40,7 +49,7 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger
+from magent_store import ledger, schema6
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -75,9 +84,9 @@ RECENT: Final = "recent"  # updated within the idle days
 NO_LOG: Final = "no-log"  # one snapshot and no log already
 OPEN: Final = "open"  # open for writing by a running backend
 UNCOMMITTED: Final = "uncommitted"  # the log ends in a batch its writer sends again
-SCHEMA6: Final = "schema-6"  # magent's own format, left as it is
 DAMAGED: Final = "damaged"  # for fsck to look at first
 CHANGED: Final = "changed"  # the snapshot would not read back equal: nothing changed
+KEPT: Final = "kept"  # a schema-6 journal holding events its snapshot lacks
 FAILED: Final = "failed"  # a write failed; the session reads as before
 # The outcomes that make the command exit 1.
 TROUBLE: Final = frozenset({DAMAGED, CHANGED, FAILED})
@@ -120,7 +129,7 @@ class IdleCompaction:
         return not any(r.outcome in TROUBLE for r in self.sessions)
 
     def to_json(self) -> dict[str, Any]:
-        outcomes = (COMPACTED, WOULD_COMPACT, RECENT, NO_LOG, OPEN, UNCOMMITTED, SCHEMA6, DAMAGED, CHANGED,
+        outcomes = (COMPACTED, WOULD_COMPACT, RECENT, NO_LOG, OPEN, UNCOMMITTED, KEPT, DAMAGED, CHANGED,
                     FAILED)  # fmt: skip
         return {
             "root": str(self.root), "idle-days": self.days, "cutoff": self.cutoff, "dry-run": self.dry_run,
@@ -177,8 +186,8 @@ class IdleCompactor:
             version = header_schema(path)
         except StoreError as exc:
             return SessionReport(path, DAMAGED, str(exc))
-        if version == 6:
-            return SessionReport(path, SCHEMA6, "magent's own format: left as it is")
+        if version == schema6.SCHEMA6:
+            return self._fold_journal(path, files)
         if version != SCHEMA_VERSION:
             return SessionReport(path, DAMAGED, "not a session header")
         if not os.path.lexists(files.log):
@@ -188,6 +197,11 @@ class IdleCompactor:
         newest = _newest_mtime(files)
         if newest > self.result.cutoff:
             return SessionReport(path, RECENT, None, 0, newest)
+        return self._locked(path, files, newest, self._compact)
+
+    def _locked(self, path: Path, files: SessionFiles, newest: float,
+                compact: Callable[[Path, SessionFiles, float], SessionReport]) -> SessionReport:  # fmt: skip
+        """COMPACT the session under its lock (none in a dry run); skipped while open elsewhere."""
         if lock_is_held(files.lock):
             return SessionReport(path, OPEN, "open for writing by a running backend", 0, newest)
         try:
@@ -195,7 +209,7 @@ class IdleCompactor:
         except SessionLockedError as exc:
             return SessionReport(path, OPEN, str(exc), 0, newest)
         try:
-            return self._compact(path, files, newest)
+            return compact(path, files, newest)
         except (CorruptSessionError, LedgerError) as exc:
             return SessionReport(path, DAMAGED, f"{exc}: run `magent-store fsck` first", 0, newest)
         except StoreError as exc:
@@ -270,6 +284,125 @@ class IdleCompactor:
         os.unlink(files.log)
         sync_directories([files.directory])
         return SessionReport(path, COMPACTED, None, saved, updated)
+
+    def _fold_journal(self, path: Path, files: SessionFiles) -> SessionReport:
+        """Empty the journal of the schema-6 session at PATH, when it is idle and its snapshot holds it."""
+        newest = os.lstat(path).st_mtime
+        if newest > self.result.cutoff:
+            return SessionReport(path, RECENT, None, 0, newest)
+        return self._locked(path, files, newest, self._fold)
+
+    def _fold(self, path: Path, files: SessionFiles, newest: float) -> SessionReport:
+        before = os.lstat(path)
+        data = read_file(path)
+        old = schema6.decode(data, path)
+        updated = max(newest, old.thread.updated_at or 0.0)
+        if updated > self.result.cutoff:
+            return SessionReport(path, RECENT, None, 0, updated)
+        span = journal_span(data)
+        if span is None:
+            return SessionReport(path, DAMAGED, "no journal field of its own found", 0, updated)
+        start, end = span
+        if data[start:end] == b"[]":
+            return SessionReport(path, NO_LOG, None, 0, updated)
+        new_data = data[:start] + b"[]" + data[end:]
+        new = schema6.decode(new_data, path)
+        if new.events or new.header != old.header:
+            why = "its journal did not read back empty; the session is unchanged"
+            return SessionReport(path, CHANGED, why, 0, updated)
+        difference = _difference(ledger.thread_to_json(old.thread), new.thread)
+        if difference is not None:
+            why = f"its journal holds events its snapshot lacks ({difference}): left as it is"
+            return SessionReport(path, KEPT, why, 0, updated)
+        saved = len(data) - len(new_data)
+        if self.dry_run:
+            return SessionReport(path, WOULD_COMPACT, None, saved, updated)
+        if _stamp(os.lstat(path)) != _stamp(before):
+            why = "written while it was compacted: left as it is"
+            return SessionReport(path, RECENT, why, 0, time.time())
+        atomic_write(path, new_data, sync=True)
+        if read_file(path) != new_data:
+            atomic_write(path, data, sync=True)
+            raise OSError(f"{path} did not read back as written")
+        # magent lists sessions by their file's modification time: keep its place.
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns), follow_symlinks=False)
+        return SessionReport(path, COMPACTED, None, saved, updated)
+
+
+_WHITESPACE: Final = b" \t\r\n"
+
+
+def _skip_space(data: bytes, at: int) -> int:
+    while at < len(data) and data[at] in _WHITESPACE:
+        at += 1
+    return at
+
+
+def _string_end(data: bytes, at: int) -> int:
+    """The index past the JSON string starting at AT (its opening quote)."""
+    at += 1
+    while True:
+        quote = data.index(b'"', at)
+        backslashes = 0
+        while data[quote - 1 - backslashes] == 0x5C:  # a quote escaped by an odd run of backslashes
+            backslashes += 1
+        if backslashes % 2 == 0:
+            return quote + 1
+        at = quote + 1
+
+
+def _value_end(data: bytes, at: int) -> int:
+    """The index past the JSON value starting at AT."""
+    if data[at] == 0x22:  # "
+        return _string_end(data, at)
+    depth = 0
+    while at < len(data):
+        byte = data[at]
+        if byte == 0x22:
+            at = _string_end(data, at)
+            continue
+        if byte in b"[{":
+            depth += 1
+        elif byte in b"]}":
+            if depth == 0:
+                return at
+            depth -= 1
+            if depth == 0:
+                return at + 1
+        elif byte == 0x2C and depth == 0:  # ,
+            return at
+        at += 1
+    return at
+
+
+def journal_span(data: bytes) -> tuple[int, int] | None:
+    """Where the value of the top-level ``journal`` key lies in the JSON object DATA.
+
+    None when there is no such key, or more than one (magent's release
+    refuses a file with duplicate fields).
+    """
+    found: list[tuple[int, int]] = []
+    try:
+        at = _skip_space(data, 0)
+        if data[at] != 0x7B:  # {
+            return None
+        at = _skip_space(data, at + 1)
+        while data[at] != 0x7D:  # }
+            key_end = _string_end(data, at)
+            key = json.loads(data[at:key_end])
+            at = _skip_space(data, key_end)
+            if data[at] != 0x3A:  # :
+                return None
+            start = _skip_space(data, at + 1)
+            end = _value_end(data, start)
+            if key == "journal":
+                found.append((start, end))
+            at = _skip_space(data, end)
+            if data[at] == 0x2C:
+                at = _skip_space(data, at + 1)
+    except (IndexError, ValueError):
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def _difference(expected: dict[str, Any], thread: Thread) -> str | None:

@@ -91,7 +91,7 @@ READER defaults to `magent-store-idle-magent-test--state'."
     (let* ((magent-store-log-max-events 40)
            (sessions (magent-store-magent-test--play))
            (root (magent-store--root))
-           before after)
+           before after listed)
       (dolist (pair sessions)
         (magent-store-flush (magent-session-get-id (car pair))))
       (should-not magent-store-magent--adapter-failures)
@@ -105,6 +105,8 @@ READER defaults to `magent-store-idle-magent-test--state'."
             (magent-store-magent-test--with-content-event
               (setq before (magent-store-idle-magent-test--states
                             sessions #'magent-store-idle-magent-test--state-7)))
+            (setq listed (magent-session-list-files))
+            (should (cdr listed))
             (should (= (length (magent-store-idle-magent-test--logs root)) (length sessions)))
             ;; Events past the snapshot: the log mattered to the thread.
             (should (cl-some (lambda (state) (plist-get state :journal)) before))
@@ -112,7 +114,9 @@ READER defaults to `magent-store-idle-magent-test--state'."
                                     (magent-store-idle-magent-test--compact root)))
             (should-not (magent-store-idle-magent-test--logs root))
             (setq after (magent-store-idle-magent-test--states
-                         sessions #'magent-store-idle-magent-test--state-7)))
+                         sessions #'magent-store-idle-magent-test--state-7))
+            ;; magent lists sessions by their header's time: the same order.
+            (should (equal (magent-session-list-files) listed)))
         (magent-store-magent-test--use-magent 6))
       (cl-loop for old in before for new in after
                do (ert-info ((format "session %s" (plist-get old :id)))
@@ -144,6 +148,49 @@ READER defaults to `magent-store-idle-magent-test--state'."
       (cl-loop for old in before for new in after
                do (ert-info ((format "session %s" (plist-get old :id)))
                     (should (equal new old)))))))
+
+(ert-deftest magent-store-idle-magent-the-release-reads-its-own-file-as-before ()
+  "magent's release, its own files (schema 6): the same thread, the journal emptied.
+The mode is off: magent writes and reads its files itself."
+  (magent-store-magent-test--use-magent 6)
+  (let* ((tmp (file-truename (make-temp-file "magent-store-idle-" t)))
+         (magent-session-directory (expand-file-name "sessions" tmp))
+         (magent-action-session-directory nil)
+         (magent-store-python (or magent-store-test-python magent-store-python)))
+    (unwind-protect
+        (let* ((sessions (magent-store-magent-test--play))
+               (files (sort (directory-files-recursively magent-session-directory
+                                                         "\\.json\\'")
+                            #'string<))
+               (time (- (float-time) 86400))
+               before listed after)
+          ;; Times the compaction would not give them (it goes in the order
+          ;; of their names): their order in magent's list must stay.
+          (dolist (file files)
+            (set-file-times file (seconds-to-time (setq time (- time 60)))))
+          (setq before (magent-store-idle-magent-test--states sessions)
+                listed (magent-session-list-files))
+          (should (cdr listed))
+          (should-not magent-store-mode)
+          (should (= (length files) (length sessions)))
+          (should-not (magent-store-idle-magent-test--logs magent-session-directory))
+          ;; magent's journal holds each event its snapshot holds too: history.
+          (should (cl-every (lambda (state) (plist-get state :journal)) before))
+          (should (string-match-p (format "%d idle session(s) compacted" (length sessions))
+                                  (magent-store-idle-magent-test--compact
+                                   magent-session-directory)))
+          (dolist (file files)
+            (with-temp-buffer
+              (insert-file-contents file)
+              (should (search-forward "\"journal\":[]" nil t))))
+          (setq after (magent-store-idle-magent-test--states sessions))
+          (should (equal (magent-session-list-files) listed))
+          (cl-loop for old in before for new in after
+                   do (ert-info ((format "session %s" (plist-get old :id)))
+                        (should (equal (magent-store-idle-magent-test--without-journal new)
+                                       (magent-store-idle-magent-test--without-journal old)))
+                        (should-not (plist-get new :journal)))))
+      (delete-directory tmp t))))
 
 (provide 'magent-store-idle-magent-tests)
 ;;; magent-store-idle-magent-tests.el ends here
