@@ -141,7 +141,7 @@ already running."
     (setq magent-store-idle--timer nil)))
 
 (defun magent-store-idle--mode-changed ()
-  "Start or stop the idle compaction as `magent-store-mode' turns on or off."
+  "Start or stop the idle compaction with `magent-store-mode'."
   (if magent-store-mode (magent-store-idle-start) (magent-store-idle-stop)))
 
 (add-hook 'magent-store-mode-hook #'magent-store-idle--mode-changed)
