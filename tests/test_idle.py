@@ -334,6 +334,21 @@ def test_a_root_that_is_no_directory_and_stray_options_are_usage_errors(tmp_path
     assert out.returncode == 2 and "--idle-days" in out.stderr
 
 
+def test_search_finds_what_a_compacted_session_said(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+
+    def hits(query: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "magent_store", "search", query, str(root), "--json"],
+                             capture_output=True, text=True)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return [hit["id"] for hit in json.loads(out.stdout)["hits"]]
+
+    assert hits("answer") == ["old"]  # indexed from the log
+    run_json(root)
+    assert hits("answer") == ["old"] and hits("question") == ["old"]  # and now from the snapshot
+
+
 # ---------------------------------------------------------------------------
 # Power loss at every point of an idle compaction
 
@@ -352,10 +367,14 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
     sessions = {"g": Scope.global_(), "p": Scope.project(PROJECT)}
     files = {sid: make(root, sid, scope, at=OLD) for sid, scope in sessions.items()}
     before = {sid: thread_json(f) for sid, f in files.items()}
+    # A session in magent's own format, its file written through the recorder too.
+    six = root / "global" / "six.json"
+    fileio.atomic_write(six, schema6.session(random.Random(8), "six", turns=2, snapshot_lag=0).data, sync=True)
+    six_before = ledger.thread_to_json(magent_schema6.read(six).thread)
     start = len(recorder.ops)
     later = lambda: NOW + 100 * DAY  # noqa: E731
     result = idle.compact_idle(root, 30, now=later)
-    assert [r.outcome for r in result.sessions] == ["compacted", "compacted"]
+    assert [r.outcome for r in result.sessions] == ["compacted", "compacted", "compacted"]
     for module in STORE_MODULES:
         monkeypatch.setattr(module, "os", recorder._os)
     ops = recorder.ops
@@ -371,6 +390,8 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
             for sid, scope in sessions.items():
                 there = Store(where / "root").files(sid, scope)
                 assert thread_json(there) == before[sid], f"prefix {prefix} {how}: {sid}"
+            six_there = magent_schema6.read(where / "root" / "global" / "six.json")
+            assert ledger.thread_to_json(six_there.thread) == six_before, f"prefix {prefix} {how}: six"
             again = idle.compact_idle(where / "root", 30, now=later)
             assert {r.outcome for r in again.sessions} <= {"compacted", "no-log"}, (prefix, how)
             for sid, scope in sessions.items():
