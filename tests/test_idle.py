@@ -334,6 +334,25 @@ def test_a_root_that_is_no_directory_and_stray_options_are_usage_errors(tmp_path
     assert out.returncode == 2 and "--idle-days" in out.stderr
 
 
+def test_a_full_disk_leaves_every_session_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+    schema6.session(random.Random(9), "six", turns=2, snapshot_lag=0).write(root)
+    for p in root.glob("global/six.json"):
+        os.utime(p, (OLD, OLD))
+    before = state(root)
+
+    def full(path: Path, data: bytes, **_: Any) -> None:
+        raise fileio.write_failed(path, OSError(28, "No space left on device"), len(data))
+
+    monkeypatch.setattr(idle, "atomic_write", full)
+    result = idle.compact_idle(root, 30)
+    assert {r.path.stem: r.outcome for r in result.sessions} == {"old": "failed", "six": "failed"}
+    assert all("no space left on device" in (r.reason or "") for r in result.sessions)
+    assert not result.ok and result.bytes_saved == 0
+    assert state(root) == before
+
+
 def test_search_finds_what_a_compacted_session_said(tmp_path: Path) -> None:
     root = tmp_path / "root"
     make(root, "old", Scope.global_(), at=OLD)

@@ -176,7 +176,13 @@ class IdleCompactor:
         if not self.root.is_dir():
             raise StoreError(f"{self.root}: not a directory of sessions")
         for path in Store(self.root).headers():
-            self.result.sessions.append(self.compact_file(path))
+            try:
+                report = self.compact_file(path)
+            except FileNotFoundError:
+                continue  # removed while the root was read
+            except OSError as exc:
+                report = SessionReport(path, FAILED, f"{exc.strerror or exc}; the session reads as before")
+            self.result.sessions.append(report)
         return self.result
 
     def compact_file(self, path: Path) -> SessionReport:
