@@ -49,6 +49,7 @@
 (require 'subr-x)
 (require 'magent-store)
 (require 'magent-store-json)
+(require 'magent-store-idle)
 
 ;;;; The magent functions this file touches
 

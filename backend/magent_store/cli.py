@@ -25,7 +25,19 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, document, export, fsck, ledger, migrate, scan, schema6, sessions, usage
+from magent_store import (
+    __version__,
+    document,
+    export,
+    fsck,
+    idle,
+    ledger,
+    migrate,
+    scan,
+    schema6,
+    sessions,
+    usage,
+)
 from magent_store.fileio import atomic_write, open_private, write_all
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
@@ -309,23 +321,57 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def compact_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("session", type=Path, metavar="SESSION.json")
+    p.add_argument("session", type=Path, metavar="SESSION.json | ROOT",
+                   help="a session's header; with --idle-days, the root of the sessions")  # fmt: skip
+    p.add_argument("--idle-days", type=_idle_days, metavar="N",
+                   help="compact every session under ROOT not updated for N days (a positive number) "
+                   "into one snapshot, its log removed")  # fmt: skip
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --idle-days: say what would be done, write nothing")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="with --idle-days: print the report as JSON")
     fsync_argument(p)
 
 
+def _idle_days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = float("nan")
+    if not 0 < days < 100_000:
+        raise argparse.ArgumentTypeError(f"expected a positive number of days, got {text!r}")
+    return days
+
+
 @command(
-    "compact", compact_arguments, "write a snapshot now and cut the log to its tail",
+    "compact", compact_arguments, "write a snapshot now and cut its log, or compact idle sessions",
     "Force a compaction: the snapshot is replaced atomically, then the log by a\n"
     "bounded tail of recent events.  Sessions compact by themselves every\n"
     f"{LOG_MAX_EVENTS} events; this is for inspection and tests.  A log that ends in\n"
     "a batch whose writer was never told it is saved (a backend killed in\n"
     "between) is left as it is, and the tool says so and exits 1: that writer\n"
     "sends the batch again.\n\n"
+    "With --idle-days N ROOT: every session under ROOT whose last update (its\n"
+    "thread's and its files') is more than N days old and that has a log is\n"
+    "rewritten as one snapshot holding every event, and its log removed.  The\n"
+    "snapshot is written atomically and read back value by value before the log\n"
+    "goes, so a crash at any point leaves a session that reads the same.  Sessions\n"
+    "open in a running backend are skipped and listed, damaged ones left alone for\n"
+    "fsck.  A session in magent's own format (schema 6, one file) has its journal\n"
+    "emptied when its snapshot holds every event of it, every other byte of the\n"
+    "file kept.  What goes is the journal, history magent reads beside the thread;\n"
+    "the thread reads back the same.  Running it again changes nothing.\n"
+    "Exit status: 0, 1 when a session is damaged or could not be compacted, 2 on a\n"
+    "usage error or a root that is no directory.\n\n"
     "examples:\n"
     "  magent-store compact ~/.emacs.d/magent/sessions/global/s1.json\n"
-    "  magent-store compact --fsync never /tmp/scratch/global/s1.json",
+    "  magent-store compact --fsync never /tmp/scratch/global/s1.json\n"
+    "  magent-store compact --idle-days 30 --dry-run ~/.emacs.d/magent/sessions",
 )  # fmt: skip
 def cmd_compact(args: argparse.Namespace) -> int:
+    if args.idle_days is not None:
+        return _compact_idle(args)
+    if args.dry_run or args.json:
+        raise UsageError("--dry-run and --json go with --idle-days N ROOT")
     files = SessionFiles.from_header_path(args.session)
     scope = Scope.from_header(schema6.read_any_header(files.header)[0])
     with sessions.open_header(files.header, scope, fsync=args.fsync) as session:
@@ -340,6 +386,30 @@ def cmd_compact(args: argparse.Namespace) -> int:
     print(f"{files.header}: compacted at seq {result.written_seq} in {result.seconds * 1000:.1f} ms",
           file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _compact_idle(args: argparse.Namespace) -> int:
+    root = args.session.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: not a directory of sessions (--idle-days takes the root of the sessions)")
+    result = idle.compact_idle(root, args.idle_days, dry_run=args.dry_run)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
+        return 0 if result.ok else 1
+    shown = {idle.COMPACTED: "compacted", idle.WOULD_COMPACT: "would compact", idle.OPEN: "skipped (open)",
+             idle.UNCOMMITTED: "skipped", idle.KEPT: "left as it is", idle.DAMAGED: "damaged",
+             idle.CHANGED: "not compacted", idle.FAILED: "failed"}  # fmt: skip
+    for report in result.sessions:
+        if report.outcome in shown:
+            saved = f", {_human_size(report.bytes_saved)} saved" if report.bytes_saved else ""
+            reason = f": {report.reason}" if report.reason else ""
+            print(f"{report.path}: {shown[report.outcome]}{saved}{reason}")
+    done = idle.WOULD_COMPACT if args.dry_run else idle.COMPACTED
+    verb = "would be compacted" if args.dry_run else "compacted"
+    print(f"{root}: {result.count(done)} idle session(s) {verb}, {_human_size(result.bytes_saved)} "
+          f"{'would be ' if args.dry_run else ''}saved; {result.count(idle.RECENT)} recent, "
+          f"{result.count(idle.NO_LOG)} compact already, {result.count(idle.OPEN)} open")  # fmt: skip
+    return 0 if result.ok else 1
 
 
 def _migration_progress(paths: list[Path], root: Path) -> tuple[Callable[[FileReport], None], Any]:

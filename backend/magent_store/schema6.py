@@ -81,6 +81,11 @@ def read(path: Path) -> Session6:
         data = path.read_bytes()
     except FileNotFoundError:
         raise SessionNotFound(f"{path}: no such session") from None
+    return decode(data, path)
+
+
+def decode(data: bytes, path: Path) -> Session6:
+    """The schema-6 session DATA, the bytes of the file at PATH (named in errors)."""
     try:
         obj = json.loads(data, object_pairs_hook=_first_wins)
     except ValueError as exc:

@@ -99,7 +99,7 @@ public command of the package is callable after it, as is the mode."
                                 (prog1 (memq 'magent-store--kill-emacs
                                              kill-emacs-hook)
                                   (magent-store-mode -1)))))
-                 '(t t (magent-store-magent--timing-sync)
+                 '(t t (magent-store-magent--timing-sync magent-store-idle--mode-changed)
                      (magent-store--kill-emacs))))
   ;; Loading the adapter first loads the core, once.
   (should (equal (magent-store-layout-test--emacs

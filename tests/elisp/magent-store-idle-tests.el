@@ -1,0 +1,137 @@
+;;; magent-store-idle-tests.el --- ERT: the idle compaction setting  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; `magent-store-compact-idle-days': off, turning the mode on starts
+;; nothing; on, it runs the real `magent-store compact --idle-days N ROOT'
+;; over a real root holding a session idle for 40 days, and a daily
+;; timer; a run that fails says so once.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+(require 'magent-store-test)
+(require 'magent-store-magent)
+(require 'magent-store-idle)
+
+
+(defconst magent-store-idle-test--old (- (float-time) (* 40 86400))
+  "A time 40 days ago.")
+
+(defun magent-store-idle-test--write-old-session (root)
+  "Write a session idle for 40 days under ROOT with the backend's CLI.
+Return its log file."
+  (let* ((header (expand-file-name "global/old.json" root))
+         (time magent-store-idle-test--old)
+         (lines
+          (mapcar
+           (lambda (event)
+             (prog1 (json-encode (append event `((created-at . ,time))))
+               (setq time (+ time 1))))
+           `(((type . "thread-started") (thread-id . "th-old"))
+             ((type . "turn-started") (thread-id . "th-old") (turn-id . "t1")
+              (payload . ((turn . ((id . "t1") (input . "hello"))))))))))
+    (with-temp-buffer
+      (insert (mapconcat #'identity lines "\n") "\n")
+      (should (eql 0 (apply #'call-process-region (point-min) (point-max)
+                            (car (magent-store-program)) nil t nil
+                            (append (cdr (magent-store-program))
+                                    (list "apply" header))))))
+    (let ((log (expand-file-name "global/old.jsonl" root)))
+      (should (file-exists-p log))
+      (dolist (file (directory-files (expand-file-name "global" root) t "\\`old\\."))
+        (set-file-times file (seconds-to-time magent-store-idle-test--old)))
+      log)))
+
+(defvar magent-store-idle-test--messages nil
+  "The messages shown while a test runs, latest first.")
+
+(defun magent-store-idle-test--record (format &rest args)
+  "Record the message FORMAT with ARGS shows."
+  (when format
+    (push (apply #'format-message format args) magent-store-idle-test--messages)))
+
+(defun magent-store-idle-test--failures ()
+  "The messages that said an idle compaction failed."
+  (cl-count-if (lambda (m) (string-match-p "idle compaction failed" m))
+               magent-store-idle-test--messages))
+
+(defmacro magent-store-idle-test--with-mode (days &rest body)
+  "Run BODY with `magent-store-compact-idle-days' DAYS and the mode on."
+  (declare (indent 1) (debug t))
+  `(magent-store-test--with-backend
+     (let ((magent-store-compact-idle-days ,days)
+           (magent-store-idle--timer nil)
+           (magent-store-idle--process nil)
+           (magent-store-idle-test--messages nil))
+       (advice-add 'message :before #'magent-store-idle-test--record)
+       (unwind-protect
+           (progn (magent-store-mode 1) ,@body)
+         (advice-remove 'message #'magent-store-idle-test--record)
+         (magent-store-mode -1)
+         (when (process-live-p magent-store-idle--process)
+           (delete-process magent-store-idle--process))))))
+
+(defun magent-store-idle-test--wait ()
+  "Wait for the idle compaction process to finish; return it."
+  (let ((process magent-store-idle--process))
+    (should (processp process))
+    (with-timeout (60 (ert-fail "the idle compaction did not finish"))
+      (while (process-live-p process)
+        (accept-process-output process 0.1)))
+    ;; Let its sentinel run.
+    (accept-process-output nil 0.05)
+    process))
+
+(ert-deftest magent-store-idle-off-starts-nothing ()
+  (magent-store-idle-test--with-mode nil
+    (let ((log (magent-store-idle-test--write-old-session (magent-store--root))))
+      (should-not magent-store-idle--process)
+      (should-not magent-store-idle--timer)
+      (should-not (get-process "magent-store-compact"))
+      (should-not (magent-store-idle-compact))
+      (should (file-exists-p log)))))
+
+(ert-deftest magent-store-idle-on-compacts-when-the-mode-starts-then-daily ()
+  (magent-store-idle-test--with-mode 30
+    ;; No root yet (no session ever saved): nothing to run, nothing said.
+    (should-not magent-store-idle--process)
+    (should (timerp magent-store-idle--timer))
+    (let ((log (magent-store-idle-test--write-old-session (magent-store--root))))
+      (magent-store-mode -1)
+      (should-not magent-store-idle--timer)
+      (magent-store-mode 1)
+      (let ((process (magent-store-idle-test--wait)))
+        (should (equal (last (process-command process) 4)
+                       (list "compact" "--idle-days" "30"
+                             (directory-file-name (magent-store--root)))))
+        (should (equal (butlast (process-command process) 4)
+                       (magent-store-program)))
+        (should (= 0 (process-exit-status process))))
+      (should-not (file-exists-p log))
+      (should (file-exists-p (expand-file-name "global/old.snapshot" (magent-store--root))))
+      (with-current-buffer magent-store-idle-buffer
+        (should (string-match-p "1 idle session(s) compacted" (buffer-string))))
+      (should (timerp magent-store-idle--timer))
+      (should (equal (timer--repeat-delay magent-store-idle--timer) magent-store-idle-day))
+      (should (eq (timer--function magent-store-idle--timer) #'magent-store-idle--daily))
+      (should (= 0 (magent-store-idle-test--failures)))
+      (magent-store-mode -1)
+      (should-not magent-store-idle--timer))))
+
+(ert-deftest magent-store-idle-a-failed-run-says-so-once ()
+  (magent-store-idle-test--with-mode nil
+    (let ((magent-store-python (list (executable-find "sh") "-c" "echo broken >&2; exit 1" "sh"))
+          (magent-store-compact-idle-days 7))
+      (make-directory (magent-store--root) t)
+      (magent-store-idle-compact)
+      (magent-store-idle-test--wait)
+      (should (= 1 (magent-store-idle-test--failures)))
+      (with-current-buffer magent-store-idle-buffer
+        (should (string-match-p "broken" (buffer-string)))))))
+
+(provide 'magent-store-idle-tests)
+;;; magent-store-idle-tests.el ends here

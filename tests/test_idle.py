@@ -1,0 +1,419 @@
+"""`magent-store compact --idle-days N ROOT`: sessions idle for N days become one
+snapshot and no log, read back equal value by value; everything else is left
+as it is, and a crash at any point leaves sessions that read the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import schema6
+from conftest import Events
+from crash import fs
+from magent_store import fileio, idle, ledger, logfile, store
+from magent_store import schema6 as magent_schema6
+from magent_store.store import Scope, SessionFiles, Store, load_session
+
+DAY = 86400.0
+NOW = time.time()
+OLD = NOW - 40 * DAY
+PROJECT = "/home/someone/src/the-project"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "magent_store", "compact", *args], capture_output=True, text=True)
+
+
+def run_json(root: Path, *args: str, status: int = 0) -> dict[str, Any]:
+    out = run("--idle-days", "30", "--json", *args, str(root))
+    assert out.returncode == status, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def make(root: Path, sid: str, scope: Scope, *, at: float, turns: int = 3, flushes: int = 3) -> SessionFiles:
+    """A session written by the store in FLUSHES flushes, its events and files dated AT."""
+    st = Store(root, log_max_events=10_000)
+    conversation = Events(thread_id=f"th-{sid}", start=at).conversation(turns=turns, chunks=6)
+    step = len(conversation) // flushes + 1
+    with st.open(sid, scope) as session:
+        for n in range(0, len(conversation), step):
+            for obj in conversation[n : n + step]:
+                session.append_event(obj)
+            session.flush()
+    files = st.files(sid, scope)
+    date(files, at + 3600)
+    return files
+
+
+def date(files: SessionFiles, when: float) -> None:
+    for p in (files.header, files.log, files.snapshot, files.sums, files.producer):
+        if p.exists():
+            os.utime(p, (when, when))
+
+
+def thread_json(files: SessionFiles) -> Any:
+    return orjson.loads(store.dumps(ledger.thread_to_json(load_session(files)[1])))
+
+
+def state(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def sizes(files: SessionFiles) -> int:
+    return sum(p.stat().st_size for p in files.directory.iterdir() if p.name.startswith(files.id + "."))
+
+
+def by_id(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["id"]: s for s in result["sessions"]}
+
+
+def test_an_idle_session_becomes_one_snapshot_with_the_same_thread(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    old = make(root, "old", Scope.project(PROJECT), at=OLD)
+    before = thread_json(old)
+    assert old.log.stat().st_size > 0 and old.sums.exists()
+    result = run_json(root)
+    assert by_id(result)["old"]["outcome"] == "compacted"
+    assert not old.log.exists() and not old.sums.exists()
+    assert sorted(p.name for p in old.directory.iterdir()) == ["old.json", "old.snapshot"]
+    assert thread_json(old) == before  # every value, snapshot-created-at included
+    assert orjson.loads(old.snapshot.read_bytes()) == before
+    assert old.header.stat().st_mtime == OLD + 3600  # magent lists sessions by it: the same place
+    assert old.snapshot.stat().st_mode & 0o777 == 0o600
+
+
+def test_recent_sessions_are_left_as_they_are(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+    make(root, "new", Scope.global_(), at=NOW - 2 * DAY)
+    # Events from long ago, files written yesterday (a header changed, say): not idle.
+    touched = make(root, "touched", Scope.global_(), at=OLD)
+    date(touched, NOW - DAY)
+    # Files dated long ago, but the thread says it was updated yesterday: not idle either.
+    late = make(root, "late", Scope.global_(), at=NOW - DAY)
+    date(late, OLD)
+    kept = {k: v for k, v in state(root).items() if not k.startswith("global/old.")}
+    result = run_json(root)
+    outcomes = {sid: s["outcome"] for sid, s in by_id(result).items()}
+    assert outcomes == {"old": "compacted", "new": "recent", "touched": "recent", "late": "recent"}
+    assert {k: v for k, v in state(root).items() if not k.startswith("global/old.")} == kept
+    assert by_id(result)["late"]["updated"] > NOW - 2 * DAY
+
+
+def test_the_idle_days_decide(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    files = make(root, "s", Scope.global_(), at=NOW - 10 * DAY)
+    assert by_id(run_json(root))["s"]["outcome"] == "recent"  # 30 days
+    out = run("--idle-days", "7", str(root))
+    assert out.returncode == 0, out.stderr
+    assert "1 idle session(s) compacted" in out.stdout
+    assert not files.log.exists()
+
+
+def test_bytes_saved_is_what_the_files_shrank_by(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    a = make(root, "a", Scope.global_(), at=OLD, turns=6)
+    b = make(root, "b", Scope.action("review it"), at=OLD)
+    before = {"a": sizes(a), "b": sizes(b)}
+    dry = run_json(root, "--dry-run")
+    result = run_json(root)
+    for sid, files in (("a", a), ("b", b)):
+        saved = before[sid] - sizes(files)
+        assert saved > 0
+        assert by_id(result)[sid]["bytes-saved"] == saved
+        assert by_id(dry)[sid]["bytes-saved"] == saved
+    assert result["bytes-saved"] == dry["bytes-saved"] == before["a"] + before["b"] - sizes(a) - sizes(b)
+    assert result["counts"]["compacted"] == 2 and dry["counts"]["would-compact"] == 2
+
+
+def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+    before = state(root)
+    result = run_json(root, "--dry-run")
+    assert by_id(result)["old"]["outcome"] == "would-compact" and result["dry-run"] is True
+    assert state(root) == before
+    out = run("--idle-days", "30", "--dry-run", str(root))
+    assert "1 idle session(s) would be compacted" in out.stdout and state(root) == before
+
+
+def test_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+    run_json(root)
+    after = state(root)
+    result = run_json(root)
+    assert by_id(result)["old"]["outcome"] == "no-log" and result["bytes-saved"] == 0
+    assert state(root) == after
+
+
+def test_a_compacted_session_goes_on_where_it_stopped(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    files = make(root, "old", Scope.global_(), at=OLD)
+    before = load_session(files)[1]
+    run_json(root)
+    with Store(root).open("old") as session:
+        assert session.last_seq == before.last_event_seq
+        seq = session.append_event(Events(thread_id="th-old", start=NOW).turn("turn-queued", "later"))
+        assert seq == before.last_event_seq + 1
+    thread = load_session(files)[1]
+    assert [t.id for t in thread.turns] == [*(t.id for t in before.turns), "later"]
+
+
+def test_a_session_open_in_a_running_backend_is_skipped(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    files = make(root, "old", Scope.global_(), at=OLD)
+    session = Store(root).open("old")
+    try:
+        date(files, OLD)
+        before = {k: v for k, v in state(root).items() if not k.endswith(".lock")}
+        result = run_json(root)
+        report = by_id(result)["old"]
+        assert report["outcome"] == "open" and "running backend" in report["reason"]
+        assert {k: v for k, v in state(root).items() if not k.endswith(".lock")} == before
+        out = run("--idle-days", "30", str(root))
+        assert out.returncode == 0 and "skipped (open)" in out.stdout
+    finally:
+        session.close()
+
+
+def test_a_damaged_session_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    files = make(root, "bad", Scope.global_(), at=OLD)
+    lines = files.log.read_bytes().split(b"\n")
+    lines[1] = b'{"seq": "not a number"}'
+    files.log.write_bytes(b"\n".join(lines))
+    date(files, OLD)
+    make(root, "good", Scope.global_(), at=OLD)
+    before = {k: v for k, v in state(root).items() if "bad" in k}
+    result = run_json(root, status=1)
+    assert by_id(result)["bad"]["outcome"] == "damaged" and "fsck" in by_id(result)["bad"]["reason"]
+    assert by_id(result)["good"]["outcome"] == "compacted"
+    assert {k: v for k, v in state(root).items() if "bad" in k} == before
+
+
+def test_a_log_changed_at_rest_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    files = make(root, "flip", Scope.global_(), at=OLD)
+    data = bytearray(files.log.read_bytes())
+    at = data.index(b"part 3")
+    data[at + 5] = ord("4")  # still valid JSON, no longer what was written
+    files.log.write_bytes(bytes(data))
+    date(files, OLD)
+    result = run_json(root, status=1)
+    assert by_id(result)["flip"]["outcome"] == "damaged"
+    assert "checksum" in by_id(result)["flip"]["reason"] and files.log.exists()
+
+
+def test_a_batch_its_writer_sends_again_is_left_in_the_log(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    files = make(root, "s", Scope.global_(), at=OLD)
+    last = load_session(files)[1].last_event_seq
+    # What a backend killed between a batch's lines and its commit leaves.
+    record = {"producer": "emacs", "batch": 3, "seq": last - 2}
+    files.producer.write_bytes(orjson.dumps(record).ljust(255) + b"\n")
+    date(files, OLD)
+    before = state(root)
+    assert by_id(run_json(root))["s"]["outcome"] == "uncommitted"
+    assert state(root) == before
+
+
+def _pairs(data: bytes) -> Any:
+    """DATA parsed with every object as its list of pairs (order and duplicates kept)."""
+    return json.loads(data, object_pairs_hook=list)
+
+
+def test_a_schema6_session_keeps_every_byte_but_its_journal(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(5), "six", turns=3, snapshot_lag=0, shadow_rate=0.2).write(root)
+    os.utime(path, (OLD, OLD))
+    old = path.read_bytes()
+    thread = magent_schema6.read(path).thread
+    assert magent_schema6.read(path).events
+    result = run_json(root)
+    assert by_id(result)["six"]["outcome"] == "compacted"
+    new = path.read_bytes()
+    assert by_id(result)["six"]["bytes-saved"] == len(old) - len(new) > 0
+    expected = [(k, [] if k == "journal" else v) for k, v in _pairs(old)]
+    assert _pairs(new) == expected  # every other value as it was, duplicate keys and order too
+    at = old.index(b'"journal"')
+    assert new[:at] == old[:at] and new[at:].startswith(b'"journal":[]')
+    again = magent_schema6.read(path)
+    assert again.events == [] and ledger.thread_to_json(again.thread) == ledger.thread_to_json(thread)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.stat().st_mtime == OLD  # magent lists sessions by it: the same place
+    after = state(root)
+    assert by_id(run_json(root))["six"]["outcome"] == "no-log" and state(root) == after
+
+
+def test_a_schema6_journal_past_its_snapshot_is_left_as_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(6), "lag", turns=3, snapshot_lag=2).write(root)
+    os.utime(path, (OLD, OLD))
+    before = state(root)
+    report = by_id(run_json(root))["lag"]
+    assert report["outcome"] == "kept" and "events its snapshot lacks" in report["reason"]
+    assert state(root) == before
+
+
+def test_a_recent_or_open_schema6_session_is_left_as_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(7), "six", turns=2, snapshot_lag=0).write(root)
+    before = state(root)
+    assert by_id(run_json(root))["six"]["outcome"] == "recent"  # the file was written just now
+    os.utime(path, (OLD, OLD))
+    lock = store.SessionLock(SessionFiles.from_header_path(path))
+    try:
+        assert by_id(run_json(root))["six"]["outcome"] == "open"
+        assert path.read_bytes() == before[str(path.relative_to(root))][1]
+    finally:
+        lock.release()
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["str", "num", "lit"] + (["list", "obj"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "str":
+        return rng.choice(['journal', 'a"b', "back\\slash\\", '"journal":[1]', "é\u2028", "}]{[,:", ""])
+    if kind == "num":
+        return rng.choice([0, -1.5e10, 12345678901234567890, 3.25])
+    if kind == "lit":
+        return rng.choice([None, True, False])
+    if kind == "list":
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["journal", "k", 'q"', "snapshot"]): _random_json(rng, depth + 1) for _ in range(3)}
+
+
+def test_the_journal_is_found_wherever_json_puts_it() -> None:
+    rng = random.Random(11)
+    for n in range(500):
+        obj = {f"before{i}": _random_json(rng) for i in range(rng.randint(0, 3))}
+        obj["journal"] = [_random_json(rng) for _ in range(rng.randint(0, 4))]
+        obj.update({f"after{i}": _random_json(rng) for i in range(rng.randint(0, 3))})
+        separators = rng.choice([(",", ":"), (", ", ": "), (" ,\n ", " :\t")])
+        data = json.dumps(obj, separators=separators, ensure_ascii=rng.random() < 0.5).encode()
+        if rng.random() < 0.3:
+            data = b" \n" + data + b"\n"
+        span = idle.journal_span(data)
+        assert span is not None, data
+        start, end = span
+        assert json.loads(data[start:end]) == obj["journal"], (n, data)
+        assert json.loads(data[:start] + b"[]" + data[end:]) == {**obj, "journal": []}
+    assert idle.journal_span(b'{"journal":[],"journal":[1]}') is None  # magent refuses duplicate fields
+    assert idle.journal_span(b'{"snapshot":{"journal":[1]}}') is None
+    assert idle.journal_span(b'{"journal":[1') is None
+    assert idle.journal_span(b"[]") is None
+
+
+@pytest.mark.parametrize("days", ["0", "-3", "soon", "nan", "inf"])
+def test_a_bad_number_of_days_is_a_usage_error(tmp_path: Path, days: str) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+    before = state(root)
+    out = run("--idle-days", days, str(root))
+    assert out.returncode == 2 and "--idle-days" in out.stderr and "positive number of days" in out.stderr
+    assert state(root) == before
+
+
+def test_a_root_that_is_no_directory_and_stray_options_are_usage_errors(tmp_path: Path) -> None:
+    out = run("--idle-days", "3", str(tmp_path / "nowhere"))
+    assert out.returncode == 2 and "not a directory of sessions" in out.stderr
+    files = make(tmp_path / "root", "s", Scope.global_(), at=OLD)
+    out = run("--dry-run", str(files.header))
+    assert out.returncode == 2 and "--idle-days" in out.stderr
+
+
+def test_a_full_disk_leaves_every_session_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+    schema6.session(random.Random(9), "six", turns=2, snapshot_lag=0).write(root)
+    for p in root.glob("global/six.json"):
+        os.utime(p, (OLD, OLD))
+    before = state(root)
+
+    def full(path: Path, data: bytes, **_: Any) -> None:
+        raise fileio.write_failed(path, OSError(28, "No space left on device"), len(data))
+
+    monkeypatch.setattr(idle, "atomic_write", full)
+    result = idle.compact_idle(root, 30)
+    assert {r.path.stem: r.outcome for r in result.sessions} == {"old": "failed", "six": "failed"}
+    assert all("no space left on device" in (r.reason or "") for r in result.sessions)
+    assert not result.ok and result.bytes_saved == 0
+    assert state(root) == before
+
+
+def test_search_finds_what_a_compacted_session_said(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make(root, "old", Scope.global_(), at=OLD)
+
+    def hits(query: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "magent_store", "search", query, str(root), "--json"],
+                             capture_output=True, text=True)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return [hit["id"] for hit in json.loads(out.stdout)["hits"]]
+
+    assert hits("answer") == ["old"]  # indexed from the log
+    run_json(root)
+    assert hits("answer") == ["old"] and hits("question") == ["old"]  # and now from the snapshot
+
+
+# ---------------------------------------------------------------------------
+# Power loss at every point of an idle compaction
+
+STORE_MODULES = (store, fileio, logfile, idle)
+
+
+def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tmp_path / "run"
+    base.mkdir()
+    recorder = fs.Recorder(base)
+    for module in STORE_MODULES:
+        monkeypatch.setattr(module, "os", recorder)
+    root = base / "root"
+    sessions = {"g": Scope.global_(), "p": Scope.project(PROJECT)}
+    files = {sid: make(root, sid, scope, at=OLD) for sid, scope in sessions.items()}
+    before = {sid: thread_json(f) for sid, f in files.items()}
+    # A session in magent's own format, its file written through the recorder too.
+    six = root / "global" / "six.json"
+    fileio.atomic_write(six, schema6.session(random.Random(8), "six", turns=2, snapshot_lag=0).data, sync=True)
+    six_before = ledger.thread_to_json(magent_schema6.read(six).thread)
+    start = len(recorder.ops)
+    later = lambda: NOW + 100 * DAY  # noqa: E731
+    result = idle.compact_idle(root, 30, now=later)
+    assert [r.outcome for r in result.sessions] == ["compacted", "compacted", "compacted"]
+    for module in STORE_MODULES:
+        monkeypatch.setattr(module, "os", recorder._os)
+    ops = recorder.ops
+    assert any(op.kind == "unlink" and op.path.endswith(".jsonl") for op in ops[start:])
+    rng = random.Random(20261201)
+    tried = 0
+    for prefix in range(start, len(ops) + 1):
+        for how in ("kept", "lost", "random", "random"):
+            state_ = fs.crash_state(ops, prefix, how, rng)
+            where = tmp_path / f"s{tried}"
+            fs.materialise(state_, where)
+            tried += 1
+            for sid, scope in sessions.items():
+                there = Store(where / "root").files(sid, scope)
+                assert thread_json(there) == before[sid], f"prefix {prefix} {how}: {sid}"
+            six_there = magent_schema6.read(where / "root" / "global" / "six.json")
+            assert ledger.thread_to_json(six_there.thread) == six_before, f"prefix {prefix} {how}: six"
+            again = idle.compact_idle(where / "root", 30, now=later)
+            assert {r.outcome for r in again.sessions} <= {"compacted", "no-log"}, (prefix, how)
+            for sid, scope in sessions.items():
+                there = Store(where / "root").files(sid, scope)
+                assert not there.log.exists() and thread_json(there) == before[sid]
+    assert tried > 40
