@@ -121,3 +121,67 @@ def test_worker_processes_find_the_same_with_the_same_fingerprints(tmp_path: Pat
     pooled = scan.scan_root(root, redactor, workers=2)
     assert [(s.path, s.findings) for s in pooled] == [(s.path, s.findings) for s in inline]
     assert len({f.fingerprint for s in pooled for f in s.findings if f.kind == "aws-access-token"}) == 1
+
+
+def test_text_streamed_after_the_snapshot_is_scanned_whole(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "late", ["first part, no secret\n"])
+    text = f"then aws_access_key_id = {AWS} ✓"
+    cut = text.index(AWS) + 9
+    with Store(root).open("late", Scope.global_()) as session:  # not compacted: only in the log
+        session.append_content("c1", text[:cut], True, 8.0)
+        session.append_content("c1", text[cut:], True, 9.0)
+        session.flush()
+    assert AWS not in (root / "global" / "late.snapshot").read_text()
+    (result,) = scan.scan_root(root, Redactor(key=b"k"))
+    assert [(f.kind, f.where) for f in result.findings] == [("aws-access-token", "turn 1 (t1)/item 1 (c1)/output")]
+
+
+def test_a_redaction_spec_on_stdin_brings_literals_and_can_leave_the_rules_out(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    password = SECRETS["auth-source"].secret
+    seven(root, "pw", [f"login with {password} and {AWS}"])
+    spec = json.dumps({"literals": [password], "patterns": {"ticket": r"TICKET-\d{6}"}})
+    out = subprocess.run([sys.executable, "-m", "magent_store", "scan", "--json", "--redact-spec", "-", str(root)],
+                         input=spec, capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    kinds = sorted(f["kind"] for s in json.loads(out.stdout)["sessions"] for f in s["findings"])
+    assert kinds == ["auth-source", "aws-access-token"]
+    assert password not in out.stdout + out.stderr
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"rules": False, "literals": [password]}))
+    only = run("--json", "--redact-spec", str(spec_file), str(root))
+    assert [f["kind"] for s in json.loads(only.stdout)["sessions"] for f in s["findings"]] == ["auth-source"]
+    # In worker processes too: the rules stay out there as well.
+    redactor = redaction_spec_redactor({"rules": False, "literals": [password]})
+    assert {f.kind for s in scan.scan_root(root, redactor, workers=1) for f in s.findings} == {"auth-source"}
+
+
+def redaction_spec_redactor(spec: dict[str, object]) -> Redactor:
+    from magent_store.redact import redactor_from_spec
+
+    return redactor_from_spec(spec, key=b"k")
+
+
+def test_a_bad_redaction_spec_exits_2_naming_what_is_wrong_never_quoting_a_literal(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "clean", ["plain text"])
+    spec_file = tmp_path / "spec.json"
+    for body, expected in (
+        ('{"literals": ["abc"]}', "secret 1 of 1: 4 characters or more"),
+        ('{"literals": "Sésame-ouvre-toi-42"}', "literals: a list of strings"),
+        ('{"literal": ["Sésame-ouvre-toi-42"]}', "unknown key 'literal'"),
+        ('{"literals": ["Sésame-ouvre-toi-42"', "not valid JSON"),
+        ('["Sésame-ouvre-toi-42"]', "a JSON object, not list"),
+        ('{"patterns": {"ticket": "TICKET-("}}', "'ticket'"),
+    ):
+        spec_file.write_text(body)
+        out = run("--redact-spec", str(spec_file), str(root))
+        assert out.returncode == 2, (body, out.stderr)
+        assert expected in out.stderr and str(spec_file) in out.stderr, (body, out.stderr)
+        assert "Sésame" not in out.stderr and "abc" not in out.stderr
+    missing = run("--redact-spec", str(tmp_path / "nope.json"), str(root))
+    assert missing.returncode == 2 and "nope.json: cannot read" in missing.stderr
+    spec_file.write_text('{"patterns": {"ticket": "T-[0-9]+"}}')
+    both = run("--redact-spec", str(spec_file), "--pattern", "ticket=TICKET-[0-9]+", str(root))
+    assert both.returncode == 2 and "kind 'ticket' is both in --redact-spec and --pattern" in both.stderr

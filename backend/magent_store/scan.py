@@ -23,9 +23,9 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger, schema6
+from magent_store import ledger, redaction, schema6
 from magent_store.ledger import LedgerError
-from magent_store.redact import Redactor
+from magent_store.redact import RedactError, Redactor, redactor_from_spec
 from magent_store.store import (
     Scope,
     SessionFiles,
@@ -46,7 +46,9 @@ fingerprint: 8 hex digits that are the same wherever the same secret is, within
 one run.  The secret itself is never printed.  Nothing is written.
 
 The patterns are gitleaks' rules for well-known credentials (see
-docs/REDACTION.md); --pattern KIND=REGEXP adds your own.
+docs/REDACTION.md); --pattern KIND=REGEXP adds your own, and --redact-spec FILE
+reads patterns and literal secrets (passwords, tokens you name) from a file or
+standard input, never from the command line.
 
 Exit status: 0 no secret found, 1 secrets found, 2 usage error or a session
 that cannot be read.
@@ -93,8 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print {sessions: [{path, schema, findings: [{kind, where, fingerprint}]}], "
                         "unreadable: [{path, error}]}")  # fmt: skip
-    parser.add_argument("--pattern", action="append", default=[], metavar="KIND=REGEXP",
-                        help="also look for REGEXP (Python syntax), as KIND (repeatable)")  # fmt: skip
+    redaction.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -104,7 +105,7 @@ def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], know
 
 
 def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str]) -> None:
-    obj = ledger.thread_to_json(thread)
+    obj = redaction.thread_json(thread)
     for key, value in obj.items():
         if key != "turns":
             _locate(redactor, value, f"thread/{key}", out, known)
@@ -176,7 +177,8 @@ def scan_root(root: Path, redactor: Redactor, workers: int | None = None) -> lis
     if workers < 1:
         return [scan_session(path, redactor) for path in paths]
     batches = [paths[n : n + BATCH] for n in range(0, len(paths), BATCH)]
-    spec = (redactor.key, tuple(redactor.patterns.items()), redactor.literals)
+    rules = any(not r.user for r in redactor.rules)
+    spec = (redactor.key, rules, tuple(redactor.patterns.items()), redactor.literals)
     context = multiprocessing.get_context("spawn")  # no fork: the caller may have threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         done = pool.map(_scan_batch, batches, [spec] * len(batches))
@@ -189,28 +191,19 @@ def _workers(sessions: int) -> int:
     return 0 if cores < 2 or sessions < 200 else min(WORKERS_MAX, cores)
 
 
-_Spec = tuple[bytes, tuple[tuple[str, str], ...], tuple[str, ...]]
+_Spec = tuple[bytes, bool, tuple[tuple[str, str], ...], tuple[str, ...]]
 
 
 @functools.cache
 def _worker_redactor(spec: _Spec) -> Redactor:
-    key, patterns, literals = spec
-    return Redactor(patterns=dict(patterns), literals=literals, key=key)
+    key, rules, patterns, literals = spec
+    spec_object = {"rules": rules, "patterns": dict(patterns), "literals": list(literals)}
+    return redactor_from_spec(spec_object, key=key)
 
 
 def _scan_batch(paths: list[Path], spec: _Spec) -> list[SessionScan]:
     redactor = _worker_redactor(spec)
     return [scan_session(path, redactor) for path in paths]
-
-
-def _patterns(specs: list[str]) -> dict[str, str]:
-    out = {}
-    for spec in specs:
-        kind, sep, regexp = spec.partition("=")
-        if not sep or not kind or not regexp:
-            raise ValueError(f"--pattern {spec!r}: give KIND=REGEXP")
-        out[kind] = regexp
-    return out
 
 
 def _fail(message: str) -> int:
@@ -224,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
     if not root.is_dir():
         return _fail(f"{root}: no such directory (give the session root as ROOT)")
     try:
-        redactor = Redactor(patterns=_patterns(args.pattern))
-    except ValueError as exc:
+        redactor = redaction.redactor(args)
+    except RedactError as exc:
         return _fail(str(exc))
     try:
         scans = scan_root(root, redactor)
