@@ -17,13 +17,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from magent_store import ledger
 from magent_store.ledger import LedgerError, Thread
 from magent_store.redact import Finding, RedactError, Redactor, redactor_from_spec
+
+ELLIPSIS: Final = "…"
+# Header fields that hold the first message's text cut short.
+_TITLES: Final = ("title", "summary-title")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +102,21 @@ def thread_json(thread: Thread) -> dict[str, Any]:
 
 
 def redact_header(redactor: Redactor, header: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    """HEADER with every string in it redacted (fields named ``header/...``), and what was found."""
+    """HEADER with every string in it redacted (fields named ``header/...``), and what was found.
+
+    A title cut short (ending in an ellipsis, as the first message's text
+    becomes a title) may end in the beginning of a secret that no rule
+    matches any more, a private key's first line say: it is cut again
+    before where a secret could start (`Redactor.hold_from`).
+    """
     value, found = redactor.redact_json(header, "header")
+    for key in _TITLES:
+        title = value.get(key)
+        if isinstance(title, str) and title.endswith(ELLIPSIS):
+            text = title[: -len(ELLIPSIS)]
+            cut = redactor.hold_from(text)
+            if cut < len(text):
+                value = {**value, key: text[:cut].rstrip() + ELLIPSIS}
     return value, found
 
 
