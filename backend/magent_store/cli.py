@@ -35,6 +35,7 @@ from magent_store import (
     redaction,
     scan,
     schema6,
+    scrub,
     sessions,
     usage,
 )
@@ -638,6 +639,28 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 command("scan", scan.add_arguments, scan.HELP, scan.DESCRIPTION)(scan.run)
 command("du", usage.add_arguments, usage.HELP, usage.DESCRIPTION)(usage.run)
+
+
+def _rebuild_index(root: Path) -> str | None:
+    """After a scrub: build ROOT's search index again from the files, if it has one; what was done."""
+    from magent_store import search
+
+    if not search.index_path(root).exists():
+        return None
+    try:
+        with search.SearchIndex(root) as index:
+            result = index.rebuild()
+    except (search.SearchError, OSError) as exc:
+        return (f"the search index could not be rebuilt ({exc}); it may still hold what was redacted: "
+                f"run `magent-store index --rebuild {root}`")  # fmt: skip
+    return f"search index rebuilt from the files ({result.checked} sessions)"
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    return scrub.run(args, reindex=_rebuild_index)
+
+
+command("scrub", scrub.add_arguments, scrub.HELP, scrub.DESCRIPTION)(cmd_scrub)
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ with every string in them redacted, and what was found.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Final
@@ -107,17 +108,25 @@ def redact_header(redactor: Redactor, header: dict[str, Any]) -> tuple[dict[str,
     A title cut short (ending in an ellipsis, as the first message's text
     becomes a title) may end in the beginning of a secret that no rule
     matches any more, a private key's first line say: it is cut again
-    before where a secret could start (`Redactor.hold_from`).
+    before where a credential or a literal secret could start
+    (`Redactor.hold_from`; the user's patterns, which may match any word, are
+    not asked, so a title is cut once, not word by word).
     """
     value, found = redactor.redact_json(header, "header")
     for key in _TITLES:
         title = value.get(key)
         if isinstance(title, str) and title.endswith(ELLIPSIS):
             text = title[: -len(ELLIPSIS)]
-            cut = redactor.hold_from(text)
+            has_rules = any(not r.user for r in redactor.rules)
+            cut = _without_patterns(has_rules, redactor.literals, redactor.key).hold_from(text)
             if cut < len(text):
                 value = {**value, key: text[:cut].rstrip() + ELLIPSIS}
     return value, found
+
+
+@functools.cache
+def _without_patterns(rules: bool, literals: tuple[str, ...], key: bytes) -> Redactor:
+    return redactor_from_spec({"rules": rules, "literals": list(literals)}, key=key)
 
 
 def redact_thread(redactor: Redactor, thread: Thread) -> tuple[Thread, list[Finding]]:
