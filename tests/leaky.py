@@ -47,7 +47,9 @@ def seven(root: Path, sid: str = "leaky") -> SessionFiles:
     pieces = [reply[:cut], reply[cut : cut + 90], reply[cut + 90 :]]
     with Store(root).open(sid, Scope.global_()) as s:
         s.append_event(events.thread_started())
-        s.append_event(events.turn("turn-started", "t1", input=f"use token {GH} to push, «{PASSWORD}»"))
+        prompt = f"use token {GH} to push, «{PASSWORD}»"
+        s.append_event(events.turn("turn-queued", "t1", input=prompt))
+        s.append_event(events.turn("turn-started", "t1", input=prompt))
         s.append_event(events.item_started("t1", "m1"))
         for piece in pieces:
             s.append_event(events.content("t1", "m1", piece))
@@ -64,6 +66,7 @@ def seven(root: Path, sid: str = "leaky") -> SessionFiles:
     head["title"] = f"deploy with {OPENAI}"
     header.write_text(json.dumps(head))
     with Store(root).open(sid, Scope.global_()) as s:  # after the snapshot: in the log only
+        s.append_event(events.turn("turn-queued", "t2", input=f"see {TICKET}"))
         s.append_event(events.turn("turn-started", "t2", input=f"see {TICKET}"))
         s.append_event(events.item_started("t2", "m2", content=f"old {GITLAB}"))
         s.append_event(events.make("item-updated", "t2", "m2", {"item": {"id": "m2", "content": "replaced"}}))

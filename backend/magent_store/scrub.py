@@ -4,9 +4,9 @@ A session holding a secret (what `magent-store scan` finds) is rewritten
 with every string in it redacted:
 
 - schema 7: the redacted conversation becomes the snapshot, the log is
-  emptied (its events are all in the snapshot, and a secret split across
-  streamed chunks leaves pieces no rule matches in the lines), and the
-  header is written last, redacted;
+  removed (its events are all in the snapshot, and a secret split across
+  streamed chunks leaves pieces no rule matches in its lines; the next
+  writer starts a new one), and the header is written last, redacted;
 - schema 6 (magent's own one file): the same file, its header fields,
   snapshot and journal redacted, still in schema 6, so magent's release
   reads it as before.
@@ -41,7 +41,6 @@ from magent_store.ledger import LedgerError, Thread
 from magent_store.redact import RedactError, Redactor
 from magent_store.store import (
     CorruptSessionError,
-    LogSums,
     ProducerRecord,
     Scope,
     SessionFiles,
@@ -58,6 +57,7 @@ from magent_store.store import (
     read_header,
     replay_session,
     scan_log,
+    sync_directories,
 )
 
 HELP: Final = "rewrite the sessions that hold secrets with each secret redacted, keeping a backup"
@@ -65,9 +65,10 @@ DESCRIPTION: Final = """\
 Rewrite every session under ROOT that holds a secret (what `magent-store scan`
 lists) with each secret replaced by [redacted:KIND]: its header, every message,
 tool input and output, and the events of its log.  A session in the store's
-format (schema 7) gets a new snapshot holding the whole conversation, an empty
-log and its header, in that order; one in magent's own format (schema 6) stays
-one file in that format, which magent's release reads as before.  What is
+format (schema 7) gets a new snapshot holding the whole conversation, then its
+log (whose events the snapshot holds) is removed and its header rewritten; one
+in magent's own format (schema 6) stays one file in that format, which magent's
+release reads as before.  What is
 written is read back and compared with the redacted session value by value; any
 difference puts the original back.
 
@@ -286,8 +287,13 @@ class Scrubber:
             # The snapshot first: the old log's events are all at or before its seq, so every
             # state on the way reads back as the whole conversation.
             atomic_write(files.snapshot, snapshot, sync=self.sync)
-            atomic_write(files.log, b"", sync=self.sync)
-            LogSums(files.sums).rewrite(os.stat(files.log).st_ino, b"")
+            # No log rather than an empty one: magent's schema-7 reader takes an empty
+            # file for a torn one and writes it again.  Its checksums go with it.
+            for p in (files.log, files.sums):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            if self.sync:
+                sync_directories([files.directory])
             difference = self._verify7(files, new_value)
             if difference is None and header_changed:
                 atomic_write(files.header, header_bytes, sync=self.sync)
