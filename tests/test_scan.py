@@ -83,6 +83,11 @@ def test_a_header_field_and_a_schema6_session_are_scanned(tmp_path: Path) -> Non
     body = json.loads(out.stdout)
     where = {(Path(s["path"]).name, s["schema"], f["kind"], f["where"]) for s in body["sessions"] for f in s["findings"]}
     assert ("titled.json", 7, "github-pat", "header/title") in where
+    titled = next(s for s in body["sessions"] if s["path"].endswith("titled.json"))
+    assert (titled["id"], titled["scope"]) == ("titled", "global")
+    assert titled["title"] == "deploy with [redacted:github-pat]"  # printed: redacted
+    old = next(s for s in body["sessions"] if s["path"].endswith("old.json"))
+    assert old["id"] == "old" and old["title"]
     turn_id = data["snapshot"]["turns"][0]["id"]
     assert ("old.json", 6, "aws-access-token", f"turn 1 ({turn_id})/input") in where
     assert AWS not in out.stdout and GH not in out.stdout

@@ -86,6 +86,17 @@ class SessionScan:
     schema: int
     findings: list[Located] = field(default_factory=list)
     error: str | None = None
+    id: str | None = None
+    title: str | None = None
+    scope: str | None = None
+
+    def describe(self, header: dict[str, Any], redactor: Redactor) -> None:
+        """Take the session's id, title (redacted: it is printed) and scope from its HEADER."""
+        self.id = header.get("id")
+        title = header.get("summary-title") or header.get("title")
+        if isinstance(title, str):
+            self.title = redaction.redact_header(redactor, {"title": title})[0]["title"]
+        self.scope = Scope.from_header(header).label()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
                         help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
     parser.add_argument("--json", action="store_true",
-                        help="print {sessions: [{path, schema, findings: [{kind, where, fingerprint}]}], "
+                        help="print {sessions: [{path, schema, id, title, scope, findings: [{kind, where, "
+                        "fingerprint}]}], "
                         "unreadable: [{path, error}]}")  # fmt: skip
     redaction.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -147,6 +159,7 @@ def scan_session(path: Path, redactor: Redactor) -> SessionScan:
             old = schema6.read(path)
             result = SessionScan(path, schema6.SCHEMA6)
             header = {k: v for k, v in old.header.items() if k not in ("snapshot", "journal")}
+            result.describe(header, redactor)
             _locate(redactor, header, "header", result.findings, known)
             _thread(redactor, old.thread, result.findings, known)
             _events(redactor, old.events, result.findings, known)
@@ -154,6 +167,7 @@ def scan_session(path: Path, redactor: Redactor) -> SessionScan:
         files = SessionFiles.from_header_path(path)
         result = SessionScan(path, 7)
         header = read_header(files.header)
+        result.describe(header, redactor)
         _locate(redactor, header, "header", result.findings, known)
         log = scan_log(files.log)
         thread, _ = replay_session(files, Scope.from_header(header), log)
@@ -227,8 +241,9 @@ def run(args: argparse.Namespace) -> int:
     holding = [s for s in scans if s.findings]
     unreadable = [s for s in scans if s.error is not None]
     if args.json:
-        body = {"sessions": [{"path": str(s.path), "schema": s.schema,
-                              "findings": [f.to_json() for f in s.findings]} for s in holding],
+        body = {"sessions": [{"path": str(s.path), "schema": s.schema, "id": s.id, "title": s.title,
+                              "scope": s.scope, "findings": [f.to_json() for f in s.findings]}
+                             for s in holding],
                 "unreadable": [{"path": str(s.path), "error": s.error} for s in unreadable]}  # fmt: skip
         sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
     else:
