@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import schema6
 from magent_store import scan
 from magent_store.redact import Redactor
-from magent_store.store import Scope, Store
+from magent_store.store import Scope, SessionFiles, Store
 from planted import plants
 
 SECRETS = {p.kind: p for p in plants()}
@@ -190,3 +192,52 @@ def test_a_bad_redaction_spec_exits_2_naming_what_is_wrong_never_quoting_a_liter
     spec_file.write_text('{"patterns": {"ticket": "T-[0-9]+"}}')
     both = run("--redact-spec", str(spec_file), "--pattern", "ticket=TICKET-[0-9]+", str(root))
     assert both.returncode == 2 and "kind 'ticket' is both in --redact-spec and --pattern" in both.stderr
+
+
+def test_skipping_strings_too_short_for_a_secret_finds_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import leaky
+
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    leaky.six(root)
+    seven(root, "short", ["ok"], title="abcd", command="pw: abcd")  # a literal of 4 characters
+    for redactor in (Redactor(key=b"k"), Redactor(literals=["abcd", leaky.PASSWORD], key=b"k"),
+                     Redactor(patterns={"word": r"\bok\b"}, key=b"k")):
+        fast = [(s.path, s.findings) for s in scan.scan_root(root, redactor, workers=0)]
+        assert any(findings for _, findings in fast)
+        with monkeypatch.context() as m:
+            m.setattr(scan, "shortest_secret", lambda r: 0)
+            assert [(s.path, s.findings) for s in scan.scan_root(root, redactor, workers=0)] == fast
+    assert scan.shortest_secret(Redactor()) == 12
+    assert scan.shortest_secret(Redactor(literals=["abcd"])) == 4
+    assert scan.shortest_secret(Redactor(patterns={"w": "x"})) == 0
+
+
+def test_reading_only_the_log_past_the_snapshot_finds_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import leaky
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)  # a compacted log: a tail the snapshot holds, then events past it
+    head, rest = scan.read_log_past_snapshot(files)
+    assert head and rest.events and rest.events[0].seq == head[-1][0] + 1
+    seven(root, "edited", ["fine"], command=f"git push https://x:{GH}@example.test")
+    with Store(root).open("edited", Scope.global_()) as session:  # the secret, replaced, only in the log
+        session.append_event({"type": "item-updated", "thread-id": "th-edited", "turn-id": "t1", "item-id": "c1",
+                              "payload": {"item": {"id": "c1", "input": {"command": "git push"}}}, "created-at": 9.0})
+        session.flush()
+        session.compact()  # the event holding it is now in the tail the snapshot holds
+    edited = SessionFiles(root / "global", "edited")
+    assert [seq for seq, _, _ in scan.read_log_past_snapshot(edited)[0]] == [1, 2, 3, 4, 5]
+    redactor = Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"], key=b"k")
+    fast = [(s.path, s.findings, s.error) for s in scan.scan_root(root, redactor, workers=0)]
+    with monkeypatch.context() as m:
+        m.setattr(scan, "_snapshot_seq", lambda path: None)  # the whole log read as scan_log reads it
+        assert [(s.path, s.findings, s.error) for s in scan.scan_root(root, redactor, workers=0)] == fast
+    assert ("github-pat", "log seq 3/payload/item/input/command") in {
+        (f.kind, f.where) for path, findings, _ in fast if path.name == "edited.json" for f in findings}
+    # A damaged line before the snapshot's seq is still reported, as the store's reader reports it.
+    lines = files.log.read_bytes().split(b"\n")
+    lines[0] = b'{"seq": 1, "type": "thread-started"'
+    files.log.write_bytes(b"\n".join(lines))
+    (broken,) = [s for s in scan.scan_root(root, redactor, workers=0) if s.path == files.header]
+    assert broken.error is not None and "leaky.jsonl:1" in broken.error

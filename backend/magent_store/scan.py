@@ -16,7 +16,9 @@ import concurrent.futures
 import functools
 import multiprocessing
 import os
+import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -25,13 +27,16 @@ import orjson
 
 from magent_store import ledger, redaction, schema6
 from magent_store.ledger import LedgerError
-from magent_store.redact import RedactError, Redactor, redactor_from_spec
+from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
 from magent_store.store import (
+    LogScan,
     Scope,
     SessionFiles,
     Store,
     StoreError,
+    read_file,
     read_header,
+    read_log,
     replay_session,
     scan_log,
 )
@@ -111,68 +116,176 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str]) -> None:
-    for f in redactor.find_json(value, where, known):
-        out.append(Located(f.kind, f.field, f.fingerprint))
+# Keys whose string value is checked as the HTTP header it is (see `Redactor.redact_json`).
+_HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
 
 
-def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str]) -> None:
+def shortest_secret(redactor: Redactor) -> int:
+    """The length below which a string holds no secret REDACTOR can find (0: any may).
+
+    The vendored rules match nothing shorter than `redact.SHORTEST_MATCH`,
+    literal secrets are `redact.LITERAL_MIN` characters or more; a user's
+    pattern may match anything.
+    """
+    if any(r.user for r in redactor.rules):
+        return 0
+    return min(SHORTEST_MATCH, LITERAL_MIN) if redactor.literals else SHORTEST_MATCH
+
+
+def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str],
+            shortest: int = 0) -> None:  # fmt: skip
+    """What `Redactor.find_json` finds in VALUE, strings shorter than SHORTEST skipped (they hold none).
+
+    Most strings of a session are ids, times and statuses: not looking at
+    them is most of what a scan saves.  Strings in KNOWN were looked at
+    already; the ones looked at are added to it.
+    """
+    if isinstance(value, str):
+        if len(value) >= shortest and value not in known:
+            known.add(value)
+            out.extend(Located(f.kind, f.field, f.fingerprint) for f in redactor.find(value, where))
+    elif isinstance(value, list):
+        for n, v in enumerate(value):
+            if isinstance(v, str) and (len(v) < shortest or v in known):
+                continue
+            _locate(redactor, v, f"{where}/{n}", out, known, shortest)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            if isinstance(key, str):
+                if isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                    out.extend(Located(f.kind, f.field, f.fingerprint)
+                               for f in redactor.find_json({key: v}, where, known))  # fmt: skip
+                    continue
+                if len(key) >= shortest:
+                    out.extend(Located(f.kind, f"{where} (a key)", f.fingerprint) for f in redactor.find(key))
+            if isinstance(v, str) and (len(v) < shortest or v in known):
+                continue
+            _locate(redactor, v, f"{where}/{key}", out, known, shortest)
+
+
+def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str],
+            shortest: int) -> None:  # fmt: skip
     obj = redaction.thread_json(thread)
     for key, value in obj.items():
         if key != "turns":
-            _locate(redactor, value, f"thread/{key}", out, known)
+            _locate(redactor, value, f"thread/{key}", out, known, shortest)
     for t, turn in enumerate(obj.get("turns") or [], 1):
         turn_at = f"turn {t} ({turn.get('id')})"
         for key, value in turn.items():
             if key != "items":
-                _locate(redactor, value, f"{turn_at}/{key}", out, known)
+                _locate(redactor, value, f"{turn_at}/{key}", out, known, shortest)
         for i, item in enumerate(turn.get("items") or [], 1):
             item_at = f"{turn_at}/item {i} ({item.get('id')})"
             for key, value in item.items():
-                _locate(redactor, value, f"{item_at}/{key}", out, known)
+                _locate(redactor, value, f"{item_at}/{key}", out, known, shortest)
 
 
-def _events(redactor: Redactor, events: list[ledger.Event], out: list[Located], known: set[str]) -> None:
+# One logged event as the scan reads it: its seq, type and payload (decoded JSON).
+_Logged = tuple[int | None, Any, Any]
+
+
+def _events(redactor: Redactor, logged: Iterable[_Logged], out: list[Located], known: set[str],
+            shortest: int) -> None:  # fmt: skip
     """Secrets in logged events that the conversation no longer shows (replaced since).
 
     Strings the conversation holds as they are were looked at already (KNOWN),
     and a secret already reported is not reported again.
     """
     reported = {f.fingerprint for f in out}
-    for event in events:
-        if event.type in _IN_THREAD:
+    for seq, kind, payload in logged:
+        if kind in _IN_THREAD:
             continue
         found: list[Located] = []
-        _locate(redactor, ledger.event_to_json(event).get("payload"), f"log seq {event.seq}/payload", found,
-                known)  # fmt: skip
+        _locate(redactor, payload, f"log seq {seq}/payload", found, known, shortest)
         for f in found:
             if f.fingerprint not in reported:
                 reported.add(f.fingerprint)
                 out.append(f)
 
 
+def _logged(events: list[ledger.Event]) -> list[_Logged]:
+    return [(e.seq, e.type, ledger.event_to_json(e).get("payload")) for e in events]
+
+
+_LAST_SEQ: Final = re.compile(rb'"last-event-seq":(\d+)\}\s*\Z')
+
+
+def _snapshot_seq(path: Path) -> int | None:
+    """The last-event-seq the snapshot at PATH ends with (the store writes it last), or None."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 64))
+            found = _LAST_SEQ.search(f.read())
+    except FileNotFoundError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def read_log_past_snapshot(files: SessionFiles) -> tuple[list[_Logged], LogScan]:
+    """The log's events the snapshot already holds, decoded only, and the others as `scan_log` reads them.
+
+    A compacted log keeps a tail of events the snapshot holds: replay skips
+    them, and a scan only looks for secrets in them, so they are decoded
+    but not checked as events.  Anything out of the ordinary (no snapshot,
+    a line that is not JSON, seqs out of order, a torn or bad line after)
+    and the whole log is read by `scan_log`, which reports it as it does.
+    """
+    snapshot_seq = _snapshot_seq(files.snapshot)
+    try:
+        data = read_file(files.log) if snapshot_seq is not None else b""
+    except FileNotFoundError:
+        data = b""
+    head: list[_Logged] = []
+    at = 0
+    previous = 0
+    while data:
+        end = data.find(b"\n", at)
+        if end < 0:
+            break
+        try:
+            obj = orjson.loads(data[at:end])
+        except orjson.JSONDecodeError:
+            return [], scan_log(files.log)
+        seq = obj.get("seq") if isinstance(obj, dict) else None
+        if type(seq) is not int or seq > (snapshot_seq or 0):
+            break
+        if seq <= previous:
+            return [], scan_log(files.log)
+        previous = seq
+        head.append((seq, obj.get("type"), obj.get("payload")))
+        at = end + 1
+    if not head:
+        return [], scan_log(files.log)
+    rest = read_log(data[at:])
+    if rest.torn or rest.bad_line is not None or (rest.events and (rest.events[0].seq or 0) <= previous):
+        return [], scan_log(files.log)
+    return head, rest
+
+
 def scan_session(path: Path, redactor: Redactor) -> SessionScan:
     """The secrets in the session whose header (or schema-6 file) is PATH."""
     known: set[str] = set()
+    shortest = shortest_secret(redactor)
     try:
         if schema6.is_schema6(path):
             old = schema6.read(path)
             result = SessionScan(path, schema6.SCHEMA6)
             header = {k: v for k, v in old.header.items() if k not in ("snapshot", "journal")}
             result.describe(header, redactor)
-            _locate(redactor, header, "header", result.findings, known)
-            _thread(redactor, old.thread, result.findings, known)
-            _events(redactor, old.events, result.findings, known)
+            _locate(redactor, header, "header", result.findings, known, shortest)
+            _thread(redactor, old.thread, result.findings, known, shortest)
+            _events(redactor, _logged(old.events), result.findings, known, shortest)
             return result
         files = SessionFiles.from_header_path(path)
         result = SessionScan(path, 7)
         header = read_header(files.header)
         result.describe(header, redactor)
-        _locate(redactor, header, "header", result.findings, known)
-        log = scan_log(files.log)
+        _locate(redactor, header, "header", result.findings, known, shortest)
+        head, log = read_log_past_snapshot(files)
         thread, _ = replay_session(files, Scope.from_header(header), log)
-        _thread(redactor, thread, result.findings, known)
-        _events(redactor, log.events, result.findings, known)
+        _thread(redactor, thread, result.findings, known, shortest)
+        _events(redactor, [*head, *_logged(log.events)], result.findings, known, shortest)
         return result
     except (StoreError, LedgerError, OSError, ValueError) as exc:
         return SessionScan(path, 0, error=str(exc))
