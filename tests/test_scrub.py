@@ -135,6 +135,18 @@ def test_a_second_run_changes_nothing_and_a_dry_run_writes_nothing(tmp_path: Pat
     assert "rm -rf" not in again.stderr
 
 
+def test_a_session_holding_only_its_header_gets_its_header_redacted(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = SessionFiles(root / "global", "bare")
+    files.directory.mkdir(parents=True)
+    files.header.write_text(json.dumps({"id": "bare", "schema-version": 7, "scope": "global",
+                                        "title": f"token {leaky.GH}"}))
+    out = scrub_cli(root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(files.header.read_text())["title"] == "token [redacted:github-pat]"
+    assert sorted(p.name for p in files.directory.iterdir()) == ["bare.json"]
+
+
 def test_no_backup_keeps_no_copy(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     leaky.seven(root)

@@ -273,8 +273,10 @@ class Scrubber:
             return
         report.secrets, report.kinds = len(header_found) + len(thread_found), _kinds(found)
         report.outcome = WOULD_SCRUB
+        # A session holding only its header (no conversation saved yet) keeps no snapshot.
+        conversation = thread.id is not None
         try:
-            new_thread = ledger.thread_from_json(new_value)
+            new_thread = ledger.thread_from_json(new_value) if conversation else thread
             snapshot = dumps(redaction.thread_json(new_thread))
             header_bytes = dumps({k: v for k, v in new_header.items() if v is not None})
         except LedgerError as exc:
@@ -284,16 +286,17 @@ class Scrubber:
         kept = (files.header, files.log, files.snapshot, files.producer, files.sums)
         originals = self._back_up(files, kept)
         try:
-            # The snapshot first: the old log's events are all at or before its seq, so every
-            # state on the way reads back as the whole conversation.
-            atomic_write(files.snapshot, snapshot, sync=self.sync)
-            # No log rather than an empty one: magent's schema-7 reader takes an empty
-            # file for a torn one and writes it again.  Its checksums go with it.
-            for p in (files.log, files.sums):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-            if self.sync:
-                sync_directories([files.directory])
+            if conversation:
+                # The snapshot first: the old log's events are all at or before its seq, so
+                # every state on the way reads back as the whole conversation.
+                atomic_write(files.snapshot, snapshot, sync=self.sync)
+                # No log rather than an empty one: magent's schema-7 reader takes an empty
+                # file for a torn one and writes it again.  Its checksums go with it.
+                for p in (files.log, files.sums):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                if self.sync:
+                    sync_directories([files.directory])
             difference = self._verify7(files, new_value)
             if difference is None and header_changed:
                 atomic_write(files.header, header_bytes, sync=self.sync)
