@@ -500,9 +500,10 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format is not None:
         return _export_document(args)
-    if args.output is not None or args.force or args.redact or args.pattern or args.redact_spec:
-        raise UsageError("--output, --force, --redact, --pattern and --redact-spec go with --format "
-                         "(a document), not --schema")  # fmt: skip
+    if args.output is not None or args.force:
+        raise UsageError("--output and --force go with --format (a document), not --schema")
+    if args.redact or args.pattern or args.redact_spec:
+        raise UsageError("--redact, --pattern and --redact-spec go with --format (a document), not --schema")
     root: Path = args.target.expanduser()
     if not root.is_dir():
         raise UsageError(f"{root}: no such directory")
