@@ -1381,6 +1381,7 @@ again once it is up"))
 ;;;; Searching past sessions (magent-store-search.el)
 
 (autoload 'magent-store-search "magent-store-search" nil t)
+(autoload 'magent-store-scan "magent-store-scan" nil t)
 
 ;;;; Lifecycle timing (magent-store-timing.el)
 

@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import schema6
 from magent_store import scan
 from magent_store.redact import Redactor
-from magent_store.store import Scope, Store
+from magent_store.store import Scope, SessionFiles, Store
 from planted import plants
 
 SECRETS = {p.kind: p for p in plants()}
@@ -83,6 +85,11 @@ def test_a_header_field_and_a_schema6_session_are_scanned(tmp_path: Path) -> Non
     body = json.loads(out.stdout)
     where = {(Path(s["path"]).name, s["schema"], f["kind"], f["where"]) for s in body["sessions"] for f in s["findings"]}
     assert ("titled.json", 7, "github-pat", "header/title") in where
+    titled = next(s for s in body["sessions"] if s["path"].endswith("titled.json"))
+    assert (titled["id"], titled["scope"]) == ("titled", "global")
+    assert titled["title"] == "deploy with [redacted:github-pat]"  # printed: redacted
+    old = next(s for s in body["sessions"] if s["path"].endswith("old.json"))
+    assert old["id"] == "old" and old["title"]
     turn_id = data["snapshot"]["turns"][0]["id"]
     assert ("old.json", 6, "aws-access-token", f"turn 1 ({turn_id})/input") in where
     assert AWS not in out.stdout and GH not in out.stdout
@@ -121,3 +128,116 @@ def test_worker_processes_find_the_same_with_the_same_fingerprints(tmp_path: Pat
     pooled = scan.scan_root(root, redactor, workers=2)
     assert [(s.path, s.findings) for s in pooled] == [(s.path, s.findings) for s in inline]
     assert len({f.fingerprint for s in pooled for f in s.findings if f.kind == "aws-access-token"}) == 1
+
+
+def test_text_streamed_after_the_snapshot_is_scanned_whole(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "late", ["first part, no secret\n"])
+    text = f"then aws_access_key_id = {AWS} ✓"
+    cut = text.index(AWS) + 9
+    with Store(root).open("late", Scope.global_()) as session:  # not compacted: only in the log
+        session.append_content("c1", text[:cut], True, 8.0)
+        session.append_content("c1", text[cut:], True, 9.0)
+        session.flush()
+    assert AWS not in (root / "global" / "late.snapshot").read_text()
+    (result,) = scan.scan_root(root, Redactor(key=b"k"))
+    assert [(f.kind, f.where) for f in result.findings] == [("aws-access-token", "turn 1 (t1)/item 1 (c1)/output")]
+
+
+def test_a_redaction_spec_on_stdin_brings_literals_and_can_leave_the_rules_out(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    password = SECRETS["auth-source"].secret
+    seven(root, "pw", [f"login with {password} and {AWS}"])
+    spec = json.dumps({"literals": [password], "patterns": {"ticket": r"TICKET-\d{6}"}})
+    out = subprocess.run([sys.executable, "-m", "magent_store", "scan", "--json", "--redact-spec", "-", str(root)],
+                         input=spec, capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    kinds = sorted(f["kind"] for s in json.loads(out.stdout)["sessions"] for f in s["findings"])
+    assert kinds == ["auth-source", "aws-access-token"]
+    assert password not in out.stdout + out.stderr
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"rules": False, "literals": [password]}))
+    only = run("--json", "--redact-spec", str(spec_file), str(root))
+    assert [f["kind"] for s in json.loads(only.stdout)["sessions"] for f in s["findings"]] == ["auth-source"]
+    # In worker processes too: the rules stay out there as well.
+    redactor = redaction_spec_redactor({"rules": False, "literals": [password]})
+    assert {f.kind for s in scan.scan_root(root, redactor, workers=1) for f in s.findings} == {"auth-source"}
+
+
+def redaction_spec_redactor(spec: dict[str, object]) -> Redactor:
+    from magent_store.redact import redactor_from_spec
+
+    return redactor_from_spec(spec, key=b"k")
+
+
+def test_a_bad_redaction_spec_exits_2_naming_what_is_wrong_never_quoting_a_literal(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "clean", ["plain text"])
+    spec_file = tmp_path / "spec.json"
+    for body, expected in (
+        ('{"literals": ["abc"]}', "secret 1 of 1: 4 characters or more"),
+        ('{"literals": "Sésame-ouvre-toi-42"}', "literals: a list of strings"),
+        ('{"literal": ["Sésame-ouvre-toi-42"]}', "unknown key 'literal'"),
+        ('{"literals": ["Sésame-ouvre-toi-42"', "not valid JSON"),
+        ('["Sésame-ouvre-toi-42"]', "a JSON object, not list"),
+        ('{"patterns": {"ticket": "TICKET-("}}', "'ticket'"),
+    ):
+        spec_file.write_text(body)
+        out = run("--redact-spec", str(spec_file), str(root))
+        assert out.returncode == 2, (body, out.stderr)
+        assert expected in out.stderr and str(spec_file) in out.stderr, (body, out.stderr)
+        assert "Sésame" not in out.stderr and "abc" not in out.stderr
+    missing = run("--redact-spec", str(tmp_path / "nope.json"), str(root))
+    assert missing.returncode == 2 and "nope.json: cannot read" in missing.stderr
+    spec_file.write_text('{"patterns": {"ticket": "T-[0-9]+"}}')
+    both = run("--redact-spec", str(spec_file), "--pattern", "ticket=TICKET-[0-9]+", str(root))
+    assert both.returncode == 2 and "kind 'ticket' is both in --redact-spec and --pattern" in both.stderr
+
+
+def test_skipping_strings_too_short_for_a_secret_finds_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import leaky
+
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    leaky.six(root)
+    seven(root, "short", ["ok"], title="abcd", command="pw: abcd")  # a literal of 4 characters
+    for redactor in (Redactor(key=b"k"), Redactor(literals=["abcd", leaky.PASSWORD], key=b"k"),
+                     Redactor(patterns={"word": r"\bok\b"}, key=b"k")):
+        fast = [(s.path, s.findings) for s in scan.scan_root(root, redactor, workers=0)]
+        assert any(findings for _, findings in fast)
+        with monkeypatch.context() as m:
+            m.setattr(scan, "shortest_secret", lambda r: 0)
+            assert [(s.path, s.findings) for s in scan.scan_root(root, redactor, workers=0)] == fast
+    assert scan.shortest_secret(Redactor()) == 12
+    assert scan.shortest_secret(Redactor(literals=["abcd"])) == 4
+    assert scan.shortest_secret(Redactor(patterns={"w": "x"})) == 0
+
+
+def test_reading_only_the_log_past_the_snapshot_finds_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import leaky
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)  # a compacted log: a tail the snapshot holds, then events past it
+    head, rest = scan.read_log_past_snapshot(files)
+    assert head and rest.events and rest.events[0].seq == head[-1][0] + 1
+    seven(root, "edited", ["fine"], command=f"git push https://x:{GH}@example.test")
+    with Store(root).open("edited", Scope.global_()) as session:  # the secret, replaced, only in the log
+        session.append_event({"type": "item-updated", "thread-id": "th-edited", "turn-id": "t1", "item-id": "c1",
+                              "payload": {"item": {"id": "c1", "input": {"command": "git push"}}}, "created-at": 9.0})
+        session.flush()
+        session.compact()  # the event holding it is now in the tail the snapshot holds
+    edited = SessionFiles(root / "global", "edited")
+    assert [seq for seq, _, _ in scan.read_log_past_snapshot(edited)[0]] == [1, 2, 3, 4, 5]
+    redactor = Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"], key=b"k")
+    fast = [(s.path, s.findings, s.error) for s in scan.scan_root(root, redactor, workers=0)]
+    with monkeypatch.context() as m:
+        m.setattr(scan, "_snapshot_seq", lambda path: None)  # the whole log read as scan_log reads it
+        assert [(s.path, s.findings, s.error) for s in scan.scan_root(root, redactor, workers=0)] == fast
+    assert ("github-pat", "log seq 3/payload/item/input/command") in {
+        (f.kind, f.where) for path, findings, _ in fast if path.name == "edited.json" for f in findings}
+    # A damaged line before the snapshot's seq is still reported, as the store's reader reports it.
+    lines = files.log.read_bytes().split(b"\n")
+    lines[0] = b'{"seq": 1, "type": "thread-started"'
+    files.log.write_bytes(b"\n".join(lines))
+    (broken,) = [s for s in scan.scan_root(root, redactor, workers=0) if s.path == files.header]
+    assert broken.error is not None and "leaky.jsonl:1" in broken.error

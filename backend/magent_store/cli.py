@@ -33,8 +33,10 @@ from magent_store import (
     idle,
     ledger,
     migrate,
+    redaction,
     scan,
     schema6,
+    scrub,
     sessions,
     usage,
 )
@@ -516,6 +518,9 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE",
                    help="with --format: write the document to a new private FILE, not stdout")  # fmt: skip
     p.add_argument("--force", action="store_true", help="with --output: replace FILE if it exists")
+    p.add_argument("--redact", action="store_true",
+                   help="with --format: replace each secret in the document by [redacted:KIND]")  # fmt: skip
+    redaction.add_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="with --schema: only say what it would do")
     p.add_argument("--no-backup", action="store_true", help="with --schema: copy nothing first")
     p.add_argument("--json", action="store_true", help="with --schema: print the per-session report as JSON")
@@ -540,17 +545,24 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
     "Every message's text reads back exactly: code blocks become Org source blocks,\n"
     "and text Org would read as structure goes in an example block, escaped as Org\n"
     "escapes code.  Reads only; magent's own format (schema 6) is read as it is.\n\n"
+    "With --redact, each secret in the document (credentials of well-known kinds, what\n"
+    "--pattern KIND=REGEXP matches, the literal secrets --redact-spec FILE names) is\n"
+    "replaced by [redacted:KIND]: in every message, tool input and output, and the\n"
+    "session's properties.  The session itself is not changed (magent-store scrub does).\n\n"
     "examples:\n"
     "  magent-store export --dry-run ~/.emacs.d/magent/sessions --schema 6\n"
     "  magent-store export ~/.emacs.d/magent/sessions --schema 6\n"
     "  magent-store export ~/.emacs.d/magent/sessions/global/s1.json --format org -o s1.org\n"
-    "  magent-store export ~/.emacs.d/magent/sessions/global/s1.json --format markdown | less",
+    "  magent-store export ~/.emacs.d/magent/sessions/global/s1.json --format markdown | less\n"
+    "  magent-store export ~/.emacs.d/magent/sessions/global/s1.json --format org --redact -o s1.org",
 )  # fmt: skip
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format is not None:
         return _export_document(args)
     if args.output is not None or args.force:
         raise UsageError("--output and --force go with --format (a document), not --schema")
+    if args.redact or args.pattern or args.redact_spec:
+        raise UsageError("--redact, --pattern and --redact-spec go with --format (a document), not --schema")
     root: Path = args.target.expanduser()
     if not root.is_dir():
         raise UsageError(f"{root}: no such directory")
@@ -602,12 +614,26 @@ def _export_document(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} goes with --schema (writing sessions back), not --format")
     if args.force and args.output is None:
         raise UsageError("--force goes with --output FILE")
+    if (args.pattern or args.redact_spec) and not args.redact:
+        raise UsageError("--pattern and --redact-spec go with --redact")
+    redactor = None
+    if args.redact:
+        try:
+            redactor = redaction.redactor(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     path: Path = args.target.expanduser()
     if path.is_dir():
         raise UsageError(f"{path}: a directory; --format takes one session's header (SESSION.json)")
     if path.suffix != ".json":
         raise UsageError(f"{path}: not a session's header (SESSION.json)")
     header, thread = document.read(path)
+    if redactor is not None:
+        header, _ = redaction.redact_header(redactor, header)
+        try:
+            thread, _ = redaction.redact_thread(redactor, thread)
+        except LedgerError as exc:
+            raise CliError(f"{path}: {exc}") from None
     data = document.render(args.format, header, thread).encode("utf-8", "surrogatepass")
     if args.output is None:
         sys.stdout.buffer.write(data)
@@ -673,6 +699,28 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 command("scan", scan.add_arguments, scan.HELP, scan.DESCRIPTION)(scan.run)
 command("du", usage.add_arguments, usage.HELP, usage.DESCRIPTION)(usage.run)
+
+
+def _rebuild_index(root: Path) -> str | None:
+    """After a scrub: build ROOT's search index again from the files, if it has one; what was done."""
+    from magent_store import search
+
+    if not search.index_path(root).exists():
+        return None
+    try:
+        with search.SearchIndex(root) as index:
+            result = index.rebuild()
+    except (search.SearchError, OSError) as exc:
+        return (f"the search index could not be rebuilt ({exc}); it may still hold what was redacted: "
+                f"run `magent-store index --rebuild {root}`")  # fmt: skip
+    return f"search index rebuilt from the files ({result.checked} sessions)"
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    return scrub.run(args, reindex=_rebuild_index)
+
+
+command("scrub", scrub.add_arguments, scrub.HELP, scrub.DESCRIPTION)(cmd_scrub)
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:

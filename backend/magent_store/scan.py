@@ -16,22 +16,27 @@ import concurrent.futures
 import functools
 import multiprocessing
 import os
+import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger, schema6
+from magent_store import ledger, redaction, schema6
 from magent_store.ledger import LedgerError
-from magent_store.redact import Redactor
+from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
 from magent_store.store import (
+    LogScan,
     Scope,
     SessionFiles,
     Store,
     StoreError,
+    read_file,
     read_header,
+    read_log,
     replay_session,
     scan_log,
 )
@@ -46,7 +51,9 @@ fingerprint: 8 hex digits that are the same wherever the same secret is, within
 one run.  The secret itself is never printed.  Nothing is written.
 
 The patterns are gitleaks' rules for well-known credentials (see
-docs/REDACTION.md); --pattern KIND=REGEXP adds your own.
+docs/REDACTION.md); --pattern KIND=REGEXP adds your own, and --redact-spec FILE
+reads patterns and literal secrets (passwords, tokens you name) from a file or
+standard input, never from the command line.
 
 Exit status: 0 no secret found, 1 secrets found, 2 usage error or a session
 that cannot be read.
@@ -84,6 +91,17 @@ class SessionScan:
     schema: int
     findings: list[Located] = field(default_factory=list)
     error: str | None = None
+    id: str | None = None
+    title: str | None = None
+    scope: str | None = None
+
+    def describe(self, header: dict[str, Any], redactor: Redactor) -> None:
+        """Take the session's id, title (redacted: it is printed) and scope from its HEADER."""
+        self.id = header.get("id")
+        title = header.get("summary-title") or header.get("title")
+        if isinstance(title, str):
+            self.title = redaction.redact_header(redactor, {"title": title})[0]["title"]
+        self.scope = Scope.from_header(header).label()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,73 +109,183 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
                         help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
     parser.add_argument("--json", action="store_true",
-                        help="print {sessions: [{path, schema, findings: [{kind, where, fingerprint}]}], "
+                        help="print {sessions: [{path, schema, id, title, scope, findings: [{kind, where, "
+                        "fingerprint}]}], "
                         "unreadable: [{path, error}]}")  # fmt: skip
-    parser.add_argument("--pattern", action="append", default=[], metavar="KIND=REGEXP",
-                        help="also look for REGEXP (Python syntax), as KIND (repeatable)")  # fmt: skip
+    redaction.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
-def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str]) -> None:
-    for f in redactor.find_json(value, where, known):
-        out.append(Located(f.kind, f.field, f.fingerprint))
+# Keys whose string value is checked as the HTTP header it is (see `Redactor.redact_json`).
+_HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
 
 
-def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str]) -> None:
-    obj = ledger.thread_to_json(thread)
+def shortest_secret(redactor: Redactor) -> int:
+    """The length below which a string holds no secret REDACTOR can find (0: any may).
+
+    The vendored rules match nothing shorter than `redact.SHORTEST_MATCH`,
+    literal secrets are `redact.LITERAL_MIN` characters or more; a user's
+    pattern may match anything.
+    """
+    if any(r.user for r in redactor.rules):
+        return 0
+    return min(SHORTEST_MATCH, LITERAL_MIN) if redactor.literals else SHORTEST_MATCH
+
+
+def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str],
+            shortest: int = 0) -> None:  # fmt: skip
+    """What `Redactor.find_json` finds in VALUE, strings shorter than SHORTEST skipped (they hold none).
+
+    Most strings of a session are ids, times and statuses: not looking at
+    them is most of what a scan saves.  Strings in KNOWN were looked at
+    already; the ones looked at are added to it.
+    """
+    if isinstance(value, str):
+        if len(value) >= shortest and value not in known:
+            known.add(value)
+            out.extend(Located(f.kind, f.field, f.fingerprint) for f in redactor.find(value, where))
+    elif isinstance(value, list):
+        for n, v in enumerate(value):
+            if isinstance(v, str) and (len(v) < shortest or v in known):
+                continue
+            _locate(redactor, v, f"{where}/{n}", out, known, shortest)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            if isinstance(key, str):
+                if isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                    out.extend(Located(f.kind, f.field, f.fingerprint)
+                               for f in redactor.find_json({key: v}, where, known))  # fmt: skip
+                    continue
+                if len(key) >= shortest:
+                    out.extend(Located(f.kind, f"{where} (a key)", f.fingerprint) for f in redactor.find(key))
+            if isinstance(v, str) and (len(v) < shortest or v in known):
+                continue
+            _locate(redactor, v, f"{where}/{key}", out, known, shortest)
+
+
+def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str],
+            shortest: int) -> None:  # fmt: skip
+    obj = redaction.thread_json(thread)
     for key, value in obj.items():
         if key != "turns":
-            _locate(redactor, value, f"thread/{key}", out, known)
+            _locate(redactor, value, f"thread/{key}", out, known, shortest)
     for t, turn in enumerate(obj.get("turns") or [], 1):
         turn_at = f"turn {t} ({turn.get('id')})"
         for key, value in turn.items():
             if key != "items":
-                _locate(redactor, value, f"{turn_at}/{key}", out, known)
+                _locate(redactor, value, f"{turn_at}/{key}", out, known, shortest)
         for i, item in enumerate(turn.get("items") or [], 1):
             item_at = f"{turn_at}/item {i} ({item.get('id')})"
             for key, value in item.items():
-                _locate(redactor, value, f"{item_at}/{key}", out, known)
+                _locate(redactor, value, f"{item_at}/{key}", out, known, shortest)
 
 
-def _events(redactor: Redactor, events: list[ledger.Event], out: list[Located], known: set[str]) -> None:
+# One logged event as the scan reads it: its seq, type and payload (decoded JSON).
+_Logged = tuple[int | None, Any, Any]
+
+
+def _events(redactor: Redactor, logged: Iterable[_Logged], out: list[Located], known: set[str],
+            shortest: int) -> None:  # fmt: skip
     """Secrets in logged events that the conversation no longer shows (replaced since).
 
     Strings the conversation holds as they are were looked at already (KNOWN),
     and a secret already reported is not reported again.
     """
     reported = {f.fingerprint for f in out}
-    for event in events:
-        if event.type in _IN_THREAD:
+    for seq, kind, payload in logged:
+        if kind in _IN_THREAD:
             continue
         found: list[Located] = []
-        _locate(redactor, ledger.event_to_json(event).get("payload"), f"log seq {event.seq}/payload", found,
-                known)  # fmt: skip
+        _locate(redactor, payload, f"log seq {seq}/payload", found, known, shortest)
         for f in found:
             if f.fingerprint not in reported:
                 reported.add(f.fingerprint)
                 out.append(f)
 
 
+def _logged(events: list[ledger.Event]) -> list[_Logged]:
+    return [(e.seq, e.type, ledger.event_to_json(e).get("payload")) for e in events]
+
+
+_LAST_SEQ: Final = re.compile(rb'"last-event-seq":(\d+)\}\s*\Z')
+
+
+def _snapshot_seq(path: Path) -> int | None:
+    """The last-event-seq the snapshot at PATH ends with (the store writes it last), or None."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 64))
+            found = _LAST_SEQ.search(f.read())
+    except FileNotFoundError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def read_log_past_snapshot(files: SessionFiles) -> tuple[list[_Logged], LogScan]:
+    """The log's events the snapshot already holds, decoded only, and the others as `scan_log` reads them.
+
+    A compacted log keeps a tail of events the snapshot holds: replay skips
+    them, and a scan only looks for secrets in them, so they are decoded
+    but not checked as events.  Anything out of the ordinary (no snapshot,
+    a line that is not JSON, seqs out of order, a torn or bad line after)
+    and the whole log is read by `scan_log`, which reports it as it does.
+    """
+    snapshot_seq = _snapshot_seq(files.snapshot)
+    try:
+        data = read_file(files.log) if snapshot_seq is not None else b""
+    except FileNotFoundError:
+        data = b""
+    head: list[_Logged] = []
+    at = 0
+    previous = 0
+    while data:
+        end = data.find(b"\n", at)
+        if end < 0:
+            break
+        try:
+            obj = orjson.loads(data[at:end])
+        except orjson.JSONDecodeError:
+            return [], scan_log(files.log)
+        seq = obj.get("seq") if isinstance(obj, dict) else None
+        if type(seq) is not int or seq > (snapshot_seq or 0):
+            break
+        if seq <= previous:
+            return [], scan_log(files.log)
+        previous = seq
+        head.append((seq, obj.get("type"), obj.get("payload")))
+        at = end + 1
+    if not head:
+        return [], scan_log(files.log)
+    rest = read_log(data[at:])
+    if rest.torn or rest.bad_line is not None or (rest.events and (rest.events[0].seq or 0) <= previous):
+        return [], scan_log(files.log)
+    return head, rest
+
+
 def scan_session(path: Path, redactor: Redactor) -> SessionScan:
     """The secrets in the session whose header (or schema-6 file) is PATH."""
     known: set[str] = set()
+    shortest = shortest_secret(redactor)
     try:
         if schema6.is_schema6(path):
             old = schema6.read(path)
             result = SessionScan(path, schema6.SCHEMA6)
             header = {k: v for k, v in old.header.items() if k not in ("snapshot", "journal")}
-            _locate(redactor, header, "header", result.findings, known)
-            _thread(redactor, old.thread, result.findings, known)
-            _events(redactor, old.events, result.findings, known)
+            result.describe(header, redactor)
+            _locate(redactor, header, "header", result.findings, known, shortest)
+            _thread(redactor, old.thread, result.findings, known, shortest)
+            _events(redactor, _logged(old.events), result.findings, known, shortest)
             return result
         files = SessionFiles.from_header_path(path)
         result = SessionScan(path, 7)
         header = read_header(files.header)
-        _locate(redactor, header, "header", result.findings, known)
-        log = scan_log(files.log)
+        result.describe(header, redactor)
+        _locate(redactor, header, "header", result.findings, known, shortest)
+        head, log = read_log_past_snapshot(files)
         thread, _ = replay_session(files, Scope.from_header(header), log)
-        _thread(redactor, thread, result.findings, known)
-        _events(redactor, log.events, result.findings, known)
+        _thread(redactor, thread, result.findings, known, shortest)
+        _events(redactor, [*head, *_logged(log.events)], result.findings, known, shortest)
         return result
     except (StoreError, LedgerError, OSError, ValueError) as exc:
         return SessionScan(path, 0, error=str(exc))
@@ -176,7 +304,8 @@ def scan_root(root: Path, redactor: Redactor, workers: int | None = None) -> lis
     if workers < 1:
         return [scan_session(path, redactor) for path in paths]
     batches = [paths[n : n + BATCH] for n in range(0, len(paths), BATCH)]
-    spec = (redactor.key, tuple(redactor.patterns.items()), redactor.literals)
+    rules = any(not r.user for r in redactor.rules)
+    spec = (redactor.key, rules, tuple(redactor.patterns.items()), redactor.literals)
     context = multiprocessing.get_context("spawn")  # no fork: the caller may have threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         done = pool.map(_scan_batch, batches, [spec] * len(batches))
@@ -189,28 +318,19 @@ def _workers(sessions: int) -> int:
     return 0 if cores < 2 or sessions < 200 else min(WORKERS_MAX, cores)
 
 
-_Spec = tuple[bytes, tuple[tuple[str, str], ...], tuple[str, ...]]
+_Spec = tuple[bytes, bool, tuple[tuple[str, str], ...], tuple[str, ...]]
 
 
 @functools.cache
 def _worker_redactor(spec: _Spec) -> Redactor:
-    key, patterns, literals = spec
-    return Redactor(patterns=dict(patterns), literals=literals, key=key)
+    key, rules, patterns, literals = spec
+    spec_object = {"rules": rules, "patterns": dict(patterns), "literals": list(literals)}
+    return redactor_from_spec(spec_object, key=key)
 
 
 def _scan_batch(paths: list[Path], spec: _Spec) -> list[SessionScan]:
     redactor = _worker_redactor(spec)
     return [scan_session(path, redactor) for path in paths]
-
-
-def _patterns(specs: list[str]) -> dict[str, str]:
-    out = {}
-    for spec in specs:
-        kind, sep, regexp = spec.partition("=")
-        if not sep or not kind or not regexp:
-            raise ValueError(f"--pattern {spec!r}: give KIND=REGEXP")
-        out[kind] = regexp
-    return out
 
 
 def _fail(message: str) -> int:
@@ -224,8 +344,8 @@ def run(args: argparse.Namespace) -> int:
     if not root.is_dir():
         return _fail(f"{root}: no such directory (give the session root as ROOT)")
     try:
-        redactor = Redactor(patterns=_patterns(args.pattern))
-    except ValueError as exc:
+        redactor = redaction.redactor(args)
+    except RedactError as exc:
         return _fail(str(exc))
     try:
         scans = scan_root(root, redactor)
@@ -234,8 +354,9 @@ def run(args: argparse.Namespace) -> int:
     holding = [s for s in scans if s.findings]
     unreadable = [s for s in scans if s.error is not None]
     if args.json:
-        body = {"sessions": [{"path": str(s.path), "schema": s.schema,
-                              "findings": [f.to_json() for f in s.findings]} for s in holding],
+        body = {"sessions": [{"path": str(s.path), "schema": s.schema, "id": s.id, "title": s.title,
+                              "scope": s.scope, "findings": [f.to_json() for f in s.findings]}
+                             for s in holding],
                 "unreadable": [{"path": str(s.path), "error": s.error} for s in unreadable]}  # fmt: skip
         sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
     else:

@@ -1,0 +1,466 @@
+"""``magent-store scrub``: the secrets saved in sessions replaced by ``[redacted:KIND]``, verified, backed up.
+
+A session holding a secret (what `magent-store scan` finds) is rewritten
+with every string in it redacted:
+
+- schema 7: the redacted conversation becomes the snapshot, the log is
+  removed (its events are all in the snapshot, and a secret split across
+  streamed chunks leaves pieces no rule matches in its lines; the next
+  writer starts a new one), and the header is written last, redacted;
+- schema 6 (magent's own one file): the same file, its header fields,
+  snapshot and journal redacted, still in schema 6, so magent's release
+  reads it as before.
+
+Each session's files are first copied to ``ROOT/scrub-backup-<time>/``
+(directories 0700, files 0600), the one place the secrets then remain.
+What is written is read back and compared, value by value, with the
+redacted session: any difference puts the original back.  A session open
+in a running backend, a damaged one (fsck's business), and one whose log
+ends in a batch its writer has not yet been told is saved are left alone
+and named.  A second run finds nothing to do.  Which strings are secrets
+is the redactor's business (`redact`); the search index is rebuilt by the
+caller, which knows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from magent_store import ledger, redaction, schema6
+from magent_store.ledger import LedgerError, Thread
+from magent_store.redact import RedactError, Redactor
+from magent_store.store import (
+    CorruptSessionError,
+    ProducerRecord,
+    Scope,
+    SessionFiles,
+    SessionLock,
+    SessionLockedError,
+    Store,
+    StoreError,
+    atomic_write,
+    damaged_range,
+    dumps,
+    lock_is_held,
+    make_private_dirs,
+    new_backup_path,
+    read_header,
+    replay_session,
+    scan_log,
+    sync_directories,
+)
+
+HELP: Final = "rewrite the sessions that hold secrets with each secret redacted, keeping a backup"
+DESCRIPTION: Final = """\
+Rewrite every session under ROOT that holds a secret (what `magent-store scan`
+lists) with each secret replaced by [redacted:KIND]: its header, every message,
+tool input and output, and the events of its log.  A session in the store's
+format (schema 7) gets a new snapshot holding the whole conversation, then its
+log (whose events the snapshot holds) is removed and its header rewritten; one
+in magent's own format (schema 6) stays one file in that format, which magent's
+release reads as before.  What is
+written is read back and compared with the redacted session value by value; any
+difference puts the original back.
+
+Unless --no-backup, each rewritten session's files are first copied to
+ROOT/scrub-backup-<time>/: that copy is then the one place the secrets remain,
+and the command prints how to delete it.  The search index (ROOT/.search) is
+built again from the rewritten files.  Sessions open in a running backend,
+damaged sessions (run `magent-store fsck` first) and sessions whose last batch
+is still to be confirmed by Emacs are left alone and named.  Sessions without
+secrets are not touched.  Running it again changes nothing.
+
+The patterns are those of `magent-store scan`: gitleaks' rules for well-known
+credentials, --pattern KIND=REGEXP, and --redact-spec FILE (patterns and
+literal secrets, read from a file or standard input, never the command line).
+
+Exit status: 0 when no session is left holding a secret, 1 when one is (or
+--dry-run found one), 2 usage error.
+
+examples:
+  magent-store scrub --dry-run ~/.emacs.d/magent/sessions
+  magent-store scrub ~/.emacs.d/magent/sessions
+  magent-store scrub --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
+  printf '{"literals": ["%s"]}' "$PASSWORD" | magent-store scrub --redact-spec - ROOT
+"""
+DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
+BACKUP_KIND: Final = "scrub"
+
+# What happened to one session.
+SCRUBBED: Final = "scrubbed"  # rewritten, redacted and verified
+WOULD_SCRUB: Final = "would-scrub"  # --dry-run: holds secrets
+CLEAN: Final = "clean"  # no secret: not touched
+LOCKED: Final = "locked"  # open in a running backend: left alone
+DAMAGED: Final = "damaged"  # cannot be read whole: left alone (fsck)
+UNCONFIRMED: Final = "unconfirmed"  # the log ends in a batch its writer sends again: left alone
+CHANGED: Final = "changed"  # the rewrite did not read back as redacted: the original put back
+FAILED: Final = "failed"  # an I/O error: the original put back
+
+OUTCOMES: Final = (SCRUBBED, WOULD_SCRUB, CLEAN, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED)
+# Outcomes after which the session may still hold a secret.
+LEFT: Final = frozenset({WOULD_SCRUB, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED})
+
+
+@dataclass(slots=True)
+class ScrubReport:
+    """What happened to the session whose header (or schema-6 file) is PATH."""
+
+    path: Path
+    schema: int
+    outcome: str
+    reason: str | None = None
+    secrets: int = 0
+    kinds: list[str] = field(default_factory=list)
+
+    def to_json(self, root: Path) -> dict[str, Any]:
+        return {"path": str(self.path.relative_to(root)), "schema": self.schema, "outcome": self.outcome,
+                "reason": self.reason, "secrets": self.secrets, "kinds": self.kinds}  # fmt: skip
+
+
+@dataclass(slots=True)
+class Scrub:
+    """What a run did: one report per session, and the backup (if one was made)."""
+
+    root: Path
+    dry_run: bool
+    reports: list[ScrubReport] = field(default_factory=list)
+    backup: Path | None = None
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for r in self.reports if r.outcome == outcome)
+
+    @property
+    def rewritten(self) -> list[ScrubReport]:
+        return [r for r in self.reports if r.outcome == SCRUBBED]
+
+    @property
+    def ok(self) -> bool:
+        """No session is left that may hold a secret."""
+        return not any(r.outcome in LEFT for r in self.reports)
+
+    def summary(self) -> str:
+        done = self.count(WOULD_SCRUB) if self.dry_run else self.count(SCRUBBED)
+        verb = "hold secrets (dry run: nothing written)" if self.dry_run else "scrubbed and verified"
+        parts = [f"{len(self.reports)} sessions seen", f"{done} {verb}",
+                 f"{self.count(CLEAN)} without secrets"]  # fmt: skip
+        for outcome, what in ((LOCKED, "open in a running backend (left alone)"),
+                              (DAMAGED, "damaged (left alone: run magent-store fsck)"),
+                              (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
+                              (CHANGED, "did not read back as redacted (original put back)"),
+                              (FAILED, "failed (original put back)")):  # fmt: skip
+            if self.count(outcome):
+                parts.append(f"{self.count(outcome)} {what}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root), "dry-run": self.dry_run,
+            "backup": None if self.backup is None else str(self.backup),
+            "summary": {"sessions": len(self.reports), **{o: self.count(o) for o in OUTCOMES}},
+            "sessions": [r.to_json(self.root) for r in self.reports],
+        }  # fmt: skip
+
+
+class _Refused(Exception):
+    """A session left as it is: OUTCOME, and why."""
+
+    def __init__(self, outcome: str, reason: str) -> None:
+        super().__init__(reason)
+        self.outcome = outcome
+        self.reason = reason
+
+
+def _kinds(found: list[Any]) -> list[str]:
+    return sorted({f.kind for f in found})
+
+
+class Scrubber:
+    """Scrubs the sessions under one root, one at a time, with REDACTOR."""
+
+    def __init__(self, root: Path | str, redactor: Redactor, *, dry_run: bool = False, backup: bool = True,
+                 sync: bool = True) -> None:  # fmt: skip
+        self.root = Path(root).expanduser()
+        self.redactor = redactor
+        self.dry_run = dry_run
+        self.sync = sync
+        self.result = Scrub(self.root, dry_run)
+        # Named now, created at the first session that needs it.
+        self.backup_path = None if dry_run or not backup else new_backup_path(self.root, BACKUP_KIND)
+
+    def run(self, progress: Callable[[ScrubReport], None] | None = None) -> Scrub:
+        for path in Store(self.root).headers():
+            report = self.scrub_file(path)
+            self.result.reports.append(report)
+            if progress is not None:
+                progress(report)
+        if self.backup_path is not None and self.backup_path.exists():
+            self.result.backup = self.backup_path
+        return self.result
+
+    def scrub_file(self, path: Path) -> ScrubReport:
+        """Scrub the session whose header (or schema-6 file) is PATH."""
+        schema = 6 if schema6.is_schema6(path) else 7
+        report = ScrubReport(path, schema, CLEAN)
+        try:
+            files = SessionFiles.from_header_path(path)
+        except StoreError as exc:
+            return ScrubReport(path, schema, DAMAGED, str(exc))
+        if lock_is_held(files.lock):
+            return ScrubReport(path, schema, LOCKED, "open for writing by a running backend")
+        try:
+            lock = None if self.dry_run else SessionLock(files)
+        except SessionLockedError as exc:
+            return ScrubReport(path, schema, LOCKED, str(exc))
+        try:
+            if schema == 6:
+                self._scrub6(path, files, report)
+            else:
+                self._scrub7(files, report)
+        except _Refused as refused:
+            report.outcome, report.reason = refused.outcome, refused.reason
+        except OSError as exc:
+            report.outcome, report.reason = FAILED, f"{exc.strerror or exc}"
+        finally:
+            if lock is not None:
+                lock.release(remove=True)
+        return report
+
+    # -- schema 7 ----------------------------------------------------------
+
+    def _read7(self, files: SessionFiles) -> tuple[dict[str, Any], Thread, list[ledger.Event]]:
+        """The header, thread and log events of FILES, or `_Refused` when it is damaged or unconfirmed."""
+        try:
+            header = read_header(files.header)
+            scan = scan_log(files.log)
+            if scan.torn:
+                raise _Refused(DAMAGED, "its log ends in a torn line: run `magent-store fsck --repair` first")
+            if scan.data:
+                where, _ = damaged_range(files, scan.data, os.stat(files.log).st_ino)
+                if where is not None:
+                    raise _Refused(DAMAGED, f"bytes {where[0]}-{where[1]} of its log changed since they were "
+                                   "written: run `magent-store fsck` first")  # fmt: skip
+            thread, _ = replay_session(files, Scope.from_header(header), scan)
+        except (CorruptSessionError, LedgerError) as exc:
+            raise _Refused(DAMAGED, f"{exc}: run `magent-store fsck` first") from None
+        except StoreError as exc:
+            raise _Refused(DAMAGED, str(exc)) from None
+        record = ProducerRecord(files.producer, thread.last_event_seq)
+        if record.producer is not None and thread.last_event_seq > record.seq:
+            raise _Refused(UNCONFIRMED, "its log ends in a batch Emacs has not been told is saved; "
+                           "it sends it again (start magent-store-mode), then run scrub again")  # fmt: skip
+        return header, thread, scan.events
+
+    def _scrub7(self, files: SessionFiles, report: ScrubReport) -> None:
+        header, thread, events = self._read7(files)
+        redactor = self.redactor
+        new_header, header_found = redaction.redact_header(redactor, header)
+        old_value = redaction.thread_json(thread)
+        new_value, thread_found = redactor.redact_json(old_value, "thread")
+        log_found = [f for e in events for f in redactor.find_json(ledger.event_to_json(e).get("payload"))]
+        found = header_found + thread_found + log_found
+        header_changed = dumps(new_header) != dumps(header)
+        if not found and not header_changed:
+            return
+        report.secrets, report.kinds = len(header_found) + len(thread_found), _kinds(found)
+        report.outcome = WOULD_SCRUB
+        # A session holding only its header (no conversation saved yet) keeps no snapshot.
+        conversation = thread.id is not None
+        try:
+            new_thread = ledger.thread_from_json(new_value) if conversation else thread
+            snapshot = dumps(redaction.thread_json(new_thread))
+            header_bytes = dumps({k: v for k, v in new_header.items() if v is not None})
+        except LedgerError as exc:
+            raise _Refused(CHANGED, f"redacted, it cannot be written: {exc}") from None
+        if self.dry_run:
+            return
+        kept = (files.header, files.log, files.snapshot, files.producer, files.sums)
+        originals = self._back_up(files, kept)
+        try:
+            if conversation:
+                # The snapshot first: the old log's events are all at or before its seq, so
+                # every state on the way reads back as the whole conversation.
+                atomic_write(files.snapshot, snapshot, sync=self.sync)
+                # No log rather than an empty one: magent's schema-7 reader takes an empty
+                # file for a torn one and writes it again.  Its checksums go with it.
+                for p in (files.log, files.sums):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                if self.sync:
+                    sync_directories([files.directory])
+            difference = self._verify7(files, new_value)
+            if difference is None and header_changed:
+                atomic_write(files.header, header_bytes, sync=self.sync)
+                difference = self._verify7(files, new_value, new_header)
+        except BaseException:
+            self._put_back(originals)
+            raise
+        if difference is not None:
+            self._put_back(originals)
+            raise _Refused(CHANGED, f"{difference}; the session is as it was")
+        report.outcome = SCRUBBED
+
+    @staticmethod
+    def _verify7(files: SessionFiles, value: dict[str, Any],
+                 header: dict[str, Any] | None = None) -> str | None:  # fmt: skip
+        """Where the session on disk differs from the redacted thread VALUE and HEADER (None: nowhere)."""
+        try:
+            on_disk = read_header(files.header)
+            scan = scan_log(files.log)
+            thread, _ = replay_session(files, Scope.from_header(on_disk), scan)
+        except (StoreError, LedgerError) as exc:
+            return f"the rewritten session does not load: {exc}"
+        if scan.events:
+            return f"log: {len(scan.events)} events left in it"
+        if header is not None:
+            found = schema6.first_difference(header, on_disk, "header")
+            if found is not None:
+                return found
+        return schema6.first_difference(value, redaction.thread_json(thread), "thread")
+
+    # -- schema 6 ----------------------------------------------------------
+
+    def _scrub6(self, path: Path, files: SessionFiles, report: ScrubReport) -> None:
+        original = path.read_bytes()
+        try:
+            obj, shadowed = schema6.loads_first_wins(original)
+            schema6.classify(obj)
+            schema6.plan(path, obj)
+        except ValueError as exc:
+            raise _Refused(DAMAGED, f"not valid JSON: {exc}") from None
+        except schema6.Refused as refused:
+            raise _Refused(DAMAGED, f"{refused.reason}: magent's reader would refuse it too") from None
+        fields = {k: v for k, v in obj.items() if k not in ("snapshot", "journal")}
+        new_fields, found = redaction.redact_header(self.redactor, fields)
+        new_obj: dict[str, Any] = {}
+        redacted_fields = iter(new_fields.items())  # in FIELDS' order, one for one (a key may be redacted)
+        for key, value in obj.items():
+            if key in ("snapshot", "journal"):
+                new_obj[key], more = self.redactor.redact_json(value, key)
+                found += more
+            else:
+                name, new = next(redacted_fields)
+                new_obj[name] = new
+        body = dumps(new_obj)
+        if not found and body == dumps(obj):
+            return
+        report.secrets, report.kinds, report.outcome = len(found), _kinds(found), WOULD_SCRUB
+        difference = self._verify6(path, body, new_obj)
+        if difference is not None:
+            raise _Refused(CHANGED, f"{difference}; the session is as it was")
+        if self.dry_run:
+            return
+        originals = self._back_up(files, (path, files.log, files.snapshot))
+        try:
+            atomic_write(path, body, sync=self.sync)
+            if path.read_bytes() != body:
+                raise _Refused(CHANGED, "the file did not read back as written; the session is as it was")
+        except BaseException:
+            self._put_back(originals)
+            raise
+        report.outcome = SCRUBBED
+        if shadowed:
+            report.reason = f"{shadowed} duplicate keys magent never read (it reads the first) left out"
+
+    @staticmethod
+    def _verify6(path: Path, body: bytes, value: dict[str, Any]) -> str | None:
+        """Where BODY, read as magent's schema-6 file, differs from VALUE or would be refused (None: fine)."""
+        try:
+            obj, _ = schema6.loads_first_wins(body)
+            schema6.classify(obj)
+            schema6.plan(path, obj)
+        except ValueError as exc:
+            return f"the rewritten file does not read back: {exc}"
+        except schema6.Refused as refused:
+            return f"the rewritten file would be refused: {refused.reason}"
+        return schema6.first_difference(value, obj, "file")
+
+    # -- the backup --------------------------------------------------------
+
+    def _back_up(self, files: SessionFiles, paths: tuple[Path, ...]) -> dict[Path, bytes]:
+        """Copy PATHS (those that exist) into the backup; their bytes, to put back after a failure."""
+        originals: dict[Path, bytes] = {}
+        for p in paths:
+            with contextlib.suppress(FileNotFoundError):
+                originals[p] = p.read_bytes()
+        if self.backup_path is not None:
+            target = self.backup_path / files.directory.relative_to(self.root)
+            make_private_dirs(target)
+            for p, data in originals.items():
+                atomic_write(target / p.name, data, sync=self.sync)
+            self.result.backup = self.backup_path
+        return originals
+
+    def _put_back(self, originals: dict[Path, bytes]) -> None:
+        for p, data in originals.items():
+            with contextlib.suppress(OSError):
+                atomic_write(p, data, sync=self.sync)
+
+
+# ---------------------------------------------------------------------------
+# The command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments, and this module's `run` as its handler."""
+    parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
+                        help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true",
+                        help="write nothing; say which sessions hold secrets")  # fmt: skip
+    parser.add_argument("--no-backup", action="store_true",
+                        help="copy nothing first (the secrets are then gone for good)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the per-session report as JSON")
+    redaction.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _fail(message: str) -> int:
+    print(f"magent-store: error: {message}", file=sys.stderr)
+    return 2
+
+
+Reindex = Callable[[Path], str | None]
+
+
+def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
+    """The command; REINDEX(root) rebuilds the search index after a rewrite and says what it did."""
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        return _fail(f"{root}: no such directory (give the session root as ROOT)")
+    try:
+        redactor = redaction.redactor(args)
+    except RedactError as exc:
+        return _fail(str(exc))
+    scrubber = Scrubber(root, redactor, dry_run=args.dry_run, backup=not args.no_backup)
+    try:
+        result = scrubber.run()
+    except OSError as exc:
+        return _fail(f"{root}: {exc.strerror or exc}")
+    index_note = reindex(root) if reindex is not None and result.rewritten else None
+    if args.json:
+        body = result.to_json()
+        body["index"] = index_note
+        sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
+    else:
+        for r in result.reports:
+            if r.outcome in (SCRUBBED, WOULD_SCRUB) or r.outcome in LEFT:
+                kinds = f" ({', '.join(r.kinds)})" if r.kinds else ""
+                why = f": {r.reason}" if r.reason else ""
+                print(f"{r.outcome}: {r.path.relative_to(root)}{kinds}{why}")
+        print(result.summary())
+        if index_note:
+            print(index_note)
+    if result.backup is not None:
+        print(f"The originals, secrets included, are in {result.backup}: that copy is now the one place "
+              "the secrets remain.  Once you have checked the scrubbed sessions, delete it:\n"
+              f"  rm -rf -- {shlex.quote(str(result.backup))}", file=sys.stderr)  # fmt: skip
+    return 0 if result.ok else 1

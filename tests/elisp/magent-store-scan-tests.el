@@ -1,0 +1,128 @@
+;;; magent-store-scan-tests.el --- ERT tests for M-x magent-store-scan  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; Sessions with planted secrets (tests/leaky.py, built by the checkout's
+;; Python) are scanned by the real `magent-store scan' process, as a
+;; user's Emacs runs it: the list names each secret's session, field,
+;; kind and fingerprint, never the secret; the user's own patterns are
+;; looked for when `magent-store-redact-patterns' is set; RET shows the
+;; session.
+
+;;; Code:
+
+(require 'ert)
+(require 'json)
+(require 'magent-store-test)
+(require 'magent-store-scan)
+
+(defvar magent-store-redact-patterns)
+
+(defconst magent-store-scan-test--tests
+  (expand-file-name ".." (file-name-directory (or load-file-name buffer-file-name)))
+  "The checkout's tests/ folder, where leaky.py builds sessions with secrets.")
+
+(defun magent-store-scan-test--planted (root)
+  "Make a session with planted secrets and a clean one under ROOT; return the secrets."
+  (let* ((program (car (magent-store-program)))
+         (python (expand-file-name "python" (file-name-directory program)))
+         (script (format "import json, sys
+sys.path[:0] = [%S]
+from pathlib import Path
+import leaky
+leaky.seven(Path(%S))
+leaky.clean(Path(%S))
+print(json.dumps(list(leaky.PLANTED)))"
+                         magent-store-scan-test--tests root root)))
+    (with-temp-buffer
+      (should (equal (call-process python nil t nil "-c" script) 0))
+      (json-parse-string (buffer-string) :array-type 'list))))
+
+(defun magent-store-scan-test--wait (buffer)
+  "Wait until the scan of BUFFER has drawn its findings."
+  (with-timeout (60 (error "The scan did not finish"))
+    (while (buffer-local-value 'magent-store-scan--process buffer)
+      (accept-process-output nil 0.05))))
+
+(defun magent-store-scan-test--kinds (buffer)
+  "Return the kinds of secret listed in BUFFER, sorted, each once."
+  (with-current-buffer buffer
+    (sort (delete-dups (mapcar (lambda (entry) (aref (cadr entry) 2)) tabulated-list-entries))
+          #'string<)))
+
+(ert-deftest magent-store-scan-lists-secrets-without-showing-them ()
+  "A scan returns at once, then lists each secret by session, field, kind and fingerprint."
+  (magent-store-test--with-backend
+    (let* ((secrets (magent-store-scan-test--planted magent-store-root))
+           (buffer (let ((magent-store-redact-patterns '(("ticket" . "TICKET-[0-9]{6}"))))
+                     (magent-store-scan))))
+      ;; Asynchronous: the scan runs in its own process.
+      (should (process-live-p (buffer-local-value 'magent-store-scan--process buffer)))
+      (magent-store-scan-test--wait buffer)
+      (should (equal (magent-store-scan-test--kinds buffer)
+                     '("aws-access-token" "github-pat" "gitlab-pat" "huggingface-access-token"
+                       "jwt" "openai-api-key" "private-key" "slack-bot-token" "ticket")))
+      (with-current-buffer buffer
+        (let ((rows (length tabulated-list-entries))
+              (text (buffer-string)))
+          (should (string-match-p
+                   (format "\\`%d secrets in 1 session: `magent-store scrub .*' removes them"
+                           rows)
+                   (string-trim (apply #'concat header-line-format))))
+          ;; Only the session holding secrets, named by its title, itself redacted.
+          (should (string-match-p "Your key: \\[redacted:aws-access-token\\]" text))
+          (should (string-match-p "turn 1 (t1)/item 2 (c1)/input/command" text))
+          (should (string-match-p "\\b[0-9a-f]\\{8\\}\\b" text))
+          (dolist (secret secrets)
+            (should-not (string-search secret text))))
+        (should buffer-read-only)))))
+
+(ert-deftest magent-store-scan-without-user-patterns-and-ret-shows-the-session ()
+  "Without `magent-store-redact-patterns' only credentials are listed; RET shows the session."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let ((buffer (magent-store-scan)))
+      (magent-store-scan-test--wait buffer)
+      (should-not (member "ticket" (magent-store-scan-test--kinds buffer)))
+      (with-current-buffer buffer
+        (goto-char (point-min))
+        (while (and (not (tabulated-list-get-id)) (not (eobp)))
+          (forward-line 1))
+        (let ((view (magent-store-scan-open)))
+          (with-timeout (60 (error "The session was not shown"))
+            (while (with-current-buffer view
+                     (string-prefix-p "Reading" (buffer-string)))
+              (accept-process-output nil 0.05)))
+          (with-current-buffer view
+            (should (string-match-p "── assistant ──\nYour key: " (buffer-string)))))))))
+
+(ert-deftest magent-store-scan-says-when-nothing-is-found-or-the-root-is-missing ()
+  "A clean tree: no row and a header line that says so; no root: a user error."
+  (magent-store-test--with-backend
+    (let* ((program (car (magent-store-program)))
+           (python (expand-file-name "python" (file-name-directory program))))
+      (should (equal (call-process python nil nil nil "-c"
+                                   (format "import sys\nsys.path[:0] = [%S]\nfrom pathlib import Path\nimport leaky\nleaky.clean(Path(%S))"
+                                           magent-store-scan-test--tests magent-store-root))
+                     0)))
+    (let ((buffer (magent-store-scan)))
+      (magent-store-scan-test--wait buffer)
+      (with-current-buffer buffer
+        (should-not tabulated-list-entries)
+        (should (equal (string-trim (apply #'concat header-line-format)) "No secret found"))))
+    (should-error (magent-store-scan (expand-file-name "nowhere" magent-store-root)) :type 'user-error)))
+
+(ert-deftest magent-store-scan-is-a-command-once-the-core-is-loaded ()
+  "(require \='magent-store) is enough for M-x magent-store-scan."
+  (with-temp-buffer
+    (should (equal (call-process
+                    (expand-file-name invocation-name invocation-directory) nil t nil
+                    "--batch" "-Q" "-L" (file-name-directory (locate-library "magent-store"))
+                    "--eval" "(progn (require 'magent-store) (princ (commandp 'magent-store-scan)))")
+                   0))
+    (should (equal (string-trim (buffer-string)) "t"))))
+
+(provide 'magent-store-scan-tests)
+;;; magent-store-scan-tests.el ends here

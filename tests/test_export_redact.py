@@ -1,0 +1,75 @@
+"""`magent-store export SESSION.json --format org|markdown --redact`: the document holds no secret.
+
+Every place a session keeps text (header title, prompt, streamed reply, tool
+input and output, events after the snapshot) has a planted secret; the
+document names each by its kind, and without --redact it is as it always was.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import leaky
+from magent_store import document
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+
+
+def export(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MAGENT_STORE, "export", *map(str, args)], input=stdin, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("fmt", document.FORMATS)
+def test_the_redacted_document_holds_no_planted_secret_and_names_each_kind(tmp_path: Path, fmt: str) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    ordinary = export(leaky.clean(tmp_path / "sessions").header, "--format", fmt).stdout + "in-progress"
+    before = leaky.tree(tmp_path / "sessions")
+    out = export(files.header, "--format", fmt, "--redact", "--redact-spec", "-", "--pattern",
+                 "ticket=TICKET-[0-9]{6}", stdin=json.dumps({"literals": [leaky.PASSWORD]}))
+    assert out.returncode == 0, out.stderr
+    assert leaky.remnants(out.stdout.encode(), ordinary=ordinary) == []
+    for kind in ("github-pat", "auth-source", "aws-access-token", "private-key",
+                 "slack-bot-token", "jwt", "huggingface-access-token", "ticket"):
+        assert f"[redacted:{kind}]" in out.stdout, kind
+    assert "Your key: [redacted:aws-access-token] — ключ ✓" in out.stdout  # the text around stays
+    assert leaky.tree(tmp_path / "sessions") == before  # the session is not changed
+
+
+def test_without_redact_the_document_is_as_before(tmp_path: Path) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    plain = export(files.header, "--format", "org")
+    assert plain.returncode == 0, plain.stderr
+    header, thread = document.read(files.header)
+    assert plain.stdout == document.render("org", header, thread)
+    assert leaky.AWS in plain.stdout and leaky.GH in plain.stdout and "[redacted:" not in plain.stdout
+
+
+def test_a_schema6_session_is_redacted_too(tmp_path: Path) -> None:
+    path = leaky.six(tmp_path / "sessions")
+    out = export(path, "--format", "markdown", "--redact")
+    assert out.returncode == 0, out.stderr
+    assert leaky.remnants(out.stdout.encode(), (leaky.AWS, leaky.GH, leaky.SLACK)) == []
+    assert "[redacted:aws-access-token]" in out.stdout and "[redacted:slack-bot-token]" in out.stdout
+
+
+@pytest.mark.parametrize(("arguments", "says"), [
+    (["--pattern", "ticket=T-[0-9]+"], "--pattern and --redact-spec go with --redact"),
+    (["--redact", "--pattern", "ticket=T-("], "not a regular expression"),
+    (["--redact", "--redact-spec", "-"], "not valid JSON"),
+])  # fmt: skip
+def test_bad_redaction_options_exit_2_and_print_nothing(tmp_path: Path, arguments: list[str], says: str) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    out = export(files.header, "--format", "org", *arguments, stdin='{"literals": ["Sésame-ouvre-toi-42"')
+    assert out.returncode == 2 and says in out.stderr and out.stdout == ""
+    assert "Sésame" not in out.stderr
+
+
+def test_redact_goes_with_a_document_not_with_schema_6(tmp_path: Path) -> None:
+    leaky.seven(tmp_path / "sessions")
+    out = export(tmp_path / "sessions", "--schema", "6", "--redact")
+    assert out.returncode == 2 and "go with --format" in out.stderr

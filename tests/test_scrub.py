@@ -1,0 +1,247 @@
+"""`magent-store scrub`: every secret saved in a session replaced, verified, with a backup of the originals.
+
+A tree with a planted secret in each place a session keeps text (`leaky`) is
+scrubbed through the command; then no 4 characters in a row of any secret
+remain in any file under the root (the search index included), outside the
+backup, which gives back the originals byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import leaky
+import schema6
+from magent_store import scrub
+from magent_store.redact import Redactor
+from magent_store.store import Scope, SessionFiles, Store, load_session
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+SPEC = json.dumps(leaky.SPEC)
+
+
+def cli(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=stdin, capture_output=True, text=True)
+
+
+def scrub_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("scrub", "--redact-spec", "-", *args, root, stdin=SPEC)
+
+
+def backups(root: Path) -> list[Path]:
+    return sorted(root.glob("scrub-backup-*"))
+
+
+def planted_tree(root: Path) -> dict[str, SessionFiles | Path]:
+    return {"seven": leaky.seven(root), "six": leaky.six(root), "clean": leaky.clean(root)}
+
+
+def ordinary(tmp_path: Path) -> str:
+    """Every file of a tree without secrets, indexed: the runs of characters any store file holds."""
+    root = tmp_path / "ordinary"
+    leaky.clean(root)
+    fixture = schema6.session(random.Random(5), "old")
+    (root / fixture.relpath).write_bytes(fixture.data)
+    cli("index", root)
+    return "".join(data.decode("utf-8", "replace") for data in leaky.tree(root).values()) + "in-progress"
+
+
+def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the_originals(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    made = planted_tree(root)
+    assert cli("index", root).returncode == 0  # the index holds the secrets too
+    before = leaky.tree(root)
+    assert leaky.remnants(before[".search/index.sqlite"])
+    clean = made["clean"]
+    assert isinstance(clean, SessionFiles)
+    clean_stat = {p: p.stat().st_mtime_ns for p in (clean.header, clean.log, clean.snapshot)}
+
+    out = scrub_cli(root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "scrubbed: global/leaky.json" in out.stdout and "scrubbed: global/old.json" in out.stdout
+    assert "clean" not in out.stdout.split("\n3 sessions")[0]
+    assert "search index rebuilt" in out.stdout
+    (backup,) = backups(root)
+    assert "the one place the secrets remain" in out.stderr and f"rm -rf -- {backup}" in out.stderr
+
+    scan = cli("scan", "--redact-spec", "-", root, stdin=SPEC)
+    assert scan.returncode == 0, scan.stdout + scan.stderr
+    usual = ordinary(tmp_path)
+    after = leaky.tree(root, skip=backup.name)
+    for name, data in after.items():
+        assert leaky.remnants(data, ordinary=usual) == [], name
+    # The clean session is not touched, not even its times.
+    for p, mtime in clean_stat.items():
+        assert p.read_bytes() == before[str(p.relative_to(root))] and p.stat().st_mtime_ns == mtime
+    # The backup: private, and the originals byte for byte.
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o700
+    saved = leaky.tree(backup)
+    assert set(saved) == {"global/leaky.json", "global/leaky.jsonl", "global/leaky.snapshot", "global/leaky.sums",
+                          "global/old.json"}
+    for name, data in saved.items():
+        assert data == before[name], name
+        assert stat.S_IMODE((backup / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE((backup / "global").stat().st_mode) == 0o700
+
+
+def test_the_rewritten_sessions_hold_the_redacted_conversation_and_go_on_being_written(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    _, thread_before = load_session(files)
+    result = scrub.Scrubber(root, Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"]),
+                            sync=False).run()
+    assert [(r.outcome, r.reason) for r in result.reports] == [(scrub.SCRUBBED, None)]
+    assert result.reports[0].kinds == sorted({"aws-access-token", "private-key", "github-pat", "auth-source",
+                                              "slack-bot-token", "jwt", "huggingface-access-token",
+                                              "openai-api-key", "ticket", "gitlab-pat"})
+    header, thread = load_session(files)
+    assert header["title"] == "deploy with [redacted:openai-api-key]"
+    assert header["summary-title"] == "Your key: [redacted:aws-access-token] — ключ ✓…"
+    reply = str(thread.turns[0].items[0].content)
+    assert reply == "Your key: [redacted:aws-access-token] — ключ ✓\n[redacted:private-key]\nend"
+    assert thread.turns[0].items[1].input == {"command": "curl -H 'X: [redacted:slack-bot-token]'",
+                                              "env": {"[redacted:jwt]": "a token as a key"}}
+    assert thread.turns[0].input == "use token [redacted:github-pat] to push, «[redacted:auth-source]»"
+    assert thread.last_event_seq == thread_before.last_event_seq and not files.log.exists()
+    assert not files.sums.exists()
+    # The store takes it up where it was.
+    with Store(root).open("leaky", Scope.global_()) as s:
+        s.append_event({"type": "turn-completed", "thread-id": "th-leaky", "turn-id": "t2", "payload": {"usage": None},
+                         "created-at": 1_700_000_100.0})
+        s.flush()
+    assert load_session(files)[1].last_event_seq == thread_before.last_event_seq + 1
+
+
+def test_a_second_run_changes_nothing_and_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    planted_tree(root)
+    before = leaky.tree(root)
+    dry = scrub_cli(root, "--dry-run")
+    assert dry.returncode == 1
+    assert "would-scrub: global/leaky.json" in dry.stdout and "would-scrub: global/old.json" in dry.stdout
+    assert leaky.tree(root) == before and not backups(root)
+    assert scrub_cli(root).returncode == 0
+    once = leaky.tree(root)
+    again = scrub_cli(root)
+    assert again.returncode == 0 and "0 scrubbed" in again.stdout and "3 without secrets" in again.stdout
+    assert leaky.tree(root) == once and len(backups(root)) == 1
+    assert "rm -rf" not in again.stderr
+
+
+def test_a_session_holding_only_its_header_gets_its_header_redacted(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = SessionFiles(root / "global", "bare")
+    files.directory.mkdir(parents=True)
+    files.header.write_text(json.dumps({"id": "bare", "schema-version": 7, "scope": "global",
+                                        "title": f"token {leaky.GH}"}))
+    out = scrub_cli(root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(files.header.read_text())["title"] == "token [redacted:github-pat]"
+    assert sorted(p.name for p in files.directory.iterdir()) == ["bare.json"]
+
+
+def test_no_backup_keeps_no_copy(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    out = scrub_cli(root, "--no-backup")
+    assert out.returncode == 0 and not backups(root) and "rm -rf" not in out.stderr
+
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from magent_store.store import Scope, Store
+    session = Store(sys.argv[1]).open("leaky", Scope.global_())
+    print("open", flush=True)
+    sys.stdin.read()
+    session.close()
+""")
+
+
+def test_a_session_open_in_a_running_backend_is_left_alone_and_named(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    leaky.six(root)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        before = leaky.tree(root)
+        out = scrub_cli(root)
+        after = leaky.tree(root)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert out.returncode == 1
+    assert "locked: global/leaky.json: open for writing by a running backend" in out.stdout
+    assert "1 open in a running backend (left alone)" in out.stdout
+    assert {k: v for k, v in after.items() if k.startswith("global/leaky")} == \
+        {k: v for k, v in before.items() if k.startswith("global/leaky")}
+    assert after["global/old.json"] != before["global/old.json"]  # the others are scrubbed all the same
+
+
+def test_a_damaged_session_is_left_alone_with_fsck_named(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    with files.log.open("ab") as f:
+        f.write(b'{"seq": 99, "type": "turn-st')  # a torn final line
+    before = leaky.tree(root)
+    out = scrub_cli(root)
+    assert out.returncode == 1 and "damaged: global/leaky.json" in out.stdout and "fsck" in out.stdout
+    assert leaky.tree(root) == before and not backups(root)
+
+
+def test_a_log_ending_in_a_batch_emacs_sends_again_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    files.producer.write_bytes(json.dumps({"producer": "emacs-1", "batch": 3, "seq": 2}).encode().ljust(255) + b"\n")
+    before = leaky.tree(root)
+    out = scrub_cli(root)
+    assert out.returncode == 1 and "unconfirmed: global/leaky.json" in out.stdout
+    assert leaky.tree(root) == before
+
+
+def test_a_bad_redaction_spec_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    before = leaky.tree(root)
+    out = cli("scrub", "--redact-spec", "-", root, stdin='{"literals": ["abc"]}')
+    assert out.returncode == 2 and "4 characters or more" in out.stderr and "abc" not in out.stderr
+    assert leaky.tree(root) == before
+    missing = cli("scrub", tmp_path / "nowhere")
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+def test_a_failed_write_puts_the_original_back(tmp_path: Path, monkeypatch: object) -> None:
+    import pytest
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    before = leaky.tree(root)
+    calls = []
+
+    def failing(path: Path, data: bytes, *, sync: bool, crash: object = None) -> None:
+        calls.append(path)
+        if path == files.header:
+            raise OSError(28, "No space left on device")
+        real(path, data, sync=sync)
+
+    from magent_store import fileio
+
+    real = fileio.atomic_write
+    mp = pytest.MonkeyPatch()
+    mp.setattr(scrub, "atomic_write", failing)
+    try:
+        result = scrub.Scrubber(root, Redactor(), backup=False, sync=False).run()
+    finally:
+        mp.undo()
+    assert [(r.outcome, r.reason) for r in result.reports] == [(scrub.FAILED, "No space left on device")]
+    assert {k: v for k, v in leaky.tree(root).items() if not k.endswith(".lock")} == before
+    assert os.path.exists(files.snapshot)
