@@ -97,7 +97,19 @@ def test_ls_brief_says_what_it_skipped_and_keeps_its_catalog_private(tmp_path: P
     assert b"skipped (cannot be read)" in done.stderr and b"broken.json" in done.stderr
     state = tmp_path / "state" / "magent-store"
     assert state.stat().st_mode & 0o777 == 0o700
-    (catalog,) = state.glob("brief-*.json")
-    assert catalog.stat().st_mode & 0o777 == 0o600
+    catalog, saved = sorted(state.glob("brief-*.json"))
+    assert saved.name.startswith("brief-rows-")
+    assert catalog.stat().st_mode & 0o777 == 0o600 and saved.stat().st_mode & 0o777 == 0o600
+    assert orjson.loads(saved.read_bytes()) == {"root": str(root.resolve()), "rows": rows}
     again = subprocess.run([*MAGENT_STORE, "ls", str(root), "--brief"], capture_output=True, env=env, timeout=120)
     assert orjson.loads(again.stdout) == rows
+    # A session flushed since: its row moves to the top, in the output and in the saved rows.
+    log = root / "projects"
+    (log_file,) = log.rglob("p1.jsonl")
+    with log_file.open("ab") as f:
+        f.write(b"")
+    os.utime(log_file, (1_900_000_000, 1_900_000_000))
+    third = orjson.loads(subprocess.run([*MAGENT_STORE, "ls", str(root), "--brief"], capture_output=True,
+                                        env=env, timeout=120).stdout)  # fmt: skip
+    assert [row[1] for row in third] == ["p1", "g1", "a1", "old6"]
+    assert orjson.loads(saved.read_bytes())["rows"] == third

@@ -270,7 +270,8 @@ def ls_arguments(p: argparse.ArgumentParser) -> None:
     "--brief prints [header path under ROOT, id, title, scope, bytes, updated, schema]\n"
     "per session, newest first (what M-x magent-store-find-session lists); it keeps\n"
     "what it read of each header in $XDG_STATE_HOME/magent-store/, so a listing after\n"
-    "it reads only the headers that changed.\n\n"
+    "it reads only the headers that changed, and the rows it printed (Emacs shows\n"
+    "them while it lists again).\n\n"
     "examples:\n"
     "  magent-store ls ~/.emacs.d/magent/sessions\n"
     "  magent-store ls ~/.emacs.d/magent/sessions --brief\n"
@@ -330,7 +331,7 @@ def _ls_brief(root: Path) -> int:
     for why in unreadable:
         print(f"magent-store: skipped (cannot be read): {why}", file=sys.stderr)
     if catalog is not None:
-        catalog.save()
+        catalog.save(rows)
     sys.stdout.buffer.write(orjson.dumps(rows) + b"\n")
     return 0
 

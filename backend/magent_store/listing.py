@@ -225,11 +225,18 @@ Brief = tuple[str, str | None, str, int]
 
 
 class BriefCatalog:
-    """What `brief_entries` read of each header under ROOT, with its stamp; saved in DIRECTORY."""
+    """What `brief_entries` read of each header under ROOT, with its stamp; saved in DIRECTORY.
+
+    Beside it, the last listing's rows as they were printed (``rows_path``:
+    ``{"root": ROOT, "rows": [...]}``): Emacs shows them while it lists
+    the root again.
+    """
 
     def __init__(self, root: Path, directory: Path) -> None:
         self.root = root
-        self.path = directory / f"brief-{hashlib.sha1(str(root).encode()).hexdigest()}.json"
+        digest = hashlib.sha1(str(root).encode()).hexdigest()
+        self.path = directory / f"brief-{digest}.json"
+        self.rows_path = directory / f"brief-rows-{digest}.json"
         self.entries: dict[str, tuple[HeaderStamp, Brief]] = {}
         self.changed = False
         try:
@@ -243,15 +250,25 @@ class BriefCatalog:
             log.warning("finder catalog %s unreadable, read again from the sessions: %s", self.path, err)
             self.entries = {}
 
-    def save(self) -> None:
-        """Write the catalog when a listing changed it (never an error: it is only a cache)."""
-        if not self.changed:
-            return
-        body = {"version": BRIEF_VERSION, "root": str(self.root),
-                "entries": {k: [list(v[0]), list(v[1])] for k, v in self.entries.items()}}  # fmt: skip
+    def save(self, rows: list[list[Any]] | None = None) -> None:
+        """Write the catalog when a listing changed it, and ROWS when they changed.
+
+        Never an error: both are only caches.
+        """
         try:
-            atomic_write(self.path, dumps(body), sync=False)
-            self.changed = False
+            if self.changed:
+                entries = {k: [list(v[0]), list(v[1])] for k, v in self.entries.items()}
+                body = {"version": BRIEF_VERSION, "root": str(self.root), "entries": entries}
+                atomic_write(self.path, orjson.dumps(body), sync=False)
+                self.changed = False
+            if rows is not None:
+                data = orjson.dumps({"root": str(self.root), "rows": rows})
+                try:
+                    same = self.rows_path.read_bytes() == data
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    atomic_write(self.rows_path, data, sync=False)
         except (StoreError, LedgerError, OSError) as err:
             log.warning("finder catalog not saved: %s", err)
 
