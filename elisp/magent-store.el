@@ -1381,6 +1381,8 @@ again once it is up"))
 ;;;; Searching past sessions (magent-store-search.el)
 
 (autoload 'magent-store-search "magent-store-search" nil t)
+(autoload 'magent-store-find-session "magent-store-find" nil t)
+(autoload 'magent-store-export-session "magent-store-export" nil t)
 
 ;;;; Lifecycle timing (magent-store-timing.el)
 
