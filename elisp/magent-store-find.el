@@ -57,7 +57,7 @@
   :group 'magent-store
   :prefix "magent-store-find-")
 
-(defcustom magent-store-find-search-timeout 0.5
+(defcustom magent-store-find-search-timeout 1.0
   "Seconds the finder waits for the full-text index before showing no match.
 A search still running then fills in its sessions for the next key."
   :type 'number
@@ -82,8 +82,8 @@ A search still running then fills in its sessions for the next key."
   by-path          ; header path under the root -> title, made when first needed
   (searches (make-hash-table :test #'equal)))  ; input -> titles or `pending'
 
-(defvar magent-store-find--listings (make-hash-table :test #'equal)
-  "Each root's last list: its rows, newest first.")
+(defvar magent-store-find--states (make-hash-table :test #'equal)
+  "Each root's finder state, its last list.")
 
 (defvar magent-store-find--refreshing (make-hash-table :test #'equal)
   "Each root's listing process running in the background.")
@@ -113,7 +113,6 @@ Signal a `user-error' with what the listing said when it fails."
                       (string-trim (if (string-blank-p text)
                                        (format "exit status %s" status)
                                      text))))
-        (puthash root rows magent-store-find--listings)
         rows))))
 
 (defun magent-store-find--saved (root)
@@ -151,7 +150,6 @@ gives them (the SHA-1 of the root's true name)."
                      (when-let* (((eq (process-exit-status process) 0))
                                  (rows (magent-store-find--parse
                                         (with-current-buffer output (buffer-string)))))
-                       (puthash root rows magent-store-find--listings)
                        (magent-store-find--fill state rows))
                    (remhash root magent-store-find--refreshing)
                    (kill-buffer output)))))))
@@ -190,18 +188,23 @@ A title two sessions share is followed by each one's id."
     state))
 
 (defun magent-store-find--state (root)
-  "Return a finder's state over ROOT: its last list at once, else read now.
+  "Return the finder's state over ROOT: its last list at once, else read now.
 The last list is this Emacs's, else the one the listing saved; it is
 read again in the background."
-  (let* ((state (magent-store-find--make-state :root root))
-         (known (gethash root magent-store-find--listings))
-         ;; Some megabytes of short-lived strings for 10,000 sessions:
-         ;; collected once, after, rather than a dozen times on the way.
-         (gc-cons-threshold (max gc-cons-threshold (* 64 1024 1024))))
-    (if-let* ((rows (or known (magent-store-find--saved root))))
-        (progn (magent-store-find--fill state rows)
-               (magent-store-find--refresh root state))
-      (magent-store-find--fill state (magent-store-find--list root)))
+  (let ((state (gethash root magent-store-find--states))
+        (listed nil)
+        ;; Some megabytes of short-lived strings for 10,000 sessions:
+        ;; collected once, after, rather than a dozen times on the way.
+        (gc-cons-threshold (max gc-cons-threshold (* 64 1024 1024))))
+    (if state
+        ;; What was said may have changed since: ask the index again.
+        (clrhash (magent-store-find--state-searches state))
+      (setq state (magent-store-find--make-state :root root))
+      (magent-store-find--fill state (or (magent-store-find--saved root)
+                                         (setq listed (magent-store-find--list root))))
+      (puthash root state magent-store-find--states))
+    (unless listed
+      (magent-store-find--refresh root state))
     state))
 
 ;;;; The full-text part

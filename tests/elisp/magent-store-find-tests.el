@@ -119,7 +119,7 @@ session once the listing in the background is done."
   (magent-store-test--with-backend
     (magent-store-find-test--tree)
     (magent-store-find-test--table)
-    (clrhash magent-store-find--listings)
+    (clrhash magent-store-find--states)
     (magent-store-find-test--write "g-newer" 'global "Brand new" "fresh")
     (let* ((state+table (magent-store-find-test--table))
            (table (cdr state+table)))
