@@ -135,7 +135,7 @@ gives them (the SHA-1 of the root's true name)."
         (error nil)))))
 
 (defun magent-store-find--refresh (root state)
-  "List ROOT again in the background; the new list replaces STATE's."
+  "List ROOT again in the background, to fill STATE with the new list."
   (unless (process-live-p (gethash root magent-store-find--refreshing))
     (let* ((output (generate-new-buffer " *magent-store-find-ls*"))
            (process
@@ -210,7 +210,8 @@ read again in the background."
 ;;;; The full-text part
 
 (defun magent-store-find--unmatched-p (state input)
-  "Return non-nil when INPUT has a word of 3 letters or more no title holds."
+  "Return non-nil when INPUT has a word of 3 letters or more not in a title.
+The titles are STATE's."
   (let ((titles (magent-store-find--state-titles state)))
     (cl-some (lambda (word)
                (and (>= (length word) 3)
@@ -248,7 +249,7 @@ read again in the background."
              (magent-store-find--state-searches state))))
 
 (defun magent-store-find--search (state input)
-  "Return the candidates of the sessions in which INPUT was said.
+  "Return the candidates of STATE's sessions in which INPUT was said.
 Asks the full-text index once per INPUT, waiting at most
 `magent-store-find-search-timeout' seconds (less when a key is
 pressed); a search not done by then gives nil now and its sessions
@@ -288,7 +289,7 @@ at the next call."
           (and (listp found) found))))))
 
 (defun magent-store-find--found (state input)
-  "Return the search's candidates for INPUT when the titles cannot match it.
+  "Return the search's candidates for INPUT when STATE's titles cannot match it.
 Nil when every word of 3 letters or more is in some title."
   (and (magent-store-find--unmatched-p state input)
        (magent-store-find--search state (string-trim input))))

@@ -1286,7 +1286,7 @@ a cancelled item and an interrupted turn into the live one."
                   (buffer))
 
 (defun magent-store-magent-session-id (&optional buffer)
-  "Return the id of the session magent's BUFFER shows, or nil.
+  "Return the id of the session in magent's BUFFER, or nil.
 BUFFER defaults to the current buffer; nil when it is none of magent's."
   (let ((buffer (or buffer (current-buffer))))
     (and (fboundp 'magent-agent-shell--magent-buffer-p)
