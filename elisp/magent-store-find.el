@@ -80,6 +80,7 @@ A search still running then fills in its sessions for the next key."
   rows             ; title -> [relative id title scope bytes updated schema]
   titles           ; every title, downcased, one per line
   by-path          ; header path under the root -> title, made when first needed
+  searching        ; the search process running, or nil
   (searches (make-hash-table :test #'equal)))  ; input -> titles or `pending'
 
 (defvar magent-store-find--states (make-hash-table :test #'equal)
@@ -253,11 +254,14 @@ The titles are STATE's."
 Asks the full-text index once per INPUT, waiting at most
 `magent-store-find-search-timeout' seconds (less when a key is
 pressed); a search not done by then gives nil now and its sessions
-at the next call."
+at the next call.  One search runs at a time (the first one may build
+the index): another input waits for the next call after it is done."
   (let* ((searches (magent-store-find--state-searches state))
          (known (gethash input searches 'unknown)))
-    (if (not (eq known 'unknown))
-        (and (listp known) known)
+    (cond
+     ((not (eq known 'unknown)) (and (listp known) known))
+     ((process-live-p (magent-store-find--state-searching state)) nil)
+     (t
       (puthash input 'pending searches)
       (let* ((output (generate-new-buffer " *magent-store-find-search*"))
              (process
@@ -276,6 +280,7 @@ at the next call."
                         (process-exit-status process))
                      (kill-buffer output))))))
              (deadline (+ (float-time) magent-store-find-search-timeout)))
+        (setf (magent-store-find--state-searching state) process)
         (while (and (process-live-p process)
                     (< (float-time) deadline)
                     (or noninteractive (not (input-pending-p))))
@@ -286,7 +291,7 @@ at the next call."
                     (< (float-time) deadline))
           (accept-process-output nil 0.01))
         (let ((found (gethash input searches)))
-          (and (listp found) found))))))
+          (and (listp found) found)))))))
 
 (defun magent-store-find--found (state input)
   "Return the search's candidates for INPUT when STATE's titles cannot match it.

@@ -113,6 +113,30 @@ format, newest first; a title two sessions share is followed by each id."
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
+(defun magent-store-find-test--searches ()
+  "Return the finder's search processes running now."
+  (cl-remove-if-not (lambda (p) (and (process-live-p p)
+                                     (string-prefix-p "magent-store-find-search"
+                                                      (process-name p))))
+                    (process-list)))
+
+(ert-deftest magent-store-find-a-slow-search-gives-its-sessions-at-the-next-key ()
+  "A search not done in time gives nothing now and its sessions later;
+while it runs, another input starts no second search."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-find-search-timeout 0)
+           (table (cdr (magent-store-find-test--table))))
+      (should (null (funcall table "flux capacitor" nil t)))
+      (should (= (length (magent-store-find-test--searches)) 1))
+      (should (null (funcall table "capacitor hums" nil t)))
+      (should (= (length (magent-store-find-test--searches)) 1))
+      (with-timeout (60 (error "The search did not finish"))
+        (while (magent-store-find-test--searches)
+          (accept-process-output nil 0.05)))
+      (accept-process-output nil 0.1)
+      (should (equal (funcall table "flux capacitor" nil t) '("Fix the parser (p-one)"))))))
+
 (ert-deftest magent-store-find-shows-the-last-list-then-reads-it-again ()
   "A second finder shows the list the last one saved at once, and the new
 session once the listing in the background is done."
@@ -147,6 +171,22 @@ session once the listing in the background is done."
       (should (equal (alist-get 'title opened) "Review the diff"))
       (should (file-exists-p (alist-get 'header opened)))
       (should (string-match-p "/actions/[^/]+/a-one\\.json\\'" (alist-get 'header opened))))))
+
+(ert-deftest magent-store-find-session-shows-the-transcript-by-default ()
+  "Without an agent to resume it, the picked session is shown read-only."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-search-resume-functions nil)
+           (completing-read-function
+            (lambda (_prompt table &rest _) (car (all-completions "Fix" table))))
+           (view (magent-store-find-session magent-store-root)))
+      (with-timeout (60 (error "The transcript did not appear"))
+        (while (with-current-buffer view (string-prefix-p "Reading" (buffer-string)))
+          (accept-process-output nil 0.05)))
+      (with-current-buffer view
+        (should buffer-read-only)
+        (should (string-match-p "quotes are dropped" (buffer-string)))
+        (should (string-match-p "g-new" (buffer-string)))))))
 
 (ert-deftest magent-store-find-no-root-is-a-clear-error ()
   "A root that does not exist is named."
