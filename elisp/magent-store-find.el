@@ -106,7 +106,8 @@ A search still running then fills in its sessions for the next key."
 Signal a `user-error' with what the listing said when it fails."
   (let ((command (magent-store-find--command root)))
     (with-temp-buffer
-      (let* ((status (apply #'call-process (car command) nil t nil (cdr command)))
+      (let* ((status (let ((coding-system-for-read 'utf-8))
+                       (apply #'call-process (car command) nil t nil (cdr command))))
              (text (buffer-string))
              (rows (and (eq status 0) (magent-store-find--parse text))))
         (unless (or rows (and (eq status 0) (string-match-p "^\\[\\]$" text)))
@@ -128,7 +129,8 @@ gives them (the SHA-1 of the root's true name)."
     (when (file-readable-p file)
       (condition-case nil
           (with-temp-buffer
-            (insert-file-contents file)
+            (let ((coding-system-for-read 'utf-8))
+              (insert-file-contents file))
             (let ((saved (json-parse-buffer :object-type 'alist :array-type 'array
                                             :null-object nil :false-object nil)))
               (and (equal (alist-get 'root saved) true)
@@ -143,7 +145,7 @@ gives them (the SHA-1 of the root's true name)."
             (make-process
              :name "magent-store-find-ls" :buffer output
              :command (magent-store-find--command root)
-             :connection-type 'pipe :noquery t
+             :coding 'utf-8 :connection-type 'pipe :noquery t
              :sentinel
              (lambda (process _event)
                (unless (process-live-p process)
@@ -270,7 +272,7 @@ the index): another input waits for the next call after it is done."
                :command (magent-store-search--command
                          "search" input (magent-store-find--state-root state) "--json"
                          "--limit" (number-to-string magent-store-find-search-limit))
-               :connection-type 'pipe :noquery t
+               :coding 'utf-8 :connection-type 'pipe :noquery t
                :sentinel
                (lambda (process _event)
                  (unless (process-live-p process)

@@ -35,7 +35,7 @@
                                                 (directory-file-name magent-store-root)))))
     (magent-store-find-test--write "g-new" 'global "Fix the parser" "quotes are dropped" 60)
     (magent-store-find-test--write "p-one" project "Fix the parser" "the flux capacitor hums" 7200)
-    (magent-store-find-test--write "a-one" '(action . "review") "Review the diff" "all good" 86400)
+    (magent-store-find-test--write "a-one" '(action . "review") "Review the diff 差分" "all good" 86400)
     (let ((old (magent-store-search-test--write-schema6 "old6" "an old reply")))
       (set-file-times old (time-subtract (current-time) (* 3 86400))))
     project))
@@ -52,11 +52,11 @@ format, newest first; a title two sessions share is followed by each id."
     (let ((table (cdr (magent-store-find-test--table))))
       (should (equal (funcall table "" nil t)
                      '("Fix the parser (g-new)" "Fix the parser (p-one)"
-                       "Review the diff" "An old session")))
+                       "Review the diff 差分" "An old session")))
       ;; Typing narrows as completion does.
       (should (equal (all-completions "Fix" table) '("Fix the parser (g-new)"
                                                       "Fix the parser (p-one)")))
-      (should (eq (test-completion "Review the diff" table) t))
+      (should (eq (test-completion "Review the diff 差分" table) t))
       (should (equal (alist-get 'category (cdr (funcall table "" nil 'metadata)))
                      'magent-store-session)))))
 
@@ -79,17 +79,17 @@ format, newest first; a title two sessions share is followed by each id."
         (should (string-match-p (regexp-quote (file-size-human-readable size 'iec " ")) note))
         (should (eq (get-text-property 3 'face note) 'completions-annotations)))
       (should (string-match-p "global +1m " (funcall annotate "Fix the parser (g-new)")))
-      (should (string-match-p "action review +1d " (funcall annotate "Review the diff")))
+      (should (string-match-p "action review +1d " (funcall annotate "Review the diff 差分")))
       (should (string-match-p "3d .*schema 6" (funcall annotate "An old session")))
-      (let ((affixed (funcall affix '("Review the diff" "An old session"))))
-        (should (equal (mapcar #'car affixed) '("Review the diff" "An old session")))
+      (let ((affixed (funcall affix '("Review the diff 差分" "An old session"))))
+        (should (equal (mapcar #'car affixed) '("Review the diff 差分" "An old session")))
         (pcase-dolist (`(,candidate ,prefix ,suffix) affixed)
           (should (equal prefix ""))
           (should (string-match-p (regexp-quote (string-trim (funcall annotate candidate)))
                                   suffix))
           ;; The annotations start in one column, past the longest title.
           (should (equal (get-text-property 0 'display suffix)
-                         `(space :align-to ,(+ 2 (string-width "Review the diff"))))))))))
+                         `(space :align-to ,(+ 2 (string-width "Review the diff 差分"))))))))))
 
 (ert-deftest magent-store-find-words-no-title-holds-ask-the-index ()
   "A word no title holds finds the sessions in which it was said."
@@ -101,7 +101,7 @@ format, newest first; a title two sessions share is followed by each id."
       (should (equal (funcall table "flux capacitor" nil t) '("Fix the parser (p-one)")))
       (should (eq (test-completion "Fix the parser (p-one)" table) t))
       ;; Words a title holds narrow the titles, without the index.
-      (should (equal (funcall table "Review" nil t) '("Review the diff")))
+      (should (equal (funcall table "Review" nil t) '("Review the diff 差分")))
       ;; The index's sessions survive completion styles that match titles only.
       (let ((completion-styles '(substring))
             (completion-category-overrides
@@ -109,7 +109,7 @@ format, newest first; a title two sessions share is followed by each id."
         (should (equal (completion-all-completions "flux capacitor" table nil 14)
                        '("Fix the parser (p-one)" . 0)))
         (should (equal (car (completion-all-completions "diff" table nil 4))
-                       "Review the diff")))
+                       "Review the diff 差分")))
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
@@ -168,7 +168,7 @@ session once the listing in the background is done."
               (car (all-completions "Review" table)))))
       (magent-store-find-session magent-store-root)
       (should (equal (alist-get 'id opened) "a-one"))
-      (should (equal (alist-get 'title opened) "Review the diff"))
+      (should (equal (alist-get 'title opened) "Review the diff 差分"))
       (should (file-exists-p (alist-get 'header opened)))
       (should (string-match-p "/actions/[^/]+/a-one\\.json\\'" (alist-get 'header opened))))))
 
