@@ -376,6 +376,10 @@ An input that no title can match asks the full-text index."
        ((eq (car-safe action) 'boundaries) nil)
        ((eq action 'magent-store-find-found)
         (magent-store-find--found state string))
+       ;; Every session is a match, one the index found since the list too.
+       ((and (eq action 'lambda)
+             (gethash string (magent-store-find--state-rows state)))
+        t)
        (t
         (if-let* ((found (magent-store-find--found state string)))
             (let ((found (if pred (cl-remove-if-not pred found) found)))

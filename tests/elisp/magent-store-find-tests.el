@@ -113,6 +113,17 @@ format, newest first; a title two sessions share is followed by each id."
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
+(ert-deftest magent-store-find-a-session-saved-since-the-list-is-found-and-taken ()
+  "A session the list does not hold yet, found by the index, is a candidate
+that completion accepts."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table))))
+      (magent-store-find-test--write "g-late" 'global "Written later" "a zeppelin overhead")
+      (should (equal (funcall table "zeppelin" nil t) '("Written later (g-late)")))
+      (should (eq (test-completion "Written later (g-late)" table) t)))))
+
 (defun magent-store-find-test--searches ()
   "Return the finder's search processes running now."
   (cl-remove-if-not (lambda (p) (and (process-live-p p)
