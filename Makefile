@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready mutation mutation-elisp test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list lint clean
+.PHONY: install emacs-ready mutation mutation-elisp test test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -190,6 +190,11 @@ bench-quick: install
 
 bench-migrate: install
 	$(PY) bench/migrate_bench.py
+
+# M-x magent-store-find-session over 10,000 generated sessions (~160 MB in a
+# temp dir): from its start to its candidates, in fresh Emacs runs.
+bench-find: install emacs-ready
+	$(PY) bench/find_bench.py --emacs $(EMACS)
 
 # 10,000 generated sessions (>= 1 GB) in a temp dir; needs ~5 GB free in $$TMPDIR.
 bench-search: install

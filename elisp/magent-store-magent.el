@@ -168,6 +168,9 @@ session/load does (else a read-only transcript)")
      "RET on a session magent already holds shows it, never loads it twice")
     (magent-agent-shell--buffers call nil when-used "0.1 (schema 6, 7)"
      "RET shows magent's own buffer of a session (else its transcript)")
+    (magent-agent-shell--magent-buffer-p call nil when-used "0.1 (schema 6, 7)"
+     "M-x magent-store-export-session in magent's buffer exports its \
+session (else it asks which session)")
     (magent-runtime-session-magent-session call nil when-used
      "0.1 (schema 6, 7)"
      "RET finds the session object of a session magent's runtime holds \
@@ -1279,6 +1282,19 @@ a cancelled item and an interrupted turn into the live one."
                                            '(:session :id)))
                          id))
                 (ignore-errors (magent-agent-shell--buffers)))))
+
+(declare-function magent-agent-shell--magent-buffer-p "ext:magent-agent-shell"
+                  (buffer))
+
+(defun magent-store-magent-session-id (&optional buffer)
+  "Return the id of the session in magent's BUFFER, or nil.
+BUFFER defaults to the current buffer; nil when it is none of magent's."
+  (let ((buffer (or buffer (current-buffer))))
+    (and (fboundp 'magent-agent-shell--magent-buffer-p)
+         (ignore-errors (magent-agent-shell--magent-buffer-p buffer))
+         (ignore-errors
+           (map-nested-elt (buffer-local-value 'agent-shell--state buffer)
+                           '(:session :id))))))
 
 (defun magent-store-magent--show (hit where)
   "Show HIT's session: magent's buffer for it, else its transcript.

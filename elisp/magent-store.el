@@ -1382,6 +1382,8 @@ again once it is up"))
 
 (autoload 'magent-store-search "magent-store-search" nil t)
 (autoload 'magent-store-scan "magent-store-scan" nil t)
+(autoload 'magent-store-find-session "magent-store-find" nil t)
+(autoload 'magent-store-export-session "magent-store-export" nil t)
 
 ;;;; Lifecycle timing (magent-store-timing.el)
 

@@ -42,6 +42,8 @@ from magent_store import (
 )
 from magent_store.fileio import atomic_write, open_private, write_all
 from magent_store.ledger import LedgerError
+from magent_store.listing import BriefCatalog, brief_entries
+from magent_store.metrics import state_directory
 from magent_store.migrate import FileReport
 from magent_store.store import (
     FSYNC_MODES,
@@ -270,21 +272,31 @@ def ls_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, metavar="ROOT")
     p.add_argument("--json", action="store_true", help="print one JSON array")
     p.add_argument("--turns", action="store_true", help="count turns (reads every snapshot)")
+    p.add_argument("--brief", action="store_true",
+                   help="one JSON array of short rows, newest first, from a catalog of headers (fast)")
 
 
 @command(
     "ls", ls_arguments, "list the sessions under a root",
     "One line per session: id, scope, last update, size on disk, format, title.\n"
     "Reads headers only (fast for thousands of sessions); --turns also reads snapshots.\n"
-    "Sessions in magent's own format (schema 6) are read as they are, nothing written.\n\n"
+    "Sessions in magent's own format (schema 6) are read as they are, nothing written.\n"
+    "--brief prints [header path under ROOT, id, title, scope, bytes, updated, schema]\n"
+    "per session, newest first (what M-x magent-store-find-session lists); it keeps\n"
+    "what it read of each header in $XDG_STATE_HOME/magent-store/, so a listing after\n"
+    "it reads only the headers that changed, and the rows it printed (Emacs shows\n"
+    "them while it lists again).\n\n"
     "examples:\n"
     "  magent-store ls ~/.emacs.d/magent/sessions\n"
+    "  magent-store ls ~/.emacs.d/magent/sessions --brief\n"
     "  magent-store ls ~/.emacs.d/magent/sessions --turns\n"
     "  magent-store ls ~/.emacs.d/magent/sessions --json > sessions.json",
 )  # fmt: skip
 def cmd_ls(args: argparse.Namespace) -> int:
     if not args.root.is_dir():
         raise CliError(f"{args.root}: no such directory")
+    if args.brief:
+        return _ls_brief(args.root.resolve())
     store = Store(args.root)
     quiet = logging.getLogger("magent_store.store")
     level = quiet.level
@@ -319,6 +331,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
         turns = "" if s.turns is None else f"  {s.turns} turns"
         size = f"{_human_size(s.bytes)}{turns}"
         print(f"{s.id}\t{s.scope}\t{updated}\t{size}\tschema {version}\t{s.title or ''}")
+    return 0
+
+
+def _ls_brief(root: Path) -> int:
+    """Print the finder's rows of the sessions under ROOT (see `listing.brief_entries`)."""
+    catalog = None
+    try:
+        catalog = BriefCatalog(root, state_directory(create=True))
+    except OSError as exc:  # no state directory: every header is read
+        print(f"magent-store: warning: no finder catalog: {exc}", file=sys.stderr)
+    rows, unreadable = brief_entries(root, catalog)
+    for why in unreadable:
+        print(f"magent-store: skipped (cannot be read): {why}", file=sys.stderr)
+    if catalog is not None:
+        catalog.save(rows)
+    sys.stdout.buffer.write(orjson.dumps(rows) + b"\n")
     return 0
 
 

@@ -23,6 +23,12 @@ at (the header's size, time and inode, the log's size and time, whether a
 snapshot exists), in the backend's private state directory: a listing
 after it, by the same backend or a new one, reads only the sessions whose
 files changed since.
+
+`brief_entries` is the finder's listing (``magent-store ls --brief``): every
+session under a root, magent's own format too, as one short row, newest
+first.  A `BriefCatalog` keeps what it read of each header with the
+header's size, time and inode, so a listing after it reads only the headers
+that changed and otherwise only stats the files.
 """
 
 from __future__ import annotations
@@ -34,11 +40,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import orjson
+
+from magent_store import schema6
 from magent_store.export import header_fields6, listed_damage
 from magent_store.ledger import LedgerError
 from magent_store.store import (
     SCHEMA_VERSION,
     InvalidSessionId,
+    Scope,
     StoreError,
     atomic_write,
     check_session_id,
@@ -202,3 +212,139 @@ def _fields(header: dict[str, Any]) -> dict[str, Any]:
     fields["agent-jobs"] = header.get("agent-jobs") or []
     fields["approval-overrides"] = header.get("approval-overrides") or []
     return fields
+
+
+# ---------------------------------------------------------------------------
+# The finder's listing: one short row per session, from a catalog of headers
+
+BRIEF_VERSION: Final = 1
+# What a header was read at: its size, time (ns) and inode.
+HeaderStamp = tuple[int, int, int]
+# What the finder shows of a header: id, title, scope label, schema.
+Brief = tuple[str, str | None, str, int]
+
+
+class BriefCatalog:
+    """What `brief_entries` read of each header under ROOT, with its stamp; saved in DIRECTORY.
+
+    Beside it, the last listing's rows as they were printed (``rows_path``:
+    ``{"root": ROOT, "rows": [...]}``): Emacs shows them while it lists
+    the root again.
+    """
+
+    def __init__(self, root: Path, directory: Path) -> None:
+        self.root = root
+        digest = hashlib.sha1(str(root).encode()).hexdigest()
+        self.path = directory / f"brief-{digest}.json"
+        self.rows_path = directory / f"brief-rows-{digest}.json"
+        self.entries: dict[str, tuple[HeaderStamp, Brief]] = {}
+        self.changed = False
+        try:
+            obj = orjson.loads(self.path.read_bytes())
+            if obj.get("version") == BRIEF_VERSION and obj.get("root") == str(root):
+                for relative, (stamp, (sid, title, scope, schema)) in obj["entries"].items():
+                    self.entries[relative] = ((stamp[0], stamp[1], stamp[2]), (sid, title, scope, schema))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError) as err:
+            log.warning("finder catalog %s unreadable, read again from the sessions: %s", self.path, err)
+            self.entries = {}
+
+    def save(self, rows: list[list[Any]] | None = None) -> None:
+        """Write the catalog when a listing changed it, and ROWS when they changed.
+
+        Never an error: both are only caches.
+        """
+        try:
+            if self.changed:
+                entries = {k: [list(v[0]), list(v[1])] for k, v in self.entries.items()}
+                body = {"version": BRIEF_VERSION, "root": str(self.root), "entries": entries}
+                atomic_write(self.path, orjson.dumps(body), sync=False)
+                self.changed = False
+            if rows is not None:
+                data = orjson.dumps({"root": str(self.root), "rows": rows})
+                try:
+                    same = self.rows_path.read_bytes() == data
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    atomic_write(self.rows_path, data, sync=False)
+        except (StoreError, LedgerError, OSError) as err:
+            log.warning("finder catalog not saved: %s", err)
+
+
+def brief_entries(root: Path, catalog: BriefCatalog | None = None) -> tuple[list[list[Any]], list[str]]:
+    """Every session under ROOT, newest first, and what could not be read.
+
+    A row is [header path relative to ROOT, id, title, scope label, bytes,
+    updated, schema]:
+    bytes counts the header, log and snapshot, updated is the newest of
+    their modification times (seconds).  Sessions in magent's own format
+    (schema 6) are rows too.  CATALOG gives what was read of each header
+    whose size, time and inode did not change, and takes the others.
+    """
+    base = str(root)
+    rows: list[list[Any]] = []
+    unreadable: list[str] = []
+    seen: set[str] = set()
+    for folder in _directories(base):
+        try:
+            with os.scandir(f"{base}/{folder}") as it:
+                entries = {e.name: e for e in it}
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in entries:
+            if not name.endswith(".json"):
+                continue
+            relative = f"{folder}/{name}"
+            seen.add(relative)
+            row = _brief(f"{base}/{relative}", relative, entries, name, catalog)
+            if isinstance(row, str):
+                unreadable.append(row)
+            elif row is not None:
+                rows.append(row)
+    if catalog is not None:  # sessions gone since
+        for relative in [r for r in catalog.entries if r not in seen]:
+            del catalog.entries[relative]
+            catalog.changed = True
+    rows.sort(key=lambda row: (-row[5], row[0]))
+    return rows, unreadable
+
+
+def _brief(
+    path: str, relative: str, entries: Mapping[str, os.DirEntry[str]], name: str,
+    catalog: BriefCatalog | None,
+) -> list[Any] | str | None:  # fmt: skip
+    """The row of the header at PATH, what is wrong with it, or None when it is no session."""
+    session_id = name[:-5]
+    cached = catalog.entries.get(relative) if catalog is not None else None
+    try:
+        if cached is None:  # an entry's name was checked when it was read
+            check_session_id(session_id)
+        st = entries[name].stat()
+    except (InvalidSessionId, OSError):
+        return None
+    size, updated = st.st_size, st.st_mtime
+    for suffix in (".jsonl", ".snapshot"):
+        other = entries.get(session_id + suffix)
+        if other is not None:
+            try:
+                ost = other.stat()
+            except FileNotFoundError:
+                continue
+            size += ost.st_size
+            updated = max(updated, ost.st_mtime)
+    stamp: HeaderStamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    if cached is not None and cached[0] == stamp:
+        brief = cached[1]
+    else:
+        try:
+            header, schema = schema6.read_any_header(Path(path))
+            brief = (header["id"], header.get("summary-title") or header.get("title"),
+                     Scope.from_header(header).label(), schema)  # fmt: skip
+        except (StoreError, LedgerError, OSError, ValueError, KeyError, TypeError) as exc:
+            return f"{path}: {exc}"
+        if catalog is not None:
+            catalog.entries[relative] = (stamp, brief)
+            catalog.changed = True
+    return [relative, brief[0], brief[1], brief[2], size, updated, brief[3]]

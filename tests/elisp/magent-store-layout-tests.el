@@ -84,6 +84,7 @@ public command of the package is callable after it, as is the mode."
                          '(magent-store-mode magent-store-start magent-store-stop
                            magent-store-restart magent-store-status
                            magent-store-search magent-store-install-backend
+                           magent-store-find-session magent-store-export-session
                            magent-store-timing-report
                            magent-store-export-for-magent))
                         (fboundp 'magent-store-record-timing))))))

@@ -1,0 +1,207 @@
+;;; magent-store-find-tests.el --- ERT tests for M-x magent-store-find-session  -*- lexical-binding: t; -*-
+
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;;; Commentary:
+
+;; Sessions are written through the shim to a real backend, in every
+;; scope, and one in magent's own format beside them; the finder lists
+;; them with the real `magent-store ls --brief' and asks the real
+;; `magent-store search'.
+
+;;; Code:
+
+(require 'ert)
+(require 'magent-store-test)
+(require 'magent-store-find)
+(require 'magent-store-search-tests)
+
+(defun magent-store-find-test--write (session-id scope title text &optional age)
+  "Write SESSION-ID under SCOPE titled TITLE, its reply TEXT, AGE seconds old."
+  (magent-store-open session-id scope)
+  (magent-store-test--start-turn session-id)
+  (magent-store-append-item-content session-id "item-1" text)
+  (magent-store-put-header session-id `((title . ,title)))
+  (magent-store-flush session-id)
+  (when age
+    (let ((time (time-subtract (current-time) age)))
+      (dolist (file (directory-files-recursively
+                     magent-store-root (concat "\\`" (regexp-quote session-id) "\\.")))
+        (set-file-times file time)))))
+
+(defun magent-store-find-test--tree ()
+  "Write the sessions of the tests: every scope, a shared title, schema 6."
+  (let ((project (expand-file-name "src/shop" (file-name-directory
+                                                (directory-file-name magent-store-root)))))
+    (magent-store-find-test--write "g-new" 'global "Fix the parser" "quotes are dropped" 60)
+    (magent-store-find-test--write "p-one" project "Fix the parser" "the flux capacitor hums" 7200)
+    (magent-store-find-test--write "a-one" '(action . "review") "Review the diff 差分" "all good" 86400)
+    (let ((old (magent-store-search-test--write-schema6 "old6" "an old reply")))
+      (set-file-times old (time-subtract (current-time) (* 3 86400))))
+    project))
+
+(defun magent-store-find-test--table ()
+  "Return (STATE . TABLE) of a finder over the test root."
+  (magent-store-find-table magent-store-root))
+
+(ert-deftest magent-store-find-candidates-are-every-session-newest-first ()
+  "Every session under the root is a candidate, whatever its scope or
+format, newest first; a title two sessions share is followed by each id."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let ((table (cdr (magent-store-find-test--table))))
+      (should (equal (funcall table "" nil t)
+                     '("Fix the parser (g-new)" "Fix the parser (p-one)"
+                       "Review the diff 差分" "An old session")))
+      ;; Typing narrows as completion does.
+      (should (equal (all-completions "Fix" table) '("Fix the parser (g-new)"
+                                                      "Fix the parser (p-one)")))
+      (should (eq (test-completion "Review the diff 差分" table) t))
+      (should (equal (alist-get 'category (cdr (funcall table "" nil 'metadata)))
+                     'magent-store-session)))))
+
+(ert-deftest magent-store-find-annotations-name-project-age-and-size ()
+  "Both the annotation and the affixation show where, how old and how big."
+  (magent-store-test--with-backend
+    (let* ((project (magent-store-find-test--tree))
+           (table (cdr (magent-store-find-test--table)))
+           (metadata (cdr (funcall table "" nil 'metadata)))
+           (annotate (alist-get 'annotation-function metadata))
+           (affix (alist-get 'affixation-function metadata))
+           (size (apply #'+ (mapcar (lambda (f) (file-attribute-size (file-attributes f)))
+                                    (directory-files-recursively
+                                     magent-store-root "\\`p-one\\.\\(json\\|jsonl\\|snapshot\\)\\'")))))
+      (let ((note (funcall annotate "Fix the parser (p-one)")))
+        ;; The end of a long root: the project's own name.
+        (should (string-match-p (regexp-quote (substring (abbreviate-file-name project) -20))
+                                note))
+        (should (string-match-p " 2h " note))
+        (should (string-match-p (regexp-quote (file-size-human-readable size 'iec " ")) note))
+        (should (eq (get-text-property 3 'face note) 'completions-annotations)))
+      (should (string-match-p "global +1m " (funcall annotate "Fix the parser (g-new)")))
+      (should (string-match-p "action review +1d " (funcall annotate "Review the diff 差分")))
+      (should (string-match-p "3d .*schema 6" (funcall annotate "An old session")))
+      (let ((affixed (funcall affix '("Review the diff 差分" "An old session"))))
+        (should (equal (mapcar #'car affixed) '("Review the diff 差分" "An old session")))
+        (pcase-dolist (`(,candidate ,prefix ,suffix) affixed)
+          (should (equal prefix ""))
+          (should (string-match-p (regexp-quote (string-trim (funcall annotate candidate)))
+                                  suffix))
+          ;; The annotations start in one column, past the longest title.
+          (should (equal (get-text-property 0 'display suffix)
+                         `(space :align-to ,(+ 2 (string-width "Review the diff 差分"))))))))))
+
+(ert-deftest magent-store-find-words-no-title-holds-ask-the-index ()
+  "A word no title holds finds the sessions in which it was said."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table))))
+      ;; "capacitor" is in p-one's reply, in no title.
+      (should (equal (funcall table "flux capacitor" nil t) '("Fix the parser (p-one)")))
+      (should (eq (test-completion "Fix the parser (p-one)" table) t))
+      ;; Words a title holds narrow the titles, without the index.
+      (should (equal (funcall table "Review" nil t) '("Review the diff 差分")))
+      ;; The index's sessions survive completion styles that match titles only.
+      (let ((completion-styles '(substring))
+            (completion-category-overrides
+             '((magent-store-session (styles magent-store-find)))))
+        (should (equal (completion-all-completions "flux capacitor" table nil 14)
+                       '("Fix the parser (p-one)" . 0)))
+        (should (equal (car (completion-all-completions "diff" table nil 4))
+                       "Review the diff 差分")))
+      ;; Nothing said anywhere: no candidate.
+      (should (null (funcall table "zorblaxian" nil t))))))
+
+(ert-deftest magent-store-find-a-session-saved-since-the-list-is-found-and-taken ()
+  "A session the list does not hold yet, found by the index, is a candidate
+that completion accepts."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table))))
+      (magent-store-find-test--write "g-late" 'global "Written later" "a zeppelin overhead")
+      (should (equal (funcall table "zeppelin" nil t) '("Written later (g-late)")))
+      (should (eq (test-completion "Written later (g-late)" table) t)))))
+
+(defun magent-store-find-test--searches ()
+  "Return the finder's search processes running now."
+  (cl-remove-if-not (lambda (p) (and (process-live-p p)
+                                     (string-prefix-p "magent-store-find-search"
+                                                      (process-name p))))
+                    (process-list)))
+
+(ert-deftest magent-store-find-a-slow-search-gives-its-sessions-at-the-next-key ()
+  "A search not done in time gives nothing now and its sessions later;
+while it runs, another input starts no second search."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-find-search-timeout 0)
+           (table (cdr (magent-store-find-test--table))))
+      (should (null (funcall table "flux capacitor" nil t)))
+      (should (= (length (magent-store-find-test--searches)) 1))
+      (should (null (funcall table "capacitor hums" nil t)))
+      (should (= (length (magent-store-find-test--searches)) 1))
+      (with-timeout (60 (error "The search did not finish"))
+        (while (magent-store-find-test--searches)
+          (accept-process-output nil 0.05)))
+      (accept-process-output nil 0.1)
+      (should (equal (funcall table "flux capacitor" nil t) '("Fix the parser (p-one)"))))))
+
+(ert-deftest magent-store-find-shows-the-last-list-then-reads-it-again ()
+  "A second finder shows the list the last one saved at once, and the new
+session once the listing in the background is done."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (magent-store-find-test--table)
+    (clrhash magent-store-find--states)
+    (magent-store-find-test--write "g-newer" 'global "Brand new" "fresh")
+    (let* ((state+table (magent-store-find-test--table))
+           (table (cdr state+table)))
+      (should-not (member "Brand new" (funcall table "" nil t)))
+      (let ((process (gethash (file-name-as-directory magent-store-root)
+                              magent-store-find--refreshing)))
+        (should (processp process))
+        (with-timeout (60 (error "The listing did not finish"))
+          (while (gethash (file-name-as-directory magent-store-root)
+                          magent-store-find--refreshing)
+            (accept-process-output nil 0.05))))
+      (should (equal (car (funcall table "" nil t)) "Brand new")))))
+
+(ert-deftest magent-store-find-session-opens-the-picked-session ()
+  "RET hands the picked session to `magent-store-search-open-function'."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* (opened
+           (magent-store-search-open-function (lambda (hit) (setq opened hit)))
+           (completing-read-function
+            (lambda (_prompt table &rest _)
+              (car (all-completions "Review" table)))))
+      (magent-store-find-session magent-store-root)
+      (should (equal (alist-get 'id opened) "a-one"))
+      (should (equal (alist-get 'title opened) "Review the diff 差分"))
+      (should (file-exists-p (alist-get 'header opened)))
+      (should (string-match-p "/actions/[^/]+/a-one\\.json\\'" (alist-get 'header opened))))))
+
+(ert-deftest magent-store-find-session-shows-the-transcript-by-default ()
+  "Without an agent to resume it, the picked session is shown read-only."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((magent-store-search-resume-functions nil)
+           (completing-read-function
+            (lambda (_prompt table &rest _) (car (all-completions "Fix" table))))
+           (view (magent-store-find-session magent-store-root)))
+      (with-timeout (60 (error "The transcript did not appear"))
+        (while (with-current-buffer view (string-prefix-p "Reading" (buffer-string)))
+          (accept-process-output nil 0.05)))
+      (with-current-buffer view
+        (should buffer-read-only)
+        (should (string-match-p "quotes are dropped" (buffer-string)))
+        (should (string-match-p "g-new" (buffer-string)))))))
+
+(ert-deftest magent-store-find-no-root-is-a-clear-error ()
+  "A root that does not exist is named."
+  (should-error (magent-store-find-table "/nonexistent/magent/root") :type 'user-error))
+
+(provide 'magent-store-find-tests)
+;;; magent-store-find-tests.el ends here
