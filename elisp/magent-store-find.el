@@ -138,7 +138,9 @@ gives them (the SHA-1 of the root's true name)."
         (error nil)))))
 
 (defun magent-store-find--refresh (root state)
-  "List ROOT again in the background, to fill STATE with the new list."
+  "List ROOT again in the background, to fill STATE with the new list.
+With STATE nil, the listing only saves its rows (see
+`magent-store-find--saved'): nothing is read into this Emacs."
   (unless (process-live-p (gethash root magent-store-find--refreshing))
     (let* ((output (generate-new-buffer " *magent-store-find-ls*"))
            (process
@@ -150,7 +152,8 @@ gives them (the SHA-1 of the root's true name)."
              (lambda (process _event)
                (unless (process-live-p process)
                  (unwind-protect
-                     (when-let* (((eq (process-exit-status process) 0))
+                     (when-let* ((state)
+                                 ((eq (process-exit-status process) 0))
                                  (rows (magent-store-find--parse
                                         (with-current-buffer output (buffer-string)))))
                        (magent-store-find--fill state rows))
@@ -209,6 +212,18 @@ read again in the background."
     (unless listed
       (magent-store-find--refresh root state))
     state))
+
+(defun magent-store-find-prepare (&optional root)
+  "List the sessions under ROOT in the background, for the finder's first use.
+The listing saves its rows, which the finder then shows at once, in
+this Emacs or another; nothing is read into this Emacs now.  Nothing
+happens when ROOT is not a directory or this Emacs already holds its
+list.  `magent-store-mode' calls this once, when Emacs is first idle
+after it turns on (see `magent-store-find-prepare-delay')."
+  (let ((root (file-name-as-directory (expand-file-name (or root (magent-store--root))))))
+    (when (and (file-directory-p root)
+               (not (gethash root magent-store-find--states)))
+      (magent-store-find--refresh root nil))))
 
 ;;;; The full-text part
 

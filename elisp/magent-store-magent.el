@@ -326,6 +326,7 @@ see M-x magent-store-status" where (error-message-string err)))))
 
 ;;;; Write side: events, chunks and saves
 
+(declare-function magent-store-find-prepare "magent-store-find" (&optional root))
 (declare-function magent-thread-session-id "ext:magent-ledger" (thread))
 (declare-function magent-thread-scope "ext:magent-ledger" (thread))
 (declare-function magent-thread-item-id "ext:magent-ledger" (item))
@@ -1367,6 +1368,21 @@ On `after-load-functions' while the mode waits for magent."
       (magent-store-magent--install))))
 
 ;;;###autoload
+(defcustom magent-store-find-prepare-delay 10
+  "Seconds Emacs is idle, after `magent-store-mode' turns on, before the
+finder's list is made in the background, or nil for never.
+With it, the first `magent-store-find-session' shows every session at
+once, rather than listing them first (about a second for 10,000)."
+  :type '(choice (number :tag "Seconds idle") (const :tag "Never" nil))
+  :group 'magent-store)
+
+(defun magent-store-magent--prepare-finder ()
+  "Have the session finder's list made in the background."
+  (when magent-store-mode
+    (magent-store-magent--guarded "preparing the session finder"
+      (require 'magent-store-find)
+      (magent-store-find-prepare))))
+
 (define-minor-mode magent-store-mode
   "Route magent's session persistence through the magent-store backend.
 Events and streamed chunks are forwarded as magent appends them, saves
@@ -1393,7 +1409,10 @@ session over again)? ")
                   #'magent-store-magent--resume)
         (unless (featurep 'magent-session)
           (add-hook 'after-load-functions #'magent-store-magent--loaded))
-        (add-hook 'kill-emacs-hook #'magent-store--kill-emacs))
+        (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+        (when magent-store-find-prepare-delay
+          (run-with-idle-timer magent-store-find-prepare-delay nil
+                               #'magent-store-magent--prepare-finder)))
     (remove-hook 'after-load-functions #'magent-store-magent--loaded)
     (remove-hook 'magent-store-search-resume-functions
                  #'magent-store-magent--resume)

@@ -168,6 +168,32 @@ session once the listing in the background is done."
             (accept-process-output nil 0.05))))
       (should (equal (car (funcall table "" nil t)) "Brand new")))))
 
+(ert-deftest magent-store-find-prepare-saves-the-list-the-first-finder-shows ()
+  "Preparing lists the root in the background and reads nothing into this
+Emacs; the first finder then shows that list without listing."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root)))
+      (should-not (magent-store-find--saved root))
+      (magent-store-find-prepare root)
+      (should (processp (gethash root magent-store-find--refreshing)))
+      (with-timeout (60 (error "The listing did not finish"))
+        (while (gethash root magent-store-find--refreshing)
+          (accept-process-output nil 0.05)))
+      (should-not (gethash root magent-store-find--states))
+      (should (= (length (magent-store-find--saved root)) 4))
+      (cl-letf (((symbol-function 'magent-store-find--list)
+                 (lambda (&rest _) (error "Listed while the finder opened"))))
+        (should (member "Review the diff 差分"
+                        (funcall (cdr (magent-store-find-test--table)) "" nil t))))
+      ;; Once this Emacs holds the list, preparing lists nothing.
+      (with-timeout (60 (error "The listing did not finish"))
+        (while (gethash root magent-store-find--refreshing)
+          (accept-process-output nil 0.05)))
+      (magent-store-find-prepare root)
+      (should-not (gethash root magent-store-find--refreshing)))))
+
 (ert-deftest magent-store-find-session-opens-the-picked-session ()
   "RET hands the picked session to `magent-store-search-open-function'."
   (magent-store-test--with-backend
