@@ -608,6 +608,14 @@ class StreamRedactor:
         """How many characters are held back now."""
         return len(self._pending)
 
+    def state(self) -> tuple[str, int]:
+        """What it holds now, for `restore`."""
+        return self._pending, self._offset
+
+    def restore(self, state: tuple[str, int]) -> None:
+        """Hold what STATE, from `state`, held (text fed since is forgotten)."""
+        self._pending, self._offset = state
+
     def feed(self, chunk: str) -> str:
         """The text now safe to write, redacted, after CHUNK."""
         text = self._pending + chunk
