@@ -748,8 +748,9 @@ skips the ones already in its log.  Then the queue follows."
 (defun magent-store--resend (session)
   "Send SESSION's unacknowledged batches again, in order, then its queue.
 The held batches go first (a new backend has none of their held text),
-then those in flight, all as ticks: a tick leaves the text redaction
-holds back held, so a secret split across them is still caught.
+then those in flight, then the queue, all as ticks: a tick leaves the
+text redaction holds back held, so a secret split across them is still
+caught.
 Called by the retry timer, and by the reply to the session's opening
 inside the process filter: sent later, a chunk's flush could overtake
 them, and batches never overtake each other.  Only after a restart or
@@ -762,7 +763,7 @@ a refusal do batches go again."
   (dolist (record (magent-store--session-inflight session))
     (magent-store--send-batch session record t))
   (if (> (magent-store--session-fill session) 0)
-      (magent-store--flush-now session)
+      (magent-store--flush-now session t)
     (magent-store--maybe-recovered)))
 
 (defun magent-store--refused (session why)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,12 @@ from magent_store import fileio
 from magent_store.redact import redactor_from_spec
 from magent_store.redacting import SessionRedaction
 from magent_store.store import Scope, Session, SimulatedCrash, Store, WriteFailed, load_session
+from plantcheck import every_byte, leaked
 from planted import LITERALS, PATTERNS, plants, secrets
 
 P = "emacs-1"
 GH = secrets()["github-pat"]
 OPENAI = secrets()["openai-api-key"]
-ORDINARY = " ".join(plant.text.replace(plant.secret, " ") for plant in plants())
 
 
 @pytest.fixture
@@ -74,26 +73,6 @@ def start(events: Events) -> list[dict[str, Any]]:
 
 def chunk(text: str, output: bool = False) -> tuple[str, str, bool, float]:
     return ("i1", text, output, 1_700_000_100.0)
-
-
-def every_byte(*dirs: Path) -> bytes:
-    return b"".join(p.read_bytes() for d in dirs for p in sorted(d.rglob("*")) if p.is_file())
-
-
-def leaked(secret: str, data: bytes) -> list[str]:
-    """The runs of 4 characters of SECRET found in DATA.
-
-    Outside redaction markers, and outside the quoted lowercase words the
-    files are made of (keys, event types, statuses: ``"agent-jobs"``
-    shares 4 letters with a GitLab agent token's prefix); 4 digits may be
-    any number's (a time, a seq); and the text planted around the secrets
-    is no secret (a curl command's ``https://``).
-    """
-    text = re.sub(r"\[redacted:[a-z0-9-]+\](#\d+)?", "", data.decode("utf-8", "replace"))
-    text = re.sub(r'"[a-z-]+"', "", text)
-    grams = {secret[i : i + 4] for i in range(len(secret) - 3)}
-    return sorted(g for g in grams if not g.isdigit() and g not in ORDINARY
-                  and (g in text or orjson.dumps(g)[1:-1].decode() in text))  # fmt: skip
 
 
 def content(root: Path, field: str = "content") -> str:

@@ -841,6 +841,10 @@ class Session:
         # text is redacted before it is kept (see `SessionRedaction`).
         self.redaction: SessionRedaction | None = None
         self._checkpoint: Any = None  # the streams as a batch found them, for `abort_batch`
+        # Chunks of one item's field in a row, checked, fed to its stream at
+        # once: one scan of the run and one event, not one per chunk.
+        self._run: list[str] = []
+        self._run_event: Event | None = None
         self._pending: list[bytes] = []
         self._pending_first_seq = 0
         self._closed = False
@@ -936,6 +940,7 @@ class Session:
         """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
         self._next_batch = None
         self._new_writer = False
+        self._run, self._run_event = [], None
         if self._pending:
             self._reload()
         if self.redaction is not None and self._checkpoint is not None:
@@ -1035,23 +1040,40 @@ class Session:
         """Journal EVENT, its text redacted: streamed text through its item's stream, tails it ends first."""
         self._check_open()
         if event.type == "item-content-appended":
-            return self._append_stream(redaction, event)
+            return self._append_stream(event)
+        self._feed_run()
         for tail in redaction.finishing(event):
             self._append_tail(tail)
         return self.append(event)
 
-    def _append_stream(self, redaction: SessionRedaction, event: Event) -> int:
-        """Feed EVENT's chunk to its item's stream; journal what it releases (nothing: no event)."""
+    def _append_stream(self, event: Event) -> int:
+        """Take EVENT's chunk (checked) into its item's run, fed to the item's stream at the run's end."""
         assert event.payload is not None and event.item_id is not None
         ledger.check_applicable(self.thread, event)
+        last = self._run_event
+        field = (event.item_id, event.payload["output"])
+        if last is not None and (last.item_id, last.payload["output"]) != field:  # type: ignore[index]
+            self._feed_run()
+        self._run.append(event.payload["chunk"])
+        self._run_event = event
+        return self.thread.last_event_seq
+
+    def _feed_run(self) -> None:
+        """Feed the run of chunks to its item's stream; journal what it releases (nothing: no event)."""
+        event, redaction = self._run_event, self.redaction
+        if event is None or redaction is None:
+            return
+        text = "".join(self._run)
+        self._run, self._run_event = [], None
+        assert event.payload is not None and event.item_id is not None
         output = bool(event.payload["output"])
         state = redaction.state(event.item_id, output)
-        released = redaction.feed(event.item_id, output, event.payload["chunk"], event.created_at)
+        released = redaction.feed(event.item_id, output, text, event.created_at)
         if not released:
-            return self.thread.last_event_seq
+            return
         event.payload = {**event.payload, "chunk": released}
         try:
-            return self.append(event)
+            self.append(event)
         except BaseException:
             redaction.unfeed(event.item_id, output, state)
             raise
@@ -1067,6 +1089,7 @@ class Session:
     def finish_streams(self) -> None:
         """Journal every held tail: the text streamed so far is all in the next flush."""
         if self.redaction is not None:
+            self._feed_run()
             for tail in self.redaction.finish_all():
                 self._append_tail(tail)
 
@@ -1076,7 +1099,7 @@ class Session:
         thread = self.thread
         event = content_event(thread, self.files.id, item_id, chunk, output, created_at)
         if self.redaction is not None:
-            return self._append_stream(self.redaction, event)
+            return self._append_stream(event)
         line = dumps(ledger.event_to_json(event)) + b"\n"
         ledger.apply(thread, event)
         assert event.seq is not None
@@ -1116,6 +1139,7 @@ class Session:
         """
         self._check_open()
         started = time.perf_counter()
+        self._feed_run()
         if self.redaction is not None and (finish or (self._pending and self._next_batch is None)):
             self.finish_streams()
         resent = self._write_again() if not self._files_in_place() else 0
@@ -1260,6 +1284,7 @@ class Session:
         self._log.stop_idle_sync()
         self._closed = True
         self._pending = []
+        self._run, self._run_event = [], None
         if self.redaction is not None:
             self.redaction.reset()
         self._log.close()
