@@ -284,6 +284,13 @@ def compile_magent(workdir: Path) -> Path | None:
     return out / "lisp"
 
 
+def alloc_call(strategy: str, chunks: int, rate: float) -> str:
+    """The form that streams CHUNKS at RATE under STRATEGY (store-redact: the store, redaction on)."""
+    call = (f"(msb-alloc-run '{strategy.removesuffix('-redact')} (msb-alloc-chunks {chunks}) {rate}"
+            " nil magent-store-root)")
+    return f"(let ((magent-store-redact t)) {call})" if strategy.endswith("-redact") else call
+
+
 def alloc_runs(daemon: emacs_daemon.Daemon, reps: int, chunks: int, rate: float,
                kinds: tuple[str, ...]) -> dict[str, list[float]]:
     """Bytes per chunk of each of KINDS minus the baseline run just before it."""
@@ -298,15 +305,13 @@ def alloc_runs(daemon: emacs_daemon.Daemon, reps: int, chunks: int, rate: float,
         # the byte.
         for strategy in ("none", kind, "none", kind):
             progress(f"allocation: warming up {strategy}")
-            daemon.eval(f"(progn (msb-alloc-run '{strategy} (msb-alloc-chunks {chunks}) {rate}"
-                        " nil magent-store-root) t)", timeout=300)
+            daemon.eval(f"(progn {alloc_call(strategy, chunks, rate)} t)", timeout=300)
         for rep in range(reps):
             pair = []
             for strategy in ("none", kind):
                 progress(f"allocation: rep {rep + 1}/{reps} {strategy}")
-                out = daemon.eval(
-                    f"(let ((r (msb-alloc-run '{strategy} (msb-alloc-chunks {chunks}) {rate}"
-                    f" nil magent-store-root))) (plist-get r :bytes))", timeout=300)
+                out = daemon.eval(f"(let ((r {alloc_call(strategy, chunks, rate)})) (plist-get r :bytes))",
+                                  timeout=300)
                 pair.append(int(out))
             diffs[kind].append((pair[1] - pair[0]) / chunks)
     return diffs
@@ -471,12 +476,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"(let ((byte-compile-dest-file-function (lambda (_) {el(str(elc_dir / 'alloc.elc'))})))"
                 f" (byte-compile-file {el(str(ALLOC_EL))})"
                 f" (load {el(str(elc_dir / 'alloc.elc'))} nil t) t)")
-            kinds: tuple[str, ...] = ("store", "floor")
+            kinds: tuple[str, ...] = ("store", "store-redact", "floor")
             if magent_lisp:
                 daemon.eval(f"(progn (load {el(str(UPSTREAM_EL))} nil t)"
                             " (magent-store-test-upstream-load) (setq magent-session-directory"
                             f" {el(str(workdir / 'magent-sessions'))}) t)")
-                kinds = ("store", "floor", "log")
+                kinds = ("store", "store-redact", "floor", "log")
             results["alloc_path"] = ("magent-thread-append-item-content, magent-store-mode"
                                      if magent_lisp else "public API")
             results["magent_schema7"] = bool(os.environ.get("MAGENT_SESSION7"))
@@ -743,7 +748,8 @@ def main(argv: list[str] | None = None) -> int:
     threshold = results["gc_cons_threshold"]
     heap = results["gc_heap"]
     alloc_rows = []
-    names = {"store": "magent-store", "log": "magent's own append log"
+    names = {"store": "magent-store", "store-redact": "magent-store, redaction on (`magent-store-redact` t)",
+             "log": "magent's own append log"
              + (" (schema 7)" if results["magent_schema7"] else " (its release's save)"),
              "floor": "floor: one process-send-string of a JSON line per tick"}
     small_live = results["alloc_live_bytes"]

@@ -6,7 +6,7 @@ its target and PASS/MISS) and writes the same figures as JSON to
 way magent drives it (turns, user/assistant messages, tool items with output,
 streamed content) in a temporary directory that is removed afterwards.
 
-    .venv/bin/python bench/store_bench.py [--quick] [--tmpdir DIR]
+    .venv/bin/python bench/store_bench.py [--quick] [--tmpdir DIR] [--only redaction]
 
 Machines are noisy: sizes and fsync modes are interleaved within one run and
 medians are reported.  Progress goes to stderr, tables to stdout.
@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from magent_store.redact import redactor_from_spec
+from magent_store.redacting import SessionRedaction
 from magent_store.stats import percentile
 from magent_store.store import FsyncMode, Scope, Session, Store, atomic_write, make_private_dirs
 
@@ -643,6 +645,70 @@ class Bench:
         self.rss["listing"] = peak_rss_mb()
 
 
+    # -- 6. redaction on vs off ----------------------------------------------
+
+    def redaction(self) -> None:
+        """A tick (33 chunks applied, then flushed) with write-time redaction on and off, side by side.
+
+        Two chunk sizes: an LLM's stream (2–12 characters, a token or a few)
+        and the 40–200 characters of the other tables (tool output, say).
+        """
+        kinds = {"2–12": lambda: self.corpus.take(self.corpus.rng.randint(2, 12)), "40–200": self.corpus.chunk}
+        samples: dict[tuple[str, str, bool], list[float]] = {
+            (m, k, on): [] for m in MODES for k in kinds for on in (False, True)}  # fmt: skip
+        blocks = max(2, self.cfg.blocks * 2)
+        rounds = self.cfg.ticks // blocks
+        for block in range(blocks):
+            for mode in self.mode_order(block):
+                for kind, chunk in kinds.items():
+                    store = Store(self.root / f"redaction-{mode}-{block}", fsync=mode)
+                    sessions = {on: store.open(f"redacted-{len(kind)}-{on}") for on in (False, True)}
+                    sessions[True].redaction = SessionRedaction(redactor_from_spec(
+                        {"rules": True, "literals": ["s3same-ouvre-toi"], "patterns": {}}))  # fmt: skip
+                    pool = [chunk() for _ in range(4096)]
+                    streams = {on: Stream(s, self.corpus) for on, s in sessions.items()}
+                    for on, s in sessions.items():
+                        streams[on].chunks = pool
+                        s.flush()
+                    for n in range(rounds):
+                        for on in ((False, True) if n % 2 == 0 else (True, False)):
+                            t0 = time.perf_counter()
+                            streams[on].append(TICK_EVENTS)
+                            sessions[on].flush()
+                            samples[mode, kind, on].append(time.perf_counter() - t0)
+                    for on in (False, True):
+                        streams[on].finish()
+                        sessions[on].close()
+            progress(f"redaction: block {block + 1}")
+        rows: list[list[str]] = []
+        out: dict[str, Any] = {}
+        ok = True
+        for mode in MODES:
+            for kind in kinds:
+                off, on = samples[mode, kind, False], samples[mode, kind, True]
+                ratio = statistics.median(on) / statistics.median(off)
+                ok = ok and ratio <= 1.25
+                out[f"{mode}, {kind} characters"] = {
+                    "n": len(on), "off_p50_s": statistics.median(off), "on_p50_s": statistics.median(on),
+                    "off_p90_s": pct(off, 90), "on_p90_s": pct(on, 90), "p50_ratio": ratio}  # fmt: skip
+                rows.append([mode, kind, str(len(on)), ms(statistics.median(off)), ms(statistics.median(on)),
+                             ms(pct(off, 90)), ms(pct(on, 90)), f"**{ratio:.2f}×**"])  # fmt: skip
+        self.results["redaction"] = out
+        self.tables[6] = Table(
+            "6. A tick's flush with write-time redaction on and off",
+            "redaction on / off ≤ 1.25× at p50 (apply 33 chunks and flush)", ok,
+            ["fsync", "chunk", "n", "off p50", "on p50", "off p90", "on p90", "on/off p50"],
+            rows,
+            [f"Two sessions side by side, the same stream of {TICK_EVENTS}-chunk ticks of prose and code, "
+             "which goes first alternated; redaction by the vendored rules and one literal secret. A tick "
+             "is what the backend does with one flush message: the chunks of each item in a row through "
+             "its stream redactor at once, then the log write. Redaction costs about 60 µs per KB of "
+             "streamed text (46 keywords looked for); it writes one event per item and tick where "
+             "redaction off writes one per chunk."],
+        )  # fmt: skip
+        self.rss["redaction"] = peak_rss_mb()
+
+
 def make_many_sessions(root: Path, count: int, corpus: Corpus) -> None:
     """COUNT small sessions: one real template per scope, its files copied under new ids."""
     scopes = [Scope.global_()] * 10 + [Scope.project(f"/home/user/src/project-{i}") for i in range(20)]
@@ -708,19 +774,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller repeats and streams (< 2 minutes)")
     parser.add_argument("--tmpdir", type=Path, default=Path("/tmp"), help="where the sessions are built")
+    parser.add_argument("--only", choices=["redaction"], help="run this measurement alone")
     args = parser.parse_args(argv)
     cfg = Config.make(args.quick)
     started = time.perf_counter()
     command = "make bench-quick" if cfg.quick else "make bench"
     with tempfile.TemporaryDirectory(prefix="magent-store-bench-", dir=args.tmpdir) as tmp:
         bench = Bench(cfg, Path(tmp), Corpus(random.Random(7)))
-        progress(f"building sessions in {tmp}")
-        bench.build()
-        bench.load_and_compaction()
-        bench.flush_batches()
-        bench.journaling()
-        bench.single_item()
-        bench.listing()
+        if args.only == "redaction":
+            bench.redaction()
+        else:
+            progress(f"building sessions in {tmp}")
+            bench.build()
+            bench.load_and_compaction()
+            bench.flush_batches()
+            bench.journaling()
+            bench.single_item()
+            bench.listing()
+            bench.redaction()
         fsync_s = fsync_latency(Path(tmp))
     wall = time.perf_counter() - started
     info = machine() | {"fsync_1kb_append_p50_s": fsync_s, "tmpdir": str(args.tmpdir)}
@@ -736,15 +807,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(header))
     for number in sorted(bench.tables):
         print(bench.tables[number].markdown())
-    RESULTS.parent.mkdir(exist_ok=True)
+    results = RESULTS if args.only is None else RESULTS.with_name(f"store-{args.only}.json")
+    results.parent.mkdir(exist_ok=True)
     report = {
         "command": command, "quick": cfg.quick, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_s": wall, "machine": info, "peak_rss_mb": peak_rss_mb(), "peak_rss_mb_after": bench.rss,
         "verdicts": {t.title: verdict(bool(t.passed)) for t in bench.tables.values() if t.passed is not None},
         **bench.results,
     }  # fmt: skip
-    RESULTS.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    print(f"Figures written to {RESULTS.relative_to(REPO)}.")
+    results.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    print(f"Figures written to {results.relative_to(REPO)}.")
     return 0
 
 

@@ -38,7 +38,8 @@
 ;; status buffer (magent-store-status.el), finding and installing the
 ;; backend (magent-store-program.el, magent-store-install.el), JSON and
 ;; printing (magent-store-json.el, magent-store-print.el), search and
-;; timing (magent-store-search.el, magent-store-timing.el).
+;; timing (magent-store-search.el, magent-store-timing.el), and which
+;; secrets are kept out of the files (magent-store-redact.el).
 ;;
 ;; The hot path is cheap by construction: appending a chunk stores four
 ;; references in a reused per-session vector (it allocates nothing) and,
@@ -77,6 +78,7 @@
 (require 'magent-store-json)
 (require 'magent-store-print)
 (require 'magent-store-program)
+(require 'magent-store-redact)
 
 ;; epc.el is checked for when the backend starts, so that this file loads
 ;; (and byte-compiles) without it and a missing epc.el is reported clearly.
@@ -187,7 +189,10 @@ oldest first, `magent-store--entry-slots' slots each (see
 acknowledged, oldest first, as (NUMBER BATCH FILL): batches are
 numbered per PRODUCER (this session object), so that the backend
 applies a batch sent again only if its log does not hold it yet.
-NUMBER is the last number given.  OPENING is non-nil while the backend
+HELD the batches acknowledged whose text redaction still holds back
+in the backend's memory (the reply's released number is below them):
+kept, oldest first, until a reply releases them, and sent again first
+should the backend stop.  NUMBER is the last number given.  OPENING is non-nil while the backend
 opens the session, RETRY the timer that sends refused batches again,
 REFUSAL what the backend last said when it refused one.
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
@@ -198,7 +203,8 @@ INITIAL is nil or the JSON text of the thread a session starts from
 when the backend has no files for it (no event carries that state)."
   id scope batch (fill 0) (queued-chars 0) inflight (durable-seq 0)
   (written-seq 0) timer (flushes 0) header opened deadline initial
-  (producer (magent-store--new-producer)) (number 0) opening retry refusal)
+  (producer (magent-store--new-producer)) (number 0) opening retry refusal
+  held)
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -741,14 +747,23 @@ skips the ones already in its log.  Then the queue follows."
 
 (defun magent-store--resend (session)
   "Send SESSION's unacknowledged batches again, in order, then its queue.
+The held batches go first (a new backend has none of their held text),
+then those in flight, then the queue, all as ticks: a tick leaves the
+text redaction holds back held, so a secret split across them is still
+caught.
 Called by the retry timer, and by the reply to the session's opening
 inside the process filter: sent later, a chunk's flush could overtake
 them, and batches never overtake each other.  Only after a restart or
 a refusal do batches go again."
+  (when-let ((held (magent-store--session-held session)))
+    (setf (magent-store--session-inflight session)
+          (sort (append held (magent-store--session-inflight session))
+                (lambda (a b) (< (car a) (car b))))
+          (magent-store--session-held session) nil))
   (dolist (record (magent-store--session-inflight session))
-    (magent-store--send-batch session record nil))
+    (magent-store--send-batch session record t))
   (if (> (magent-store--session-fill session) 0)
-      (magent-store--flush-now session)
+      (magent-store--flush-now session t)
     (magent-store--maybe-recovered)))
 
 (defun magent-store--refused (session why)
@@ -809,9 +824,16 @@ entries stay in Emacs and are sent again every %ss"
      (_ (user-error "Invalid magent-store scope: %S" scope)))))
 
 (defun magent-store--options-json ()
-  "Return the store options as JSON text."
-  (magent-store-json-encode `((fsync . ,(symbol-name magent-store-fsync))
+  "Return the store options as JSON text.
+With `magent-store-redact' on, they hold the redaction spec, secrets
+included: the options are never logged."
+  (let ((options (magent-store-json-encode
+                  `((fsync . ,(symbol-name magent-store-fsync))
                     (log-max-events . ,magent-store-log-max-events))))
+        (spec (magent-store-redact-spec-json)))
+    (if spec
+        (concat (substring options 0 -1) ",\"redact\":" spec "}")
+      options)))
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
@@ -918,7 +940,8 @@ event is its JSON TEXT, then nil in the other three.")
   "Return the number of entries of SESSION the backend has not saved."
   (/ (+ (magent-store--session-fill session)
         (apply #'+ (mapcar (lambda (record) (nth 2 record))
-                           (magent-store--session-inflight session))))
+                           (append (magent-store--session-held session)
+                                   (magent-store--session-inflight session)))))
      magent-store--entry-slots))
 
 (defsubst magent-store--push (session text size)
@@ -1060,12 +1083,14 @@ cannot send, its entries stay queued."
   "Send the batch RECORD, (NUMBER BATCH FILL LARGE), of SESSION.
 With TICK as a tick; EXTRA is the list of extra arguments (timing
 records).  A LARGE batch travels as a file, or in the message when
-the file cannot be written (a full disk)."
+the file cannot be written (a full disk) or redaction is on (the file
+would be an unredacted copy on disk)."
   (let* ((backend magent-store--backend)
          (id (magent-store--session-id session))
          (ident (list (magent-store--session-producer session) (car record)))
          (sent (float-time))
          (file (and (nth 3 record)
+                    (not magent-store-redact)
                     (ignore-errors
                       (magent-store--spool-file backend (nth 1 record)
                                                 (nth 2 record))))))
@@ -1107,7 +1132,7 @@ Return the file's name; signal (and leave no file) if it cannot be written."
             (delq record (magent-store--session-inflight session))
             (magent-store--session-durable-seq session) (nth 0 reply)
             (magent-store--session-written-seq session) (nth 1 reply))
-      (magent-store--recycle (nth 1 record))
+      (magent-store--release session record (or (nth 5 reply) (car record)))
       (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
       (when (nthcdr 256 magent-store--flush-ms)
         (setcdr (nthcdr 127 magent-store--flush-ms) nil))
@@ -1125,6 +1150,22 @@ Return the file's name; signal (and leave no file) if it cannot be written."
                    (magent-store--session-id session)))
         (magent-store--maybe-recovered))
       (magent-store--after-reply session))))
+
+(defun magent-store--release (session record released)
+  "Forget SESSION's batches up to number RELEASED; keep RECORD if it is after.
+RECORD was just acknowledged; the backend still holds back some text of
+the batches after RELEASED (redaction waits for the end of a word), and
+sends them again, should it stop, only if Emacs still has them."
+  (let ((held (magent-store--session-held session)))
+    (when (> (car record) released)
+      (setq held (nconc held (list record))))
+    (while (and held (<= (car (car held)) released))
+      (unless (eq (car held) record)
+        (magent-store--recycle (nth 1 (car held))))
+      (setq held (cdr held)))
+    (when (<= (car record) released)
+      (magent-store--recycle (nth 1 record)))
+    (setf (magent-store--session-held session) held)))
 
 (defun magent-store--on-refused (session record)
   "Return the error handler of the batch RECORD of SESSION."
@@ -1223,17 +1264,22 @@ entries stay in Emacs and are sent again)."
     (magent-store--flush-now session)
     (while (and (or (magent-store--session-inflight session)
                     (> (magent-store--session-fill session) 0)
+                    (magent-store--session-held session)
                     (not (magent-store--session-opened session)))
                 (not (magent-store--session-retry session))
                 (magent-store--ready-p backend)
                 (< (float-time) deadline))
       ;; JUST-THIS-ONE an integer: no timers run while we wait.
       (accept-process-output process 0.05 nil 1)
-      ;; The session may just have been reopened.
-      (when (> (magent-store--session-fill session) 0)
+      ;; The session may just have been reopened, its batches sent again
+      ;; as ticks: a flush then has the backend write what it holds back.
+      (when (or (> (magent-store--session-fill session) 0)
+                (and (magent-store--session-held session)
+                     (null (magent-store--session-inflight session))))
         (magent-store--flush-now session)))
     (when (or (magent-store--session-inflight session)
-              (> (magent-store--session-fill session) 0))
+              (> (magent-store--session-fill session) 0)
+              (magent-store--session-held session))
       (magent-store--error
        "Flush of %s did not complete%s" session-id
        (cond ((magent-store--session-refusal session)

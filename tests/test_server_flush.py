@@ -128,7 +128,7 @@ def test_tick_reply_arrives_without_another_call(backend: Backend) -> None:
 def test_flush_counts_what_it_wrote_and_status_reports_it(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
     before = _status(client)
-    durable, last, written, ms, rejected = _call(client, "flush", "s1", _chunks("abc", "def"))
+    durable, last, written, ms, rejected, _released = _call(client, "flush", "s1", _chunks("abc", "def"))
     assert (durable, last, rejected) == (5, 5, [])
     lines = (backend.root / "global" / "s1.jsonl").read_bytes().splitlines(keepends=True)
     assert written == len(b"".join(lines[-2:]))
@@ -186,7 +186,7 @@ def test_a_bad_entry_between_good_ones_is_rejected_alone(backend: Backend) -> No
     _start_item(client)
     batch = [["item-1", "a", False, 1.0], ["no-such-item", "b", False, 1.0], ["item-1", "c", False, 1.0],
              {"type": "item-exploded"}, ["item-1", "d", False, 1.0]]  # fmt: skip
-    durable, last, _bytes, _ms, rejected = client.call_sync(
+    durable, last, _bytes, _ms, rejected, _released = client.call_sync(
         "flush", ["s1", orjson.dumps(batch).decode()], timeout=TIMEOUT)
     assert (durable, last) == (6, 6)
     assert [r.split(":")[0] for r in rejected] == ["entry 1", "entry 3"]
@@ -237,7 +237,7 @@ def test_a_batch_applies_exactly_its_good_entries(entries: list[tuple[str, str]]
         for session_id, batch in (("mixed", entries), ("clean", [e for e in entries if e[0] in GOOD])):
             service.open(str(Path(tmp) / "root"), SCOPE, session_id, '{"fsync": "never", "search-index": false}')
             service.append_events(session_id, orjson.dumps(_thread_with_item()).decode())
-            durable, last, _bytes, _ms, rejected = service.flush(
+            durable, last, _bytes, _ms, rejected, _released = service.flush(
                 session_id, orjson.dumps([_entry(*e) for e in batch]).decode())
             assert durable == last == 3 + sum(e[0] in GOOD for e in entries)
             assert [r.split(":")[0] for r in rejected] == [
@@ -266,7 +266,8 @@ def test_a_tool_input_nested_too_deep_rejects_that_event_alone(backend: Backend)
                                                                    "input": "DEEP"}}, "created-at": 2.0}).decode()  # fmt: skip
     tool = tool.replace('"DEEP"', "[" * 1000 + '"bottom"' + "]" * 1000)  # more than orjson writes
     batch = [["item-1", "before ", [], 1000], tool, ["item-1", "after", [], 3000]]
-    durable, last, _, _, rejected = _call(client, "flush", "s1", batch, [], ["p-1", 1])
+    durable, last, _, _, rejected, released = _call(client, "flush", "s1", batch, [], ["p-1", 1])
+    assert released == 1  # without redaction, the batch just applied
     assert (durable, last) == (5, 5)
     assert len(rejected) == 1
     assert rejected[0].startswith("entry 1: event.payload.item.input") and "nested deeper than" in rejected[0]
@@ -280,7 +281,7 @@ def test_a_batch_from_emacs_is_a_list_with_integer_milliseconds_and_nil_for_fals
     backend, client = s1
     # As epc.el sends it: no JSON, output nil or t, created-at in integer milliseconds.
     batch = [["item-1", "from emacs ", [], 1_700_000_000_250], ["item-1", "float", Symbol("t"), 1_700_000_001.5]]
-    durable, last, written, ms, rejected = _call(client, "flush", "s1", batch)
+    durable, last, written, ms, rejected, _released = _call(client, "flush", "s1", batch)
     assert (durable, last, rejected) == (5, 5, []) and written > 0 and ms >= 0
     log_lines = (backend.root / "global" / "s1.jsonl").read_bytes().splitlines()
     first, second = (orjson.loads(line) for line in log_lines[-2:])
@@ -306,7 +307,7 @@ def test_a_bad_chunk_is_rejected_with_what_is_wrong_with_it(
     s1: tuple[Backend, EPCClient], entry: list[Any], message: str
 ) -> None:
     backend, client = s1
-    durable, last, _, _, rejected = _call(client, "flush", "s1", [["item-1", "<", [], 1000], entry, ["item-1", ">", [], 2000]])
+    durable, last, _, _, rejected, _ = _call(client, "flush", "s1", [["item-1", "<", [], 1000], entry, ["item-1", ">", [], 2000]])
     assert (durable, last) == (5, 5)
     assert len(rejected) == 1 and rejected[0].startswith(f"entry 1: {message}")
     assert _content(backend) == "<>"
@@ -326,7 +327,7 @@ def test_a_time_before_1970_or_after_9999_is_clamped_and_the_entry_kept(s1: tupl
     # A clock set back before 1970, as Emacs sends it (milliseconds, or float seconds).
     batch = [["item-1", "a", [], -1], ["item-1", "b", [], -0.5], ["item-1", "c", [], 10**16],
              ["item-1", "d", [], 10**40], orjson.dumps(event).decode(), ["no-such-item", "x", [], -1]]  # fmt: skip
-    durable, last, _, _, rejected = _call(client, "flush", "s1", batch)
+    durable, last, _, _, rejected, _ = _call(client, "flush", "s1", batch)
     assert (durable, last) == (8, 8)
     assert len(rejected) == 1 and rejected[0].startswith("entry 5: item-id: no item 'no-such-item'")
     assert _content(backend) == "abcd"
@@ -334,7 +335,7 @@ def test_a_time_before_1970_or_after_9999_is_clamped_and_the_entry_kept(s1: tupl
     assert _show(backend)["turns"][0]["items"][0]["completed-at"] == 0.0
     assert _logged_like(backend, "session 's1': 6 times outside 1970 .. 9999 clamped (entry 0: chunk created-at -1 ")
     # From JSON text an integer is seconds: the same bounds, in seconds.
-    _, _, _, _, rejected = _call(client, "flush", "s1", orjson.dumps(
+    _, _, _, _, rejected, _ = _call(client, "flush", "s1", orjson.dumps(
         [["item-1", "e", False, int(top)], ["item-1", "f", False, int(top) + 1], ["item-1", "g", False, -1]]).decode())
     assert rejected == []
     assert _logged_times(backend, 3) == [top, top, 0.0]

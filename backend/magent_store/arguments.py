@@ -181,12 +181,16 @@ def _apply_entry(session: Session, entry: Any, allow: str, *, millis: bool) -> s
                      "events": "an event object", "content": "a chunk array"}  # fmt: skip
             raise CallError(f"must be {kinds[allow]}")
     except (CallError, ValueError, TypeError) as err:
-        # ValueError covers LedgerError; messages name fields, not content.
-        return str(err)
+        # ValueError covers LedgerError; messages name fields, and quote at
+        # most a short value, redacted when the session is.
+        return str(err) if session.redaction is None else session.redaction.message(str(err))
     except StoreError:
         raise  # the session, not the entry: the batch stays with its sender
     except Exception as err:
         # One entry that breaks the backend must not stop the session.
-        log.exception("session %r: entry failed", session.id)
+        if session.redaction is None:
+            log.exception("session %r: entry failed", session.id)
+        else:  # a traceback may quote what was sent
+            log.error("session %r: entry failed: %s", session.id, type(err).__name__)
         return f"unexpected {type(err).__name__} (see the backend log)"
     return None

@@ -752,7 +752,7 @@ def thread_to_json(thread: Thread) -> dict[str, Any]:
 # Applying events
 
 
-def _check_applicable(thread: Thread, event: Event) -> None:
+def check_applicable(thread: Thread, event: Event) -> None:
     """State-dependent checks, made before anything changes."""
     check_timestamp(event.created_at, "event.created-at")
     if thread.id is not None and event.thread_id != thread.id:
@@ -775,7 +775,7 @@ def apply(thread: Thread, event: Event) -> Thread:
     Raises `LedgerError` and leaves THREAD unchanged when the event does not
     apply.  ``last-event-seq`` becomes max(seen) when the event has a seq.
     """
-    _check_applicable(thread, event)
+    check_applicable(thread, event)
     if thread.id is None:
         thread.id = event.thread_id
     if _HANDLERS[event.type](thread, event):

@@ -333,6 +333,7 @@ class Redactor:
         self._literal_partials = {lit[:k] for lit in self.literals for k in range(1, len(lit))}
         self._literal_max = max((len(lit) for lit in self.literals), default=1) - 1
         self._spanning = tuple(r for r in self.rules if r.window)
+        self._widest = max((r.window for r in self._spanning), default=0)
         self._has_user = any(r.user for r in self.rules)
         self._keywords = tuple(sorted({k for r in self.rules for k in r.keywords}))
         self._by_keyword = {k: [i for i, r in enumerate(self.rules) if k in r.keywords]
@@ -531,7 +532,7 @@ class Redactor:
         if spans is None:
             spans = self._spans(text)
         cut = n
-        low = text[-(RUN_CAP + self._partial_max + 1) :].translate(_ASCII_LOWER) if n else ""
+        low = _lowered(text[-(RUN_CAP + self._partial_max + 1) :]) if n else ""
         shift = n - len(low)
         run_start = shift + _run_start(low, _RUN_CHARS.__contains__, len(low))
         if run_start < n:
@@ -545,8 +546,9 @@ class Redactor:
                 if low[-k:] in self._partials:
                     cut = min(cut, n - k)
                     break
+        widest = _lowered(text[max(0, n - self._widest) :]) if self._spanning else ""
         for rule in self._spanning:
-            low_window = text[max(0, n - rule.window) :].translate(_ASCII_LOWER)
+            low_window = widest[max(0, len(widest) - rule.window) :]
             base = n - len(low_window)
             for anchor in rule.anchors:
                 at = low_window.find(anchor)
@@ -566,6 +568,18 @@ class Redactor:
             if s.start < cut < s.end:
                 cut = s.start
         return cut
+
+
+def _lowered(text: str) -> str:
+    """TEXT with ASCII letters lowered, each character in its place.
+
+    `str.lower` is fast but may lower a character to two (``İ``): then the
+    slower table, which keeps every position.  Where `str.lower` lowers
+    another letter to an ASCII one (the Kelvin sign), an anchor may be
+    seen where the rule (ASCII) finds none: more text is held, none lost.
+    """
+    low = text.lower()
+    return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
 
 
 def _not_space(c: str) -> bool:
@@ -607,6 +621,14 @@ class StreamRedactor:
     def held(self) -> int:
         """How many characters are held back now."""
         return len(self._pending)
+
+    def state(self) -> tuple[str, int]:
+        """What it holds now, for `restore`."""
+        return self._pending, self._offset
+
+    def restore(self, state: tuple[str, int]) -> None:
+        """Hold what STATE, from `state`, held (text fed since is forgotten)."""
+        self._pending, self._offset = state
 
     def feed(self, chunk: str) -> str:
         """The text now safe to write, redacted, after CHUNK."""

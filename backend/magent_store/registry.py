@@ -18,6 +18,7 @@ from typing import Any
 
 from magent_store.arguments import CallError, JsonDict
 from magent_store.ledger import Thread
+from magent_store.redacting import SessionRedaction
 from magent_store.search import SearchIndex
 from magent_store.sessions import open_session
 from magent_store.store import Scope, Session, SessionFiles, SessionNotFound, Store, StoreError
@@ -104,10 +105,14 @@ class Registry:
         return existing.session
 
     def open(self, root: str, scope_json: Any, scope: Scope, session_id: str, options: JsonDict,
-             initial: Thread | None) -> Session:  # fmt: skip
-        """Open SESSION_ID in ROOT's store for OPTIONS, indexed for search unless they say not."""
+             initial: Thread | None, redaction: SessionRedaction | None = None) -> Session:  # fmt: skip
+        """Open SESSION_ID in ROOT's store for OPTIONS, indexed for search unless they say not.
+
+        With REDACTION, everything the session is sent is redacted before it is kept.
+        """
         store = self.store(root, options)
         session = open_session(store, session_id, scope, initial)
+        session.redaction = redaction
         session.after_flush = self._search_index(root, options)
         self._open[session_id] = OpenSession(session, root, scope_json)
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)

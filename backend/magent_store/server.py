@@ -60,6 +60,8 @@ from magent_store.arguments import CallError, apply_batch, decode_utf8, json_tex
 from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.listing import Catalog, picker_entries
 from magent_store.metrics import MetricsLog
+from magent_store.redact import RedactError, redactor_from_spec
+from magent_store.redacting import SessionRedaction
 from magent_store.registry import Registry
 from magent_store.spool import Spool, remove_stale_spools
 from magent_store.stats import median, percentile
@@ -183,6 +185,16 @@ class Stats:
         self.flush_seconds.append(result.seconds)
 
 
+def _redaction(spec: Any) -> SessionRedaction | None:
+    """The redaction a session's open options ask for (None: none); a bad spec is refused by what is wrong."""
+    if spec is None:
+        return None
+    try:
+        return SessionRedaction(redactor_from_spec(spec))
+    except RedactError as err:
+        raise CallError(f"options.redact: {err}") from None
+
+
 def _scope(scope_json: Any) -> Scope:
     try:
         return Scope.from_json(scope_json)
@@ -226,8 +238,8 @@ class Service:
             "flush": self.flush,
             "flush-file": self.flush_file,
             # The shim's timer ticks: a flush whose reply may wait (see ACK_DELAY_S).
-            "tick": self.flush,
-            "tick-file": self.flush_file,
+            "tick": self.tick,
+            "tick-file": self.tick_file,
             "load": self.load,
             "render": self.render,
             "listing": self.listing,
@@ -263,7 +275,10 @@ class Service:
         INITIAL, JSON text of a thread snapshot, is the state a session with
         no snapshot on disk starts from (its creation time and metadata are
         in no event).  An unusable one is logged and left out: the session
-        still opens.
+        still opens.  OPTIONS may hold ``redact``, a redaction spec (see
+        `redact.redactor_from_spec`): everything the session is sent is then
+        redacted before it is kept.  A spec that cannot be used refuses the
+        open, naming what is wrong.
         """
         root = text(root, "root")
         session_id = text(session_id, "session id")
@@ -276,20 +291,25 @@ class Service:
             return existing.last_seq
         scope_obj = _scope(scope_json)
         self.sessions.store(root, opts)  # bad options are refused before any initial state is read
+        redaction = _redaction(opts.get("redact"))
         session = self.sessions.open(root, scope_json, scope_obj, session_id, opts,
-                                     self._initial(initial, session_id))  # fmt: skip
+                                     self._initial(initial, session_id, redaction), redaction)  # fmt: skip
         return session.last_seq
 
-    def _initial(self, initial: Any, session_id: str) -> Thread | None:
+    def _initial(self, initial: Any, session_id: str, redaction: SessionRedaction | None) -> Thread | None:
         if not initial:
             return None
         try:
-            thread = thread_from_json(json_text(initial, "initial state"), "initial state")
+            obj = json_text(initial, "initial state")
+            if redaction is not None:
+                obj = redaction.thread(obj)
+            thread = thread_from_json(obj, "initial state")
             if thread.session_id != session_id:
                 raise CallError(f"initial state: session-id {thread.session_id!r:.80} is not {session_id!r}")
             return thread
         except (CallError, ValueError) as err:
-            message = f"session {session_id!r}: initial state left out: {err}"
+            why = str(err) if redaction is None else redaction.message(str(err))
+            message = f"session {session_id!r}: initial state left out: {why}"
             self.stats.last_error = message[:500]
             log.warning("%s", message[:500])
             return None
@@ -331,7 +351,13 @@ class Service:
                 "stored with the session's scope, every other field as given",
                 session_id, " and ".join(changed), session.scope.kind,
             )
-        session.put_header(obj)
+        try:
+            session.put_header(obj)
+        except ValueError as err:
+            if session.redaction is None:
+                raise
+            # The message may quote what was sent: only its redaction leaves.
+            raise CallError(session.redaction.message(str(err))) from None
         return True
 
     def flush(
@@ -340,13 +366,26 @@ class Service:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
         The reply is ``(durable-seq written-seq bytes-written milliseconds
-        rejected)``: cheap for Emacs to read on every tick.  TIMINGS, when
+        rejected released)``: cheap for Emacs to read on every tick.
+        RELEASED is the last batch number of IDENT's producer none of whose
+        text is held back by redaction: Emacs keeps the batches after it
+        (without redaction, and after this flush, which writes what
+        redaction holds, it is the batch just applied).  TIMINGS, when
         given, are lifecycle timing records riding the same message (see
         `record_timings`); they never make the flush fail.  IDENT, when given,
         is ``(PRODUCER NUMBER)``: the batch's identity, which makes sending
         it again harmless (a batch already in the log is not applied twice;
         see `Session.begin_batch`).
         """
+        return self._flush(session_id, batch, timings, ident, finish=True)
+
+    def tick(
+        self, session_id: Any, batch: Any = None, timings: Any = None, ident: Any = None
+    ) -> list[Any]:
+        """Like `flush`, from the shim's timer: text redaction holds back stays held."""
+        return self._flush(session_id, batch, timings, ident, finish=False)
+
+    def _flush(self, session_id: Any, batch: Any, timings: Any, ident: Any, *, finish: bool) -> list[Any]:
         if timings:
             self._record_timings(timings)
         session = self._session(session_id)
@@ -359,7 +398,7 @@ class Service:
         try:
             if batch and apply:
                 rejected = self._apply(session, batch, allow="any")
-            result = session.flush()
+            result = session.flush(finish=finish)
         except BaseException:
             if ident:
                 session.abort_batch()
@@ -371,6 +410,7 @@ class Service:
             result.bytes_written,
             round(result.seconds * 1000.0, 3),
             rejected,
+            session.released(ident[0]) if ident else 0,
         ]
 
     def flush_file(
@@ -382,6 +422,13 @@ class Service:
         """
         batch = self._spool.take_batch(path)
         return self.flush(session_id, batch, timings, ident)
+
+    def tick_file(
+        self, session_id: Any, path: Any, timings: Any = None, ident: Any = None
+    ) -> list[Any]:
+        """Like `flush_file`, from the shim's timer (see `tick`)."""
+        batch = self._spool.take_batch(path)
+        return self.tick(session_id, batch, timings, ident)
 
     def record_timings(self, records: Any) -> int:
         """Append timing records (a list, or JSON text of an array) to the metrics.

@@ -87,6 +87,7 @@ from magent_store.logfile import read_log as read_log
 from magent_store.logfile import read_log_file as read_log_file
 from magent_store.logfile import scan_log as scan_log
 from magent_store.logfile import sum_line as sum_line
+from magent_store.redacting import SessionRedaction
 
 log = logging.getLogger(__name__)
 
@@ -491,6 +492,11 @@ class ProducerRecord:
     One fixed-size line, rewritten in place by one small write (a killed
     process writes all of it or none).  An unreadable record is logged
     and read as none: the next writer starts afresh.
+
+    With redaction, a batch whose text is partly held back in memory is
+    applied but not recorded: APPLIED is the last batch applied, NUMBER
+    the last one all of whose text is in the log (its writer keeps every
+    batch after it, and sends them again should this process die).
     """
 
     def __init__(self, path: Path, written_seq: int) -> None:
@@ -498,6 +504,7 @@ class ProducerRecord:
         self.path = path
         self.producer: str | None = None
         self.number = 0
+        self.applied = 0
         self.seq = written_seq
         self._fd = -1
         try:
@@ -515,6 +522,7 @@ class ProducerRecord:
             and isinstance(obj.get("seq"), int)
         ):
             self.producer, self.number, self.seq = obj["producer"], obj["batch"], obj["seq"]
+            self.applied = self.number
         else:
             log.warning("%s: not a producer record; the next writer starts afresh", path)
 
@@ -530,6 +538,17 @@ class ProducerRecord:
         except OSError as exc:
             raise write_failed(self.path, exc, len(data)) from None
         self.producer, self.number, self.seq = producer, number, seq
+        self.applied = number
+
+    def hold(self, producer: str, number: int, seq: int) -> None:
+        """Count batch NUMBER of PRODUCER applied while some of its text is held back: not recorded.
+
+        A new writer is named first (up to its batch before, at SEQ), so
+        that lines past the record are its own.
+        """
+        if producer != self.producer:
+            self.name_writer(producer, number, seq)
+        self.applied = number
 
     def admit(self, producer: Any, number: Any, session_id: str) -> bool:
         """True for a batch to apply: NUMBER of PRODUCER is new; False: the log holds it already.
@@ -542,12 +561,12 @@ class ProducerRecord:
         if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= ledger.INT_MAX:
             raise StoreError(f"batch number must be a positive 64-bit integer, got {number!r:.80}")
         if producer == self.producer:
-            if number <= self.number:
+            if number <= self.applied:
                 return False
-            if number > self.number + 1:
+            if number > self.applied + 1:
                 raise BatchOutOfOrder(
-                    f"session {session_id!r}: batch {number} came before batch {self.number + 1}; "
-                    f"send again from batch {self.number + 1}"
+                    f"session {session_id!r}: batch {number} came before batch {self.applied + 1}; "
+                    f"send again from batch {self.applied + 1}"
                 )
         return True
 
@@ -565,7 +584,11 @@ class ProducerRecord:
     def commit(self, seq: int) -> None:
         """Record the log as holding the last batch up to SEQ (nothing while no producer is named)."""
         if self.producer is not None:
-            self.write(self.producer, self.number, seq)
+            self.write(self.producer, self.applied, seq)
+
+    def released(self, producer: Any) -> int:
+        """The last batch of PRODUCER all of whose text is in the log (0: none of its batches)."""
+        return self.number if producer == self.producer else 0
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -814,6 +837,14 @@ class Session:
         self._io_lock = threading.RLock()
         # Told what each flush wrote (the search index); must never raise.
         self.after_flush: Callable[[Session, list[bytes]], None] | None = None
+        # Set by whoever opens the session with a redaction spec: then every
+        # text is redacted before it is kept (see `SessionRedaction`).
+        self.redaction: SessionRedaction | None = None
+        self._checkpoint: Any = None  # the streams as a batch found them, for `abort_batch`
+        # Chunks of one item's field in a row, checked, fed to its stream at
+        # once: one scan of the run and one event, not one per chunk.
+        self._run: list[str] = []
+        self._run_event: Event | None = None
         self._pending: list[bytes] = []
         self._pending_first_seq = 0
         self._closed = False
@@ -892,10 +923,16 @@ class Session:
         record = self._record
         if not record.admit(producer, number, self.files.id):
             return False
-        if producer == record.producer and self.thread.last_event_seq > record.seq and not self._pending:
+        # Lines past the record while every batch applied is recorded were
+        # written by a killed backend (past a batch applied here but held
+        # back in part, they are that batch's released text).
+        if (producer == record.producer and record.applied == record.number
+                and self.thread.last_event_seq > record.seq and not self._pending):  # fmt: skip
             self._drop_uncommitted()
         self._new_writer = producer != record.producer and not self._pending
         self._next_batch = (producer, number)
+        if self.redaction is not None:
+            self._checkpoint = self.redaction.checkpoint()
         return True
 
     @_locked
@@ -903,8 +940,12 @@ class Session:
         """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
         self._next_batch = None
         self._new_writer = False
+        self._run, self._run_event = [], None
         if self._pending:
             self._reload()
+        if self.redaction is not None and self._checkpoint is not None:
+            self.redaction.rollback(self._checkpoint)
+        self._checkpoint = None
 
     def _drop_uncommitted(self) -> None:
         """Cut the log back to the last committed seq: its writer is sending those lines again."""
@@ -917,6 +958,9 @@ class Session:
         dropped = self.thread.last_event_seq - self._record.seq
         truncate_file(self.files.log, offset)
         self._reload()
+        if self.redaction is not None:
+            # The record is written only while nothing is held: at its seq no stream held anything.
+            self.redaction.reset()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
     # -- state ------------------------------------------------------------
@@ -959,6 +1003,10 @@ class Session:
     def pending_events(self) -> int:
         return len(self._pending)
 
+    def released(self, producer: Any) -> int:
+        """The last batch of PRODUCER none of whose text is held back (its writer may forget it)."""
+        return self._record.released(producer)
+
     def header_bytes(self) -> bytes:
         return self._header.bytes(self.thread)
 
@@ -984,13 +1032,74 @@ class Session:
         """Validate OBJ (an event in magent's JSON shape; its seq is ignored) and journal it."""
         if isinstance(obj, dict) and "seq" in obj:
             obj = {k: (None if k == "seq" else v) for k, v in obj.items()}
+        if self.redaction is not None:
+            return self._append_redacted(self.redaction, ledger.event_from_json(self.redaction.event(obj)))
         return self.append(ledger.event_from_json(obj))
+
+    def _append_redacted(self, redaction: SessionRedaction, event: Event) -> int:
+        """Journal EVENT, its text redacted: streamed text through its item's stream, tails it ends first."""
+        self._check_open()
+        if event.type == "item-content-appended":
+            return self._append_stream(event)
+        self._feed_run()
+        for tail in redaction.finishing(event):
+            self._append_tail(tail)
+        return self.append(event)
+
+    def _append_stream(self, event: Event) -> int:
+        """Take EVENT's chunk (checked) into its item's run, fed to the item's stream at the run's end."""
+        assert event.payload is not None and event.item_id is not None
+        ledger.check_applicable(self.thread, event)
+        last = self._run_event
+        field = (event.item_id, event.payload["output"])
+        if last is not None and (last.item_id, last.payload["output"]) != field:  # type: ignore[index]
+            self._feed_run()
+        self._run.append(event.payload["chunk"])
+        self._run_event = event
+        return self.thread.last_event_seq
+
+    def _feed_run(self) -> None:
+        """Feed the run of chunks to its item's stream; journal what it releases (nothing: no event)."""
+        event, redaction = self._run_event, self.redaction
+        if event is None or redaction is None:
+            return
+        text = "".join(self._run)
+        self._run, self._run_event = [], None
+        assert event.payload is not None and event.item_id is not None
+        output = bool(event.payload["output"])
+        state = redaction.state(event.item_id, output)
+        released = redaction.feed(event.item_id, output, text, event.created_at)
+        if not released:
+            return
+        event.payload = {**event.payload, "chunk": released}
+        try:
+            self.append(event)
+        except BaseException:
+            redaction.unfeed(event.item_id, output, state)
+            raise
+
+    def _append_tail(self, tail: tuple[str, bool, str, float]) -> None:
+        """Journal a stream's held tail, released by its end."""
+        item_id, output, text, created_at = tail
+        try:
+            self.append(content_event(self.thread, self.files.id, item_id, text, output, created_at))
+        except LedgerError as err:  # its item was accepted: nothing should refuse its text
+            log.warning("%s: the held text of an item could not be written: %s", self.files.log, err)
+
+    def finish_streams(self) -> None:
+        """Journal every held tail: the text streamed so far is all in the next flush."""
+        if self.redaction is not None:
+            self._feed_run()
+            for tail in self.redaction.finish_all():
+                self._append_tail(tail)
 
     def append_content(self, item_id: str, chunk: str, output: bool, created_at: float) -> int:
         """Journal an item-content-appended event: the hot path of a streaming reply."""
         self._check_open()
         thread = self.thread
         event = content_event(thread, self.files.id, item_id, chunk, output, created_at)
+        if self.redaction is not None:
+            return self._append_stream(event)
         line = dumps(ledger.event_to_json(event)) + b"\n"
         ledger.apply(thread, event)
         assert event.seq is not None
@@ -1006,6 +1115,8 @@ class Session:
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
+        if self.redaction is not None:
+            header = self.redaction.header(header)
         self._header.put(header, self.files.id, self.scope)
 
     def current_header(self) -> dict[str, Any]:
@@ -1015,10 +1126,12 @@ class Session:
     # -- flushing ---------------------------------------------------------
 
     @_locked
-    def flush(self, *, compact: bool | None = None) -> FlushResult:
+    def flush(self, *, compact: bool | None = None, finish: bool = False) -> FlushResult:
         """Write pending events, then the header if it changed, then compact if due.
 
         COMPACT forces (True) or prevents (False) compaction; None means "when due".
+        FINISH writes the text redaction holds back too (a synchronous flush,
+        a close), as does a flush of events that are no numbered batch.
         On a write error (a full disk, say) the log is cut back to its last
         complete line.  A batch begun with `begin_batch` is then forgotten
         whole (its sender sends it again); other pending events stay pending
@@ -1026,6 +1139,9 @@ class Session:
         """
         self._check_open()
         started = time.perf_counter()
+        self._feed_run()
+        if self.redaction is not None and (finish or (self._pending and self._next_batch is None)):
+            self.finish_streams()
         resent = self._write_again() if not self._files_in_place() else 0
         if self._rewriting:
             compact = True
@@ -1073,7 +1189,11 @@ class Session:
             self._new_writer = False
             bytes_written = self._write_pending()
             self._next_batch = None
-            self._record.write(*named, self._log.written_seq)
+            if self.redaction is not None and self.redaction.holding:
+                self._record.hold(*named, self._log.written_seq)
+            else:
+                self._record.write(*named, self._log.written_seq)
+            self._checkpoint = None
         except OSError as exc:
             self._next_batch = None
             self._log.cut(size)
@@ -1145,7 +1265,7 @@ class Session:
         if self._closed:
             return
         try:
-            self.flush()
+            self.flush(finish=True)
             self.sync()
         finally:
             self._log.stop_idle_sync()
@@ -1164,6 +1284,9 @@ class Session:
         self._log.stop_idle_sync()
         self._closed = True
         self._pending = []
+        self._run, self._run_event = [], None
+        if self.redaction is not None:
+            self.redaction.reset()
         self._log.close()
         self._record.close()
         self._lock.release(remove=remove_lock)

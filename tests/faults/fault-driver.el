@@ -185,6 +185,10 @@ Emacs reads nothing meanwhile: its connection still looks live."
           magent-store-restart-limit 100000
           magent-store-retry-interval (fault--num "FAULT_RETRY" 0.3)
           magent-store-log-max-events (fault--num "FAULT_LOG_MAX" 2000)
+          ;; FAULT_REDACT: write-time redaction on.  Every chunk then ends
+          ;; in "x", the start of a Slack token: the backend holds it back,
+          ;; and every batch is released one batch late.
+          magent-store-redact (and (fault--env "FAULT_REDACT") t)
           magent-store-call-timeout 30)
     (advice-add 'message :before #'fault--capture)
     (advice-add 'process-send-region :around #'fault--count-failed-write)

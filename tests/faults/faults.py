@@ -479,10 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--runs", type=int, default=None, help="streams with random kills (default 3, quick 1)")
     parser.add_argument("--repeat", type=int, default=1, help="run the whole suite this many times in a row")
+    parser.add_argument("--redact", action="store_true",
+                        help="with write-time redaction on (every batch then held back one batch)")
     ns = parser.parse_args(argv)
+    if ns.redact:
+        os.environ["FAULT_REDACT"] = "1"  # every Run's Emacs inherits it
     seed = ns.seed if ns.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     print(f"fault injection, seed {seed}, {'quick' if ns.quick else 'full'}"
+          + (", redaction on" if ns.redact else "")
           + (f", {ns.repeat} times" if ns.repeat > 1 else ""), flush=True)  # fmt: skip
     outcomes: list[Outcome] = []
     base = Path(tempfile.mkdtemp(prefix="magent-store-faults-"))
