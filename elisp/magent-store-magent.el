@@ -1367,12 +1367,11 @@ On `after-load-functions' while the mode waits for magent."
     (when magent-store-mode
       (magent-store-magent--install))))
 
-;;;###autoload
 (defcustom magent-store-find-prepare-delay 10
-  "Seconds Emacs is idle, after `magent-store-mode' turns on, before the
-finder's list is made in the background, or nil for never.
-With it, the first `magent-store-find-session' shows every session at
-once, rather than listing them first (about a second for 10,000)."
+  "Idle seconds after the mode turns on before the finder's list is made.
+`magent-store-mode' then lists the sessions in the background once, so
+that the first `magent-store-find-session' shows every session at once
+rather than listing them first (about a second for 10,000).  nil: never."
   :type '(choice (number :tag "Seconds idle") (const :tag "Never" nil))
   :group 'magent-store)
 
@@ -1383,6 +1382,7 @@ once, rather than listing them first (about a second for 10,000)."
       (require 'magent-store-find)
       (magent-store-find-prepare))))
 
+;;;###autoload
 (define-minor-mode magent-store-mode
   "Route magent's session persistence through the magent-store backend.
 Events and streamed chunks are forwarded as magent appends them, saves
