@@ -25,7 +25,19 @@ from typing import IO, Any
 
 import orjson
 
-from magent_store import __version__, document, export, fsck, ledger, migrate, scan, schema6, sessions, usage
+from magent_store import (
+    __version__,
+    document,
+    export,
+    fsck,
+    ledger,
+    migrate,
+    relocate,
+    scan,
+    schema6,
+    sessions,
+    usage,
+)
 from magent_store.fileio import atomic_write, open_private, write_all
 from magent_store.ledger import LedgerError
 from magent_store.migrate import FileReport
@@ -603,6 +615,19 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 command("scan", scan.add_arguments, scan.HELP, scan.DESCRIPTION)(scan.run)
 command("du", usage.add_arguments, usage.HELP, usage.DESCRIPTION)(usage.run)
+
+
+def _reindex(root: Path) -> None:
+    """Bring the search index (when there is one) up to sessions that moved: a search would, later."""
+    from magent_store import search
+
+    if search.index_path(root).exists():
+        index, _ = search.open_index(root)
+        index.close()
+
+
+command("relocate", relocate.add_arguments, relocate.HELP, relocate.DESCRIPTION)(
+    lambda args: relocate.run(args, reindex=_reindex))
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:
