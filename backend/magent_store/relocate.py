@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import hashlib
 import os
 import posixpath
@@ -446,6 +447,7 @@ class Relocator:
             return
         try:
             remove_stale_temps(plan.old)
+            self._remove_temps(plan)
             if plan.finish:
                 self._finish(plan)
             else:
@@ -456,6 +458,17 @@ class Relocator:
         finally:
             new_lock.release(remove=True)
             old_lock.release(remove=True)
+
+    @staticmethod
+    def _remove_temps(plan: _Plan) -> None:
+        """What an interrupted run left half-written at the new place (its lock is ours)."""
+        names = {f"{plan.new.id}.{ext}" for ext in ("json", "jsonl", "snapshot", "producer", "sums")}
+        names.update(p.name for p in plan.paths)
+        for name in names:
+            for path in plan.new.directory.glob(f".{glob.escape(name)}.tmp-*"):
+                if is_temp_file(path.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
 
     def _backup(self, plan: _Plan) -> None:
         if self.backup_path is None:
