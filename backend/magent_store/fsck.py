@@ -7,7 +7,9 @@ every log line (valid, seqs strictly increasing), that the log continues the
 snapshot, a torn final line or an invalid tail a power loss left, orphans
 (a log or snapshot without a header) and stale temp files of interrupted
 atomic writes, and that the log's committed bytes match their checksums
-(``<id>.sums``); a lock nobody holds is a note, not damage.
+(``<id>.sums``); a lock nobody holds is a note, not damage, and so is a
+project whose folder no longer exists (named with the command that moves
+its sessions: the project may have moved).
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
