@@ -1382,6 +1382,10 @@ again once it is up"))
 
 (autoload 'magent-store-search "magent-store-search" nil t)
 
+;;;; Moving a project's sessions (magent-store-relocate.el)
+
+(autoload 'magent-store-relocate "magent-store-relocate" nil t)
+
 ;;;; Lifecycle timing (magent-store-timing.el)
 
 (autoload 'magent-store-install-backend "magent-store-install" nil t)

@@ -121,5 +121,18 @@ Sessions s1 and s2 belong to OLD, s3 to OTHER (whose folder exists)."
     (should-error (magent-store-relocate (expand-file-name "none" base) new) :type 'user-error)
     (should-not magent-store-relocate--process)))
 
+(ert-deftest magent-store-relocate-is-a-command-once-the-core-is-loaded ()
+  "Loading magent-store makes M-x magent-store-relocate available, its file loaded on use."
+  (with-temp-buffer
+    (should (eq 0 (call-process
+                   (expand-file-name invocation-name invocation-directory) nil t nil
+                   "--batch" "-Q" "-L" (file-name-directory (locate-library "magent-store"))
+                   "-L" (file-name-directory (locate-library "epc"))
+                   "--eval" "(setq load-prefer-newer t)"
+                   "-l" "magent-store"
+                   "--eval" "(princ (list (commandp 'magent-store-relocate) \
+(autoloadp (symbol-function 'magent-store-relocate))))")))
+    (should (string-match-p "(t t)\\'" (buffer-string)))))
+
 (provide 'magent-store-relocate-tests)
 ;;; magent-store-relocate-tests.el ends here
