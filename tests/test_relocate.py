@@ -277,6 +277,49 @@ def test_the_search_index_finds_moved_sessions_under_their_new_scope(root: Path,
         index.close()
 
 
+def test_magents_own_file_changes_only_where_it_holds_the_root(root: Path, old: str, new: str) -> None:
+    """A schema-6 file keeps magent's encoding and the duplicate keys it wrote: only the root's bytes change."""
+    data = make6(root, old, "m")
+    assert Relocator(root, old, new).run().ok
+    assert (pdir(root, new) / "m.json").read_bytes() == data.replace(orjson.dumps(old), orjson.dumps(new))
+
+
+def test_the_origin_magent_saves_in_metadata_moves_too_and_nothing_else_does(
+    root: Path, old: str, new: str
+) -> None:
+    initial = ledger.new_thread("o", old, "thread-o")
+    initial.created_at = 1_700_000_000.0
+    initial.metadata = {"source": "magent", "origin-scope": old}
+    with Store(root).open("o", Scope.project(old), initial) as s:
+        ev = Events("thread-o")
+        for event in ev.conversation(turns=1, chunks=1):
+            s.append_event(event)
+        s.append_event(ev.turn("turn-queued", "t-cwd", input=old, metadata={"origin-scope": old}))
+        s.put_header({**s.header, "metadata": {"origin-scope": old, "cwd": old}})
+        s.flush()
+    assert Relocator(root, old, new).run().ok
+    header, thread = values(pdir(root, new) / "o.json")
+    assert header["metadata"] == {"origin-scope": new, "cwd": old}
+    assert thread["metadata"] == {"source": "magent", "origin-scope": new}
+    # What the conversation holds is the conversation's.
+    assert thread["turns"][-1]["input"] == old and thread["turns"][-1]["metadata"] == {"origin-scope": old}
+
+
+def test_rerooted_rewrites_the_given_paths_only_and_every_duplicate_there() -> None:
+    old, new = '/o/ü "q"', "/n"
+    enc = orjson.dumps(old).decode()
+    text = orjson.dumps('"project-root":' + enc).decode()  # a string holding what looks like the key
+    data = (f'{{"project-root" : {enc},"metadata":{{"origin-scope":{enc},"origin-scope":{enc},"x":{enc}}},'
+            f'"snapshot":{{"scope":{enc},"turns":[{{"scope":{enc},"metadata":{{"origin-scope":{enc}}}}}]}},'
+            f'"n":[1, 2.5e3, true, null], "s":{text}}}').encode()
+    out = relocate.rerooted(data, relocate.SCHEMA6_ROOTS, old, new)
+    assert out == data.replace(f'"project-root" : {enc}'.encode(), b'"project-root" : "/n"').replace(
+        f'"origin-scope":{enc},"origin-scope":{enc},"x"'.encode(), b'"origin-scope":"/n","origin-scope":"/n","x"'
+    ).replace(f'"snapshot":{{"scope":{enc}'.encode(), b'"snapshot":{"scope":"/n"')
+    assert orjson.loads(out)["s"] == orjson.loads(data)["s"]
+    assert relocate.rerooted(data, relocate.SCHEMA6_ROOTS, "/else", new) is data
+
+
 # --- refusals -----------------------------------------------------------------------
 
 

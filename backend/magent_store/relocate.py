@@ -3,10 +3,12 @@
 magent keeps a project's sessions in ``projects/<sha1 of the root>/``, the
 root normalised as magent normalises it (`magent_root`: expanded, no
 trailing slash, symbolic links resolved), and the root itself in each
-header (``project-root``) and snapshot (the thread's ``scope``).  When the
+header (``project-root``), snapshot (the thread's ``scope``) and the
+``origin-scope`` of their metadata.  When the
 project's folder is renamed, magent looks in another directory and finds
 none of them.  `Relocator` moves every session of the old root into the
-directory of the new one, rewriting the root wherever the session holds it.
+directory of the new one, rewriting the root wherever the session holds it
+and nothing else (`rerooted`: the other bytes stay as they were written).
 
 Per session, with its lock held at both places (one open in a running
 backend is refused, and so is an id the new directory already holds):
@@ -27,6 +29,7 @@ import argparse
 import contextlib
 import glob
 import hashlib
+import json
 import os
 import posixpath
 import re
@@ -218,18 +221,35 @@ class Relocation:
 # What a moved session must be
 
 
+# Where a session holds its project's root: the header's ``project-root``, the
+# snapshot's ``scope``, and in the metadata of either the ``origin-scope``
+# magent adds when it reads a session (and so saves with it).  Other values
+# equal to the root are the conversation's and are kept.
+ORIGIN_KEY: Final = "origin-scope"
+
+
+def _rooted_metadata(obj: dict[str, Any], old: str, new: str) -> None:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and metadata.get(ORIGIN_KEY) == old:
+        obj["metadata"] = {k: new if k == ORIGIN_KEY else v for k, v in metadata.items()}
+
+
 def _rooted_header(header: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     out = dict(header)
     if out.get("project-root") == old:
         out["project-root"] = new
+    _rooted_metadata(out, old, new)
     return out
 
 
 def _rooted_snapshot(snapshot: Any, old: str, new: str) -> Any:
-    if isinstance(snapshot, dict) and snapshot.get("scope") == old:
-        snapshot = dict(snapshot)
-        snapshot["scope"] = new
-    return snapshot
+    if not isinstance(snapshot, dict):
+        return snapshot
+    out = dict(snapshot)
+    if out.get("scope") == old:
+        out["scope"] = new
+    _rooted_metadata(out, old, new)
+    return out
 
 
 def _thread_json(thread: Thread) -> dict[str, Any]:
@@ -247,6 +267,69 @@ def _difference7(old: tuple[dict[str, Any], Thread], new: tuple[dict[str, Any], 
     if dumps(expected) == dumps(actual):
         return None
     return schema6.first_difference(expected, actual, "thread") or "thread: the encoded values differ"
+
+
+# The same places as paths of keys from the top of each file.
+HEADER_ROOTS: Final = frozenset({("project-root",), ("metadata", ORIGIN_KEY)})
+SNAPSHOT_ROOTS: Final = frozenset({("scope",), ("metadata", ORIGIN_KEY)})
+SCHEMA6_ROOTS: Final = HEADER_ROOTS | {("snapshot", *path) for path in SNAPSHOT_ROOTS}
+
+_STRING_RE: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_SCALAR_RE: Final = re.compile(rb'[^,\]}\s]+')
+_SPACE: Final = frozenset(b" \t\r\n")
+
+
+def _string(token: bytes) -> Any:
+    return token[1:-1].decode() if b"\\" not in token else json.loads(token)
+
+
+def rerooted(data: bytes, paths: frozenset[tuple[str, ...]], old: str, new: str) -> bytes:
+    """JSON DATA with every string at one of PATHS that is OLD replaced by NEW, byte for byte else.
+
+    Everything else stays as written (magent's encoding, the duplicate keys
+    it wrote and never reads), so only the root changes.  DATA must be valid
+    JSON (read it first).
+    """
+    stack: list[list[Any]] = []  # [is object, its path, current key, a key is next]
+    spans: list[tuple[int, int]] = []
+    i, n = 0, len(data)
+    while i < n:
+        c = data[i]
+        if c in _SPACE:
+            i += 1
+        elif c in b"{[":
+            path = () if not stack else (*stack[-1][1], stack[-1][2] if stack[-1][0] else None)
+            stack.append([c == ord("{"), path, None, c == ord("{")])
+            i += 1
+        elif c in b"}]":
+            stack.pop()
+            i += 1
+        elif c == ord(","):
+            stack[-1][3] = stack[-1][0]
+            i += 1
+        elif c == ord(":"):
+            stack[-1][3] = False
+            i += 1
+        elif c == ord('"'):
+            match = _STRING_RE.match(data, i)
+            assert match is not None, "read before: valid JSON"
+            top = stack[-1] if stack else None
+            if top is not None and top[3]:
+                top[2] = _string(match.group())
+            elif top is not None and top[0] and (*top[1], top[2]) in paths and _string(match.group()) == old:
+                spans.append((i, match.end()))
+            i = match.end()
+        else:
+            match = _SCALAR_RE.match(data, i)
+            i = match.end() if match else i + 1
+    if not spans:
+        return data
+    out, last, token = [], 0, dumps(new)
+    for start, end in spans:
+        out += [data[last:start], token]
+        last = end
+    out.append(data[last:])
+    return b"".join(out)
 
 
 def _rooted6(obj: dict[str, Any], old: str, new: str) -> dict[str, Any]:
@@ -348,17 +431,18 @@ class Relocator:
                     return None  # another project's file, hashed here by mistake: not ours to move
                 schema6.read(old.header)  # it must decode, or it cannot be verified
                 plan.obj6 = obj
-                plan.header_bytes = dumps(_rooted6(obj, self.old, self.new))
+                plan.header_bytes = rerooted(data, SCHEMA6_ROOTS, self.old, self.new)
             elif version == SCHEMA_VERSION:
                 move.schema = SCHEMA_VERSION
                 header = read_header(old.header)
                 if header.get("project-root") != self.old or header.get("action"):
                     return None
                 plan.original = load_session(old)
-                plan.header_bytes = dumps(_rooted_header(loads(data), self.old, self.new))
+                plan.header_bytes = rerooted(data, HEADER_ROOTS, self.old, self.new)
                 with contextlib.suppress(FileNotFoundError):
-                    snapshot = loads(read_file(old.snapshot))
-                    plan.snapshot_bytes = dumps(_rooted_snapshot(snapshot, self.old, self.new))
+                    snapshot = read_file(old.snapshot)
+                    loads(snapshot)  # valid JSON, as rewriting it needs
+                    plan.snapshot_bytes = rerooted(snapshot, SNAPSHOT_ROOTS, self.old, self.new)
                 self._check_sums(old)
             else:
                 return None  # not a session (fsck reports these)

@@ -107,7 +107,16 @@ root.  SCHEMA is the format magent writes (6: one file; 7: a log beside)."
       (make-directory old-folder)
       (let* ((old (magent-session--normalize-project-root old-folder))
              (session (magent-store-resume-test--new-session "20261201-220000-r" old))
-             (files (magent-session-list-files-for-scope old))
+             (files (progn
+                      ;; Resumed and saved again, as magent does: what it read
+                      ;; (the session's origin, say) is saved with it.
+                      (magent-session-save-for-session
+                       (plist-get (magent-session-read-file
+                                   (car (magent-session-list-files-for-scope old)))
+                                  :session)
+                       old)
+                      (clrhash magent-session--metadata-cache)
+                      (magent-session-list-files-for-scope old)))
              (before (magent-store-resume-test--state
                       (plist-get (magent-session-read-file (car files)) :session)))
              (meta (magent-session--read-file-metadata (car files))))
@@ -134,9 +143,16 @@ root.  SCHEMA is the format magent writes (6: one file; 7: a log beside)."
                         (= schema 7)))
             (should (equal (magent-session--read-file-metadata (car moved))
                            (magent-store-relocate-magent-test--moved meta old new)))
-            (should (equal (magent-store-resume-test--state
-                            (plist-get (magent-session-read-file (car moved)) :session))
-                           (magent-store-relocate-magent-test--moved before old new)))))))))
+            (let ((after (plist-get (magent-session-read-file (car moved)) :session)))
+              (should (equal (magent-store-resume-test--state after)
+                             (magent-store-relocate-magent-test--moved before old new)))
+              ;; Saved again by magent, it stays the new project's.
+              (magent-session-save-for-session after new)
+              (clrhash magent-session--metadata-cache)
+              (should (equal (magent-session-list-files-for-scope new) moved))
+              (should (equal (plist-get (magent-session--read-file-metadata (car moved))
+                                        :project-root)
+                             new)))))))))
 
 (ert-deftest magent-store-relocate-magent-release-finds-moved-schema-6-sessions ()
   "magent's release lists and reads a moved project's sessions under its new root."
