@@ -1431,6 +1431,10 @@ again once it is up"))
 (autoload 'magent-store-find-session "magent-store-find" nil t)
 (autoload 'magent-store-export-session "magent-store-export" nil t)
 
+;;;; Moving a project's sessions (magent-store-relocate.el)
+
+(autoload 'magent-store-relocate "magent-store-relocate" nil t)
+
 ;;;; Lifecycle timing (magent-store-timing.el)
 
 (autoload 'magent-store-install-backend "magent-store-install" nil t)

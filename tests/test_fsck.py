@@ -81,9 +81,16 @@ def only(check: Check, kind: str) -> Finding:
     return finding
 
 
+def present(root: Path, name: str) -> str:
+    """A project root that exists (a missing one is noted: the project may have moved)."""
+    folder = root.parent / "src" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
 def test_a_healthy_tree_has_no_findings(root: Path) -> None:
     make_session(root, "g1")
-    make_session(root, "p1", Scope.project("/src/app"))
+    make_session(root, "p1", Scope.project(present(root, "app")))
     make_session(root, "a1", Scope.action("review"))
     with Store(root).open("empty"):  # a header and no snapshot: an empty session
         pass
@@ -180,6 +187,8 @@ def test_missing_snapshot_with_a_log_that_lost_its_start_is_not_guessed(root: Pa
 
 @pytest.mark.parametrize("scope", [Scope.global_(), Scope.project("/src/app ü"), Scope.action("review")])
 def test_missing_header_is_rebuilt_from_the_snapshot(root: Path, scope: Scope) -> None:
+    if scope.kind == "project":
+        scope = Scope.project(present(root, "app ü"))
     files = make_session(root, "s1", scope)
     expected = state(files)
     title = read_header(files.header)["summary-title"]
@@ -327,6 +336,8 @@ def test_invalid_header_is_reported_and_left(root: Path) -> None:
 def test_a_header_a_power_loss_left_empty_or_cut_is_rebuilt_and_the_old_one_kept(
     root: Path, cut: int, scope: Scope | None
 ) -> None:
+    if scope is not None:
+        scope = Scope.project(present(root, "proj"))
     files = make_session(root, scope=scope)
     before = state(files)
     good = orjson.loads(files.header.read_bytes())
@@ -739,10 +750,11 @@ def test_repairs_are_synced_unless_told_not_to(root: Path, monkeypatch: pytest.M
 
 
 def test_the_verdict_names_a_healthy_tree_and_a_repaired_one(root: Path) -> None:
-    files = make_session(root, "s1", Scope.project("/src/app"))
+    app = present(root, "app")
+    files = make_session(root, "s1", Scope.project(app))
     assert fsck.fsck(root).summary().endswith("0 notes — healthy")
     files.snapshot.write_bytes(files.snapshot.read_bytes()[:50])  # cut: rebuilt from the log
     repaired = fsck.fsck(root, repair=True)
     assert repaired.summary() == "1 sessions checked: 1 problems found, 1 repaired, 0 remaining; 0 notes — repaired"
     _, thread = load_session(files)
-    assert thread.scope == "/src/app"  # the rebuilt snapshot keeps the project's root
+    assert thread.scope == app  # the rebuilt snapshot keeps the project's root

@@ -34,6 +34,7 @@ from magent_store import (
     ledger,
     migrate,
     redaction,
+    relocate,
     scan,
     schema6,
     scrub,
@@ -701,7 +702,8 @@ def fsck_arguments(p: argparse.ArgumentParser) -> None:
     "and valid, every log line valid with seqs strictly increasing, the log continuing\n"
     "the snapshot, torn final lines, orphans (a log or snapshot without a header), temp\n"
     "files of interrupted writes, and locks nobody holds.  Sessions open for writing\n"
-    "are left alone.\n\n"
+    "are left alone.  A project whose folder no longer exists is noted, with the\n"
+    "`magent-store relocate` command that moves its sessions to where magent looks.\n\n"
     "--repair fixes only what has one right answer: drops torn tails, removes stale temp\n"
     "files and locks, rebuilds a missing snapshot from a log that starts at seq 1 and a\n"
     "missing header from the snapshot.  A corrupt line in the middle of a log is never\n"
@@ -749,6 +751,19 @@ def cmd_scrub(args: argparse.Namespace) -> int:
 
 
 command("scrub", scrub.add_arguments, scrub.HELP, scrub.DESCRIPTION)(cmd_scrub)
+
+
+def _reindex(root: Path) -> None:
+    """Bring the search index (when there is one) up to sessions that moved: a search would, later."""
+    from magent_store import search
+
+    if search.index_path(root).exists():
+        index, _ = search.open_index(root)
+        index.close()
+
+
+command("relocate", relocate.add_arguments, relocate.HELP, relocate.DESCRIPTION)(
+    lambda args: relocate.run(args, reindex=_reindex))
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:

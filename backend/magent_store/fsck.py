@@ -7,7 +7,9 @@ every log line (valid, seqs strictly increasing), that the log continues the
 snapshot, a torn final line or an invalid tail a power loss left, orphans
 (a log or snapshot without a header) and stale temp files of interrupted
 atomic writes, and that the log's committed bytes match their checksums
-(``<id>.sums``); a lock nobody holds is a note, not damage.
+(``<id>.sums``); a lock nobody holds is a note, not damage, and so is a
+project whose folder no longer exists (named with the command that moves
+its sessions: the project may have moved).
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
@@ -28,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,9 +88,10 @@ IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
 NOT_SESSION: Final = "not-session"
 SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
+PROJECT_MISSING: Final = "project-missing"  # sessions of a project whose folder is gone (moved?)
 
 # A lock nobody holds is what any crash leaves: nothing is wrong (--repair removes it).
-NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK})
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, PROJECT_MISSING})
 STALE_LOCK_MESSAGE: Final = (
     "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
 )
@@ -96,6 +100,8 @@ _SESSION_FILE_RE: Final = re.compile(
     r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer|sums)(?P<aside>\.(?:corrupt|tail)-\d+)?"
 )
 _SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
+# A remote project root (TRAMP's /method:host:path): not looked for on this machine.
+_REMOTE_ROOT_RE: Final = re.compile(r"\A/[^/:]+:")
 
 
 @dataclass(slots=True)
@@ -219,13 +225,34 @@ class Fsck:
         self.repair = repair
         self.sync = sync
         self.result = Check(self.root, repair)
+        self._projects: dict[Path, tuple[str, int]] = {}  # directory: its project root, sessions read
 
     def run(self) -> Check:
         for pattern in _SCOPE_GLOBS:
             for directory in sorted(self.root.glob(pattern)):
                 if directory.is_dir():
                     self.check_directory(directory)
+        self._missing_projects()
         return self.result
+
+    def _project(self, directory: Path, header: dict[str, Any]) -> None:
+        """Count a project session read in DIRECTORY, whose root the header names."""
+        root = header.get("project-root")
+        if (header.get("scope") != "project" or header.get("action") or not isinstance(root, str)
+                or hashlib.sha1(root.encode()).hexdigest() != directory.name):  # fmt: skip
+            return
+        self._projects[directory] = (root, self._projects.get(directory, (root, 0))[1] + 1)
+
+    def _missing_projects(self) -> None:
+        """A note for each project whose folder no longer exists: moved, perhaps."""
+        for directory, (root, count) in sorted(self._projects.items()):
+            if _REMOTE_ROOT_RE.match(root) or os.path.isdir(root):
+                continue
+            sessions = "1 session" if count == 1 else f"{count} sessions"
+            self._add(Finding(directory, PROJECT_MISSING, (
+                f"{sessions} of project {root}, whose folder no longer exists; if the project moved, "
+                f"`magent-store relocate {shlex.quote(root)} NEW-ROOT` moves them to where magent looks "
+                "for it")))  # fmt: skip
 
     def _add(self, finding: Finding) -> Finding:
         self.result.findings.append(finding)
@@ -346,6 +373,7 @@ class Fsck:
             return False
         if isinstance(obj, dict) and obj.get("schema-version") == 6:
             # A log or snapshot beside it is what an interrupted migration wrote; it redoes them.
+            self._project(files.directory, obj)
             extra = "" if alone else " (an interrupted migration left new files beside it)"
             self._add(Finding(files.header, SCHEMA6, f"a schema-6 session{extra}: run `magent-store migrate`",
                               files.id))  # fmt: skip
@@ -406,6 +434,7 @@ class Fsck:
         cut = repair and (log.bad_line is not None or bool(log.torn))
         log = self._check_sums(files, log, repair=repair, cut=cut)
         if header is not None:
+            self._project(files.directory, header)
             scope: Scope | None = Scope.from_header(header)
         else:
             scope = _directory_scope(files.directory, self.root)

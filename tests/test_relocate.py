@@ -1,0 +1,481 @@
+"""Project moves: `magent-store relocate OLD-ROOT NEW-ROOT` (relocate.py) and fsck's note on missing roots."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import schema6
+from conftest import Events
+from magent_store import fsck, ledger, relocate
+from magent_store.relocate import Relocator
+from magent_store.schema6 import loads_first_wins
+from magent_store.search import open_index
+from magent_store.store import (
+    Scope,
+    SessionFiles,
+    SessionLock,
+    SimulatedCrash,
+    Store,
+    load_session,
+)
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+
+
+def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)  # fmt: skip
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def pdir(root: Path, project: str) -> Path:
+    return root / "projects" / hashlib.sha1(project.encode()).hexdigest()
+
+
+def make7(root: Path, project: str, session_id: str, *, turns: int = 2, compact: bool = False,
+          aside: bool = False) -> None:  # fmt: skip
+    """A schema-7 session of PROJECT written by the store (a snapshot when COMPACT, a set-aside tail when ASIDE)."""
+    ev = Events(thread_id=f"thread-{session_id}")
+    initial = ledger.new_thread(session_id, project, f"thread-{session_id}")
+    initial.created_at = 1_700_000_000.0
+    store = Store(root, log_max_events=5 if compact else 10**6)
+    with store.open(session_id, Scope.project(project), initial) as s:
+        assert s.begin_batch("emacs-1", 1)
+        for event in ev.conversation(turns=turns, chunks=3):
+            s.append_event(event)
+        s.put_header({**s.header, "title": f"work on {session_id}", "metadata": {"model": "m", "n": 2**70}})
+        s.flush()
+    files = SessionFiles(pdir(root, project), session_id)
+    if compact:
+        assert files.snapshot.exists()
+    if aside:
+        (files.directory / f"{session_id}.jsonl.tail-1").write_bytes(b"\x00\x00garbage\n")
+
+
+def make6(root: Path, project: str, session_id: str, seed: int = 1) -> bytes:
+    """A schema-6 session (magent's one file) of PROJECT; its bytes."""
+    fixture = schema6.session(random.Random(seed), session_id, scope="project", shadow_rate=0.3)
+    written = f"/home/user/src/{session_id}-プロジェクト"
+    data = fixture.data.replace(orjson.dumps(written), orjson.dumps(project))
+    assert data.count(orjson.dumps(project)) == 2, "the root in the header and in the snapshot's scope"
+    path = pdir(root, project) / f"{session_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_bytes(data)
+    return data
+
+
+def values(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A schema-7 session's header and thread, as values."""
+    header, thread = load_session(SessionFiles.from_header_path(path))
+    return header, ledger.thread_to_json(thread)
+
+
+def values6(path: Path) -> Any:
+    obj, _ = loads_first_wins(path.read_bytes())
+    return obj
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "sessions"
+    r.mkdir(mode=0o700)
+    return r
+
+
+@pytest.fixture
+def old(tmp_path: Path) -> str:
+    return str(tmp_path / "src" / "proj-old")
+
+
+@pytest.fixture
+def new(tmp_path: Path) -> str:
+    return str(tmp_path / "src" / "proj-new")
+
+
+def populated(root: Path, old: str) -> dict[str, Any]:
+    """Three schema-7 sessions (one compacted, one with a set-aside tail) and one schema-6 session of OLD."""
+    make7(root, old, "a")
+    make7(root, old, "b", compact=True)
+    make7(root, old, "c", aside=True)
+    make6(root, old, "m")
+    d = pdir(root, old)
+    return {
+        "a": values(d / "a.json"), "b": values(d / "b.json"), "c": values(d / "c.json"),
+        "m": values6(d / "m.json"), "tree": tree(root),
+    }  # fmt: skip
+
+
+def moved(value: Any, old: str, new: str) -> Any:
+    """VALUE with every string equal to OLD (the root) replaced by NEW."""
+    if value == old:
+        return new
+    if isinstance(value, dict):
+        return {k: moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(moved(v, old, new) for v in value)
+    return value
+
+
+def assert_moved(root: Path, old: str, new: str, before: dict[str, Any]) -> None:
+    """Every session is at NEW's directory, equal to its original but for the root; none at OLD's."""
+    target = pdir(root, new)
+    assert not pdir(root, old).exists()
+    for sid in ("a", "b", "c"):
+        header, thread = values(target / f"{sid}.json")
+        assert header["project-root"] == new and thread["scope"] == new
+        assert (header, thread) == moved(before[sid], old, new)
+    assert values6(target / "m.json") == moved(before["m"], old, new)
+    # Side files came along, byte for byte.
+    assert (target / "c.jsonl.tail-1").read_bytes() == b"\x00\x00garbage\n"
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl", "a.producer", "b.producer"):
+        assert (target / name).read_bytes() == before["tree"][f"{pdir(root, old).relative_to(root)}/{name}"]
+    for p in target.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    # The log's checksums name the moved log (its inode), so they still guard it.
+    for sid in ("a", "b", "c"):
+        (line,) = (target / f"{sid}.sums").read_bytes().splitlines()
+        assert orjson.loads(line)["ino"] == (target / f"{sid}.jsonl").stat().st_ino
+    assert not [f for f in fsck.Fsck(root).run().findings if f.damage]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+# --- the rule -----------------------------------------------------------------------
+
+
+def test_magent_root_expands_drops_the_trailing_slash_and_resolves_links(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    assert relocate.magent_root(f"{tmp_path}/link/") == str(real)
+    assert relocate.magent_root(f"{tmp_path}/link/sub/../x/./") == str(real / "x")
+    assert relocate.magent_root("proj/", cwd=str(real)) == str(real / "proj")
+    assert relocate.magent_root(f"{tmp_path}/not/yet/") == str(tmp_path / "not" / "yet")
+    assert relocate.magent_root("/ssh:host:/srv/proj/") == "/ssh:host:/srv/proj"
+    assert relocate.magent_root("~/p") == os.path.realpath(os.path.expanduser("~/p"))
+
+
+# --- moving -------------------------------------------------------------------------
+
+
+def test_sessions_of_both_schemas_move_with_their_side_files_and_the_root_rewritten(
+    root: Path, old: str, new: str
+) -> None:
+    before = populated(root, old)
+    result = Relocator(root, old, new).run()
+    assert result.ok and result.count(relocate.MOVED) == 4, result.moves
+    assert_moved(root, old, new, before)
+    # The store opens a moved session at its new place and goes on writing it.
+    with Store(root).open("a", Scope.project(new)) as s:
+        assert s.thread.scope == new
+        s.append_event(Events("thread-a", start=1_800_000_000.0).turn("turn-queued", "t9"))
+        s.flush()
+    assert values(pdir(root, new) / "a.json")[1]["turns"][-1]["id"] == "t9"
+
+
+def test_the_backup_restores_every_file_byte_for_byte(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    result = Relocator(root, old, new).run()
+    assert result.backup is not None and result.backup.parent == root
+    assert result.backup.name.startswith("relocate-backup-")
+    backed = tree(result.backup)
+    originals = {k: v for k, v in before["tree"].items() if not k.endswith(".lock")}
+    assert backed == originals
+    for p in result.backup.rglob("*"):
+        assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
+    # Put back, the backup is the tree as it was.
+    shutil.rmtree(root / "projects")
+    shutil.copytree(result.backup / "projects", root / "projects")
+    shutil.rmtree(result.backup)
+    assert tree(root) == originals
+
+
+def test_no_backup_writes_none(root: Path, old: str, new: str) -> None:
+    populated(root, old)
+    result = Relocator(root, old, new, backup=False).run()
+    assert result.ok and result.backup is None
+    assert [p.name for p in root.iterdir()] == ["projects"]
+
+
+def test_running_it_again_says_nothing_to_move(root: Path, old: str, new: str) -> None:
+    populated(root, old)
+    assert cli("relocate", old, new, root).returncode == 0
+    after = tree(root)
+    again = cli("relocate", old, new, root, "--no-backup")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to move" in again.stdout
+    assert tree(root) == after
+
+
+def test_dry_run_writes_nothing_and_lists_what_would_move(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    out = cli("relocate", "--dry-run", "--json", old, new, root)
+    assert out.returncode == 0, out.stderr
+    report = orjson.loads(out.stdout)
+    assert report["summary"]["would-move"] == 4 and report["dry-run"] is True
+    assert sorted(s["id"] for s in report["sessions"]) == ["a", "b", "c", "m"]
+    assert report["to"] == str(pdir(root, new).relative_to(root))
+    assert tree(root) == before["tree"]
+
+
+def test_the_new_root_is_keyed_as_magent_keys_it(root: Path, old: str, tmp_path: Path) -> None:
+    before = populated(root, old)
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (tmp_path / "alias").symlink_to(real)
+    out = cli("relocate", old, "alias/", root, cwd=tmp_path)  # relative, a trailing slash, a link
+    assert out.returncode == 0, out.stderr
+    assert_moved(root, old, str(real), before)
+
+
+def test_the_old_root_is_found_as_given_with_a_trailing_slash(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    assert cli("relocate", old + "/", new, root).returncode == 0
+    assert_moved(root, old, new, before)
+
+
+def test_other_projects_and_global_sessions_stay_where_they_are(root: Path, old: str, new: str) -> None:
+    populated(root, old)
+    make7(root, old + "-other", "x")
+    with Store(root).open("g", None, ledger.new_thread("g", "global", "thread-g")) as s:
+        s.append_event(Events("thread-g").thread_started())
+        s.flush()
+    others = {k: v for k, v in tree(root).items() if not k.startswith(str(pdir(root, old).relative_to(root)))}
+    assert Relocator(root, old, new).run().ok
+    assert {k: v for k, v in tree(root).items() if k in others} == others
+
+
+def test_the_search_index_finds_moved_sessions_under_their_new_scope(root: Path, old: str, new: str) -> None:
+    populated(root, old)
+    index, _ = open_index(root)
+    hits = index.search("answer", limit=50).hits
+    assert {h.header for h in hits if h.id == "a"} == {pdir(root, old) / "a.json"}
+    index.close()
+    assert cli("relocate", old, new, root).returncode == 0
+    index, caught = open_index(root)
+    try:
+        assert caught.updated == 0 and caught.removed == 0, "the command already brought the index up to date"
+        hits = index.search("answer", limit=50).hits
+        assert {h.header.parent for h in hits} == {pdir(root, new)}
+        assert {h.scope for h in hits} == {new}
+    finally:
+        index.close()
+
+
+def test_magents_own_file_changes_only_where_it_holds_the_root(root: Path, old: str, new: str) -> None:
+    """A schema-6 file keeps magent's encoding and the duplicate keys it wrote: only the root's bytes change."""
+    data = make6(root, old, "m")
+    assert Relocator(root, old, new).run().ok
+    assert (pdir(root, new) / "m.json").read_bytes() == data.replace(orjson.dumps(old), orjson.dumps(new))
+
+
+def test_the_origin_magent_saves_in_metadata_moves_too_and_nothing_else_does(
+    root: Path, old: str, new: str
+) -> None:
+    initial = ledger.new_thread("o", old, "thread-o")
+    initial.created_at = 1_700_000_000.0
+    initial.metadata = {"source": "magent", "origin-scope": old}
+    with Store(root).open("o", Scope.project(old), initial) as s:
+        ev = Events("thread-o")
+        for event in ev.conversation(turns=1, chunks=1):
+            s.append_event(event)
+        s.append_event(ev.turn("turn-queued", "t-cwd", input=old, metadata={"origin-scope": old}))
+        s.put_header({**s.header, "metadata": {"origin-scope": old, "cwd": old}})
+        s.flush()
+    assert Relocator(root, old, new).run().ok
+    header, thread = values(pdir(root, new) / "o.json")
+    assert header["metadata"] == {"origin-scope": new, "cwd": old}
+    assert thread["metadata"] == {"source": "magent", "origin-scope": new}
+    # What the conversation holds is the conversation's.
+    assert thread["turns"][-1]["input"] == old and thread["turns"][-1]["metadata"] == {"origin-scope": old}
+
+
+def test_rerooted_rewrites_the_given_paths_only_and_every_duplicate_there() -> None:
+    old, new = '/o/ü "q"', "/n"
+    enc = orjson.dumps(old).decode()
+    text = orjson.dumps('"project-root":' + enc).decode()  # a string holding what looks like the key
+    data = (f'{{"project-root" : {enc},"metadata":{{"origin-scope":{enc},"origin-scope":{enc},"x":{enc}}},'
+            f'"snapshot":{{"scope":{enc},"turns":[{{"scope":{enc},"metadata":{{"origin-scope":{enc}}}}}]}},'
+            f'"n":[1, 2.5e3, true, null], "s":{text}}}').encode()
+    out = relocate.rerooted(data, relocate.SCHEMA6_ROOTS, old, new)
+    assert out == data.replace(f'"project-root" : {enc}'.encode(), b'"project-root" : "/n"').replace(
+        f'"origin-scope":{enc},"origin-scope":{enc},"x"'.encode(), b'"origin-scope":"/n","origin-scope":"/n","x"'
+    ).replace(f'"snapshot":{{"scope":{enc}'.encode(), b'"snapshot":{"scope":"/n"')
+    assert orjson.loads(out)["s"] == orjson.loads(data)["s"]
+    assert relocate.rerooted(data, relocate.SCHEMA6_ROOTS, "/else", new) is data
+
+
+# --- refusals -----------------------------------------------------------------------
+
+
+def test_a_session_open_in_a_running_backend_refuses_the_whole_move(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    lock = SessionLock(SessionFiles(pdir(root, old), "b"))
+    try:
+        out = cli("relocate", old, new, root)
+    finally:
+        lock.release()
+    assert out.returncode == 1
+    assert "locked: b" in out.stdout and "open in a running backend" in out.stdout
+    assert "nothing moved" in out.stderr
+    assert {k: v for k, v in tree(root).items() if not k.endswith(".lock")} == before["tree"]
+
+
+def test_a_session_of_the_same_id_at_the_new_place_refuses_the_whole_move(
+    root: Path, old: str, new: str
+) -> None:
+    populated(root, old)
+    make7(root, new, "c", turns=1)
+    before = tree(root)
+    out = cli("relocate", old, new, root)
+    assert out.returncode == 1
+    assert "exists: c" in out.stdout and "already holds another session of that id" in out.stdout
+    assert tree(root) == before
+
+
+def test_an_unreadable_session_refuses_the_whole_move_and_names_fsck(root: Path, old: str, new: str) -> None:
+    populated(root, old)
+    log = pdir(root, old) / "a.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    lines[2] = b"{not json"
+    log.write_bytes(b"\n".join(lines))
+    before = tree(root)
+    out = cli("relocate", old, new, root)
+    assert out.returncode == 1
+    assert "unreadable: a" in out.stdout and "fsck --repair" in out.stdout
+    assert tree(root) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["OLD", "OLD"], "the same project root"),
+        (["OLD", "OLD/"], "the same project root"),
+        (["OLD", "NEW", "NOROOT"], "no such directory"),
+        (["", "NEW"], "must be non-empty"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message_and_changes_nothing(
+    root: Path, old: str, new: str, tmp_path: Path, args: list[str], message: str
+) -> None:
+    populated(root, old)
+    before = tree(root)
+    names = {"OLD": old, "NEW": new, "NOROOT": str(tmp_path / "absent")}
+    given = [names[a.rstrip("/")] + a[len(a.rstrip("/")):] if a else a for a in args]
+    out = cli("relocate", *given, *([] if len(given) == 3 else [root]))
+    assert out.returncode == 2, out
+    assert message in out.stderr and out.stderr.startswith("magent-store: error: ")
+    assert tree(root) == before
+
+
+# --- crashes ------------------------------------------------------------------------
+
+
+def test_a_crash_at_every_step_leaves_each_session_whole_and_a_rerun_finishes(
+    root: Path, old: str, new: str
+) -> None:
+    before = populated(root, old)
+    points: list[str] = []
+    Relocator(root, old, new, crash=points.append, backup=False).run()
+    assert len(points) > 30, points
+    # Undo: start each time from the original tree.
+    for n in range(1, len(points) + 1):
+        shutil.rmtree(root)
+        root.mkdir(mode=0o700)
+        for rel, data in before["tree"].items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.write_bytes(data)
+        calls = [0]
+
+        def crash(point: str, n: int = n, calls: list[int] = calls) -> None:
+            calls[0] += 1
+            if calls[0] == n:
+                raise SimulatedCrash(point)
+
+        with pytest.raises(SimulatedCrash):
+            Relocator(root, old, new, crash=crash).run()
+        assert_whole_somewhere(root, old, new, before, points[n - 1])
+        rerun = Relocator(root, old, new).run()
+        assert rerun.ok, (points[n - 1], [m.line() for m in rerun.moves])
+        assert_moved(root, old, new, before)
+        assert Relocator(root, old, new).run().moves == []
+
+
+def assert_whole_somewhere(root: Path, old: str, new: str, before: dict[str, Any], point: str) -> None:
+    """Each session reads back whole at the old place or the new one (both only with the same values)."""
+    for sid in ("a", "b", "c", "m"):
+        places = []
+        for project in (old, new):
+            path = pdir(root, project) / f"{sid}.json"
+            if not path.exists():
+                continue
+            got = values6(path) if sid == "m" else values(path)
+            assert got == moved(before[sid], old, project), (point, sid, project)
+            places.append(project)
+        assert places, (point, sid, "lost")
+
+
+def test_kill_9_in_the_middle_then_a_rerun_finishes(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    for i in range(20):  # more sessions: a kill lands among them
+        make7(root, old, f"z{i:02d}", turns=3)
+    every = {sid: values(pdir(root, old) / f"{sid}.json") for sid in (f"z{i:02d}" for i in range(20))}
+    delay = 0.15
+    partial = 0  # kills that left sessions at both places
+    for _ in range(30):
+        proc = subprocess.Popen([*MAGENT_STORE, "relocate", old, new, root],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(delay)
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert_whole_somewhere(root, old, new, before, f"kill after {delay:.2f}s")
+        partial += pdir(root, old).exists() and pdir(root, new).exists() and any(pdir(root, new).glob("*.json"))
+        delay += 0.02
+    proc.wait()
+    assert partial, "no kill landed in the middle of the move"
+    done = cli("relocate", old, new, root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_moved(root, old, new, before)
+    for sid, value in every.items():
+        assert values(pdir(root, new) / f"{sid}.json") == moved(value, old, new)
+
+
+# --- fsck's note --------------------------------------------------------------------
+
+
+def test_fsck_notes_sessions_whose_project_root_is_gone_and_names_the_command(
+    root: Path, old: str, new: str, tmp_path: Path
+) -> None:
+    populated(root, old)
+    here = tmp_path / "present"
+    here.mkdir()
+    make7(root, str(here), "p")
+    check = fsck.Fsck(root).run()
+    notes = [f for f in check.findings if f.kind == fsck.PROJECT_MISSING]
+    assert len(notes) == 1 and not notes[0].damage
+    assert notes[0].path == pdir(root, old)
+    assert f"magent-store relocate {old} NEW-ROOT" in notes[0].message
+    assert "4 sessions" in notes[0].message
+    assert check.healthy
+    out = cli("fsck", root)
+    assert out.returncode == 0 and "relocate" in out.stdout
+    Path(old).mkdir(parents=True)
+    assert not [f for f in fsck.Fsck(root).run().findings if f.kind == fsck.PROJECT_MISSING]
