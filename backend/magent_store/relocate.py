@@ -194,7 +194,7 @@ class Relocation:
                     "moved (listed above)")  # fmt: skip
         done = self.count(WOULD_MOVE) if self.dry_run else self.count(MOVED) + self.count(FINISHED)
         verb = "would move (dry run)" if self.dry_run else "moved and verified"
-        parts = [f"{done} sessions {verb} from {self.old} to {self.new}"]
+        parts = [f"{done} session{'' if done == 1 else 's'} {verb} from {self.old} to {self.new}"]
         if self.count(FINISHED):
             parts.append(f"{self.count(FINISHED)} of them finishing an interrupted move")
         for outcome in (CHANGED, FAILED, LOCKED):

@@ -132,7 +132,7 @@ root.  SCHEMA is the format magent writes (6: one file; 7: a log beside)."
                        (magent-store-relocate-magent-test--cli
                         "relocate" old new-folder magent-session-directory)))
             (should (eq status 0))
-            (should (string-match-p "^1 sessions moved and verified" output)))
+            (should (string-match-p "^1 session moved and verified" output)))
           (clrhash magent-session--metadata-cache)
           (clrhash magent-session--loaded-sessions)
           (clrhash magent-session--scoped-sessions)
