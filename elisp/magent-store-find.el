@@ -142,24 +142,17 @@ gives them (the SHA-1 of the root's true name)."
 With STATE nil, the listing only saves its rows (see
 `magent-store-find--saved'): nothing is read into this Emacs."
   (unless (process-live-p (gethash root magent-store-find--refreshing))
-    (let* ((output (generate-new-buffer " *magent-store-find-ls*"))
-           (process
-            (make-process
-             :name "magent-store-find-ls" :buffer output
-             :command (magent-store-find--command root)
-             :coding 'utf-8 :connection-type 'pipe :noquery t
-             :sentinel
-             (lambda (process _event)
-               (unless (process-live-p process)
-                 (unwind-protect
-                     (when-let* ((state)
-                                 ((eq (process-exit-status process) 0))
-                                 (rows (magent-store-find--parse
-                                        (with-current-buffer output (buffer-string)))))
-                       (magent-store-find--fill state rows))
-                   (remhash root magent-store-find--refreshing)
-                   (kill-buffer output)))))))
-      (puthash root process magent-store-find--refreshing))))
+    (puthash root
+             (magent-store-program-run
+              "magent-store-find-ls" (list "ls" root "--brief")
+              (lambda (_process text status)
+                (unwind-protect
+                    (when-let* ((state)
+                                ((eq status 0))
+                                (rows (magent-store-find--parse text)))
+                      (magent-store-find--fill state rows))
+                  (remhash root magent-store-find--refreshing))))
+             magent-store-find--refreshing)))
 
 (defun magent-store-find--title (row)
   "Return ROW's title on one line, or its id when it has none."

@@ -86,6 +86,28 @@ is installed."
         ((listp magent-store-python) magent-store-python)
         (t (list magent-store-python))))
 
+(defun magent-store-program-run (name args on-exit)
+  "Run the backend's command line with ARGS in the background, as process NAME.
+Its output (standard output and error, read as UTF-8) goes to a hidden
+buffer; once it has exited, ON-EXIT is called with the process, that
+output and the exit status, and the buffer is killed.  Return the
+process."
+  (let* ((command (append (butlast (magent-store-program-command)) args))
+         (output (generate-new-buffer (format " *%s*" name))))
+    (make-process
+     :name name :buffer output :command command
+     :coding 'utf-8 :connection-type 'pipe :noquery t
+     :sentinel (lambda (process _event)
+                 (unless (process-live-p process)
+                   (unwind-protect
+                       (funcall on-exit process
+                                (if (buffer-live-p output)
+                                    (with-current-buffer output (buffer-string))
+                                  "")
+                                (process-exit-status process))
+                     (when (buffer-live-p output)
+                       (kill-buffer output))))))))
+
 (defun magent-store-program-command ()
   "Return the backend command as a list, ending in \"serve\".
 Signal a `user-error' that says how to install the backend when

@@ -75,40 +75,23 @@
   (when (process-live-p magent-store-scan--process)
     (delete-process magent-store-scan--process))
   (let* ((results (current-buffer))
-         (output (generate-new-buffer " *magent-store-scan-output*"))
          (process
-          (make-process
-           :name "magent-store-scan"
-           :buffer output
-           ;; Its summary and errors share the buffer: the JSON is its own line.
-           :command (apply #'magent-store-search--command
-                           "scan" "--json" magent-store-scan--root
-                           (magent-store-scan--patterns))
-           :connection-type 'pipe
-           :noquery t
-           :sentinel #'magent-store-scan--sentinel)))
-    (process-put process 'magent-store-scan-results results)
+          (magent-store-program-run
+           "magent-store-scan"
+           ;; Its summary and errors share the output: the JSON is its own line.
+           `("scan" "--json" ,magent-store-scan--root ,@(magent-store-scan--patterns))
+           (lambda (process text status)
+             (when (buffer-live-p results)
+               (with-current-buffer results
+                 ;; Only the buffer's latest scan is drawn.
+                 (when (eq process magent-store-scan--process)
+                   (setq magent-store-scan--process nil)
+                   (magent-store-scan--draw text status))))))))
     (setq magent-store-scan--process process)
     (setq tabulated-list-entries nil)
     (tabulated-list-print)
     (magent-store-scan--header "scanning…")
     process))
-
-(defun magent-store-scan--sentinel (process _event)
-  "Draw PROCESS's findings in its results buffer once it has exited."
-  (unless (process-live-p process)
-    (let ((output (process-buffer process))
-          (results (process-get process 'magent-store-scan-results)))
-      (unwind-protect
-          (when (and (buffer-live-p results) (buffer-live-p output))
-            (with-current-buffer results
-              (when (eq process magent-store-scan--process)
-                (setq magent-store-scan--process nil)
-                (magent-store-scan--draw
-                 (with-current-buffer output (buffer-string))
-                 (process-exit-status process)))))
-        (when (buffer-live-p output)
-          (kill-buffer output))))))
 
 (defun magent-store-scan--parse (text)
   "Return the JSON reply in TEXT (the scan's output) as an alist, or nil."

@@ -116,44 +116,26 @@ magent's own loader here while it is on."
   (when (process-live-p magent-store-search--process)
     (delete-process magent-store-search--process))
   (let* ((results (current-buffer))
-         (output (generate-new-buffer " *magent-store-search-output*"))
          (process
-          (make-process
-           :name "magent-store-search"
-           :buffer output
-           ;; Notices and errors share the buffer: the JSON is its own line.
-           :command (apply #'magent-store-search--command
-                           "search" magent-store-search--query
-                           magent-store-search--root "--json"
-                           "--limit" (number-to-string magent-store-search-limit)
-                           (and magent-store-search-include-tools
-                                '("--role" "tool")))
-           :connection-type 'pipe
-           :noquery t
-           :sentinel #'magent-store-search--sentinel)))
-    (process-put process 'magent-store-search-results results)
+          (magent-store-program-run
+           "magent-store-search"
+           ;; Notices and errors share the output: the JSON is its own line.
+           `("search" ,magent-store-search--query ,magent-store-search--root
+             "--json" "--limit" ,(number-to-string magent-store-search-limit)
+             ,@(and magent-store-search-include-tools '("--role" "tool")))
+           (lambda (process text status)
+             (when (buffer-live-p results)
+               (with-current-buffer results
+                 ;; Only the buffer's latest search is drawn.
+                 (when (eq process magent-store-search--process)
+                   (setq magent-store-search--process nil)
+                   (magent-store-search--draw text status))))))))
     (setq magent-store-search--process process
           magent-store-search--status "searching…")
     (setq tabulated-list-entries nil)
     (tabulated-list-print)
     (magent-store-search--header)
     process))
-
-(defun magent-store-search--sentinel (process _event)
-  "Draw PROCESS's results in its results buffer once it has exited."
-  (unless (process-live-p process)
-    (let ((output (process-buffer process))
-          (results (process-get process 'magent-store-search-results)))
-      (unwind-protect
-          (when (and (buffer-live-p results) (buffer-live-p output))
-            (with-current-buffer results
-              (when (eq process magent-store-search--process)
-                (setq magent-store-search--process nil)
-                (magent-store-search--draw
-                 (with-current-buffer output (buffer-string))
-                 (process-exit-status process)))))
-        (when (buffer-live-p output)
-          (kill-buffer output))))))
 
 (defun magent-store-search--parse (text)
   "Return the JSON reply in TEXT (the search's output) as an alist, or nil."
