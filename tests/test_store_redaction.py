@@ -224,3 +224,16 @@ def test_no_compaction_takes_in_text_of_a_batch_not_released(root: Path, events:
     assert s.unconfirmed_events == 1  # "z " is past the record: a crash cuts it, and the resend brings it back
     assert not s.flush(compact=True).compacted
     s.abandon()
+
+
+def test_a_title_cut_short_inside_a_secret_keeps_no_piece_of_it(root: Path, events: Events) -> None:
+    # magent makes a title of the first message's first words, cut short with
+    # an ellipsis: cut inside a token, what is left matches no rule.
+    s = open_session(root)
+    send(s, 1, start(events))
+    s.put_header({"title": f"deploy with {GH[:12]}…", "summary-title": f"use {GH[:9]}…"})
+    s.close()
+    header = orjson.loads((root / "global/s1.json").read_bytes())
+    assert header["title"] == "deploy with…"
+    assert header["summary-title"] == "use…"
+    assert not leaked(GH[:9], every_byte(root))

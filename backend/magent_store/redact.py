@@ -303,6 +303,33 @@ def redactor_from_spec(spec: Any, *, key: bytes | None = None) -> Redactor:
     return Redactor(base, patterns=patterns, literals=literals, key=key)
 
 
+ELLIPSIS: Final = "…"
+# The header fields magent makes of the first message's first words, cut short with an ellipsis.
+TITLE_FIELDS: Final = ("title", "summary-title")
+
+
+def cut_title(redactor: Redactor, title: str) -> str:
+    """TITLE (redacted), if cut short with an ellipsis, cut again before where a secret could start.
+
+    A title cut inside a credential, a private key's first line say, keeps
+    a piece that no rule matches any more: it is cut where a credential or
+    a literal secret could start (`Redactor.hold_from`).  The user's
+    patterns, which may match any word, are not asked, so a title is cut
+    once, not word by word.
+    """
+    if not title.endswith(ELLIPSIS):
+        return title
+    text = title[: -len(ELLIPSIS)]
+    has_rules = any(not r.user for r in redactor.rules)
+    cut = _without_patterns(has_rules, redactor.literals, redactor.key).hold_from(text)
+    return text[:cut].rstrip() + ELLIPSIS if cut < len(text) else title
+
+
+@functools.cache
+def _without_patterns(rules: bool, literals: tuple[str, ...], key: bytes) -> Redactor:
+    return redactor_from_spec({"rules": rules, "literals": list(literals)}, key=key)
+
+
 class Redactor:
     """Finds and replaces secrets: the vendored rules, the user's patterns, literal secrets.
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from magent_store.ledger import Event
-from magent_store.redact import Redactor, StreamRedactor
+from magent_store.redact import TITLE_FIELDS, Redactor, StreamRedactor, cut_title
 
 ITEM_TEXT: Final = ("content", "output", "input", "error", "metadata")
 TURN_TEXT: Final = ("input", "error", "metadata")
@@ -85,8 +85,13 @@ class SessionRedaction:
         return {**obj, "payload": payload}
 
     def header(self, obj: Any) -> Any:
-        """OBJ, a header, with its free text redacted (a copy)."""
-        return self._fields(obj, HEADER_TEXT)
+        """OBJ, a header, with its free text redacted (a copy); a title cut short cut before a secret."""
+        header = self._fields(obj, HEADER_TEXT)
+        if isinstance(header, dict):
+            for key in TITLE_FIELDS:
+                if isinstance(header.get(key), str):
+                    header[key] = cut_title(self.redactor, header[key])
+        return header
 
     def thread(self, obj: Any) -> Any:
         """OBJ, a thread snapshot in magent's JSON shape, with its free text redacted (a copy)."""

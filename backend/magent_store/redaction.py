@@ -15,20 +15,15 @@ with every string in them redacted, and what was found.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from magent_store import ledger
 from magent_store.ledger import LedgerError, Thread
-from magent_store.redact import Finding, RedactError, Redactor, redactor_from_spec
-
-ELLIPSIS: Final = "…"
-# Header fields that hold the first message's text cut short.
-_TITLES: Final = ("title", "summary-title")
+from magent_store.redact import TITLE_FIELDS, Finding, RedactError, Redactor, cut_title, redactor_from_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,20 +108,11 @@ def redact_header(redactor: Redactor, header: dict[str, Any]) -> tuple[dict[str,
     not asked, so a title is cut once, not word by word).
     """
     value, found = redactor.redact_json(header, "header")
-    for key in _TITLES:
+    for key in TITLE_FIELDS:
         title = value.get(key)
-        if isinstance(title, str) and title.endswith(ELLIPSIS):
-            text = title[: -len(ELLIPSIS)]
-            has_rules = any(not r.user for r in redactor.rules)
-            cut = _without_patterns(has_rules, redactor.literals, redactor.key).hold_from(text)
-            if cut < len(text):
-                value = {**value, key: text[:cut].rstrip() + ELLIPSIS}
+        if isinstance(title, str):
+            value = {**value, key: cut_title(redactor, title)}
     return value, found
-
-
-@functools.cache
-def _without_patterns(rules: bool, literals: tuple[str, ...], key: bytes) -> Redactor:
-    return redactor_from_spec({"rules": rules, "literals": list(literals)}, key=key)
 
 
 def redact_thread(redactor: Redactor, thread: Thread) -> tuple[Thread, list[Finding]]:
