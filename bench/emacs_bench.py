@@ -1,4 +1,4 @@
-"""magent's performance diagnosis (SPEC §4) reproduced side by side, in one run.
+"""magent's own performance diagnosis reproduced side by side, in one run.
 
 Three persistence strategies run in one real Emacs (an isolated
 ``emacs -Q --daemon``, the stream driven by timers while the command loop
@@ -62,6 +62,7 @@ STREAM_STRATEGIES = (
     ("full rewrite (json-serialize)", "full", "json-serialize"),
     ("Elisp append log", "log", "json-encode"),
     ("magent-store", "store", None),
+    ("magent-store, redaction on", "store-redact", None),
     ("floor (bare send)", "floor", None),
 )
 
@@ -173,6 +174,10 @@ class Bench:
         target.parent.mkdir(parents=True)
         sid = session["sid"]
         copies: list[Path] = []
+        # The setting is read when a session opens: redaction is on for this
+        # session only, the stream itself runs as the store's.
+        redact = strategy.endswith("-redact")
+        strategy = strategy.removesuffix("-redact")
         if strategy == "store":
             sid = f"{session['sid']}-r{self.counter}"
             directory = self.root / "global"
@@ -184,7 +189,8 @@ class Bench:
                         data = data.replace(session["sid"].encode(), sid.encode())
                     copy.write_bytes(data)
                     copies.append(copy)
-            self.eval(f"(progn (magent-store-open {el(sid)} 'global) t)")
+            self.eval(f"(let ((magent-store-redact {'t' if redact else 'nil'}))"
+                      f" (magent-store-open {el(sid)} 'global) t)")
         self.eval(f"(progn (setq msb-bench-thread nil) (garbage-collect)"
                   f" (setq msb-bench-thread (msb-load-schema6 {el(str(session['schema6']))})) t)")
         spec = (f"(list :strategy '{strategy} :thread-var 'msb-bench-thread "
@@ -222,7 +228,8 @@ def fn_stats(report: dict[str, Any], names: tuple[str, ...]) -> tuple[float, flo
 
 
 SAVE_FUNCTIONS = {"full": ("msb-fire",), "log": ("msb-fire",), "floor": ("msb-fire",),
-                  "store": ("magent-store--tick", "magent-store--tick/nested")}
+                  "store": ("magent-store--tick", "magent-store--tick/nested"),
+                  "store-redact": ("magent-store--tick", "magent-store--tick/nested")}
 
 
 def stall_of(report: dict[str, Any]) -> float:
@@ -443,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         stream.write_text(json.dumps(script, ensure_ascii=False), encoding="utf-8")
         short: list[dict[str, Any]] = []
         n_chunks = 0
-        for entry in script:  # SPEC §4's first table: 40 chunks at 20 ms
+        for entry in script:  # magent's own first table: 40 chunks at 20 ms
             if n_chunks == 40:
                 break
             short.append(entry)
@@ -513,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                                           ms(total), ms(longest)])
             if coalesce_rows:
                 tables.append(md_table(
-                    "Timer coalescing: 40 chunks at 20 ms (SPEC §4: 24 KB 39 → 5 saves, "
+                    "Timer coalescing: 40 chunks at 20 ms (magent's own figures: 24 KB 39 → 5 saves, "
                     "214 → 21 ms; 2 MB 12 → 4 saves, 885 → 390 ms)",
                     ["session", "strategy", "schedule", "saves", "time in saves", "longest save"],
                     coalesce_rows,
@@ -662,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
             "Ratios: strategy / magent-store, by run-time difference / by timed share. "
             "GCs: during the timed run.")
     tables.append(md_table(
-        "Streaming replay (SPEC §4: full rewrites 25.9% of wall, mean 93.5 ms; "
+        "Streaming replay (magent's own figures: full rewrites 25.9% of wall, mean 93.5 ms; "
         "Elisp log 1.6–2.3%, mean 4.3–6.1 ms)",
         ["session", "strategy", "CPU share (run-time diff)", "CPU share (timed)",
          "mean per save", "max per save", "longest stall", "saves", "GCs", "ratio to magent-store"],
@@ -685,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{ms(med[2])} ({100 * med[2] / total:.0f}%)", ms(med[5]),
                          f"{med[3] / 1e6:.2f} MB"])
         tables.append(md_table(
-            "Attribution of one full save of the 1.4 MB session (SPEC §4: 43.6 ms, "
+            "Attribution of one full save of the 1.4 MB session (magent's own figures: 43.6 ms, "
             "json-encode 76%, write 17%)",
             ["encoder", "total", "ledger traversal", "encode", "write + rename (fsync)",
              "of which GC", "bytes"], rows, "Medians of repeated saves."))

@@ -11,7 +11,7 @@
 ;;   materialized snapshot, bounded journal) turned into an alist, encoded
 ;;   with `json-encode' (or `json-serialize'), written to a temp file with
 ;;   `write-region' and renamed over the target.
-;; - `log': schema-7 saving in Elisp as SPEC 2 describes it: encode only
+;; - `log': schema-7 saving in Elisp as magent's design describes it: encode only
 ;;   the events not yet in the log, append them with `write-region', write
 ;;   the header only when its text changed, rewrite the snapshot only when
 ;;   the log passes its bound.
