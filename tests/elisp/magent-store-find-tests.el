@@ -194,6 +194,39 @@ Emacs; the first finder then shows that list without listing."
       (magent-store-find-prepare root)
       (should-not (gethash root magent-store-find--refreshing)))))
 
+(defun magent-store-find-test--prepare-timers ()
+  "Return the idle timers that would prepare the finder's list."
+  (cl-remove-if-not (lambda (timer)
+                      (eq (timer--function timer) #'magent-store-magent--prepare-finder))
+                    timer-idle-list))
+
+(ert-deftest magent-store-find-the-mode-prepares-the-list-once-idle ()
+  "Turning the mode on schedules one listing for when Emacs is idle, which
+saves the rows the first finder shows; with the delay nil, none."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root)))
+      (unwind-protect
+          (progn
+            (let ((magent-store-find-prepare-delay nil))
+              (magent-store-mode 1)
+              (should-not (magent-store-find-test--prepare-timers))
+              (magent-store-mode -1))
+            (let ((magent-store-find-prepare-delay 30))
+              (magent-store-mode 1)
+              (let ((timers (magent-store-find-test--prepare-timers)))
+                (should (= (length timers) 1))
+                (should (= (float-time (timer--time (car timers))) 30))
+                (cancel-timer (car timers))
+                (funcall (timer--function (car timers)))))
+            (with-timeout (60 (error "The listing did not finish"))
+              (while (gethash root magent-store-find--refreshing)
+                (accept-process-output nil 0.05)))
+            (should (= (length (magent-store-find--saved root)) 4)))
+        (mapc #'cancel-timer (magent-store-find-test--prepare-timers))
+        (magent-store-mode -1)))))
+
 (ert-deftest magent-store-find-session-opens-the-picked-session ()
   "RET hands the picked session to `magent-store-search-open-function'."
   (magent-store-test--with-backend
