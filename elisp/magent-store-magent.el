@@ -1375,8 +1375,13 @@ rather than listing them first (about a second for 10,000).  nil: never."
   :type '(choice (number :tag "Seconds idle") (const :tag "Never" nil))
   :group 'magent-store)
 
+(defvar magent-store-magent--prepare-timer nil
+  "The idle timer that will have the finder's list made, or nil.
+One at most: every pending timer costs Emacs a little at each wakeup.")
+
 (defun magent-store-magent--prepare-finder ()
   "Have the session finder's list made in the background."
+  (setq magent-store-magent--prepare-timer nil)
   (when magent-store-mode
     (magent-store-magent--guarded "preparing the session finder"
       (require 'magent-store-find)
@@ -1410,10 +1415,15 @@ session over again)? ")
         (unless (featurep 'magent-session)
           (add-hook 'after-load-functions #'magent-store-magent--loaded))
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
-        (when magent-store-find-prepare-delay
-          (run-with-idle-timer magent-store-find-prepare-delay nil
-                               #'magent-store-magent--prepare-finder)))
+        (when (and magent-store-find-prepare-delay
+                   (not (memq magent-store-magent--prepare-timer timer-idle-list)))
+          (setq magent-store-magent--prepare-timer
+                (run-with-idle-timer magent-store-find-prepare-delay nil
+                                     #'magent-store-magent--prepare-finder))))
     (remove-hook 'after-load-functions #'magent-store-magent--loaded)
+    (when magent-store-magent--prepare-timer
+      (cancel-timer magent-store-magent--prepare-timer)
+      (setq magent-store-magent--prepare-timer nil))
     (remove-hook 'magent-store-search-resume-functions
                  #'magent-store-magent--resume)
     (magent-store-magent--uninstall)

@@ -215,6 +215,14 @@ saves the rows the first finder shows; with the delay nil, none."
               (magent-store-mode -1))
             (let ((magent-store-find-prepare-delay 30))
               (magent-store-mode 1)
+              ;; Turned on again, or on while on: still one timer (each
+              ;; pending timer costs Emacs at every wakeup).
+              (magent-store-mode 1)
+              (should (= (length (magent-store-find-test--prepare-timers)) 1))
+              ;; Turned off, it is cancelled.
+              (magent-store-mode -1)
+              (should-not (magent-store-find-test--prepare-timers))
+              (magent-store-mode 1)
               (let ((timers (magent-store-find-test--prepare-timers)))
                 (should (= (length timers) 1))
                 (should (= (float-time (timer--time (car timers))) 30))
@@ -225,7 +233,8 @@ saves the rows the first finder shows; with the delay nil, none."
                 (accept-process-output nil 0.05)))
             (should (= (length (magent-store-find--saved root)) 4)))
         (mapc #'cancel-timer (magent-store-find-test--prepare-timers))
-        (magent-store-mode -1)))))
+        (magent-store-mode -1)
+        (should-not (magent-store-find-test--prepare-timers))))))
 
 (ert-deftest magent-store-find-session-opens-the-picked-session ()
   "RET hands the picked session to `magent-store-search-open-function'."
