@@ -147,6 +147,22 @@ local port may still be listed (TIME_WAIT), with another remote port."
     (while (and (not (funcall predicate (fault--tcp-state connection)))
                 (< (float-time) deadline)))))
 
+(defun fault--drain (sid)
+  "Save SID and wait until the backend answered every call sent to it.
+A process killed with bytes it never read makes the kernel reset the
+connection at once, so Emacs's next write would fail: the second send
+would then be the third.  A backend that has read everything closes it
+with a FIN, and only the write after it draws the reset."
+  (magent-store-flush sid)
+  (let ((connection (magent-store--backend-connection magent-store--backend))
+        (replies (magent-store--backend-replies magent-store--backend))
+        (deadline (+ (float-time) 30)))
+    (while (and (> (hash-table-count replies) 0) (< (float-time) deadline))
+      (accept-process-output connection 0.05 nil 1))
+    (unless (zerop (hash-table-count replies))
+      (error "Fault driver: the backend left %d calls unanswered"
+             (hash-table-count replies)))))
+
 (defun fault--kill-backend (connection)
   "SIGKILL the backend and wait until the kernel closed its end of CONNECTION.
 Emacs reads nothing meanwhile: its connection still looks live."
@@ -208,6 +224,7 @@ Emacs reads nothing meanwhile: its connection still looks live."
     (when progress (fault--progress progress "0"))
     (dotimes (i chunks)
       (when (eql i kill-at)
+        (fault--drain sid)
         (setq connection (magent-store--backend-connection magent-store--backend))
         (fault--kill-backend connection))
       (magent-store-append-item-content sid item (format "<%d>%s" i filler))
