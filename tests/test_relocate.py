@@ -431,26 +431,57 @@ def assert_whole_somewhere(root: Path, old: str, new: str, before: dict[str, Any
         assert places, (point, sid, "lost")
 
 
-def test_kill_9_in_the_middle_then_a_rerun_finishes(root: Path, old: str, new: str) -> None:
-    before = populated(root, old)
-    for i in range(20):  # more sessions: a kill lands among them
-        make7(root, old, f"z{i:02d}", turns=3)
-    every = {sid: values(pdir(root, old) / f"{sid}.json") for sid in (f"z{i:02d}" for i in range(20))}
-    delay = 0.15
-    partial = 0  # kills that left sessions at both places
-    for _ in range(30):
-        proc = subprocess.Popen([*MAGENT_STORE, "relocate", old, new, root],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        time.sleep(delay)
-        if proc.poll() is not None:
-            break
+# The command, stopped by its own crash hook at the Nth time it reaches a point (SIGSTOP
+# to itself), for the test to SIGKILL it there: every kill lands where it is meant to.
+STOPPING_RELOCATE = """
+import os, signal, sys
+from magent_store import cli, relocate
+point, nth = sys.argv[1], int(sys.argv[2])
+seen = [0]
+def stop(where):
+    if where == point:
+        seen[0] += 1
+        if seen[0] == nth:
+            os.kill(os.getpid(), signal.SIGSTOP)
+init = relocate.Relocator.__init__
+def with_stop(self, *args, **kwargs):
+    init(self, *args, **kwargs, crash=stop)
+relocate.Relocator.__init__ = with_stop
+raise SystemExit(cli.main(["relocate", *sys.argv[3:]]))
+"""
+
+
+def kill_9_at(point: str, nth: int, *args: str | Path) -> None:
+    """Run `magent-store relocate ARGS` and SIGKILL it at the NTH time it reaches POINT."""
+    proc = subprocess.Popen([sys.executable, "-c", STOPPING_RELOCATE, point, str(nth), *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a wait for luck
+        while True:
+            pid, status = os.waitpid(proc.pid, os.WUNTRACED | os.WNOHANG)
+            if pid or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert pid and os.WIFSTOPPED(status), f"relocate never reached {point} #{nth}"
+    finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert_whole_somewhere(root, old, new, before, f"kill after {delay:.2f}s")
-        partial += pdir(root, old).exists() and pdir(root, new).exists() and any(pdir(root, new).glob("*.json"))
-        delay += 0.02
-    proc.wait()
-    assert partial, "no kill landed in the middle of the move"
+
+
+def test_kill_9_in_the_middle_then_a_rerun_finishes(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    for i in range(20):
+        make7(root, old, f"z{i:02d}", turns=3)
+    every = {sid: values(pdir(root, old) / f"{sid}.json") for sid in (f"z{i:02d}" for i in range(20))}
+    partial = 0  # kills that left sessions at both places
+    # A kill while a run copies, writes, verifies and removes, each in a later session of
+    # a later run (the runs before it moved some, so every run starts somewhere else).
+    for point, nth in [("jsonl-renamed", 1), ("json-temp-written", 2), ("verified", 2),
+                       ("removed-json", 3), ("removed-snapshot", 2)]:  # fmt: skip
+        kill_9_at(point, nth, old, new, root)
+        assert_whole_somewhere(root, old, new, before, f"kill at {point} #{nth}")
+        partial += any(pdir(root, old).glob("*.json")) and any(pdir(root, new).glob("*.json"))
+    assert partial == 4, "sessions at both places after every kill but the first"
     done = cli("relocate", old, new, root)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_moved(root, old, new, before)
