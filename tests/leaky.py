@@ -21,7 +21,7 @@ from typing import Any
 import schema6
 from conftest import Events
 from magent_store.store import Scope, SessionFiles, Store
-from planted import LITERALS, PATTERNS, plants
+from planted import LITERALS, PATTERNS, plants, traces
 
 SECRETS = {p.kind: p.secret for p in plants()}
 AWS = SECRETS["aws-access-token"]
@@ -103,9 +103,6 @@ def six(root: Path, sid: str = "old") -> Path:
     return path
 
 
-_NUMERIC = re.compile(r"[0-9.:-]{4}")
-
-
 def tree(root: Path, *, skip: str | None = None) -> dict[str, bytes]:
     """Every file under ROOT (relative path -> bytes), but those under SKIP."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
@@ -117,10 +114,10 @@ def remnants(data: bytes, secrets: tuple[str, ...] = PLANTED, ordinary: str = ""
 
     A ``[redacted:KIND]`` marker does not count: its kind's name is not the
     secret; nor does a run that ORDINARY (the same thing made without
-    secrets) holds, such as the ``-pro`` of ``in-progress``; nor a run of
-    digits, dots, colons and dashes only, which times and counters in any
-    file hold by chance (``7846`` of a Slack token in a timestamp of the
-    index): a secret that left a trace leaves a run with a letter too.
+    secrets) holds, such as the ``-pro`` of ``in-progress``; nor a run
+    that any file holds by chance (`planted.traces`: hex digits, digits and
+    the characters of dates, ``7846`` of a Slack token in a timestamp of
+    the index), unless it is 16 characters long.
     """
     text = data.decode("utf-8", "replace")
     decoded = []
@@ -130,10 +127,7 @@ def remnants(data: bytes, secrets: tuple[str, ...] = PLANTED, ordinary: str = ""
     bare = re.sub(r"\[redacted:[a-z0-9-]+\]", "\0", "\0".join([text, *decoded]))
     found = []
     for secret in secrets:
-        for n in range(len(secret) - 3):
-            run = secret[n : n + 4]
-            if _NUMERIC.fullmatch(run):
-                continue
+        for run in traces(secret):
             if run in bare and run not in ordinary:
                 found.append(run)
                 break

@@ -1,11 +1,12 @@
 """Whether any planted secret (tests/planted.py) left a trace in some files: the raw bytes, grepped.
 
-A trace is 4 consecutive characters of a secret, outside the
-``[redacted:KIND]`` markers, and outside what the files are made of
-anyway: quoted lowercase words (keys, event types: ``"agent-jobs"``
-shares 4 letters with a GitLab agent token's prefix), numbers (4 digits
-may be any time or seq), and the ordinary text planted around the
-secrets (a curl command's ``https://``).  In the other files (the search
+A trace is 4 consecutive characters of a secret (`planted.traces`: not
+4 hex digits, digits or date characters, which any file holds by chance;
+16 of those), outside the ``[redacted:KIND]`` markers, and outside what
+the files are made of anyway: quoted lowercase words (keys, event types:
+``"agent-jobs"`` shares 4 letters with a GitLab agent token's prefix) and
+the ordinary text planted around the secrets (a curl command's
+``https://``).  In the other files (the search
 index's database, the backend's log) a trace is 8 characters: their own
 words (``INTEGER PRIMARY KEY``, ``magent_store``) share 4 with the fixed
 prefixes of some secrets, and their lowercase names (``sqlite_autoindex_sessions``)
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from planted import plants
+from planted import plants, traces
 
 # Where the text lands as it is, JSON: any 4 characters of a secret there are a trace.
 SESSION_FILES = frozenset({".json", ".jsonl", ".snapshot"})
@@ -39,8 +40,7 @@ def leaked(secret: str, data: bytes, run: int = 4) -> list[str]:
     text = re.sub(r'"[a-z-]+"', "", text)
     if run > 4:
         text = re.sub(r"[a-z_]{8,}", "", text)  # the database's and the log's own names
-    grams = {secret[i : i + run] for i in range(len(secret) - run + 1)}
-    return sorted(g for g in grams if not g.isdigit() and g not in ORDINARY
+    return sorted(g for g in traces(secret, run) if g not in ORDINARY
                   and (g in text or orjson.dumps(g)[1:-1].decode() in text))  # fmt: skip
 
 

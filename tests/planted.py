@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import string
 from dataclasses import dataclass
 
@@ -109,3 +110,26 @@ def plants(seed: int = 27) -> list[Plant]:
 
 LITERALS = ["Sésame-ouvre-toi-42"]
 PATTERNS = {"ticket": r"TICKET-\d{6}"}
+
+
+# What files hold by chance, whatever they hold: lowercase hex digits (ids, hashes, the
+# sha1 of a project's root, a database's pages), digits, and the punctuation of dates and
+# times (2026-12-02T09:58:43.5+00:00).  Four of these in a row are no trace of a secret:
+# ``e4b8`` of a Slack token turns up in some hash.  Sixteen in a row do not turn up by chance.
+CHANCE = re.compile(r"[0-9a-f.:+TZ-]+")
+CHANCE_RUN = 16
+
+
+def traces(secret: str, run: int = 4) -> list[str]:
+    """The pieces of SECRET whose presence in a file is a trace of it, in order.
+
+    Every RUN consecutive characters of it that hold one character files do
+    not hold by chance (see `CHANCE`), and every `CHANCE_RUN` consecutive
+    characters made only of those: a secret of hex digits (``glptt-`` and
+    forty of them) still leaves a trace.
+    """
+    pieces = [secret[i : i + run] for i in range(len(secret) - run + 1)]
+    pieces = [p for p in pieces if not CHANCE.fullmatch(p)]
+    longer = [secret[i : i + CHANCE_RUN] for i in range(len(secret) - CHANCE_RUN + 1)]
+    pieces += [p for p in longer if CHANCE.fullmatch(p)]
+    return list(dict.fromkeys(pieces))
