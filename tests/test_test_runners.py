@@ -131,3 +131,20 @@ def test_the_summary_counts_each_suite_and_a_skip_fails_it_under_ci(tmp_path: Pa
     assert _summary("report", str(records), "test-python", env=quiet).returncode == 0
     ci = _summary("report", str(records), "test-python", env=dict(quiet, CI="true"))
     assert ci.returncode == 1 and "(CI=true: every test must run)" in ci.stdout
+
+
+def test_make_test_loaded_keeps_every_core_busy_while_make_test_runs_and_stops_its_load(tmp_path: Path) -> None:
+    need(shutil.which("make"), "make", "apt-get install make")
+    # `make test` stands in here as a script that reports the load around it and fails.
+    seen = tmp_path / "seen"
+    stand_in = tmp_path / "make-test"
+    stand_in.write_text(f'#!/bin/sh\n[ "$2" = test ] || exit 9\npgrep -P "$PPID" -x yes > {seen}\nexit 3\n')
+    stand_in.chmod(0o700)
+    run = subprocess.run(["make", "--no-print-directory", "-o", "install", "test-loaded", f"MAKE={stand_in}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and "Error 3" in run.stderr, run  # make test's failure is the run's
+    load = seen.read_text().split()
+    assert len(load) == len(os.sched_getaffinity(0)), (load, run.stdout)
+    assert f"every core kept busy (load processes {' '.join(load)})" in run.stdout
+    for pid in load:  # stopped, and waited for: gone when make returns
+        assert not Path(f"/proc/{pid}").exists(), pid
