@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import random
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import leaky
 from plantcheck import leaked
@@ -16,7 +16,7 @@ from planted import CHANCE, CHANCE_RUN, plants
 def noise(seed: int, n: int = 4_000) -> bytes:
     """What files hold by chance, plenty of it: hashes, ids, times, counters, hex dumps."""
     rng = random.Random(seed)
-    start = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    start = datetime(2026, 12, 2, tzinfo=UTC)
     parts = []
     for i in range(n):
         parts.append(hashlib.sha1(str(rng.random()).encode()).hexdigest())
