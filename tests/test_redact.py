@@ -262,3 +262,34 @@ def test_a_spec_builds_the_redactor_it_names() -> None:
 def test_a_bad_spec_is_refused_naming_what_is_wrong(spec: object, named: str) -> None:
     with pytest.raises(redact.RedactError, match=re.escape(named)):
         redact.redactor_from_spec(spec)
+
+
+@pytest.mark.parametrize("rules", [True, False], ids=["rules", "no-rules"])
+def test_a_literal_of_the_shortest_length_is_redacted_whole_and_streamed(rules: bool) -> None:
+    shortest = "Kø9§"  # the documented minimum, 4 characters
+    assert len(shortest) == redact.LITERAL_MIN
+    r = redact.redactor_from_spec({"rules": rules, "literals": [shortest]})
+    text = f"le code {shortest} puis {shortest}."
+    whole, found = r.redact(text)
+    assert whole == "le code [redacted:auth-source] puis [redacted:auth-source]."
+    assert [f.kind for f in found] == ["auth-source", "auth-source"]
+    stream = redact.StreamRedactor(r)
+    assert "".join(stream.feed(c) for c in text) + stream.finish() == whole
+
+
+@pytest.mark.parametrize("rules", [True, False], ids=["rules", "no-rules"])
+@pytest.mark.parametrize("literal", ["Sésame-ouvre-toi-42", "Kø9§", "pw.x"])
+def test_a_literal_streamed_one_character_at_a_time_is_never_released_in_clear(rules: bool, literal: str) -> None:
+    # No rule's keyword near: only the literal's own hold keeps it back, up to its last
+    # character, which arrives alone; the text may end there, or go on.
+    r = redact.redactor_from_spec({"rules": rules, "literals": [literal]})
+    for text in (f"ok {literal}", f"{literal} ok", f"«{literal}»", literal):
+        stream = redact.StreamRedactor(r)
+        released = []
+        for c in text:
+            released.append(stream.feed(c))
+            assert literal not in "".join(released), (text, released)
+            # Without rules, no more than the literal's start is held back.
+            assert rules or stream.held < len(literal), (text, stream.held)
+        out = "".join(released) + stream.finish()
+        assert out == text.replace(literal, "[redacted:auth-source]"), (text, out)

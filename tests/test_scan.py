@@ -241,3 +241,16 @@ def test_reading_only_the_log_past_the_snapshot_finds_the_same(tmp_path: Path, m
     files.log.write_bytes(b"\n".join(lines))
     (broken,) = [s for s in scan.scan_root(root, redactor, workers=0) if s.path == files.header]
     assert broken.error is not None and "leaky.jsonl:1" in broken.error
+
+
+def test_a_pattern_whose_regexp_holds_an_equals_sign_is_split_at_the_first(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "keyed", ["export KEY=Q7ZK41MXR2 done\n", "other=Q7ZK41MXR3\n"])
+    # KIND=REGEXP: the kind ends at the first "=", the regexp (a lookbehind here) may hold more.
+    out = run("--json", "--pattern", "deploy-key=(?<=KEY=)[A-Z0-9]{10}", str(root))
+    assert out.returncode == 1, out.stderr
+    (session,) = json.loads(out.stdout)["sessions"]
+    assert [(f["kind"], f["where"]) for f in session["findings"]] == [
+        ("deploy-key", "turn 1 (t1)/item 1 (c1)/output")
+    ]
+    assert "Q7ZK41MXR2" not in out.stdout + out.stderr
