@@ -156,5 +156,38 @@
         (advice-remove 'magent-store--spool-file 'magent-store-redact-test)
         (delete-file netrc)))))
 
+;; Four characters is the documented minimum: a secret that long is
+;; redacted, a shorter one (it would redact ordinary words) is not taken.
+(ert-deftest magent-store-redaction-takes-an-auth-source-secret-of-four-characters ()
+  "A 4-character auth-source secret is redacted in every file; a 3-character one is not taken."
+  (magent-store-test--with-backend
+    (let* ((netrc (make-temp-file "magent-store-netrc-"))
+           (four (concat "Q%" "Z!"))
+           (three (concat "w%" "K"))
+           (auth-sources (list netrc))
+           (magent-store-redact '(auth-source))
+           (magent-store-redact-auth-sources '((:host "four.example.test")
+                                               (:host "three.example.test"))))
+      (unwind-protect
+          (progn
+            (with-temp-file netrc
+              (insert "machine four.example.test login a password " four "\n"
+                      "machine three.example.test login b password " three "\n"))
+            (when (fboundp 'auth-source-forget-all-cached)
+              (auth-source-forget-all-cached))
+            (should (equal (magent-store-redact-spec-json)
+                           (concat "{\"rules\":false,\"patterns\":{},\"literals\":[\""
+                                   four "\"]}")))
+            (magent-store-open "s-four")
+            (magent-store-test--start-turn "s-four")
+            (magent-store-append-item-content
+             "s-four" "item-1" (concat "code " four " et " three " — fait\n"))
+            (magent-store-flush "s-four")
+            (should (equal (magent-store-test--content (magent-store-load "s-four"))
+                           (concat "code [redacted:auth-source] et " three " — fait\n")))
+            (magent-store-close "s-four")
+            (should-not (string-search four (magent-store-redact-test--files-text))))
+        (delete-file netrc)))))
+
 (provide 'magent-store-redact-tests)
 ;;; magent-store-redact-tests.el ends here
