@@ -17,8 +17,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import leaky
 import schema6
+from conftest import Events
 from magent_store import scrub
 from magent_store.redact import Redactor
 from magent_store.store import Scope, SessionFiles, Store, load_session
@@ -245,3 +248,47 @@ def test_a_failed_write_puts_the_original_back(tmp_path: Path, monkeypatch: obje
     assert [(r.outcome, r.reason) for r in result.reports] == [(scrub.FAILED, "No space left on device")]
     assert {k: v for k, v in leaky.tree(root).items() if not k.endswith(".lock")} == before
     assert os.path.exists(files.snapshot)
+
+
+def test_the_removed_log_is_made_durable_by_a_sync_of_its_directory_before_the_header_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A power loss after the removal but before the directory reaches the disk could
+    # bring the removed log back, secrets and all: its directory is synced first.
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    synced: list[tuple[Path, bool]] = []  # what each fsync was of, and whether the log was still there
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((Path(os.readlink(f"/proc/self/fd/{fd}")), files.log.exists()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = scrub.Scrubber(root, Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"]),
+                            backup=False).run()  # fmt: skip
+    assert [r.outcome for r in result.reports] == [scrub.SCRUBBED]
+    assert not files.log.exists()
+    gone = synced.index((files.directory, False))  # the directory, synced once the log was gone
+    header_written = next(i for i, (path, _) in enumerate(synced) if path.name.startswith(f".{files.header.name}.tmp"))
+    assert gone < header_written, synced
+
+
+def test_a_session_whose_producer_record_is_up_to_date_is_scrubbed(tmp_path: Path) -> None:
+    # What every session written through Emacs holds: the record of the last batch Emacs
+    # was told is saved, at the log's last seq.
+    root = tmp_path / "sessions"
+    events = Events(thread_id="th-emacs")
+    with Store(root).open("emacs", Scope.global_()) as s:
+        assert s.begin_batch("emacs-1", 1)
+        for event in events.conversation(turns=1, chunks=2):
+            s.append_event(event)
+        s.append_event(events.turn("turn-queued", "t9", input=f"the key {leaky.GH}"))
+        s.flush()
+    files = SessionFiles(root / "global", "emacs")
+    record = json.loads(files.producer.read_bytes())
+    assert record["producer"] == "emacs-1" and record["seq"] == load_session(files)[1].last_event_seq
+    out = scrub_cli(root, "--no-backup")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "scrubbed: global/emacs.json" in out.stdout, out.stdout
+    assert leaky.remnants(b"".join(leaky.tree(root).values()), (leaky.GH,)) == []
