@@ -82,6 +82,25 @@ chroot here has no python3 of its own)."
       (string-trim (buffer-substring (max (point-min) (- (point-max) 300))
                                      (point-max))))))
 
+(defun magent-store-install-test--found-from (elisp tmp)
+  "Return the backend program a fresh Emacs finds, loading the shim from ELISP.
+It has no backend on PATH, and its `user-emacs-directory' (no virtualenv
+of the installer's) is under TMP."
+  (let ((process-environment
+         (cons (concat "PATH=" (mapconcat #'identity
+                                          (magent-store-install-test--without-backends
+                                           (split-string (or (getenv "PATH") "") ":" t))
+                                          ":"))
+               process-environment)))
+    (with-temp-buffer
+      (call-process
+       (expand-file-name invocation-name invocation-directory) nil '(t nil) nil
+       "--batch" "-Q" "-L" elisp
+       "--eval" (format "(setq user-emacs-directory %S)"
+                        (file-name-as-directory (expand-file-name "fresh.d" tmp)))
+       "--eval" "(progn (require 'magent-store-program) (princ (car (magent-store-program))))")
+      (buffer-string))))
+
 (ert-deftest magent-store-install-backend-from-the-package-then-start ()
   "No backend: start offers the installation, which makes a virtualenv
 under `user-emacs-directory'; the backend then starts from there."
@@ -143,14 +162,16 @@ backend is installed\\|installing the backend failed\\)" nil t)))))
                                            magent-store-backend-directory)))
             (should (file-executable-p program))
             (should (equal (magent-store-program) (list program)))
-            ;; The installed backend carries this package's Lisp files.
-            (should (file-exists-p
-                     (expand-file-name
-                      "magent-store.el"
-                      (string-trim
-                       (with-output-to-string
-                         (call-process program nil standard-output nil
-                                       "elisp-dir")))))))
+            ;; The installed backend carries this package's Lisp files, and
+            ;; they, loaded from there, find it in the pip installation's
+            ;; layout: no virtualenv of the installer's, none on PATH.
+            (let ((elisp (string-trim
+                          (with-output-to-string
+                            (call-process program nil standard-output nil
+                                          "elisp-dir")))))
+              (should (file-exists-p (expand-file-name "magent-store.el" elisp)))
+              (should (equal (magent-store-install-test--found-from elisp tmp)
+                             program))))
           (should magent-store--backend)
           (should (equal (car (process-command (magent-store--backend-process
                                                 magent-store--backend)))
