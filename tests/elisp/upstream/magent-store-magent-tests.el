@@ -690,6 +690,37 @@ See the Commentary: upstream's ledger with that event is not public."
        (magent-store-magent-test--magent-header session root))
       (should-not magent-store-magent--adapter-failures))))
 
+;; The header magent builds after the clear may be the very text sent
+;; before it (the same title given again): the store, which removed the
+;; old header with the files, must be sent it again, or the session is
+;; listed without its title.
+(ert-deftest magent-store-magent-a-cleared-session-has-its-header-sent-again ()
+  "After a clear, the same header as before is sent again: the session keeps its title."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let* ((root (magent-store-magent-test--project "recleared"))
+           (session (magent-store-magent-test--session "s-reclear" root))
+           (titled (lambda ()
+                     (setf (magent-session-metadata session)
+                           (list (cons 'title "Réglages du déploiement"))))))
+      (funcall titled)
+      (magent-store-magent-test--turn session root "Same first words" 'completed)
+      (magent-session-save-for-session session root)
+      (should (equal (alist-get 'title (magent-store-magent-test--store-header
+                                        session root))
+                     "Réglages du déploiement"))
+      (let ((magent-session--current-scope root))
+        (magent-session-clear session root)
+        (magent-session-thread-ledger session))
+      (funcall titled)
+      (magent-store-magent-test--turn session root "Same first words" 'completed)
+      (magent-session-save-for-session session root)
+      (let ((after (magent-store-magent-test--store-header session root)))
+        (should (equal (alist-get 'title after) "Réglages du déploiement"))
+        (magent-store-magent-test--should-equal
+         after (magent-store-magent-test--magent-header session root)))
+      (should-not magent-store-magent--adapter-failures))))
+
 ;;;; A session the store already has is not sent again
 
 (ert-deftest magent-store-magent-a-known-session-is-opened-without-its-state ()
