@@ -161,5 +161,36 @@ did not answer within 1s" (car (last failures))))
                      "put while hung"))
       (should (equal (magent-store-open "s-other") 0)))))
 
+(ert-deftest magent-store-a-flush-refused-as-not-open-reopens-the-session-and-saves ()
+  "A backend that no longer has the session open refuses its batch: the
+session is opened again there and everything is saved, once."
+  (magent-store-test--with-backend
+    (let ((magent-store-retry-interval 0.05)
+          (messages nil))
+      (magent-store-open "s-gone")
+      (magent-store-test--start-turn "s-gone")
+      (magent-store-append-item-content "s-gone" "item-1" "before ")
+      (magent-store-flush "s-gone")
+      ;; Closed in the backend, behind the shim's back.
+      (magent-store--call "close" (list "s-gone"))
+      (let ((session (gethash "s-gone" magent-store--sessions)))
+        (cl-letf (((symbol-function 'message)
+                   (lambda (format &rest args)
+                     (push (apply #'format-message format args) messages))))
+          (magent-store-append-item-content "s-gone" "item-1" "after the close")
+          (magent-store-request-flush "s-gone")
+          ;; Timers run: the flush, its refusal's retry, the reopening.
+          (let ((deadline (+ (float-time) 30)))
+            (while (and (or (not (magent-store--session-opened session))
+                            (magent-store--session-inflight session)
+                            (> (magent-store--unsaved session) 0))
+                        (< (float-time) deadline))
+              (sleep-for 0.05))))
+        (should (cl-some (lambda (m) (string-match-p "is not open here" m)) messages))
+        (should (magent-store--session-opened session))
+        (should (= (magent-store--unsaved session) 0)))
+      (should (equal (magent-store-test--content (magent-store-load "s-gone"))
+                     "before after the close")))))
+
 (provide 'magent-store-recovery-tests)
 ;;; magent-store-recovery-tests.el ends here

@@ -189,5 +189,58 @@
             (should-not (string-search four (magent-store-redact-test--files-text))))
         (delete-file netrc)))))
 
+(ert-deftest magent-store-held-and-in-flight-batches-are-resent-in-order-after-a-restart ()
+  "A batch whose text the backend held, then one it never answered, both
+go again to the restarted backend, in their order: nothing lost, nothing
+twice, the secret split across them still redacted."
+  (magent-store-test--with-backend
+    (let ((magent-store-redact t)
+          (magent-store--recovering nil)
+          (token (magent-store-redact-test--token))
+          (resent nil))
+      (magent-store-open "s-order")
+      (magent-store-test--start-turn "s-order")
+      (magent-store-flush "s-order")
+      (magent-store-append-item-content "s-order" "item-1" "un ")
+      (magent-store-append-item-content "s-order" "item-1" (substring token 0 20))
+      (let* ((session (magent-store-redact-test--tick-and-wait "s-order"))
+             (killed magent-store--backend)
+             (pid (magent-store--backend-pid killed)))
+        (should (= (length (magent-store--session-held session)) 1))
+        ;; Stopped, it reads the next batch never: that one stays in flight.
+        (signal-process pid 'SIGSTOP)
+        (magent-store-append-item-content "s-order" "item-1"
+                                          (concat (substring token 20) " deux "))
+        (magent-store--tick session)
+        (should (= (length (magent-store--session-inflight session)) 1))
+        (should (< (car (car (magent-store--session-held session)))
+                   (car (car (magent-store--session-inflight session)))))
+        (magent-store-append-item-content "s-order" "item-1" "trois")
+        (advice-add 'magent-store--send-batch :before
+                    (lambda (_session record &rest _) (push (car record) resent))
+                    '((name . magent-store-redact-test-resent)))
+        (unwind-protect
+            (progn
+              (signal-process pid 'SIGKILL)
+              ;; Until a new backend has the session open again and both batches back.
+              (let ((deadline (+ (float-time) 30)))
+                (while (and (or (eq magent-store--backend killed)
+                                magent-store--recovering
+                                (not (magent-store--session-opened session))
+                                (magent-store--session-inflight session))
+                            (< (float-time) deadline))
+                  (sleep-for 0.05))))
+          (advice-remove 'magent-store--send-batch 'magent-store-redact-test-resent))
+        ;; Each once, in their order: none refused for coming first.
+        (setq resent (nreverse resent))
+        (should (>= (length resent) 2))
+        (should (equal resent (sort (delete-dups (copy-sequence resent)) #'<))))
+      (magent-store-flush "s-order")
+      (should (equal (magent-store-test--content (magent-store-load "s-order"))
+                     "un [redacted:github-pat] deux trois"))
+      (magent-store-close "s-order")
+      (should-not (magent-store-redact-test--leaked
+                   token (magent-store-redact-test--files-text))))))
+
 (provide 'magent-store-redact-tests)
 ;;; magent-store-redact-tests.el ends here
