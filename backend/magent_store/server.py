@@ -94,8 +94,11 @@ FLUSH_SAMPLES = 2048
 # Replies to `tick` (a flush the shim sends from its timer) are held back up to
 # this long and written together, or at once ahead of any other reply: every
 # reply wakes Emacs up, and a tick's reply only lets Emacs forget a batch that
-# is already on disk.  The flush itself is never delayed.
-ACK_DELAY_S = 1.0
+# is already on disk.  The flush itself is never delayed.  For the tests that
+# a synchronous save never waits on them, MAGENT_STORE_TEST_ACK_DELAY=SECONDS
+# holds them that long instead (unset, always, outside tests).
+ACK_DELAY_ENV = "MAGENT_STORE_TEST_ACK_DELAY"
+ACK_DELAY_S = float(os.environ.get(ACK_DELAY_ENV) or 1.0)
 LAZY_METHODS = frozenset({"tick", "tick-file"})
 
 JsonDict = dict[str, Any]
