@@ -1387,12 +1387,27 @@ One at most: every pending timer costs Emacs a little at each wakeup.")
       (require 'magent-store-find)
       (magent-store-find-prepare))))
 
+(defvar magent-store-magent--start-timer nil
+  "The idle timer that will start the backend after the mode turned on, or nil.")
+
+(defun magent-store-magent--start-backend ()
+  "Start the backend, if the mode is on and none runs, without waiting for it.
+Its port, the handshake and the version check then come through its
+process filters: the first save finds it ready, or waits only for the
+rest of its start.  A backend that cannot start is said once."
+  (setq magent-store-magent--start-timer nil)
+  (when magent-store-mode
+    (condition-case err
+        (magent-store--ensure-backend)
+      (error (magent-store--give-up (error-message-string err))))))
+
 ;;;###autoload
 (define-minor-mode magent-store-mode
   "Route magent's session persistence through the magent-store backend.
 Events and streamed chunks are forwarded as magent appends them, saves
 become header refreshes and flushes, a session is flushed before magent
-reads it, and Emacs flushes everything before it exits.  Only the
+reads it, and Emacs flushes everything before it exits.  The backend
+starts at the first idle moment after the mode turns on.  Only the
 functions the loaded magent has are advised; `magent-store-status'
 says what the mode makes of the loaded magent (see
 `magent-store-magent-functions').  RET on a result of
@@ -1415,12 +1430,21 @@ session over again)? ")
         (unless (featurep 'magent-session)
           (add-hook 'after-load-functions #'magent-store-magent--loaded))
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+        ;; The backend starts at the first idle moment: never inside the
+        ;; init file, and never at magent's first save.
+        (unless (or magent-store--backend
+                    (memq magent-store-magent--start-timer timer-idle-list))
+          (setq magent-store-magent--start-timer
+                (run-with-idle-timer 0 nil #'magent-store-magent--start-backend)))
         (when (and magent-store-find-prepare-delay
                    (not (memq magent-store-magent--prepare-timer timer-idle-list)))
           (setq magent-store-magent--prepare-timer
                 (run-with-idle-timer magent-store-find-prepare-delay nil
                                      #'magent-store-magent--prepare-finder))))
     (remove-hook 'after-load-functions #'magent-store-magent--loaded)
+    (when magent-store-magent--start-timer
+      (cancel-timer magent-store-magent--start-timer)
+      (setq magent-store-magent--start-timer nil))
     (when magent-store-magent--prepare-timer
       (cancel-timer magent-store-magent--prepare-timer)
       (setq magent-store-magent--prepare-timer nil))

@@ -453,7 +453,9 @@ The backend announces its port on stdout; our filter then connects and
 authenticates, and once the token is accepted every open session is
 reopened and what it had not saved is sent again.  Nothing here waits:
 chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
-  (unless (require 'epc nil t)
+  ;; Found, not loaded: the shim needs none of its code, and loading it
+  ;; would block Emacs for a tenth of a second.
+  (unless (locate-library "epc")
     (user-error "Magent-store needs epc.el: M-x package-install RET epc \
 \(MELPA), or your distribution's package (Debian: elpa-epc)"))
   (let* ((command (magent-store-program-command))

@@ -10,7 +10,8 @@ import sys
 # package imports an XML-RPC server).
 NOT_AT_START = ("magent_store.cli", "magent_store.export", "magent_store.listing", "magent_store.fsck",
                 "magent_store.scan", "magent_store.scrub", "magent_store.usage", "magent_store.document",
-                "magent_store.idle", "magent_store.relocate", "magent_store.report", "epc", "xmlrpc")
+                "magent_store.idle", "magent_store.relocate", "magent_store.report", "magent_store.search",
+                "epc", "xmlrpc")
 
 
 def modules_after(code: str) -> set[str]:

@@ -913,6 +913,8 @@ def serve(*, log_level: str = "INFO") -> int:
     sys.stdout.write(f"{port}\n")
     sys.stdout.flush()
     _redirect_stderr(directory)
+    # What the first open needs beyond serving, imported while Emacs connects.
+    threading.Thread(target=_import_search, daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -922,6 +924,11 @@ def serve(*, log_level: str = "INFO") -> int:
         os.close(spool_lock)
         log.info("stopped")
     return 0
+
+
+def _import_search() -> None:
+    with contextlib.suppress(Exception):  # the open that needs it says what is wrong
+        import magent_store.search  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
