@@ -1391,7 +1391,7 @@ One at most: every pending timer costs Emacs a little at each wakeup.")
   "The idle timer that will start the backend after the mode turned on, or nil.")
 
 (defun magent-store-magent--start-backend ()
-  "Start the backend, if the mode is on and none runs, without waiting for it.
+  "Start the backend without waiting for it, if the mode is on and none is up.
 Its port, the handshake and the version check then come through its
 process filters: the first save finds it ready, or waits only for the
 rest of its start.  A backend that cannot start is said once."
