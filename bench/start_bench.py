@@ -25,6 +25,8 @@ it is blocked Emacs.
 
     MAGENT_LISP=DIR/lisp .venv/bin/python bench/start_bench.py [--runs 10] [--emacs emacs]
 
+``--elisp DIR`` and ``--backend PROGRAM`` measure another version the same way.
+
 ``make bench-start`` runs it on the pinned copy of upstream magent.
 """
 
@@ -69,9 +71,9 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def one_run(emacs: str, magent_lisp: Path, elisp: Path, scenario: str) -> dict[str, Any]:
+def one_run(emacs: str, magent_lisp: Path, elisp: Path, backend: str, scenario: str) -> dict[str, Any]:
     env = dict(os.environ, MAGENT_LISP=str(magent_lisp), START_BENCH_SCENARIO=scenario,
-               START_BENCH_BACKEND=str(BACKEND), START_BENCH_STUBS=str(STUBS))  # fmt: skip
+               START_BENCH_BACKEND=backend, START_BENCH_STUBS=str(STUBS))  # fmt: skip
     done = subprocess.run(
         [emacs, "--batch", "-Q", "-L", str(elisp), "-l", str(START_EL), "-f", "start-bench-run"],
         env=env, capture_output=True, text=True, timeout=300,
@@ -95,6 +97,8 @@ def main() -> int:
     parser.add_argument("--emacs", default=os.environ.get("EMACS", "emacs"))
     parser.add_argument("--elisp", type=Path, default=REPO / "elisp",
                         help="the Lisp files of magent-store to run (default: the checkout's)")
+    parser.add_argument("--backend", default=str(BACKEND),
+                        help="the backend program (default: the checkout's .venv/bin/magent-store)")
     args = parser.parse_args()
     if not os.environ.get("MAGENT_LISP"):
         print("bench/start_bench.py: set MAGENT_LISP to upstream magent's lisp/ folder "
@@ -108,7 +112,7 @@ def main() -> int:
         for n in range(args.runs):
             progress(f"run {n + 1} of {args.runs}")
             for scenario in ("ready", "first-save"):
-                for key, value in one_run(args.emacs, magent_lisp, args.elisp, scenario).items():
+                for key, value in one_run(args.emacs, magent_lisp, args.elisp, args.backend, scenario).items():
                     if value is not None:
                         runs.setdefault(key, []).append(float(value))
     load = os.getloadavg()[0]
