@@ -288,17 +288,18 @@ rendered for it to read)")
   "What failed inside an advice: ((WHERE . CONDITION) COUNT MESSAGE) rows.")
 
 (defun magent-store-magent--failed (where err)
-  "Record that WHERE failed with ERR; tell the user the first time."
+  "Record that WHERE failed with ERR; tell the user the first time.
+Not when it is why persistence stopped, which the user was told."
   (let* ((key (cons where (car-safe err)))
-         (row (assoc key magent-store-magent--adapter-failures)))
-    (if row
-        (setcar (cdr row) (1+ (cadr row)))
-      (push (list key 1 (error-message-string err))
-            magent-store-magent--adapter-failures)
-      (setq magent-store--last-error
-            (format "%s: %s" where (error-message-string err)))
-      (message "magent-store: %s failed (%s); magent goes on, \
-see M-x magent-store-status" where (error-message-string err)))))
+         (row (assoc key magent-store-magent--adapter-failures))
+         (text (error-message-string err)))
+    (cond (row (setcar (cdr row) (1+ (cadr row))))
+          ((progn (push (list key 1 text) magent-store-magent--adapter-failures)
+                  (and magent-store--gave-up magent-store--last-error
+                       (string-search text magent-store--last-error))))
+          (t (setq magent-store--last-error (format "%s: %s" where text))
+             (message "magent-store: %s failed (%s); magent goes on, \
+see M-x magent-store-status" where text)))))
 
 (defmacro magent-store-magent--guarded (where &rest body)
   "Run BODY; an error in it is recorded under WHERE, never signalled."

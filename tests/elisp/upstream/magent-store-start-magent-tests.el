@@ -144,7 +144,8 @@
       (magent-store-start-test--durable-save "s-before-ready"))))
 
 (ert-deftest magent-store-magent-a-backend-that-cannot-start-is-said-once ()
-  "Mode on with no backend installed: said once, nothing raised into magent."
+  "Mode on with no backend installed: said once, nothing raised into magent.
+magent's save records its failure for the status buffer all the same."
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
     (let ((magent-store-python (list (expand-file-name "no-such-backend" tmp)))
@@ -158,10 +159,15 @@
         ;; Turned off and on again: tried again, not said again.
         (magent-store-mode -1)
         (magent-store-mode 1)
-        (magent-store-start-test--fire-start-timer))
+        (magent-store-start-test--fire-start-timer)
+        ;; magent's turn and its save go on, and say nothing more.
+        (let ((session (magent-store-magent-test--session "s-no-backend" 'global)))
+          (magent-store-start-test--turn session "unsaved")
+          (magent-session-save-for-session session 'global)))
       (should (= 1 (cl-count-if (lambda (text) (string-match-p "no-such-backend" text))
                                 said)))
       (should (string-match-p "not installed" magent-store--last-error))
+      (should (assoc '("a save" . user-error) magent-store-magent--adapter-failures))
       (should-not magent-store--backend))))
 
 (provide 'magent-store-start-magent-tests)
