@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready mutation mutation-elisp test test-loaded test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find lint clean
+.PHONY: install emacs-ready mutation mutation-elisp test test-loaded test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find bench-start lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -207,6 +207,23 @@ bench-migrate: install
 # temp dir): from its start to its candidates, in fresh Emacs runs.
 bench-find: install emacs-ready
 	$(PY) bench/find_bench.py --emacs $(EMACS)
+
+# What a conversation's start costs Emacs, through upstream magent's code
+# (the pinned copy, or MAGENT_LISP): mode-on, the backend's start and its
+# parts, the first save of the day, a new session's first save, a later
+# save, a restart; medians of 10 fresh Emacs runs.  EMACS picks the Emacs.
+bench-start: install emacs-ready
+	@lisp='$(MAGENT_LISP)'; \
+	if [ -z "$$lisp" ]; then \
+	  if [ -z '$(UPSTREAM_TARBALL)' ]; then \
+	    echo "make bench-start: upstream magent not found: no magent-*.tar.gz in $(UPSTREAM), and MAGENT_LISP is not set (see docs/DEVELOPING.md)"; exit 2; \
+	  fi; \
+	  tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/magent-upstream.XXXXXX") || exit 2; \
+	  trap 'rm -rf "$$tmp"' EXIT; trap 'exit 130' INT TERM; \
+	  tar -xzf '$(UPSTREAM_TARBALL)' -C "$$tmp" || exit 2; \
+	  lisp=$$tmp/lisp; \
+	fi; \
+	MAGENT_LISP=$$lisp $(PY) bench/start_bench.py --emacs $(EMACS)
 
 # 10,000 generated sessions (>= 1 GB) in a temp dir; needs ~5 GB free in $$TMPDIR.
 bench-search: install

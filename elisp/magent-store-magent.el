@@ -288,17 +288,18 @@ rendered for it to read)")
   "What failed inside an advice: ((WHERE . CONDITION) COUNT MESSAGE) rows.")
 
 (defun magent-store-magent--failed (where err)
-  "Record that WHERE failed with ERR; tell the user the first time."
+  "Record that WHERE failed with ERR; tell the user the first time.
+Not when it is why persistence stopped, which the user was told."
   (let* ((key (cons where (car-safe err)))
-         (row (assoc key magent-store-magent--adapter-failures)))
-    (if row
-        (setcar (cdr row) (1+ (cadr row)))
-      (push (list key 1 (error-message-string err))
-            magent-store-magent--adapter-failures)
-      (setq magent-store--last-error
-            (format "%s: %s" where (error-message-string err)))
-      (message "magent-store: %s failed (%s); magent goes on, \
-see M-x magent-store-status" where (error-message-string err)))))
+         (row (assoc key magent-store-magent--adapter-failures))
+         (text (error-message-string err)))
+    (cond (row (setcar (cdr row) (1+ (cadr row))))
+          ((progn (push (list key 1 text) magent-store-magent--adapter-failures)
+                  (and magent-store--gave-up magent-store--last-error
+                       (string-search text magent-store--last-error))))
+          (t (setq magent-store--last-error (format "%s: %s" where text))
+             (message "magent-store: %s failed (%s); magent goes on, \
+see M-x magent-store-status" where text)))))
 
 (defmacro magent-store-magent--guarded (where &rest body)
   "Run BODY; an error in it is recorded under WHERE, never signalled."
@@ -1387,12 +1388,27 @@ One at most: every pending timer costs Emacs a little at each wakeup.")
       (require 'magent-store-find)
       (magent-store-find-prepare))))
 
+(defvar magent-store-magent--start-timer nil
+  "The idle timer that will start the backend after the mode turned on, or nil.")
+
+(defun magent-store-magent--start-backend ()
+  "Start the backend without waiting for it, if the mode is on and none is up.
+Its port, the handshake and the version check then come through its
+process filters: the first save finds it ready, or waits only for the
+rest of its start.  A backend that cannot start is said once."
+  (setq magent-store-magent--start-timer nil)
+  (when magent-store-mode
+    (condition-case err
+        (magent-store--ensure-backend)
+      (error (magent-store--give-up (error-message-string err))))))
+
 ;;;###autoload
 (define-minor-mode magent-store-mode
   "Route magent's session persistence through the magent-store backend.
 Events and streamed chunks are forwarded as magent appends them, saves
 become header refreshes and flushes, a session is flushed before magent
-reads it, and Emacs flushes everything before it exits.  Only the
+reads it, and Emacs flushes everything before it exits.  The backend
+starts at the first idle moment after the mode turns on.  Only the
 functions the loaded magent has are advised; `magent-store-status'
 says what the mode makes of the loaded magent (see
 `magent-store-magent-functions').  RET on a result of
@@ -1415,12 +1431,21 @@ session over again)? ")
         (unless (featurep 'magent-session)
           (add-hook 'after-load-functions #'magent-store-magent--loaded))
         (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+        ;; The backend starts at the first idle moment: never inside the
+        ;; init file, and never at magent's first save.
+        (unless (or magent-store--backend
+                    (memq magent-store-magent--start-timer timer-idle-list))
+          (setq magent-store-magent--start-timer
+                (run-with-idle-timer 0 nil #'magent-store-magent--start-backend)))
         (when (and magent-store-find-prepare-delay
                    (not (memq magent-store-magent--prepare-timer timer-idle-list)))
           (setq magent-store-magent--prepare-timer
                 (run-with-idle-timer magent-store-find-prepare-delay nil
                                      #'magent-store-magent--prepare-finder))))
     (remove-hook 'after-load-functions #'magent-store-magent--loaded)
+    (when magent-store-magent--start-timer
+      (cancel-timer magent-store-magent--start-timer)
+      (setq magent-store-magent--start-timer nil))
     (when magent-store-magent--prepare-timer
       (cancel-timer magent-store-magent--prepare-timer)
       (setq magent-store-magent--prepare-timer nil))

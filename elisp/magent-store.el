@@ -453,7 +453,9 @@ The backend announces its port on stdout; our filter then connects and
 authenticates, and once the token is accepted every open session is
 reopened and what it had not saved is sent again.  Nothing here waits:
 chunks keep queueing meanwhile.  `magent-store--wait-ready' waits."
-  (unless (require 'epc nil t)
+  ;; Found, not loaded: the shim needs none of its code, and loading it
+  ;; would block Emacs for a tenth of a second.
+  (unless (locate-library "epc")
     (user-error "Magent-store needs epc.el: M-x package-install RET epc \
 \(MELPA), or your distribution's package (Debian: elpa-epc)"))
   (let* ((command (magent-store-program-command))
@@ -1262,21 +1264,28 @@ entries stay in Emacs and are sent again)."
                 (magent-store--session-opening session))
       (magent-store--reopen session))
     (magent-store--flush-now session)
-    (while (and (or (magent-store--session-inflight session)
-                    (> (magent-store--session-fill session) 0)
-                    (magent-store--session-held session)
-                    (not (magent-store--session-opened session)))
-                (not (magent-store--session-retry session))
-                (magent-store--ready-p backend)
-                (< (float-time) deadline))
-      ;; JUST-THIS-ONE an integer: no timers run while we wait.
-      (accept-process-output process 0.05 nil 1)
-      ;; The session may just have been reopened, its batches sent again
-      ;; as ticks: a flush then has the backend write what it holds back.
-      (when (or (> (magent-store--session-fill session) 0)
-                (and (magent-store--session-held session)
-                     (null (magent-store--session-inflight session))))
-        (magent-store--flush-now session)))
+    (let ((last (car (last (magent-store--session-inflight session)))))
+      (while (and (or (magent-store--session-inflight session)
+                      (> (magent-store--session-fill session) 0)
+                      (magent-store--session-held session)
+                      (not (magent-store--session-opened session)))
+                  (not (magent-store--session-retry session))
+                  (magent-store--ready-p backend)
+                  (< (float-time) deadline))
+        ;; JUST-THIS-ONE an integer: no timers run while we wait.
+        (accept-process-output process 0.05 nil 1)
+        ;; The session may just have been opened or reopened, its queue
+        ;; and its batches sent as ticks, whose replies the backend holds
+        ;; back up to a second: a flush sent after them has it answer them
+        ;; at once, and write what redaction holds back.
+        (when (and (magent-store--sendable-p session)
+                   (or (> (magent-store--session-fill session) 0)
+                       (if (magent-store--session-inflight session)
+                           (not (eq last (car (last (magent-store--session-inflight
+                                                     session)))))
+                         (magent-store--session-held session))))
+          (magent-store--flush-now session)
+          (setq last (car (last (magent-store--session-inflight session)))))))
     (when (or (magent-store--session-inflight session)
               (> (magent-store--session-fill session) 0)
               (magent-store--session-held session))

@@ -1,5 +1,5 @@
 """Allow ``python -m magent_store`` as a synonym of the ``magent-store`` command."""
 
-from magent_store.cli import main
+from magent_store.main import main
 
 raise SystemExit(main())

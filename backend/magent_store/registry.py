@@ -14,14 +14,16 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from magent_store.arguments import CallError, JsonDict
 from magent_store.ledger import Thread
 from magent_store.redacting import SessionRedaction
-from magent_store.search import SearchIndex
 from magent_store.sessions import open_session
 from magent_store.store import Scope, Session, SessionFiles, SessionNotFound, Store, StoreError
+
+if TYPE_CHECKING:  # imported at the first index opened: the backend starts without it
+    from magent_store.search import SearchIndex
 
 # What opening and closing cost is the server's to tell: its log says it under its name.
 log = logging.getLogger("magent_store.server")
@@ -82,6 +84,8 @@ class Registry:
         index = self._indexes.get(root)
         if index is None:
             try:
+                from magent_store.search import SearchIndex
+
                 index = self._indexes[root] = SearchIndex(Path(root).expanduser(), live=True)
             except Exception as err:  # search is a convenience: never at the cost of a session
                 log.warning("search index of %s unavailable: %s", root, err)

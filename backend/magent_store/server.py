@@ -47,20 +47,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import sexpdata
-from epc.handler import encode_message
-from epc.server import EPCServer
 from sexpdata import Symbol
 
-from magent_store import __version__, export
+from magent_store import __version__
 from magent_store.arguments import CallError, apply_batch, decode_utf8, json_text, text
 from magent_store.ledger import LedgerError, Thread, thread_from_json
-from magent_store.listing import Catalog, picker_entries
 from magent_store.metrics import MetricsLog
-from magent_store.redact import RedactError, redactor_from_spec
 from magent_store.redacting import SessionRedaction
 from magent_store.registry import Registry
 from magent_store.spool import Spool, remove_stale_spools
@@ -75,6 +71,11 @@ from magent_store.store import (
     dumps,
     make_private_dirs,
 )
+
+# Starting costs what serving a save needs, no more: the tools (export for
+# magent's reader, the listing for its picker) are imported at their first call.
+if TYPE_CHECKING:
+    from magent_store.listing import Catalog
 
 log = logging.getLogger("magent_store.server")
 
@@ -94,8 +95,11 @@ FLUSH_SAMPLES = 2048
 # Replies to `tick` (a flush the shim sends from its timer) are held back up to
 # this long and written together, or at once ahead of any other reply: every
 # reply wakes Emacs up, and a tick's reply only lets Emacs forget a batch that
-# is already on disk.  The flush itself is never delayed.
-ACK_DELAY_S = 1.0
+# is already on disk.  The flush itself is never delayed.  For the tests that
+# a synchronous save never waits on them, MAGENT_STORE_TEST_ACK_DELAY=SECONDS
+# holds them that long instead (unset, always, outside tests).
+ACK_DELAY_ENV = "MAGENT_STORE_TEST_ACK_DELAY"
+ACK_DELAY_S = float(os.environ.get(ACK_DELAY_ENV) or 1.0)
 LAZY_METHODS = frozenset({"tick", "tick-file"})
 
 JsonDict = dict[str, Any]
@@ -189,6 +193,8 @@ def _redaction(spec: Any) -> SessionRedaction | None:
     """The redaction a session's open options ask for (None: none); a bad spec is refused by what is wrong."""
     if spec is None:
         return None
+    from magent_store.redact import RedactError, redactor_from_spec
+
     try:
         return SessionRedaction(redactor_from_spec(spec))
     except RedactError as err:
@@ -476,6 +482,8 @@ class Service:
         except StoreError as err:
             raise CallError(str(err)) from None
         live = self.sessions.flushed_view(files)
+        from magent_store import export
+
         try:
             name, damage = export.render(files, self.spool, hollow=bool(hollow), live=live)
         except (StoreError, LedgerError) as err:
@@ -500,6 +508,8 @@ class Service:
                 raise CallError(f"directory must be a folder of the root {str(root_path)!r:.200}, "
                                 f"got {directory!r:.200}")
         live = self.sessions.flushed_headers(root_path.resolve())
+        from magent_store.listing import Catalog, picker_entries
+
         catalog = self._catalogs.get(str(root_path))
         if catalog is None:
             catalog = self._catalogs[str(root_path)] = Catalog(root_path, self.spool.parent)
@@ -594,6 +604,12 @@ def _ms(seconds: float | None) -> float | None:
 
 # --------------------------------------------------------------------------
 # The wire
+
+def encode_message(name: str, *args: Any) -> bytes:
+    """One EPC frame: six hex digits of length, the message's s-expression, a newline."""
+    data = sexpdata.dumps([Symbol(name), *args]).encode("utf-8")
+    return b"%06x%s\n" % (len(data) + 1, data)
+
 
 _CALL_ID = re.compile(rb"\s*\(\s*call\s+(\d{1,18})[\s(]")
 
@@ -793,14 +809,14 @@ class Connection(socketserver.StreamRequestHandler):
         return False
 
 
-class Server(socketserver.ThreadingMixIn, EPCServer):  # type: ignore[misc]
-    """EPCServer, one thread per connection (never per call: calls stay ordered)."""
+class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """The EPC server, one thread per connection (never per call: calls stay ordered)."""
 
     daemon_threads = True
     allow_reuse_address = False
 
     def __init__(self, token: str, service: Service) -> None:
-        EPCServer.__init__(self, ("127.0.0.1", 0), RequestHandlerClass=Connection)
+        socketserver.TCPServer.__init__(self, ("127.0.0.1", 0), Connection)
         self.token = token
         self.service = service
         self._owner: Connection | None = None
@@ -819,6 +835,9 @@ class Server(socketserver.ThreadingMixIn, EPCServer):  # type: ignore[misc]
     def release_admission(self) -> None:
         with self._owner_lock:
             self._waiting -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("connection %s: unexpected error", client_address)
 
     def names(self) -> list[str]:
         return sorted([*self.service.methods(), "shutdown"])
@@ -894,6 +913,8 @@ def serve(*, log_level: str = "INFO") -> int:
     sys.stdout.write(f"{port}\n")
     sys.stdout.flush()
     _redirect_stderr(directory)
+    # What the first open needs beyond serving, imported while Emacs connects.
+    threading.Thread(target=_import_search, daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -903,6 +924,11 @@ def serve(*, log_level: str = "INFO") -> int:
         os.close(spool_lock)
         log.info("stopped")
     return 0
+
+
+def _import_search() -> None:
+    with contextlib.suppress(Exception):  # the open that needs it says what is wrong
+        import magent_store.search  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
