@@ -39,6 +39,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import FileChanged, create_if_absent, read_seen, remove_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 
 # Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
@@ -189,12 +190,21 @@ def _is_json(path: Path) -> bool:
 
 
 def _set_aside(path: Path, sync: bool) -> Path:
-    """Move PATH to a free ``PATH.corrupt-<n>`` beside it (a synced copy first): a repair deletes nothing."""
+    """Move PATH to a free ``PATH.corrupt-<n>`` beside it (a synced copy first): a repair deletes nothing.
+
+    PATH goes only if it is still what was copied (magent may save it
+    meanwhile, without a lock): else the copy goes and `FileChanged` is raised.
+    """
     n = 1
     while (aside := path.with_name(f"{path.name}.corrupt-{n}")).exists():
         n += 1
-    atomic_write(aside, path.read_bytes(), sync=sync)
-    path.unlink()
+    seen = read_seen(path)
+    atomic_write(aside, seen.data, sync=sync)
+    try:
+        remove_if_unchanged(seen, sync=sync, what="repaired")
+    except FileChanged:
+        aside.unlink()
+        raise
     return aside
 
 
@@ -557,12 +567,17 @@ class Fsck:
             finding.message += f"; {why}"
             finding.repairable = can
         if repair and scope is not None and can:
-            if invalid is not None:
-                aside = _set_aside(files.header, self.sync)
-                finding.message += f"; the old one moved to {aside.name}"
             header = default_header(files.id, scope)
             header["summary-title"] = summary_title(thread)
-            atomic_write(files.header, dumps(header), sync=self.sync)
+            try:
+                if invalid is not None:
+                    aside = _set_aside(files.header, self.sync)
+                    finding.message += f"; the old one moved to {aside.name}"
+                # Never over a header magent wrote in the meantime.
+                create_if_absent(files.header, dumps(header), sync=self.sync, what="repaired")
+            except FileChanged:
+                finding.message += "; saved by magent while it was repaired: left as magent saved it"
+                return
             finding.repaired = True
 
 

@@ -37,6 +37,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
+from magent_store.fileio import FileChanged, read_file, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.redact import RedactError, Redactor
 from magent_store.store import (
@@ -57,6 +58,7 @@ from magent_store.store import (
     read_header,
     replay_session,
     scan_log,
+    sweep_stale_temps,
     sync_directories,
 )
 
@@ -105,10 +107,12 @@ DAMAGED: Final = "damaged"  # cannot be read whole: left alone (fsck)
 UNCONFIRMED: Final = "unconfirmed"  # the log ends in a batch its writer sends again: left alone
 CHANGED: Final = "changed"  # the rewrite did not read back as redacted: the original put back
 FAILED: Final = "failed"  # an I/O error: the original put back
+SAVED_MEANWHILE: Final = "saved-meanwhile"  # magent saved it while it was scrubbed: left as magent saved it
 
-OUTCOMES: Final = (SCRUBBED, WOULD_SCRUB, CLEAN, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED)
+OUTCOMES: Final = (SCRUBBED, WOULD_SCRUB, CLEAN, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED,
+                   SAVED_MEANWHILE)  # fmt: skip
 # Outcomes after which the session may still hold a secret.
-LEFT: Final = frozenset({WOULD_SCRUB, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED})
+LEFT: Final = frozenset({WOULD_SCRUB, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED, SAVED_MEANWHILE})
 
 
 @dataclass(slots=True)
@@ -157,7 +161,9 @@ class Scrub:
                               (DAMAGED, "damaged (left alone: run magent-store fsck)"),
                               (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
                               (CHANGED, "did not read back as redacted (original put back)"),
-                              (FAILED, "failed (original put back)")):  # fmt: skip
+                              (FAILED, "failed (original put back)"),
+                              (SAVED_MEANWHILE, "saved by magent while scrubbed (left as magent saved it: "
+                                                "run scrub again)")):  # fmt: skip
             if self.count(outcome):
                 parts.append(f"{self.count(outcome)} {what}")
         return ", ".join(parts)
@@ -198,7 +204,11 @@ class Scrubber:
         self.backup_path = None if dry_run or not backup else new_backup_path(self.root, BACKUP_KIND)
 
     def run(self, progress: Callable[[ScrubReport], None] | None = None) -> Scrub:
-        for path in Store(self.root).headers():
+        paths = list(Store(self.root).headers())
+        if not self.dry_run:  # what interrupted writes left, secrets and all, goes first
+            for directory in sorted({p.parent for p in paths}):
+                sweep_stale_temps(directory)
+        for path in paths:
             report = self.scrub_file(path)
             self.result.reports.append(report)
             if progress is not None:
@@ -330,7 +340,8 @@ class Scrubber:
     # -- schema 6 ----------------------------------------------------------
 
     def _scrub6(self, path: Path, files: SessionFiles, report: ScrubReport) -> None:
-        original = path.read_bytes()
+        seen = read_seen(path)
+        original = seen.data
         try:
             obj, shadowed = schema6.loads_first_wins(original)
             schema6.classify(obj)
@@ -359,14 +370,17 @@ class Scrubber:
             raise _Refused(CHANGED, f"{difference}; the session is as it was")
         if self.dry_run:
             return
-        originals = self._back_up(files, (path, files.log, files.snapshot))
+        self._back_up(files, (path, files.log, files.snapshot))
+        # magent writes this file without a lock: replaced only if it is still what was read.
         try:
-            atomic_write(path, body, sync=self.sync)
-            if path.read_bytes() != body:
-                raise _Refused(CHANGED, "the file did not read back as written; the session is as it was")
-        except BaseException:
-            self._put_back(originals)
-            raise
+            written = replace_if_unchanged(seen, body, sync=self.sync, what="scrubbed")
+        except FileChanged:
+            raise _Refused(SAVED_MEANWHILE, "saved by magent while it was scrubbed: left as magent saved it; "
+                           "run scrub again") from None  # fmt: skip
+        if read_file(path) != body:
+            with contextlib.suppress(FileChanged):  # a newer save by magent stays
+                replace_if_unchanged(written, original, sync=self.sync, what="put back")
+            raise _Refused(CHANGED, "the file did not read back as written; the session is as it was")
         report.outcome = SCRUBBED
         if shadowed:
             report.reason = f"{shadowed} duplicate keys magent never read (it reads the first) left out"
@@ -460,7 +474,11 @@ def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
         if index_note:
             print(index_note)
     if result.backup is not None:
-        print(f"The originals, secrets included, are in {result.backup}: that copy is now the one place "
-              "the secrets remain.  Once you have checked the scrubbed sessions, delete it:\n"
+        left = [r for r in result.reports if r.outcome in LEFT]
+        where = ("that copy is now the one place the secrets remain" if not left else
+                 f"the secrets remain there, and in the {len(left)} session(s) left as they were "
+                 f"({', '.join(str(r.path.relative_to(root)) for r in left)})")  # fmt: skip
+        print(f"The originals, secrets included, are in {result.backup}: {where}.  Once you have checked "
+              "the scrubbed sessions, delete it:\n"
               f"  rm -rf -- {shlex.quote(str(result.backup))}", file=sys.stderr)  # fmt: skip
     return 0 if result.ok else 1
