@@ -7,8 +7,9 @@ every log line (valid, seqs strictly increasing), that the log continues the
 snapshot, a torn final line or an invalid tail a power loss left, orphans
 (a log or snapshot without a header) and stale temp files of interrupted
 atomic writes, and that the log's committed bytes match their checksums
-(``<id>.sums``); a lock nobody holds is a note, not damage, and so is a
-project whose folder no longer exists (named with the command that moves
+(``<id>.sums``); a lock nobody holds is a note, not damage, and so are a
+temp file an interrupted write left (any tool, or the backend at the
+session's next open, removes it) and a project whose folder no longer exists (named with the command that moves
 its sessions: the project may have moved).
 
 ``repair=True`` fixes only what has one right answer, holding the session's
@@ -80,7 +81,7 @@ TORN_TAIL: Final = "torn-tail"
 CHECKSUM: Final = "checksum"  # committed bytes that changed since they were written
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
-STALE_TEMP: Final = "stale-temp"
+STALE_TEMP: Final = "stale-temp"  # a note: see NOTES
 STALE_LOCK: Final = "stale-lock"  # a note: see NOTES
 STALE_PRODUCER: Final = "stale-producer"  # a batch record beside no session of the store's
 STALE_SUMS: Final = "stale-sums"  # the log's checksums beside no session of the store's
@@ -91,8 +92,9 @@ NOT_SESSION: Final = "not-session"
 SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
 PROJECT_MISSING: Final = "project-missing"  # sessions of a project whose folder is gone (moved?)
 
-# A lock nobody holds is what any crash leaves: nothing is wrong (--repair removes it).
-NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, PROJECT_MISSING})
+# A lock nobody holds, a temp file of a write that never finished: what any crash leaves, nothing
+# is wrong (--repair, the next tool, the backend's next open remove them).
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, STALE_TEMP, PROJECT_MISSING})
 STALE_LOCK_MESSAGE: Final = (
     "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
 )
