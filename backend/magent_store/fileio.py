@@ -362,8 +362,40 @@ def remove_stale_temps(files: SessionFiles) -> None:
             if is_temp_file(path.name):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                    log.info("%s: removed the temp file of an interrupted write", path)
+                    log.warning("%s: removed the temp file of an interrupted write", path)
 
+
+
+# Files beside a session that can hold its text: a temp file an interrupted write left
+# (``.<id>.<file>.tmp-<pid>``), lines or a file a repair set aside (``<file>.tail-<n>``,
+# ``<file>.corrupt-<n>``).  OWNER is the session's id, where the name holds one.
+SIDE_FILE: Final = re.compile(
+    r"^(?:\.(?P<owner>.+?)\.(?:json|jsonl|snapshot|producer|sums)\.tmp-\d+|\..+\.tmp-\d+"
+    r"|(?P<kept>.+?)\.(?:json|jsonl|snapshot)\.(?:tail|corrupt)-\d+)$"
+)
+_SCOPE_DIRECTORIES: Final = ("global", "projects/*", "actions/*")
+
+
+def side_files(root: Path) -> list[Path]:
+    """The temp and set-aside files in ROOT's session directories (`SIDE_FILE`), in order."""
+    found: list[Path] = []
+    for pattern in _SCOPE_DIRECTORIES:
+        for directory in sorted(root.glob(pattern)):
+            with contextlib.suppress(OSError):
+                found += sorted(p for p in directory.iterdir() if SIDE_FILE.match(p.name) and p.is_file()
+                                and not p.is_symlink())  # fmt: skip
+    return found
+
+
+def side_file_owner(path: Path) -> str | None:
+    """The id of the session the side file at PATH belongs to, when its name says."""
+    match = SIDE_FILE.match(path.name)
+    return None if match is None else match.group("owner") or match.group("kept")
+
+
+def side_file_kind(path: Path) -> str:
+    """What the side file at PATH is, in words."""
+    return "a temp file an interrupted write left" if path.name.startswith(".") else "set aside by a repair"
 
 
 # ---------------------------------------------------------------------------

@@ -9,8 +9,9 @@ snapshot, a torn final line or an invalid tail a power loss left, orphans
 atomic writes, and that the log's committed bytes match their checksums
 (``<id>.sums``); a lock nobody holds is a note, not damage, and so are a
 temp file an interrupted write left (any tool, or the backend at the
-session's next open, removes it) and a project whose folder no longer exists (named with the command that moves
-its sessions: the project may have moved).
+session's next open, removes it) and a project whose folder no longer
+exists (named with the command that moves its sessions: the project may
+have moved).
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are

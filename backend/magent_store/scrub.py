@@ -37,7 +37,15 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
-from magent_store.fileio import FileChanged, read_file, read_seen, replace_if_unchanged
+from magent_store.fileio import (
+    FileChanged,
+    read_file,
+    read_seen,
+    replace_if_unchanged,
+    side_file_kind,
+    side_file_owner,
+    side_files,
+)
 from magent_store.ledger import LedgerError, Thread
 from magent_store.redact import RedactError, Redactor
 from magent_store.store import (
@@ -139,6 +147,7 @@ class Scrub:
     dry_run: bool
     reports: list[ScrubReport] = field(default_factory=list)
     backup: Path | None = None
+    files: list[ScrubReport] = field(default_factory=list)  # side files that held secrets (`scan.side_files`)
 
     def count(self, outcome: str) -> int:
         return sum(1 for r in self.reports if r.outcome == outcome)
@@ -149,8 +158,13 @@ class Scrub:
 
     @property
     def ok(self) -> bool:
-        """No session is left that may hold a secret."""
-        return not any(r.outcome in LEFT for r in self.reports)
+        """No session, and no file beside one, is left that may hold a secret."""
+        return not any(r.outcome in LEFT for r in self.reports + self.files)
+
+    @property
+    def left(self) -> list[ScrubReport]:
+        """The sessions and files beside them that may still hold a secret."""
+        return [r for r in self.reports + self.files if r.outcome in LEFT]
 
     def summary(self) -> str:
         done = self.count(WOULD_SCRUB) if self.dry_run else self.count(SCRUBBED)
@@ -166,6 +180,12 @@ class Scrub:
                                                 "run scrub again)")):  # fmt: skip
             if self.count(outcome):
                 parts.append(f"{self.count(outcome)} {what}")
+        if self.files:
+            done_files = sum(1 for r in self.files if r.outcome in (WOULD_SCRUB, SCRUBBED))
+            verb = "hold secrets" if self.dry_run else "scrubbed"
+            left = sum(1 for r in self.files if r.outcome in LEFT and r.outcome != WOULD_SCRUB)
+            parts.append(f"{done_files} file(s) beside them (temp or set aside) {verb}"
+                         + (f", {left} left (being written)" if left else ""))  # fmt: skip
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -174,6 +194,7 @@ class Scrub:
             "backup": None if self.backup is None else str(self.backup),
             "summary": {"sessions": len(self.reports), **{o: self.count(o) for o in OUTCOMES}},
             "sessions": [r.to_json(self.root) for r in self.reports],
+            "files": [r.to_json(self.root) for r in self.files],
         }  # fmt: skip
 
 
@@ -213,6 +234,10 @@ class Scrubber:
             self.result.reports.append(report)
             if progress is not None:
                 progress(report)
+        for side in side_files(self.root):
+            report = self.scrub_side_file(side)
+            if report.outcome != CLEAN:
+                self.result.files.append(report)
         if self.backup_path is not None and self.backup_path.exists():
             self.result.backup = self.backup_path
         return self.result
@@ -244,6 +269,59 @@ class Scrubber:
             if lock is not None:
                 lock.release(remove=True)
         return report
+
+    def scrub_side_file(self, path: Path) -> ScrubReport:
+        """Remove (a temp file) or rewrite redacted (what a repair set aside) the side file at PATH.
+
+        Under its session's lock, when its name names one: a temp file of a
+        session open for writing is being written, and is left.
+        """
+        report = ScrubReport(path, 0, CLEAN, side_file_kind(path))
+        try:
+            found = self.redactor.find(read_file(path).decode("utf-8", "surrogateescape"))
+        except OSError as exc:
+            report.outcome, report.reason = FAILED, f"{exc.strerror or exc}"
+            return report
+        if not found:
+            return report
+        report.secrets, report.kinds, report.outcome = len(found), _kinds(found), WOULD_SCRUB
+        if self.dry_run:
+            return report
+        owner = side_file_owner(path)
+        lock = None
+        if owner is not None and ledger.valid_session_id(owner):
+            try:
+                lock = SessionLock(SessionFiles(path.parent, owner))
+            except SessionLockedError:
+                report.outcome, report.reason = LOCKED, f"{report.reason}, of a session open for writing"
+                return report
+        try:
+            data = read_file(path)
+            self._back_up_file(path, data)
+            if path.name.startswith("."):
+                path.unlink()
+                report.reason = f"{report.reason}: removed"
+            else:
+                text, _ = self.redactor.redact(data.decode("utf-8", "surrogateescape"))
+                atomic_write(path, text.encode("utf-8", "surrogateescape"), sync=self.sync)
+                report.reason = f"{report.reason}: each secret redacted"
+            if self.sync:
+                sync_directories([path.parent])
+            report.outcome = SCRUBBED
+        except OSError as exc:
+            report.outcome, report.reason = FAILED, f"{exc.strerror or exc}"
+        finally:
+            if lock is not None:
+                lock.release(remove=True)
+        return report
+
+    def _back_up_file(self, path: Path, data: bytes) -> None:
+        if self.backup_path is None:
+            return
+        target = self.backup_path / path.parent.relative_to(self.root)
+        make_private_dirs(target)
+        atomic_write(target / path.name, data, sync=self.sync)
+        self.result.backup = self.backup_path
 
     # -- schema 7 ----------------------------------------------------------
 
@@ -465,7 +543,7 @@ def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
         body["index"] = index_note
         sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
     else:
-        for r in result.reports:
+        for r in result.reports + result.files:
             if r.outcome in (SCRUBBED, WOULD_SCRUB) or r.outcome in LEFT:
                 kinds = f" ({', '.join(r.kinds)})" if r.kinds else ""
                 why = f": {r.reason}" if r.reason else ""
@@ -473,12 +551,13 @@ def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
         print(result.summary())
         if index_note:
             print(index_note)
+    left = ", ".join(str(r.path.relative_to(root)) for r in result.left)
     if result.backup is not None:
-        left = [r for r in result.reports if r.outcome in LEFT]
         where = ("that copy is now the one place the secrets remain" if not left else
-                 f"the secrets remain there, and in the {len(left)} session(s) left as they were "
-                 f"({', '.join(str(r.path.relative_to(root)) for r in left)})")  # fmt: skip
+                 f"the secrets remain there, and in what was left as it was: {left}")  # fmt: skip
         print(f"The originals, secrets included, are in {result.backup}: {where}.  Once you have checked "
               "the scrubbed sessions, delete it:\n"
               f"  rm -rf -- {shlex.quote(str(result.backup))}", file=sys.stderr)  # fmt: skip
+    elif left and not args.dry_run:
+        print(f"Secrets remain in what was left as it was: {left}", file=sys.stderr)
     return 0 if result.ok else 1
