@@ -31,7 +31,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, read_file, read_seen, replace_if_unchanged
+from magent_store.fileio import FileChanged, newest_mtime_ns, read_file, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     CorruptSessionError,
@@ -457,7 +457,9 @@ class Exporter:
         # The commit point: from here on magent's release reads the session.  Its release may write
         # the file without a lock (a session it holds in memory): replaced only if it is as read.
         try:
-            written = replace_if_unchanged(seen, body, sync=self.sync, what="exported")
+            # Its time of last update, the newest of its files', is the one file's now.
+            last_update = newest_mtime_ns([files.header, files.log, files.snapshot])
+            written = replace_if_unchanged(seen, body, sync=self.sync, what="exported", mtime_ns=last_update)
         except FileChanged:
             why = "saved by magent while it was exported: left as magent saved it, for a later run"
             return ExportReport(path, SAVED_MEANWHILE, why)

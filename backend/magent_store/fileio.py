@@ -399,6 +399,30 @@ def side_file_kind(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------
+# A session's time: its files' modification times
+
+
+def newest_mtime_ns(paths: tuple[Path, ...] | list[Path]) -> int:
+    """The latest modification time among PATHS that exist (0: none does)."""
+    newest = 0
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            newest = max(newest, os.lstat(path).st_mtime_ns)
+    return newest
+
+
+def keep_time(path: Path, mtime_ns: int) -> None:
+    """Give the file at PATH, just rewritten, the modification time MTIME_NS it stands for.
+
+    magent lists its sessions by their files' modification times, and so
+    do the finder and ``ls``: maintenance that rewrites a session keeps
+    its time of last update, as if nothing had been written.
+    """
+    if mtime_ns > 0:
+        os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+
+
+# ---------------------------------------------------------------------------
 # Compare-and-swap: a file magent may write without a lock
 
 
@@ -501,11 +525,13 @@ def _private_name(path: Path) -> Path:
 
 
 def replace_if_unchanged(seen: FileSeen, data: bytes, *, sync: bool, what: str = "rewritten",
-                         crash: Callable[[str], None] | None = None) -> FileSeen:  # fmt: skip
+                         crash: Callable[[str], None] | None = None,
+                         mtime_ns: int | None = None) -> FileSeen:  # fmt: skip
     """Replace the file SEEN was read from by DATA, only if it is still that file, unchanged.
 
     The new file is written and fsynced under a temp name, with SEEN's
-    times (magent lists sessions by their file's modification time), then
+    times (magent lists sessions by their file's modification time; or
+    MTIME_NS, the time of the session's last update), then
     swapped with the file in one step (renameat2 RENAME_EXCHANGE) and
     what was swapped out compared with SEEN.  When it differs, someone
     (magent) saved the file since it was read: it is swapped back, and if
@@ -521,7 +547,7 @@ def replace_if_unchanged(seen: FileSeen, data: bytes, *, sync: bool, what: str =
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             write_all(fd, data)
-            os.utime(fd, ns=(seen.atime_ns, seen.mtime_ns))
+            os.utime(fd, ns=(seen.atime_ns, seen.mtime_ns if mtime_ns is None else mtime_ns))
             os.fsync(fd)
             new = os.fstat(fd)
         finally:

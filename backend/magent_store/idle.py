@@ -50,7 +50,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, read_seen, replace_if_unchanged
+from magent_store.fileio import FileChanged, keep_time, newest_mtime_ns, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -276,7 +276,9 @@ class IdleCompactor:
             old_snapshot: bytes | None = read_file(files.snapshot)
         except FileNotFoundError:
             old_snapshot = None
+        last_update = newest_mtime_ns([files.header, files.log, files.snapshot])
         atomic_write(files.snapshot, snapshot, sync=True)
+        keep_time(files.snapshot, last_update)  # the session's place in every list, as it was
         # Read back the way it is read from now on: the snapshot alone.
         read_back, _ = replay_session(files, scope, LogScan([], [], 0, False))
         difference = _difference(expected, read_back)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, FileSeen, read_file, read_seen, replace_if_unchanged
+from magent_store.fileio import FileChanged, FileSeen, keep_time, read_file, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError
 from magent_store.schema6 import ALREADY_7 as ALREADY_7  # what happened to one file, as decoding says
 from magent_store.schema6 import CHANGED as CHANGED
@@ -286,6 +286,8 @@ class Migrator:
                 crash("backup-written")
         atomic_write(files.log, plan.log_bytes, sync=self.sync, crash=crash)
         atomic_write(files.snapshot, plan.snapshot_bytes, sync=self.sync, crash=crash)
+        for new_file in (files.log, files.snapshot):  # the session's time of last update, as it was
+            keep_time(new_file, seen.mtime_ns)
         found = _verify(plan)
         if found is not None:
             self._discard(files)

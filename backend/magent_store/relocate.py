@@ -42,7 +42,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, FileSeen, read_seen, remove_if_unchanged
+from magent_store.fileio import FileChanged, FileSeen, keep_time, read_seen, remove_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -602,6 +602,12 @@ class Relocator:
             atomic_write(new.snapshot, plan.snapshot_bytes, sync=self.sync, crash=self._crash)
         # The header makes it a session at the new place: after everything it needs.
         atomic_write(new.header, plan.header_bytes, sync=self.sync, crash=self._crash)
+        # Each file keeps its time: the session keeps its place in magent's list and the finder's.
+        for path in plan.paths:
+            twin = new.directory / path.name
+            if path != old.lock and twin.exists():
+                mtime = plan.header_seen.mtime_ns if path == old.header and plan.header_seen else None
+                keep_time(twin, mtime or os.lstat(path).st_mtime_ns)
         found = self._verify(plan)
         if found is not None:
             self._discard(new)

@@ -39,6 +39,8 @@ import orjson
 from magent_store import ledger, redaction, schema6
 from magent_store.fileio import (
     FileChanged,
+    keep_time,
+    newest_mtime_ns,
     read_file,
     read_seen,
     replace_if_unchanged,
@@ -372,12 +374,16 @@ class Scrubber:
         if self.dry_run:
             return
         kept = (files.header, files.log, files.snapshot, files.producer, files.sums)
+        # The session's place in every list (magent's, the finder's) is its files' times: kept.
+        last_update = newest_mtime_ns([files.header, files.log, files.snapshot])
+        header_time = newest_mtime_ns([files.header])
         originals = self._back_up(files, kept)
         try:
             if conversation:
                 # The snapshot first: the old log's events are all at or before its seq, so
                 # every state on the way reads back as the whole conversation.
                 atomic_write(files.snapshot, snapshot, sync=self.sync)
+                keep_time(files.snapshot, last_update)
                 # No log rather than an empty one: magent's schema-7 reader takes an empty
                 # file for a torn one and writes it again.  Its checksums go with it.
                 for p in (files.log, files.sums):
@@ -388,6 +394,7 @@ class Scrubber:
             difference = self._verify7(files, new_value)
             if difference is None and header_changed:
                 atomic_write(files.header, header_bytes, sync=self.sync)
+                keep_time(files.header, header_time)
                 difference = self._verify7(files, new_value, new_header)
         except BaseException:
             self._put_back(originals)
