@@ -437,7 +437,13 @@ def _compact_idle(args: argparse.Namespace) -> int:
             print(f"{report.path}: {shown[report.outcome]}{saved}{reason}")
     done = idle.WOULD_COMPACT if args.dry_run else idle.COMPACTED
     verb = "would be compacted" if args.dry_run else "compacted"
-    left = f", {result.count(idle.LEFT)} left (saved by magent meanwhile)" if result.count(idle.LEFT) else ""
+    # What it left, and why: one line says all (Emacs shows it in the echo area).
+    why_left = {idle.UNCOMMITTED: "waiting for Emacs to send their last batch again",
+                idle.KEPT: "holding journal events their snapshot lacks",
+                idle.LEFT: "saved by magent meanwhile (for a later run)",
+                idle.DAMAGED: "damaged (run magent-store fsck)",
+                idle.CHANGED: "that would not read back the same", idle.FAILED: "failed"}  # fmt: skip
+    left = "".join(f", {result.count(o)} {why}" for o, why in why_left.items() if result.count(o))
     print(f"{root}: {result.count(done)} idle session(s) {verb}, {_human_size(result.bytes_saved)} "
           f"{'would be ' if args.dry_run else ''}saved; {result.count(idle.RECENT)} recent, "
           f"{result.count(idle.NO_LOG)} compact already, {result.count(idle.OPEN)} open{left}")  # fmt: skip
