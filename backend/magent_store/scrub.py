@@ -252,7 +252,8 @@ class Scrubber:
             files = SessionFiles.from_header_path(path)
         except StoreError as exc:
             return ScrubReport(path, schema, DAMAGED, str(exc))
-        if lock_is_held(files.lock):
+        held = lock_is_held(files.lock)
+        if held and not self.dry_run:
             return ScrubReport(path, schema, LOCKED, "open for writing by a running backend")
         try:
             lock = None if self.dry_run else SessionLock(files)
@@ -270,6 +271,13 @@ class Scrubber:
         finally:
             if lock is not None:
                 lock.release(remove=True)
+        if held and report.outcome != CLEAN:
+            # A dry run reads an open session too: what a run would do once it is closed.
+            open_now = "open for writing by a running backend (M-x magent-store-scrub closes its own first)"
+            if report.outcome == WOULD_SCRUB:
+                report.reason = open_now
+            else:
+                report.outcome, report.reason = LOCKED, open_now
         return report
 
     def scrub_side_file(self, path: Path) -> ScrubReport:
