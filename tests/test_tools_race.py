@@ -171,5 +171,5 @@ def test_no_save_is_lost_to_any_tool_while_magent_saves(tmp_path: Path) -> None:
          "upstream magent", "MAGENT_LISP, or the pinned copy in ../shared/upstream/")  # fmt: skip
     tallies = tool_race.run_trials(tmp_path, trials=2)
     assert [t.tool for t in tallies] == list(tool_race.TOOLS)
-    assert [(t.tool, t.trials, t.lost, t.unnamed, t.problems) for t in tallies] == [
-        (t.tool, 2, 0, 0, []) for t in tallies]
+    assert [(t.tool, t.trials, t.lost, t.unnamed, t.not_taken_up, t.problems) for t in tallies] == [
+        (t.tool, 2, 0, 0, 0, []) for t in tallies]

@@ -7,7 +7,9 @@ before it replaces or removes that session's file (the test-only hook
 MAGENT_STORE_TEST_TOOL_PAUSE); upstream magent's own code, in a real
 `emacs --batch` (tests/faults/tool-race-driver.el), then saves a new turn
 of that session, and the tool goes on.  magent's reader must then find the
-turn: a save the tool wrote over is a save lost.  The tools: compact
+turn: a save the tool wrote over is a save lost.  The tool must name the
+session it left, and the same command run again must take it up, the
+turn kept.  The tools: compact
 (--idle-days, and of one session, which takes it over), scrub, migrate,
 relocate, export --schema 6 (magent holding the session from before it was
 migrated) and fsck --repair (rebuilding a damaged header).
@@ -142,6 +144,8 @@ class Trial:
     file: Path  # the session file magent saves
     argv: list[str]  # the tool's command line (after magent-store)
     memory: bool = False  # magent saves the session it holds in memory, not the one on disk
+    after: Path | None = None  # where the session is once a later run did its work (default: FILE)
+    migrated: bool = False  # a later run leaves it in the store's format: read by the store's reader
 
 
 @dataclass
@@ -150,17 +154,19 @@ class Tally:
     trials: int = 0
     lost: int = 0
     unnamed: int = 0  # the tool did not say which session it left
+    not_taken_up: int = 0  # the run after did not finish the work, or lost the turn
     said: str = ""
     problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.unnamed or self.problems)
+        return not (self.lost or self.unnamed or self.not_taken_up or self.problems)
 
     def line(self) -> str:
         status = "ok  " if self.ok else "FAIL"
         return (f"{status} {self.tool:<22} trials {self.trials:4d}  saves lost {self.lost}  "
-                f"left unnamed {self.unnamed}  said: {self.said}")  # fmt: skip
+                f"left unnamed {self.unnamed}  not taken up later {self.not_taken_up}  "
+                f"said: {self.said}")  # fmt: skip
 
 
 class Race:
@@ -207,7 +213,7 @@ class Race:
 
     def compact_one(self) -> Trial:
         root, file = self.fresh_root(self.global_file)
-        return Trial(root, file, ["compact", str(file)])
+        return Trial(root, file, ["compact", str(file)], migrated=True)
 
     def scrub(self) -> Trial:
         root, file = self.fresh_root(self.global_file)
@@ -215,11 +221,12 @@ class Race:
 
     def migrate(self) -> Trial:
         root, file = self.fresh_root(self.global_file)
-        return Trial(root, file, ["migrate", "--no-backup", str(root)])
+        return Trial(root, file, ["migrate", "--no-backup", str(root)], migrated=True)
 
     def relocate(self) -> Trial:
         root, file = self.fresh_root(self.project_file)
-        return Trial(root, file, ["relocate", "--no-backup", self.old_project, self.new_project, str(root)])
+        return Trial(root, file, ["relocate", "--no-backup", self.old_project, self.new_project, str(root)],
+                     after=project_dir(root, self.new_project) / file.name)  # fmt: skip
 
     def export(self) -> Trial:
         root, file = self.fresh_root(self.global_file)
@@ -273,6 +280,18 @@ class Race:
             tally.unnamed += 1
             tally.problems.append(f"trial {self.count}: the tool did not name the session it left: {out!r}")
         tally.said = said_line.strip()[:160] or out.strip().replace("\n", " | ")[:160]
+        # A later run takes the session up, and the turn stays.
+        again = self.tool(trial.argv)
+        if trial.migrated:
+            turns = self.tool(["show", str(trial.file)]).stdout
+            kept = f'"input":"{turn}"' in turns
+        else:
+            turns = self.magent.ask("check", root=trial.root, file=trial.after or trial.file)
+            kept = turn in turns.split("\n")
+        if again.returncode != 0 or "saved by magent" in again.stdout + again.stderr or not kept:
+            tally.not_taken_up += 1
+            tally.problems.append(f"trial {self.count}: the run after: exit {again.returncode}, "
+                                  f"{(again.stdout + again.stderr).strip()!r}; magent reads {turns!r}")  # fmt: skip
 
     @staticmethod
     def _wait_for_pause(pause: Path, process: subprocess.Popen[str]) -> Path | None:
