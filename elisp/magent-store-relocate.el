@@ -163,7 +163,7 @@ uses)."
              :sentinel #'magent-store-relocate--sentinel)))))
 
 (defun magent-store-relocate--unprefixed (line)
-  "LINE without the \"magent-store: \" or \"magent-store: error: \" it starts with."
+  "Return LINE without the \"magent-store: \" (and \"error: \") it begins with."
   (and line (replace-regexp-in-string "\\`magent-store: \\(?:error: \\)?" "" line)))
 
 (defun magent-store-relocate--sentinel (process _event)
