@@ -168,10 +168,12 @@ test-magent-if-available:
 	else $(SUITE) test-magent skipped -- echo "*** SKIPPED: the tests against upstream magent (no magent-*.tar.gz in $(UPSTREAM), MAGENT_LISP not set; see docs/DEVELOPING.md) ***"; fi
 
 # A real Emacs streams through the shim while its backend is SIGKILLed, its
-# disk fills, a second Emacs writes the same session; strangers fuzz the port.
+# disk fills, a second Emacs writes the same session; strangers fuzz the port;
+# upstream magent saves sessions while each history tool rewrites them.
 test-faults: install emacs-ready
 	$(PY) tests/faults/faults.py
 	$(PY) tests/faults/fuzz.py
+	$(PY) tests/faults/tool_race.py
 
 test-faults-quick: install emacs-ready
 	$(SUITE) test-faults-quick faults -- $(PY) tests/faults/faults.py --quick

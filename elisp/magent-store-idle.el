@@ -111,13 +111,29 @@ already running."
                   (error-message-string err))
          nil))))))
 
+(defun magent-store-idle--summary (buffer)
+  "The last line of BUFFER, an idle compaction's summary, without its root.
+nil when that line is no such summary."
+  (when (buffer-live-p buffer)
+    (with-current-buffer buffer
+      (save-excursion
+        (goto-char (point-max))
+        (skip-chars-backward "\n")
+        (let ((line (buffer-substring (line-beginning-position) (point))))
+          (and (string-match ": \\([0-9]+ idle session(s) compacted.*\\)\\'" line)
+               (match-string 1 line)))))))
+
 (defun magent-store-idle--sentinel (process _event)
-  "Say once when PROCESS, an idle compaction, failed."
+  "Say in one line what PROCESS, an idle compaction, did, or that it failed.
+What it compacted, what that saved, what it left and why."
   (unless (process-live-p process)
     (when (eq process magent-store-idle--process)
       (setq magent-store-idle--process nil))
-    (let ((status (process-exit-status process)))
-      (unless (and (eq (process-status process) 'exit) (= status 0))
+    (let ((status (process-exit-status process))
+          (summary (magent-store-idle--summary (process-buffer process))))
+      ;; Exit 1: sessions left damaged or not compacted, which the summary names.
+      (if (and (eq (process-status process) 'exit) (memq status '(0 1)) summary)
+          (message "magent-store: idle compaction: %s" summary)
         (message "magent-store: idle compaction failed (exit %s); see buffer %s"
                  status magent-store-idle-buffer)))))
 

@@ -144,6 +144,9 @@ uses)."
                                  (nth 1 project) (if (= (nth 1 project) 1) "" "s")
                                  old new))
       (user-error "Nothing moved"))
+    ;; This Emacs's own sessions are closed (flushed first): its backend holds
+    ;; none of them while they move.  Those another Emacs holds are refused.
+    (magent-store-close-all)
     (let ((output (get-buffer-create magent-store-relocate-buffer)))
       (with-current-buffer output
         (let ((inhibit-read-only t))
@@ -159,6 +162,10 @@ uses)."
              :noquery t
              :sentinel #'magent-store-relocate--sentinel)))))
 
+(defun magent-store-relocate--unprefixed (line)
+  "Return LINE without the \"magent-store: \" (and \"error: \") it begins with."
+  (and line (replace-regexp-in-string "\\`magent-store: \\(?:error: \\)?" "" line)))
+
 (defun magent-store-relocate--sentinel (process _event)
   "Say how PROCESS, a relocation, ended: in a message, and its buffer on failure."
   (unless (process-live-p process)
@@ -166,7 +173,8 @@ uses)."
            (text (if (buffer-live-p buffer)
                      (with-current-buffer buffer (string-trim (buffer-string)))
                    ""))
-           (last (car (last (split-string text "\n" t)))))
+           (last (magent-store-relocate--unprefixed
+                  (car (last (split-string text "\n" t))))))
       (when (eq process magent-store-relocate--process)
         (setq magent-store-relocate--process nil))
       (if (eq (process-exit-status process) 0)

@@ -74,6 +74,8 @@
   "Start this buffer's scan process; draw the findings when it exits."
   (when (process-live-p magent-store-scan--process)
     (delete-process magent-store-scan--process))
+  ;; What this Emacs has not saved yet is scanned too: written first.
+  (magent-store-flush-all)
   (let* ((results (current-buffer))
          (process
           (magent-store-program-run
@@ -193,6 +195,57 @@ Returns the list's buffer at once; the list appears when the scan is done."
       (when (called-interactively-p 'any)
         (pop-to-buffer buffer))
       buffer)))
+
+(defvar magent-store-scrub--process nil
+  "The running scrub, if any.")
+
+(defconst magent-store-scrub-buffer "*magent-store scrub*"
+  "Where the last scrub's report is kept.")
+
+;;;###autoload
+(defun magent-store-scrub (&optional root)
+  "Rewrite the sessions under ROOT that hold secrets, each secret redacted.
+Asks first; a backup of the originals is kept.  The sessions this Emacs
+has open are flushed and closed first (streaming opens them again);
+those another Emacs holds are left, and named.  Runs in a process of
+its own: its summary is shown when it is done, its report kept in the
+buffer `magent-store-scrub-buffer' (shown when a session was left).
+ROOT is the session root (default: the one magent-store uses).  Return
+the process."
+  (interactive)
+  (let ((root (expand-file-name (or root (magent-store--root)))))
+    (unless (file-directory-p root)
+      (user-error "No session root at %s" root))
+    (when (process-live-p magent-store-scrub--process)
+      (user-error "A scrub is still running"))
+    (unless (yes-or-no-p (format "Redact every secret saved under %s (the originals are \
+copied first)? " root))
+      (user-error "Nothing scrubbed"))
+    (magent-store-close-all)
+    (message "Scrubbing the sessions under %s…" root)
+    (setq magent-store-scrub--process
+          (magent-store-program-run
+           "magent-store-scrub" `("scrub" ,root ,@(magent-store-scan--patterns))
+           #'magent-store-scrub--done))))
+
+(defun magent-store-scrub--done (process text status)
+  "Say how PROCESS, a scrub that printed TEXT, ended with STATUS."
+  (when (eq process magent-store-scrub--process)
+    (setq magent-store-scrub--process nil))
+  (let* ((lines (split-string text "\n" t))
+         (summary (cl-find-if (lambda (line) (string-match-p "sessions seen" line)) lines))
+         (last (car (last lines))))
+    (with-current-buffer (get-buffer-create magent-store-scrub-buffer)
+      (let ((inhibit-read-only t))
+        (erase-buffer)
+        (insert text))
+      (special-mode))
+    (message "magent-store: %s"
+             (or summary
+                 (and last (replace-regexp-in-string "\\`magent-store: \\(?:error: \\)?" "" last))
+                 (format "scrub ended with exit status %d" status)))
+    (unless (eql status 0)
+      (display-buffer magent-store-scrub-buffer))))
 
 (defun magent-store-scan-open ()
   "Show the session of the secret at point as a read-only transcript.

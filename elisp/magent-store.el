@@ -1333,6 +1333,21 @@ megabytes never cross the EPC wire."
     (setq magent-store--recent nil)
     (remhash session-id magent-store--sessions)))
 
+(defun magent-store-close-all ()
+  "Flush every session this Emacs has open, close it in the backend, forget it.
+What a tool over the session files (relocate, scrub) needs first: the
+backend then holds none of them.  Streaming opens again what it needs
+\(magent's next event or chunk).  Never signals; return how many
+sessions were closed."
+  (let ((ids nil) (closed 0))
+    (maphash (lambda (id _session) (push id ids)) magent-store--sessions)
+    (dolist (id ids closed)
+      (condition-case err
+          (progn (magent-store-close id)
+                 (setq closed (1+ closed)))
+        (error (message "magent-store: session %s not closed: %s"
+                        id (error-message-string err)))))))
+
 (defun magent-store-flush-all ()
   "Flush every open session, waiting until each is durable."
   (when magent-store--backend
@@ -1437,6 +1452,7 @@ again once it is up"))
 
 (autoload 'magent-store-search "magent-store-search" nil t)
 (autoload 'magent-store-scan "magent-store-scan" nil t)
+(autoload 'magent-store-scrub "magent-store-scan" nil t)
 (autoload 'magent-store-find-session "magent-store-find" nil t)
 (autoload 'magent-store-export-session "magent-store-export" nil t)
 

@@ -310,7 +310,7 @@ def test_every_outcome_is_reported_with_its_reason_and_size(tmp_path: Path, even
     assert result.to_json() == {
         "root": str(root), "dry-run": False, "backup": str(result.backup),
         "summary": {"sessions": 8, "exported": 1, "would-export": 0, "schema-6": 1, "skipped": 5,
-                    "locked": 1, "changed": 0, "failed": 0},
+                    "locked": 1, "changed": 0, "failed": 0, "saved-meanwhile": 0},
         "sessions": sessions,
     }  # fmt: skip
     assert result.summary() == (
@@ -322,7 +322,7 @@ def test_every_outcome_is_reported_with_its_reason_and_size(tmp_path: Path, even
     assert dry.to_json() == {
         "root": str(root), "dry-run": True, "backup": None,
         "summary": {"sessions": 8, "exported": 0, "would-export": 1, "schema-6": 1, "skipped": 5,
-                    "locked": 1, "changed": 0, "failed": 0},
+                    "locked": 1, "changed": 0, "failed": 0, "saved-meanwhile": 0},
         "sessions": [{**s, "outcome": "would-export"} if s["outcome"] == "exported" else s for s in sessions],
     }  # fmt: skip
     assert dry.summary() == (
@@ -367,17 +367,17 @@ def test_the_session_is_locked_while_it_is_written_back(
 ) -> None:
     root = tmp_path / "root"
     files = make_session(root, events, "s1")
-    real = export.atomic_write
+    real = export.replace_if_unchanged
     tried: list[Path] = []
 
-    def write(path: Path, data: bytes, *, sync: bool) -> None:
-        if path == files.header:  # a backend opening the session now must be refused
-            with pytest.raises(export.SessionLockedError):
-                SessionLock(files)
-            tried.append(path)
-        real(path, data, sync=sync)
+    def write(seen: fileio.FileSeen, data: bytes, **kwargs: Any) -> fileio.FileSeen:
+        # a backend opening the session now must be refused
+        with pytest.raises(export.SessionLockedError):
+            SessionLock(files)
+        tried.append(seen.path)
+        return real(seen, data, **kwargs)
 
-    monkeypatch.setattr(export, "atomic_write", write)
+    monkeypatch.setattr(export, "replace_if_unchanged", write)
     assert Exporter(root).run().count(export.EXPORTED) == 1
     assert tried == [files.header] and not files.lock.exists()
 
@@ -419,14 +419,10 @@ def test_a_failed_write_leaves_the_session_as_it_was(
     root = tmp_path / "root"
     files = make_session(root, events, "s1")
     before = tree(root)
-    real = export.atomic_write
+    def write(seen: fileio.FileSeen, data: bytes, **kwargs: Any) -> fileio.FileSeen:
+        raise error
 
-    def write(path: Path, data: bytes, *, sync: bool) -> None:
-        if path == files.header:
-            raise error
-        real(path, data, sync=sync)
-
-    monkeypatch.setattr(export, "atomic_write", write)
+    monkeypatch.setattr(export, "replace_if_unchanged", write)
     result = Exporter(root, backup=False).run()
     why = "No space left on device" if error.strerror else "cable unplugged"
     assert [(r.path, r.outcome, r.reason) for r in result.reports] == [
@@ -440,17 +436,17 @@ def test_a_header_that_does_not_read_back_fails_the_session(
 ) -> None:
     root = tmp_path / "root"
     files = make_session(root, events, "s1")
-    real = export.atomic_write
+    real = export.replace_if_unchanged
 
-    def write(path: Path, data: bytes, *, sync: bool) -> None:  # the schema-6 file comes back otherwise
-        real(path, data + b" " if path == files.header and b'"schema-version":6' in data else data, sync=sync)
+    def write(seen: fileio.FileSeen, data: bytes, **kwargs: Any) -> fileio.FileSeen:  # it comes back otherwise
+        return real(seen, data + b" " if b'"schema-version":6' in data else data, **kwargs)
 
     synced: list[Path] = []
     real_sync = store.sync_directories
     for module in (store, fileio, logfile):  # every module that syncs directories
         monkeypatch.setattr(module, "sync_directories", lambda ds: (synced.extend(ds), real_sync(ds)))
     before = tree(root)
-    monkeypatch.setattr(export, "atomic_write", write)
+    monkeypatch.setattr(export, "replace_if_unchanged", write)
     result = Exporter(root, backup=False).run()
     assert [(r.outcome, r.reason) for r in result.reports] == [
         (export.FAILED, f"{files.header} did not read back as written; the session is unchanged")]

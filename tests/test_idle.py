@@ -342,10 +342,10 @@ def test_a_full_disk_leaves_every_session_as_it_was(tmp_path: Path, monkeypatch:
         os.utime(p, (OLD, OLD))
     before = state(root)
 
-    def full(path: Path, data: bytes, **_: Any) -> None:
-        raise fileio.write_failed(path, OSError(28, "No space left on device"), len(data))
+    def full(fd: int, data: bytes | memoryview) -> None:
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(idle, "atomic_write", full)
+    monkeypatch.setattr(fileio, "write_all", full)  # every replace in the file-I/O floor writes through it
     result = idle.compact_idle(root, 30)
     assert {r.path.stem: r.outcome for r in result.sessions} == {"old": "failed", "six": "failed"}
     assert all("no space left on device" in (r.reason or "") for r in result.sessions)

@@ -609,7 +609,7 @@ def test_every_outcome_is_reported_with_its_reason_sizes_and_events(root: Path) 
     assert result.backup is not None and (result.backup / new.relpath).read_bytes() == new.data
     assert report["summary"] == {
         "files": 6, "migrated": 1, "would-migrate": 0, "schema-7": 1, "not-session": 1, "invalid": 1,
-        "changed": 0, "locked": 1, "failed": 1, "shadowed-only": 0,
+        "changed": 0, "locked": 1, "failed": 1, "saved-meanwhile": 0, "shadowed-only": 0,
     }  # fmt: skip
     assert by_name["global/new.json"] == {"path": "global/new.json", "outcome": "migrated", "reason": None,
                                           "shadowed-keys": 0, "bytes": len(new.data), "events": new.events}  # fmt: skip
@@ -718,12 +718,12 @@ def test_a_header_that_does_not_read_back_puts_the_schema6_file_back(
 ) -> None:
     fixture = schema6.session(random.Random(15), "s1")
     path = fixture.write(root)
-    real = migrate.atomic_write
+    real = migrate.replace_if_unchanged
 
-    def write(target: Path, data: bytes, **kwargs: Any) -> None:
-        real(target, data + b" " if target == path and b'"schema-version":7' in data else data, **kwargs)
+    def write(seen: fileio.FileSeen, data: bytes, **kwargs: Any) -> fileio.FileSeen:
+        return real(seen, data + b" " if b'"schema-version":7' in data else data, **kwargs)
 
-    monkeypatch.setattr(migrate, "atomic_write", write)
+    monkeypatch.setattr(migrate, "replace_if_unchanged", write)
     (report,) = Migrator(root, backup=False).run().reports
     assert (report.outcome, report.reason) == (
         migrate.CHANGED, "the header did not read back as written; the schema-6 file was restored")

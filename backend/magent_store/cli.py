@@ -429,7 +429,7 @@ def _compact_idle(args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     shown = {idle.COMPACTED: "compacted", idle.WOULD_COMPACT: "would compact", idle.OPEN: "skipped (open)",
              idle.UNCOMMITTED: "skipped", idle.KEPT: "left as it is", idle.DAMAGED: "damaged",
-             idle.CHANGED: "not compacted", idle.FAILED: "failed"}  # fmt: skip
+             idle.CHANGED: "not compacted", idle.FAILED: "failed", idle.LEFT: "left"}  # fmt: skip
     for report in result.sessions:
         if report.outcome in shown:
             saved = f", {_human_size(report.bytes_saved)} saved" if report.bytes_saved else ""
@@ -437,9 +437,16 @@ def _compact_idle(args: argparse.Namespace) -> int:
             print(f"{report.path}: {shown[report.outcome]}{saved}{reason}")
     done = idle.WOULD_COMPACT if args.dry_run else idle.COMPACTED
     verb = "would be compacted" if args.dry_run else "compacted"
+    # What it left, and why: one line says all (Emacs shows it in the echo area).
+    why_left = {idle.UNCOMMITTED: "waiting for Emacs to send their last batch again",
+                idle.KEPT: "holding journal events their snapshot lacks",
+                idle.LEFT: "saved by magent meanwhile (for a later run)",
+                idle.DAMAGED: "damaged (run magent-store fsck)",
+                idle.CHANGED: "that would not read back the same", idle.FAILED: "failed"}  # fmt: skip
+    left = "".join(f", {result.count(o)} {why}" for o, why in why_left.items() if result.count(o))
     print(f"{root}: {result.count(done)} idle session(s) {verb}, {_human_size(result.bytes_saved)} "
           f"{'would be ' if args.dry_run else ''}saved; {result.count(idle.RECENT)} recent, "
-          f"{result.count(idle.NO_LOG)} compact already, {result.count(idle.OPEN)} open")  # fmt: skip
+          f"{result.count(idle.NO_LOG)} compact already, {result.count(idle.OPEN)} open{left}")  # fmt: skip
     return 0 if result.ok else 1
 
 
@@ -528,7 +535,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
     else:
         for report in result.reports:
-            if report.outcome in (migrate.INVALID, migrate.CHANGED, migrate.LOCKED, migrate.FAILED):
+            if report.outcome in (migrate.INVALID, migrate.CHANGED, migrate.LOCKED, migrate.FAILED,
+                                  migrate.SAVED_MEANWHILE):  # fmt: skip
                 print(_report_line(report, root))
         if result.backup is not None:
             print(f"originals copied to {result.backup}")
@@ -628,7 +636,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
     else:
         for report in result.reports:
-            if report.outcome in (export.CHANGED, export.LOCKED, export.FAILED, export.SKIPPED):
+            if report.outcome in (export.CHANGED, export.LOCKED, export.FAILED, export.SKIPPED,
+                                  export.SAVED_MEANWHILE):  # fmt: skip
                 print(f"{report.outcome}: {report.path.relative_to(root)}: {report.reason}")
         if result.backup is not None:
             print(f"the store's files copied to {result.backup}")

@@ -31,6 +31,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import FileChanged, newest_mtime_ns, read_file, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     CorruptSessionError,
@@ -50,6 +51,7 @@ from magent_store.store import (
     read_log_file,
     replay_session,
     scan_log,
+    sweep_stale_temps,
 )
 
 SCHEMA6: Final = 6
@@ -288,8 +290,9 @@ SKIPPED: Final = "skipped"  # not a session, or its header is unreadable
 LOCKED: Final = "locked"
 CHANGED: Final = "changed"  # verification found a difference: nothing written
 FAILED: Final = "failed"
+SAVED_MEANWHILE: Final = "saved-meanwhile"  # saved by magent while it was exported: left for a later run
 
-OUTCOMES: Final = (EXPORTED, WOULD_EXPORT, ALREADY_6, SKIPPED, LOCKED, CHANGED, FAILED)
+OUTCOMES: Final = (EXPORTED, WOULD_EXPORT, ALREADY_6, SKIPPED, LOCKED, CHANGED, FAILED, SAVED_MEANWHILE)
 
 
 @dataclass(slots=True)
@@ -330,6 +333,8 @@ class Export:
             parts.append(f"{self.count(LOCKED)} open in a running backend (not written)")
         if self.count(FAILED):
             parts.append(f"{self.count(FAILED)} failed")
+        if self.count(SAVED_MEANWHILE):
+            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left for a later run)")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -387,7 +392,11 @@ class Exporter:
         return list(Store(self.root).headers())
 
     def run(self, progress: Callable[[ExportReport], None] | None = None) -> Export:
-        for path in self.files():
+        paths = self.files()
+        if not self.dry_run:  # what interrupted writes left: no session text lingers unseen
+            for directory in sorted({p.parent for p in paths}):
+                sweep_stale_temps(directory)
+        for path in paths:
             report = self.export_file(path)
             self.result.reports.append(report)
             if progress is not None:
@@ -425,6 +434,7 @@ class Exporter:
                 lock.release(remove=True)
 
     def _export(self, path: Path, files: SessionFiles) -> ExportReport:
+        seen = read_seen(files.header)
         found = salvage(files)
         if found.damage:
             return ExportReport(path, SKIPPED, "damaged (" + "; ".join(found.damage)
@@ -444,11 +454,18 @@ class Exporter:
             for p in (files.header, files.log, files.snapshot):
                 with contextlib.suppress(FileNotFoundError):
                     atomic_write(target / p.name, p.read_bytes(), sync=self.sync)
-        original = files.header.read_bytes()
-        # The commit point: from here on magent's release reads the session.
-        atomic_write(files.header, body, sync=self.sync)
-        if files.header.read_bytes() != body:
-            atomic_write(files.header, original, sync=self.sync)
+        # The commit point: from here on magent's release reads the session.  Its release may write
+        # the file without a lock (a session it holds in memory): replaced only if it is as read.
+        try:
+            # Its time of last update, the newest of its files', is the one file's now.
+            last_update = newest_mtime_ns([files.header, files.log, files.snapshot])
+            written = replace_if_unchanged(seen, body, sync=self.sync, what="exported", mtime_ns=last_update)
+        except FileChanged:
+            why = "saved by magent while it was exported: left as magent saved it, for a later run"
+            return ExportReport(path, SAVED_MEANWHILE, why)
+        if read_file(files.header) != body:
+            with contextlib.suppress(FileChanged):  # a newer save by magent stays
+                replace_if_unchanged(written, seen.data, sync=self.sync, what="put back")
             raise OSError(f"{files.header} did not read back as written")
         self._drop_leftovers(files, locked=True)
         return ExportReport(path, EXPORTED, None, len(body))

@@ -5,16 +5,23 @@ never opened through a symbolic link.  A file is replaced whole by
 `atomic_write` (temp file, fsync, rename, directory fsync), a failed write
 raises `WriteFailed` naming the file and the space it needed, and JSON is
 encoded and decoded here, at the byte boundary (`dumps`, `loads`).
+
+A file magent may write at any moment without a lock (its own schema-6
+session file) is replaced or removed by a tool only while it is still
+exactly what the tool read (`read_seen`, `replace_if_unchanged`,
+`remove_if_unchanged`): otherwise `FileChanged`, and magent's save stays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,4 +362,299 @@ def remove_stale_temps(files: SessionFiles) -> None:
             if is_temp_file(path.name):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                    log.info("%s: removed the temp file of an interrupted write", path)
+                    log.warning("%s: removed the temp file of an interrupted write", path)
+
+
+
+# Files beside a session that can hold its text: a temp file an interrupted write left
+# (``.<id>.<file>.tmp-<pid>``), lines or a file a repair set aside (``<file>.tail-<n>``,
+# ``<file>.corrupt-<n>``).  OWNER is the session's id, where the name holds one.
+SIDE_FILE: Final = re.compile(
+    r"^(?:\.(?P<owner>.+?)\.(?:json|jsonl|snapshot|producer|sums)\.tmp-\d+|\..+\.tmp-\d+"
+    r"|(?P<kept>.+?)\.(?:json|jsonl|snapshot)\.(?:tail|corrupt)-\d+)$"
+)
+_SCOPE_DIRECTORIES: Final = ("global", "projects/*", "actions/*")
+
+
+def side_files(root: Path) -> list[Path]:
+    """The temp and set-aside files in ROOT's session directories (`SIDE_FILE`), in order."""
+    found: list[Path] = []
+    for pattern in _SCOPE_DIRECTORIES:
+        for directory in sorted(root.glob(pattern)):
+            with contextlib.suppress(OSError):
+                found += sorted(p for p in directory.iterdir() if SIDE_FILE.match(p.name) and p.is_file()
+                                and not p.is_symlink())  # fmt: skip
+    return found
+
+
+def side_file_owner(path: Path) -> str | None:
+    """The id of the session the side file at PATH belongs to, when its name says."""
+    match = SIDE_FILE.match(path.name)
+    return None if match is None else match.group("owner") or match.group("kept")
+
+
+def side_file_kind(path: Path) -> str:
+    """What the side file at PATH is, in words."""
+    return "a temp file an interrupted write left" if path.name.startswith(".") else "set aside by a repair"
+
+
+# ---------------------------------------------------------------------------
+# A session's time: its files' modification times
+
+
+def newest_mtime_ns(paths: tuple[Path, ...] | list[Path]) -> int:
+    """The latest modification time among PATHS that exist (0: none does)."""
+    newest = 0
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            newest = max(newest, os.lstat(path).st_mtime_ns)
+    return newest
+
+
+def keep_time(path: Path, mtime_ns: int) -> None:
+    """Give the file at PATH, just rewritten, the modification time MTIME_NS it stands for.
+
+    magent lists its sessions by their files' modification times, and so
+    do the finder and ``ls``: maintenance that rewrites a session keeps
+    its time of last update, as if nothing had been written.
+    """
+    if mtime_ns > 0:
+        os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+
+
+# ---------------------------------------------------------------------------
+# Compare-and-swap: a file magent may write without a lock
+
+
+class FileChanged(StoreError):
+    """A file written by someone else while a tool had it in hand: left as they left it."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileSeen:
+    """A file's bytes as a tool read them, and which file they were read from."""
+
+    path: Path
+    data: bytes
+    device: int
+    inode: int
+    mtime_ns: int
+    atime_ns: int
+
+    def same(self, st: os.stat_result, data: bytes) -> bool:
+        """True when ST and DATA are this very file, unchanged."""
+        same_file = (st.st_dev, st.st_ino, st.st_mtime_ns) == (self.device, self.inode, self.mtime_ns)
+        return same_file and data == self.data
+
+
+def _read_fd(path: Path) -> tuple[os.stat_result, bytes]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path) from None
+        raise
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        return st, f.read()
+
+
+def read_seen(path: Path) -> FileSeen:
+    """The bytes of the file at PATH and which file they came from, for `replace_if_unchanged`."""
+    st, data = _read_fd(path)
+    return FileSeen(path, data, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_atime_ns)
+
+
+# renameat2(2) flags (linux/fs.h).
+_RENAME_EXCHANGE: Final = 2
+_AT_FDCWD: Final = -100
+# What a kernel or file system without an atomic exchange answers.
+_UNSUPPORTED: Final = frozenset({errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def _load_renameat2() -> Callable[..., int] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function
+
+
+_renameat2: Final = _load_renameat2()
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap the files named A and B in one step (renameat2 with RENAME_EXCHANGE)."""
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b))
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(b))
+
+
+TOOL_PAUSE_ENV: Final = "MAGENT_STORE_TEST_TOOL_PAUSE"
+_paused: list[bool] = []
+
+
+def _test_pause(path: Path) -> None:
+    """For the tests only: with MAGENT_STORE_TEST_TOOL_PAUSE=DIR, stop before the first swap or removal.
+
+    The process creates ``DIR/paused-<file name>`` and waits while it
+    exists (a minute at most), so that a test can have magent save the
+    file right then.  Unset (always, outside tests), nothing happens.
+    """
+    directory = os.environ.get(TOOL_PAUSE_ENV)
+    if not directory or _paused:
+        return
+    _paused.append(True)
+    flag = Path(directory) / f"paused-{path.name}"
+    flag.touch()
+    deadline = time.monotonic() + 60
+    while flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _private_name(path: Path) -> Path:
+    """This process's temp name beside PATH, made free (a leftover of ours is ours to remove)."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    return tmp
+
+
+def replace_if_unchanged(seen: FileSeen, data: bytes, *, sync: bool, what: str = "rewritten",
+                         crash: Callable[[str], None] | None = None,
+                         mtime_ns: int | None = None) -> FileSeen:  # fmt: skip
+    """Replace the file SEEN was read from by DATA, only if it is still that file, unchanged.
+
+    The new file is written and fsynced under a temp name, with SEEN's
+    times (magent lists sessions by their file's modification time; or
+    MTIME_NS, the time of the session's last update), then
+    swapped with the file in one step (renameat2 RENAME_EXCHANGE) and
+    what was swapped out compared with SEEN.  When it differs, someone
+    (magent) saved the file since it was read: it is swapped back, and if
+    a save landed in that instant too, the newest save is the one left in
+    place; then `FileChanged` is raised, naming the file.  Where the file
+    system cannot swap atomically nothing is replaced (`FileChanged` too:
+    a later run may find another way).  Returns the new file as seen, so
+    that putting the old bytes back is itself a compare-and-swap.
+    """
+    path = seen.path
+    tmp = _private_name(path)
+    try:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            write_all(fd, data)
+            os.utime(fd, ns=(seen.atime_ns, seen.mtime_ns if mtime_ns is None else mtime_ns))
+            os.fsync(fd)
+            new = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if crash:
+            crash(f"{path.suffix[1:]}-temp-written")
+        _test_pause(path)
+        try:
+            _exchange(tmp, path)
+        except OSError as exc:
+            os.unlink(tmp)
+            if exc.errno in _UNSUPPORTED:
+                raise FileChanged(f"{path}: this file system cannot swap two files in one step, so it "
+                                  f"is never {what} while magent might save it; left as it is") from None
+            if exc.errno == errno.ENOENT:
+                raise FileChanged(f"{path}: removed while it was {what}") from None
+            raise
+    except FileChanged:
+        raise
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
+    if crash:
+        crash(f"{path.suffix[1:]}-renamed")
+    st, old = _read_fd(tmp)
+    if seen.same(st, old):
+        os.unlink(tmp)
+        if sync:
+            sync_directories([path.parent])
+        return FileSeen(path, data, new.st_dev, new.st_ino, new.st_mtime_ns, new.st_atime_ns)
+    _swap_back(tmp, path, new.st_ino)
+    raise FileChanged(f"{path}: saved by magent while it was {what}; left as magent saved it "
+                      "(a later run takes it up)")  # fmt: skip
+
+
+def _swap_back(tmp: Path, path: Path, placed: int) -> None:
+    """Put the newest save, now at TMP, back at PATH, where the file of inode PLACED was put.
+
+    A save that landed at PATH since PLACED was put there is newer still:
+    it comes out of the swap, and goes back in the same way.
+    """
+    while True:
+        moving_in = os.lstat(tmp).st_ino
+        try:
+            _exchange(tmp, path)
+        except FileNotFoundError:  # the session was deleted meanwhile: so be it
+            os.unlink(tmp)
+            return
+        if os.lstat(tmp).st_ino == placed:
+            os.unlink(tmp)
+            sync_directories([path.parent])
+            return
+        placed = moving_in
+
+
+def remove_if_unchanged(seen: FileSeen, *, sync: bool, what: str = "removed") -> None:
+    """Remove the file SEEN was read from, only if it is still that file, unchanged.
+
+    It is renamed aside to a private name first and compared there with
+    SEEN; a file that differs goes back to its name, unless a newer save
+    holds that name already (then the one aside is the older and goes),
+    and `FileChanged` is raised naming it.  A file already gone is done.
+    """
+    path = seen.path
+    aside = _private_name(path)
+    _test_pause(path)
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    st, data = _read_fd(aside)
+    if seen.same(st, data):
+        os.unlink(aside)
+        if sync:
+            sync_directories([path.parent])
+        return
+    with contextlib.suppress(FileExistsError):  # never over a newer save: then the one aside is older
+        os.link(aside, path)
+    os.unlink(aside)
+    sync_directories([path.parent])
+    raise FileChanged(f"{path}: saved by magent while it was {what}; left as magent saved it "
+                      "(a later run takes it up)")  # fmt: skip
+
+
+def create_if_absent(path: Path, data: bytes, *, sync: bool, what: str = "written") -> None:
+    """Write DATA as a new file at PATH, never over a file someone made there meanwhile (`FileChanged`)."""
+    tmp = _private_name(path)
+    try:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise FileChanged(f"{path}: saved by magent while it was {what}; left as magent saved it") \
+                from None
+        finally:
+            os.unlink(tmp)
+    except FileChanged:
+        raise
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
+    if sync:
+        sync_directories([path.parent])

@@ -7,9 +7,11 @@ every log line (valid, seqs strictly increasing), that the log continues the
 snapshot, a torn final line or an invalid tail a power loss left, orphans
 (a log or snapshot without a header) and stale temp files of interrupted
 atomic writes, and that the log's committed bytes match their checksums
-(``<id>.sums``); a lock nobody holds is a note, not damage, and so is a
-project whose folder no longer exists (named with the command that moves
-its sessions: the project may have moved).
+(``<id>.sums``); a lock nobody holds is a note, not damage, and so are a
+temp file an interrupted write left (any tool, or the backend at the
+session's next open, removes it) and a project whose folder no longer
+exists (named with the command that moves its sessions: the project may
+have moved).
 
 ``repair=True`` fixes only what has one right answer, holding the session's
 lock while it does: a torn tail is dropped; stale temp files and locks are
@@ -39,6 +41,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import FileChanged, create_if_absent, read_seen, remove_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 
 # Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
@@ -79,7 +82,7 @@ TORN_TAIL: Final = "torn-tail"
 CHECKSUM: Final = "checksum"  # committed bytes that changed since they were written
 LOG_GAP: Final = "log-gap"  # the log does not continue the snapshot
 REPLAY_ERROR: Final = "replay-error"  # an event that does not apply to the snapshot
-STALE_TEMP: Final = "stale-temp"
+STALE_TEMP: Final = "stale-temp"  # a note: see NOTES
 STALE_LOCK: Final = "stale-lock"  # a note: see NOTES
 STALE_PRODUCER: Final = "stale-producer"  # a batch record beside no session of the store's
 STALE_SUMS: Final = "stale-sums"  # the log's checksums beside no session of the store's
@@ -90,8 +93,9 @@ NOT_SESSION: Final = "not-session"
 SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
 PROJECT_MISSING: Final = "project-missing"  # sessions of a project whose folder is gone (moved?)
 
-# A lock nobody holds is what any crash leaves: nothing is wrong (--repair removes it).
-NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, PROJECT_MISSING})
+# A lock nobody holds, a temp file of a write that never finished: what any crash leaves, nothing
+# is wrong (--repair, the next tool, the backend's next open remove them).
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, STALE_TEMP, PROJECT_MISSING})
 STALE_LOCK_MESSAGE: Final = (
     "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
 )
@@ -189,12 +193,21 @@ def _is_json(path: Path) -> bool:
 
 
 def _set_aside(path: Path, sync: bool) -> Path:
-    """Move PATH to a free ``PATH.corrupt-<n>`` beside it (a synced copy first): a repair deletes nothing."""
+    """Move PATH to a free ``PATH.corrupt-<n>`` beside it (a synced copy first): a repair deletes nothing.
+
+    PATH goes only if it is still what was copied (magent may save it
+    meanwhile, without a lock): else the copy goes and `FileChanged` is raised.
+    """
     n = 1
     while (aside := path.with_name(f"{path.name}.corrupt-{n}")).exists():
         n += 1
-    atomic_write(aside, path.read_bytes(), sync=sync)
-    path.unlink()
+    seen = read_seen(path)
+    atomic_write(aside, seen.data, sync=sync)
+    try:
+        remove_if_unchanged(seen, sync=sync, what="repaired")
+    except FileChanged:
+        aside.unlink()
+        raise
     return aside
 
 
@@ -557,12 +570,17 @@ class Fsck:
             finding.message += f"; {why}"
             finding.repairable = can
         if repair and scope is not None and can:
-            if invalid is not None:
-                aside = _set_aside(files.header, self.sync)
-                finding.message += f"; the old one moved to {aside.name}"
             header = default_header(files.id, scope)
             header["summary-title"] = summary_title(thread)
-            atomic_write(files.header, dumps(header), sync=self.sync)
+            try:
+                if invalid is not None:
+                    aside = _set_aside(files.header, self.sync)
+                    finding.message += f"; the old one moved to {aside.name}"
+                # Never over a header magent wrote in the meantime.
+                create_if_absent(files.header, dumps(header), sync=self.sync, what="repaired")
+            except FileChanged:
+                finding.message += "; saved by magent while it was repaired: left as magent saved it"
+                return
             finding.repaired = True
 
 

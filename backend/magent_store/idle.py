@@ -50,6 +50,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import FileChanged, keep_time, newest_mtime_ns, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -72,6 +73,7 @@ from magent_store.store import (
     read_header,
     read_log,
     replay_session,
+    sweep_stale_temps,
     sync_directories,
 )
 
@@ -87,6 +89,7 @@ UNCOMMITTED: Final = "uncommitted"  # the log ends in a batch its writer sends a
 DAMAGED: Final = "damaged"  # for fsck to look at first
 CHANGED: Final = "changed"  # the snapshot would not read back equal: nothing changed
 KEPT: Final = "kept"  # a schema-6 journal holding events its snapshot lacks
+LEFT: Final = "left"  # saved by magent while it was compacted: left for a later run
 FAILED: Final = "failed"  # a write failed; the session reads as before
 # The outcomes that make the command exit 1.
 TROUBLE: Final = frozenset({DAMAGED, CHANGED, FAILED})
@@ -129,8 +132,8 @@ class IdleCompaction:
         return not any(r.outcome in TROUBLE for r in self.sessions)
 
     def to_json(self) -> dict[str, Any]:
-        outcomes = (COMPACTED, WOULD_COMPACT, RECENT, NO_LOG, OPEN, UNCOMMITTED, KEPT, DAMAGED, CHANGED,
-                    FAILED)  # fmt: skip
+        outcomes = (COMPACTED, WOULD_COMPACT, RECENT, NO_LOG, OPEN, UNCOMMITTED, KEPT, LEFT, DAMAGED,
+                    CHANGED, FAILED)  # fmt: skip
         return {
             "root": str(self.root), "idle-days": self.days, "cutoff": self.cutoff, "dry-run": self.dry_run,
             "bytes-saved": self.bytes_saved, "counts": {o: self.count(o) for o in outcomes},
@@ -175,7 +178,11 @@ class IdleCompactor:
     def run(self) -> IdleCompaction:
         if not self.root.is_dir():
             raise StoreError(f"{self.root}: not a directory of sessions")
-        for path in Store(self.root).headers():
+        paths = list(Store(self.root).headers())
+        if not self.dry_run:  # what interrupted writes left: no session text lingers unseen
+            for directory in sorted({p.parent for p in paths}):
+                sweep_stale_temps(directory)
+        for path in paths:
             try:
                 report = self.compact_file(path)
             except FileNotFoundError:
@@ -269,7 +276,9 @@ class IdleCompactor:
             old_snapshot: bytes | None = read_file(files.snapshot)
         except FileNotFoundError:
             old_snapshot = None
+        last_update = newest_mtime_ns([files.header, files.log, files.snapshot])
         atomic_write(files.snapshot, snapshot, sync=True)
+        keep_time(files.snapshot, last_update)  # the session's place in every list, as it was
         # Read back the way it is read from now on: the snapshot alone.
         read_back, _ = replay_session(files, scope, LogScan([], [], 0, False))
         difference = _difference(expected, read_back)
@@ -299,8 +308,8 @@ class IdleCompactor:
         return self._locked(path, files, newest, self._fold)
 
     def _fold(self, path: Path, files: SessionFiles, newest: float) -> SessionReport:
-        before = os.lstat(path)
-        data = read_file(path)
+        seen = read_seen(path)
+        data = seen.data
         old = schema6.decode(data, path)
         updated = max(newest, old.thread.updated_at or 0.0)
         if updated > self.result.cutoff:
@@ -323,15 +332,16 @@ class IdleCompactor:
         saved = len(data) - len(new_data)
         if self.dry_run:
             return SessionReport(path, WOULD_COMPACT, None, saved, updated)
-        if _stamp(os.lstat(path)) != _stamp(before):
-            why = "written while it was compacted: left as it is"
-            return SessionReport(path, RECENT, why, 0, time.time())
-        atomic_write(path, new_data, sync=True)
+        # Only if magent has not saved it since it was read; its modification time is kept.
+        try:
+            written = replace_if_unchanged(seen, new_data, sync=True, what="compacted")
+        except FileChanged:
+            why = "saved by magent while it was compacted: left as magent saved it, for a later run"
+            return SessionReport(path, LEFT, why, 0, time.time())
         if read_file(path) != new_data:
-            atomic_write(path, data, sync=True)
+            with contextlib.suppress(FileChanged):  # a newer save stays
+                replace_if_unchanged(written, data, sync=True, what="put back")
             raise OSError(f"{path} did not read back as written")
-        # magent lists sessions by their file's modification time: keep its place.
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns), follow_symlinks=False)
         return SessionReport(path, COMPACTED, None, saved, updated)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from magent_store import ledger, schema6
+from magent_store.fileio import FileChanged, FileSeen, keep_time, read_file, read_seen, replace_if_unchanged
 from magent_store.ledger import LedgerError
 from magent_store.schema6 import ALREADY_7 as ALREADY_7  # what happened to one file, as decoding says
 from magent_store.schema6 import CHANGED as CHANGED
@@ -55,6 +56,7 @@ from magent_store.store import (
     normalize_header,
     replay_session,
     scan_log,
+    sweep_stale_temps,
 )
 
 SCHEMA6: Final = 6
@@ -65,8 +67,10 @@ MIGRATED: Final = "migrated"  # migrated and value-identical
 WOULD_MIGRATE: Final = "would-migrate"  # --dry-run: valid, would be migrated
 LOCKED: Final = "locked"  # open for writing by a running backend: skipped
 FAILED: Final = "failed"  # an I/O error: schema-6 file kept
+SAVED_MEANWHILE: Final = "saved-meanwhile"  # magent saved it while it was migrated: left for a later run
 
-OUTCOMES: Final = (MIGRATED, WOULD_MIGRATE, ALREADY_7, NOT_SESSION, INVALID, CHANGED, LOCKED, FAILED)
+OUTCOMES: Final = (MIGRATED, WOULD_MIGRATE, ALREADY_7, NOT_SESSION, INVALID, CHANGED, LOCKED, FAILED,
+                   SAVED_MEANWHILE)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -133,6 +137,8 @@ class Migration:
             parts.append(f"{self.count(LOCKED)} skipped (open in a running backend)")
         if self.count(FAILED):
             parts.append(f"{self.count(FAILED)} failed")
+        if self.count(SAVED_MEANWHILE):
+            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left for a later run)")
         return ", ".join(parts) + f"; {self.shadowed_files} differing only by shadowed duplicate keys"
 
     def to_json(self) -> dict[str, Any]:
@@ -201,6 +207,9 @@ class Migrator:
     def run(self, progress: Callable[[FileReport], None] | None = None, *, jobs: int = 1) -> Migration:
         """Migrate every file; PROGRESS sees each report as it is made."""
         paths = self.files()
+        if not self.dry_run:  # what interrupted writes left: no session text lingers unseen
+            for directory in sorted({p.parent for p in paths}):
+                sweep_stale_temps(directory)
         if jobs <= 1 or len(paths) <= 1 or self._crash is not None:
             for path in paths:
                 report = self.migrate_file(path)
@@ -229,9 +238,10 @@ class Migrator:
 
     def _migrate_file(self, path: Path) -> FileReport:
         try:
-            data = path.read_bytes()
+            seen = read_seen(path)
         except OSError as exc:
             return FileReport(path, FAILED, f"cannot read: {exc.strerror}")
+        data = seen.data
         try:
             obj, shadowed = schema6.loads_first_wins(data)
         except ValueError as exc:
@@ -252,7 +262,7 @@ class Migrator:
             report.outcome, report.reason = LOCKED, str(exc)
             return report
         try:
-            report.outcome, report.reason = self._write(path, data, plan)
+            report.outcome, report.reason = self._write(path, seen, plan)
         except OSError as exc:
             self._discard(plan.files)
             report.outcome, report.reason = FAILED, f"{exc.strerror or exc}; the schema-6 file is unchanged"
@@ -260,8 +270,9 @@ class Migrator:
             lock.release(remove=True)
         return report
 
-    def _write(self, path: Path, original: bytes, plan: schema6.Plan) -> tuple[str, str | None]:
+    def _write(self, path: Path, seen: FileSeen, plan: schema6.Plan) -> tuple[str, str | None]:
         files = plan.files
+        original = seen.data
         crash = self._crash
         if self.backup_path is not None:
             backup = self.backup_path / path.relative_to(self.root)
@@ -275,16 +286,26 @@ class Migrator:
                 crash("backup-written")
         atomic_write(files.log, plan.log_bytes, sync=self.sync, crash=crash)
         atomic_write(files.snapshot, plan.snapshot_bytes, sync=self.sync, crash=crash)
+        for new_file in (files.log, files.snapshot):  # the session's time of last update, as it was
+            keep_time(new_file, seen.mtime_ns)
         found = _verify(plan)
         if found is not None:
             self._discard(files)
             return CHANGED, f"{found}; the schema-6 file is unchanged"
         if crash:
             crash("verified")
-        # The commit point: from here on the session is schema 7.
-        atomic_write(files.header, plan.header_bytes, sync=self.sync, crash=crash)
-        if files.header.read_bytes() != plan.header_bytes:
-            atomic_write(files.header, original, sync=self.sync)
+        # The commit point: from here on the session is schema 7.  magent writes the schema-6
+        # file without a lock: it is replaced only if it is still what was read.
+        try:
+            written = replace_if_unchanged(seen, plan.header_bytes, sync=self.sync, what="migrated",
+                                           crash=crash)  # fmt: skip
+        except FileChanged:
+            self._discard(files)
+            return SAVED_MEANWHILE, ("saved by magent while it was migrated: left as magent saved it, "
+                                     "for a later run")  # fmt: skip
+        if read_file(files.header) != plan.header_bytes:
+            with contextlib.suppress(FileChanged):  # a newer save by magent stays
+                replace_if_unchanged(written, original, sync=self.sync, what="put back")
             self._discard(files)
             return CHANGED, "the header did not read back as written; the schema-6 file was restored"
         return MIGRATED, None

@@ -42,6 +42,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import FileChanged, FileSeen, keep_time, read_seen, remove_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -77,9 +78,10 @@ EXISTS: Final = "exists"  # the new place holds another session of that id
 UNREADABLE: Final = "unreadable"  # cannot be read, so cannot be verified: fsck first
 CHANGED: Final = "changed"  # the copy did not read back equal: the session stays where it was
 FAILED: Final = "failed"  # an I/O error: the session stays where it was
+SAVED_MEANWHILE: Final = "saved-meanwhile"  # magent saved it while it was moved: it stays where it was
 
 REFUSALS: Final = (LOCKED, EXISTS, UNREADABLE)
-OUTCOMES: Final = (MOVED, WOULD_MOVE, FINISHED, LOCKED, EXISTS, UNREADABLE, CHANGED, FAILED)
+OUTCOMES: Final = (MOVED, WOULD_MOVE, FINISHED, LOCKED, EXISTS, UNREADABLE, CHANGED, FAILED, SAVED_MEANWHILE)
 
 # The files of a session: the store's own, and lines or files an earlier repair set aside.
 _SESSION_FILE_RE: Final = re.compile(
@@ -183,7 +185,7 @@ class Relocation:
 
     @property
     def ok(self) -> bool:
-        return not any(m.outcome in (*REFUSALS, CHANGED, FAILED) for m in self.moves)
+        return not any(m.outcome in (*REFUSALS, CHANGED, FAILED, SAVED_MEANWHILE) for m in self.moves)
 
     def summary(self) -> str:
         if not self.moves:
@@ -200,6 +202,9 @@ class Relocation:
         for outcome in (CHANGED, FAILED, LOCKED):
             if self.count(outcome):
                 parts.append(f"{self.count(outcome)} {outcome} (left where they were)")
+        if self.count(SAVED_MEANWHILE):
+            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left where they were: "
+                         "run relocate again)")  # fmt: skip
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -353,6 +358,7 @@ class _Plan:
     paths: list[Path]  # its files at the old place
     finish: bool = False  # a whole copy is already at the new place
     header_bytes: bytes = b""
+    header_seen: FileSeen | None = None  # the old header as read: removed only if it is still that
     snapshot_bytes: bytes | None = None
     original: tuple[dict[str, Any], Thread] | None = None  # schema 7: as read before the move
     obj6: dict[str, Any] | None = None  # schema 6: the file's object, first occurrence of a key wins
@@ -422,7 +428,8 @@ class Relocator:
         move = Move(old.id, None, WOULD_MOVE, None, [p.name for p in paths])
         plan = _Plan(move, old, new, paths)
         try:
-            data = read_file(old.header)
+            plan.header_seen = read_seen(old.header)
+            data = plan.header_seen.data
             version = schema6.file_schema(old.header)
             if version == 6:
                 move.schema = 6
@@ -536,6 +543,12 @@ class Relocator:
                 self._finish(plan)
             else:
                 self._move(plan)
+        except FileChanged:
+            # The copy at the new place goes: the session magent saved is the one at the old place.
+            self._discard(plan.new)
+            move.outcome = SAVED_MEANWHILE
+            move.reason = ("saved by magent while it was moved: left where it was, as magent saved it; "
+                           "run relocate again")  # fmt: skip
         except OSError as exc:
             move.outcome = FAILED
             move.reason = f"{exc}; the session is still whole at {self.source.relative_to(self.root)}"
@@ -589,6 +602,12 @@ class Relocator:
             atomic_write(new.snapshot, plan.snapshot_bytes, sync=self.sync, crash=self._crash)
         # The header makes it a session at the new place: after everything it needs.
         atomic_write(new.header, plan.header_bytes, sync=self.sync, crash=self._crash)
+        # Each file keeps its time: the session keeps its place in magent's list and the finder's.
+        for path in plan.paths:
+            twin = new.directory / path.name
+            if path != old.lock and twin.exists():
+                mtime = plan.header_seen.mtime_ns if path == old.header and plan.header_seen else None
+                keep_time(twin, mtime or os.lstat(path).st_mtime_ns)
         found = self._verify(plan)
         if found is not None:
             self._discard(new)
@@ -636,6 +655,11 @@ class Relocator:
         for path in order:
             if path == old.lock:
                 continue  # ours now: released (and removed) last
+            if path == old.header and plan.header_seen is not None:
+                # magent may save it without a lock: removed only if it is still what was copied.
+                remove_if_unchanged(plan.header_seen, sync=self.sync, what="moved")
+                self.crash(f"removed-{path.name.removeprefix(old.id + '.')}")
+                continue
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             self.crash(f"removed-{path.name.removeprefix(old.id + '.')}")

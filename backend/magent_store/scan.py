@@ -6,6 +6,8 @@ the conversation as magent would load it (so a secret split across
 streamed chunks is found whole), and the log's events, whose values a later
 event may have replaced in the conversation.  A secret is reported by its
 kind, where it is and a fingerprint (keyed per run), never by its text.
+The temp and set-aside files beside the sessions (`side_files`) are read as
+text, since they may be cut anywhere.
 This module declares the command's arguments beside its handler.
 """
 
@@ -26,6 +28,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
+from magent_store.fileio import side_file_kind, side_file_owner, side_files
 from magent_store.ledger import LedgerError
 from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
 from magent_store.store import (
@@ -49,6 +52,11 @@ private-key, jwt, openai-api-key, ...), the field that holds it (a header field,
 or turn N / item M / content, output or input, or a log event) and a
 fingerprint: 8 hex digits that are the same wherever the same secret is, within
 one run.  The secret itself is never printed.  Nothing is written.
+
+Files beside the sessions that can hold their text are read as text and listed
+too: a temp file an interrupted write left (.<id>.json.tmp-<pid>, say) and what a
+repair set aside (<id>.jsonl.tail-<n>, <id>.jsonl.corrupt-<n>); scrub removes or
+rewrites them.
 
 The patterns are gitleaks' rules for well-known credentials (see
 docs/REDACTION.md); --pattern KIND=REGEXP adds your own, and --redact-spec FILE
@@ -291,6 +299,19 @@ def scan_session(path: Path, redactor: Redactor) -> SessionScan:
         return SessionScan(path, 0, error=str(exc))
 
 
+def scan_side_file(path: Path, redactor: Redactor) -> SessionScan:
+    """The secrets in the side file at PATH, read as text (it may be cut anywhere)."""
+    try:
+        data = read_file(path)
+    except (StoreError, OSError) as exc:
+        return SessionScan(path, 0, error=f"{path}: {exc}")
+    result = SessionScan(path, 0)
+    where = side_file_kind(path)
+    text = data.decode("utf-8", "surrogateescape")
+    result.findings = [Located(f.kind, where, f.fingerprint) for f in redactor.find(text, where)]
+    return result
+
+
 def scan_root(root: Path, redactor: Redactor, workers: int | None = None) -> list[SessionScan]:
     """Every session under ROOT, scanned, in the order of the walk.
 
@@ -351,25 +372,32 @@ def run(args: argparse.Namespace) -> int:
         scans = scan_root(root, redactor)
     except OSError as exc:
         return _fail(f"{root}: {exc.strerror or exc}")
+    side = [scan_side_file(p, redactor) for p in side_files(root)]
     holding = [s for s in scans if s.findings]
-    unreadable = [s for s in scans if s.error is not None]
+    side_holding = [s for s in side if s.findings]
+    unreadable = [s for s in scans + side if s.error is not None]
     if args.json:
         body = {"sessions": [{"path": str(s.path), "schema": s.schema, "id": s.id, "title": s.title,
                               "scope": s.scope, "findings": [f.to_json() for f in s.findings]}
                              for s in holding],
+                "files": [{"path": str(s.path), "session": side_file_owner(s.path),
+                           "findings": [f.to_json() for f in s.findings]} for s in side_holding],
                 "unreadable": [{"path": str(s.path), "error": s.error} for s in unreadable]}  # fmt: skip
         sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
     else:
-        for s in holding:
+        for s in holding + side_holding:
             print(s.path.relative_to(root))
             for f in s.findings:
                 print(f"  {f.kind}\t{f.where}\t{f.fingerprint}")
     for s in unreadable:
         print(f"magent-store: cannot be read: {s.error}", file=sys.stderr)
     secrets = sum(len(s.findings) for s in holding)
+    beside = sum(len(s.findings) for s in side_holding)
     print(f"{len(scans)} sessions scanned: {secrets} secret{'s' if secrets != 1 else ''} "
           f"in {len(holding)} session{'s' if len(holding) != 1 else ''}"
+          + (f"; {beside} more in {len(side_holding)} file(s) beside them (run magent-store scrub)"
+             if side_holding else "")
           + (f"; {len(unreadable)} could not be read" if unreadable else ""), file=sys.stderr)  # fmt: skip
     if unreadable:
         return 2
-    return 1 if holding else 0
+    return 1 if holding or side_holding else 0

@@ -37,6 +37,17 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
+from magent_store.fileio import (
+    FileChanged,
+    keep_time,
+    newest_mtime_ns,
+    read_file,
+    read_seen,
+    replace_if_unchanged,
+    side_file_kind,
+    side_file_owner,
+    side_files,
+)
 from magent_store.ledger import LedgerError, Thread
 from magent_store.redact import RedactError, Redactor
 from magent_store.store import (
@@ -57,6 +68,7 @@ from magent_store.store import (
     read_header,
     replay_session,
     scan_log,
+    sweep_stale_temps,
     sync_directories,
 )
 
@@ -105,10 +117,12 @@ DAMAGED: Final = "damaged"  # cannot be read whole: left alone (fsck)
 UNCONFIRMED: Final = "unconfirmed"  # the log ends in a batch its writer sends again: left alone
 CHANGED: Final = "changed"  # the rewrite did not read back as redacted: the original put back
 FAILED: Final = "failed"  # an I/O error: the original put back
+SAVED_MEANWHILE: Final = "saved-meanwhile"  # magent saved it while it was scrubbed: left as magent saved it
 
-OUTCOMES: Final = (SCRUBBED, WOULD_SCRUB, CLEAN, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED)
+OUTCOMES: Final = (SCRUBBED, WOULD_SCRUB, CLEAN, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED,
+                   SAVED_MEANWHILE)  # fmt: skip
 # Outcomes after which the session may still hold a secret.
-LEFT: Final = frozenset({WOULD_SCRUB, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED})
+LEFT: Final = frozenset({WOULD_SCRUB, LOCKED, DAMAGED, UNCONFIRMED, CHANGED, FAILED, SAVED_MEANWHILE})
 
 
 @dataclass(slots=True)
@@ -135,6 +149,7 @@ class Scrub:
     dry_run: bool
     reports: list[ScrubReport] = field(default_factory=list)
     backup: Path | None = None
+    files: list[ScrubReport] = field(default_factory=list)  # side files that held secrets (`scan.side_files`)
 
     def count(self, outcome: str) -> int:
         return sum(1 for r in self.reports if r.outcome == outcome)
@@ -145,8 +160,13 @@ class Scrub:
 
     @property
     def ok(self) -> bool:
-        """No session is left that may hold a secret."""
-        return not any(r.outcome in LEFT for r in self.reports)
+        """No session, and no file beside one, is left that may hold a secret."""
+        return not any(r.outcome in LEFT for r in self.reports + self.files)
+
+    @property
+    def left(self) -> list[ScrubReport]:
+        """The sessions and files beside them that may still hold a secret."""
+        return [r for r in self.reports + self.files if r.outcome in LEFT]
 
     def summary(self) -> str:
         done = self.count(WOULD_SCRUB) if self.dry_run else self.count(SCRUBBED)
@@ -157,9 +177,17 @@ class Scrub:
                               (DAMAGED, "damaged (left alone: run magent-store fsck)"),
                               (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
                               (CHANGED, "did not read back as redacted (original put back)"),
-                              (FAILED, "failed (original put back)")):  # fmt: skip
+                              (FAILED, "failed (original put back)"),
+                              (SAVED_MEANWHILE, "saved by magent while scrubbed (left as magent saved it: "
+                                                "run scrub again)")):  # fmt: skip
             if self.count(outcome):
                 parts.append(f"{self.count(outcome)} {what}")
+        if self.files:
+            done_files = sum(1 for r in self.files if r.outcome in (WOULD_SCRUB, SCRUBBED))
+            verb = "hold secrets" if self.dry_run else "scrubbed"
+            left = sum(1 for r in self.files if r.outcome in LEFT and r.outcome != WOULD_SCRUB)
+            parts.append(f"{done_files} file(s) beside them (temp or set aside) {verb}"
+                         + (f", {left} left (being written)" if left else ""))  # fmt: skip
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -168,6 +196,7 @@ class Scrub:
             "backup": None if self.backup is None else str(self.backup),
             "summary": {"sessions": len(self.reports), **{o: self.count(o) for o in OUTCOMES}},
             "sessions": [r.to_json(self.root) for r in self.reports],
+            "files": [r.to_json(self.root) for r in self.files],
         }  # fmt: skip
 
 
@@ -198,11 +227,19 @@ class Scrubber:
         self.backup_path = None if dry_run or not backup else new_backup_path(self.root, BACKUP_KIND)
 
     def run(self, progress: Callable[[ScrubReport], None] | None = None) -> Scrub:
-        for path in Store(self.root).headers():
+        paths = list(Store(self.root).headers())
+        if not self.dry_run:  # what interrupted writes left, secrets and all, goes first
+            for directory in sorted({p.parent for p in paths}):
+                sweep_stale_temps(directory)
+        for path in paths:
             report = self.scrub_file(path)
             self.result.reports.append(report)
             if progress is not None:
                 progress(report)
+        for side in side_files(self.root):
+            report = self.scrub_side_file(side)
+            if report.outcome != CLEAN:
+                self.result.files.append(report)
         if self.backup_path is not None and self.backup_path.exists():
             self.result.backup = self.backup_path
         return self.result
@@ -215,7 +252,8 @@ class Scrubber:
             files = SessionFiles.from_header_path(path)
         except StoreError as exc:
             return ScrubReport(path, schema, DAMAGED, str(exc))
-        if lock_is_held(files.lock):
+        held = lock_is_held(files.lock)
+        if held and not self.dry_run:
             return ScrubReport(path, schema, LOCKED, "open for writing by a running backend")
         try:
             lock = None if self.dry_run else SessionLock(files)
@@ -233,7 +271,67 @@ class Scrubber:
         finally:
             if lock is not None:
                 lock.release(remove=True)
+        if held and report.outcome != CLEAN:
+            # A dry run reads an open session too: what a run would do once it is closed.
+            open_now = "open for writing by a running backend (M-x magent-store-scrub closes its own first)"
+            if report.outcome == WOULD_SCRUB:
+                report.reason = open_now
+            else:
+                report.outcome, report.reason = LOCKED, open_now
         return report
+
+    def scrub_side_file(self, path: Path) -> ScrubReport:
+        """Remove (a temp file) or rewrite redacted (what a repair set aside) the side file at PATH.
+
+        Under its session's lock, when its name names one: a temp file of a
+        session open for writing is being written, and is left.
+        """
+        report = ScrubReport(path, 0, CLEAN, side_file_kind(path))
+        try:
+            found = self.redactor.find(read_file(path).decode("utf-8", "surrogateescape"))
+        except OSError as exc:
+            report.outcome, report.reason = FAILED, f"{exc.strerror or exc}"
+            return report
+        if not found:
+            return report
+        report.secrets, report.kinds, report.outcome = len(found), _kinds(found), WOULD_SCRUB
+        if self.dry_run:
+            return report
+        owner = side_file_owner(path)
+        lock = None
+        if owner is not None and ledger.valid_session_id(owner):
+            try:
+                lock = SessionLock(SessionFiles(path.parent, owner))
+            except SessionLockedError:
+                report.outcome, report.reason = LOCKED, f"{report.reason}, of a session open for writing"
+                return report
+        try:
+            data = read_file(path)
+            self._back_up_file(path, data)
+            if path.name.startswith("."):
+                path.unlink()
+                report.reason = f"{report.reason}: removed"
+            else:
+                text, _ = self.redactor.redact(data.decode("utf-8", "surrogateescape"))
+                atomic_write(path, text.encode("utf-8", "surrogateescape"), sync=self.sync)
+                report.reason = f"{report.reason}: each secret redacted"
+            if self.sync:
+                sync_directories([path.parent])
+            report.outcome = SCRUBBED
+        except OSError as exc:
+            report.outcome, report.reason = FAILED, f"{exc.strerror or exc}"
+        finally:
+            if lock is not None:
+                lock.release(remove=True)
+        return report
+
+    def _back_up_file(self, path: Path, data: bytes) -> None:
+        if self.backup_path is None:
+            return
+        target = self.backup_path / path.parent.relative_to(self.root)
+        make_private_dirs(target)
+        atomic_write(target / path.name, data, sync=self.sync)
+        self.result.backup = self.backup_path
 
     # -- schema 7 ----------------------------------------------------------
 
@@ -284,12 +382,16 @@ class Scrubber:
         if self.dry_run:
             return
         kept = (files.header, files.log, files.snapshot, files.producer, files.sums)
+        # The session's place in every list (magent's, the finder's) is its files' times: kept.
+        last_update = newest_mtime_ns([files.header, files.log, files.snapshot])
+        header_time = newest_mtime_ns([files.header])
         originals = self._back_up(files, kept)
         try:
             if conversation:
                 # The snapshot first: the old log's events are all at or before its seq, so
                 # every state on the way reads back as the whole conversation.
                 atomic_write(files.snapshot, snapshot, sync=self.sync)
+                keep_time(files.snapshot, last_update)
                 # No log rather than an empty one: magent's schema-7 reader takes an empty
                 # file for a torn one and writes it again.  Its checksums go with it.
                 for p in (files.log, files.sums):
@@ -300,6 +402,7 @@ class Scrubber:
             difference = self._verify7(files, new_value)
             if difference is None and header_changed:
                 atomic_write(files.header, header_bytes, sync=self.sync)
+                keep_time(files.header, header_time)
                 difference = self._verify7(files, new_value, new_header)
         except BaseException:
             self._put_back(originals)
@@ -330,7 +433,8 @@ class Scrubber:
     # -- schema 6 ----------------------------------------------------------
 
     def _scrub6(self, path: Path, files: SessionFiles, report: ScrubReport) -> None:
-        original = path.read_bytes()
+        seen = read_seen(path)
+        original = seen.data
         try:
             obj, shadowed = schema6.loads_first_wins(original)
             schema6.classify(obj)
@@ -359,14 +463,17 @@ class Scrubber:
             raise _Refused(CHANGED, f"{difference}; the session is as it was")
         if self.dry_run:
             return
-        originals = self._back_up(files, (path, files.log, files.snapshot))
+        self._back_up(files, (path, files.log, files.snapshot))
+        # magent writes this file without a lock: replaced only if it is still what was read.
         try:
-            atomic_write(path, body, sync=self.sync)
-            if path.read_bytes() != body:
-                raise _Refused(CHANGED, "the file did not read back as written; the session is as it was")
-        except BaseException:
-            self._put_back(originals)
-            raise
+            written = replace_if_unchanged(seen, body, sync=self.sync, what="scrubbed")
+        except FileChanged:
+            raise _Refused(SAVED_MEANWHILE, "saved by magent while it was scrubbed: left as magent saved it; "
+                           "run scrub again") from None  # fmt: skip
+        if read_file(path) != body:
+            with contextlib.suppress(FileChanged):  # a newer save by magent stays
+                replace_if_unchanged(written, original, sync=self.sync, what="put back")
+            raise _Refused(CHANGED, "the file did not read back as written; the session is as it was")
         report.outcome = SCRUBBED
         if shadowed:
             report.reason = f"{shadowed} duplicate keys magent never read (it reads the first) left out"
@@ -451,7 +558,7 @@ def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
         body["index"] = index_note
         sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
     else:
-        for r in result.reports:
+        for r in result.reports + result.files:
             if r.outcome in (SCRUBBED, WOULD_SCRUB) or r.outcome in LEFT:
                 kinds = f" ({', '.join(r.kinds)})" if r.kinds else ""
                 why = f": {r.reason}" if r.reason else ""
@@ -459,8 +566,13 @@ def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
         print(result.summary())
         if index_note:
             print(index_note)
+    left = ", ".join(str(r.path.relative_to(root)) for r in result.left)
     if result.backup is not None:
-        print(f"The originals, secrets included, are in {result.backup}: that copy is now the one place "
-              "the secrets remain.  Once you have checked the scrubbed sessions, delete it:\n"
+        where = ("that copy is now the one place the secrets remain" if not left else
+                 f"the secrets remain there, and in what was left as it was: {left}")  # fmt: skip
+        print(f"The originals, secrets included, are in {result.backup}: {where}.  Once you have checked "
+              "the scrubbed sessions, delete it:\n"
               f"  rm -rf -- {shlex.quote(str(result.backup))}", file=sys.stderr)  # fmt: skip
+    elif left and not args.dry_run:
+        print(f"Secrets remain in what was left as it was: {left}", file=sys.stderr)
     return 0 if result.ok else 1

@@ -479,6 +479,35 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
+def sweep_stale_temps(directory: Path) -> None:
+    """Remove what interrupted writes left in DIRECTORY (``.<id>.<file>.tmp-<pid>``), logged.
+
+    Each session's are removed under its lock, taken for the moment: a
+    session open for writing (whose writer may be writing one right now)
+    is left alone.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    owners = {match.group(1) for name in names if is_temp_file(name) and (match := _TEMP_OWNER.match(name))}
+    for owner in sorted(owners):
+        if not ledger.valid_session_id(owner):
+            continue
+        files = SessionFiles(directory, owner)
+        try:
+            lock = SessionLock(files)
+        except (SessionLockedError, OSError):
+            continue
+        try:
+            remove_stale_temps(files)
+        finally:
+            lock.release(remove=True)
+
+
+_TEMP_OWNER: Final = re.compile(r"^\.(.+)\.(?:json|jsonl|snapshot|producer|sums)\.tmp-\d+$")
+
+
 class ProducerRecord:
     """``<id>.producer``: which batch NUMBER of which PRODUCER the log holds last, up to SEQ.
 

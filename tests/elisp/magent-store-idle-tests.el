@@ -119,8 +119,29 @@ Return its log file."
       (should (equal (timer--repeat-delay magent-store-idle--timer) magent-store-idle-day))
       (should (eq (timer--function magent-store-idle--timer) #'magent-store-idle--daily))
       (should (= 0 (magent-store-idle-test--failures)))
+      ;; One line in the echo area: what it compacted, saved and left.
+      (let ((said (cl-remove-if-not (lambda (m) (string-prefix-p "magent-store: idle" m))
+                                    magent-store-idle-test--messages)))
+        (should (= (length said) 1))
+        (should (string-match-p (concat "\\`magent-store: idle compaction: 1 idle session(s) compacted, "
+                                        "[0-9]+ B saved; 0 recent, 0 compact already, 0 open\\'")
+                                (car said))))
       (magent-store-mode -1)
       (should-not magent-store-idle--timer))))
+
+(ert-deftest magent-store-idle-says-in-one-line-what-it-left-and-why ()
+  (magent-store-idle-test--with-mode nil
+    (let ((log (magent-store-idle-test--write-old-session (magent-store--root)))
+          (magent-store-compact-idle-days 30))
+      (write-region "{\"seq\":" nil log t 'silent)  ; a torn last line: for fsck first
+      (set-file-times log (seconds-to-time magent-store-idle-test--old))
+      (magent-store-idle-compact)
+      (should (= 1 (process-exit-status (magent-store-idle-test--wait))))
+      (should (file-exists-p log))
+      (should (equal magent-store-idle-test--messages
+                     (list (concat "magent-store: idle compaction: 0 idle session(s) compacted, 0 B saved; "
+                                   "0 recent, 0 compact already, 0 open, "
+                                   "1 damaged (run magent-store fsck)")))))))
 
 (ert-deftest magent-store-idle-a-failed-run-says-so-once ()
   (magent-store-idle-test--with-mode nil

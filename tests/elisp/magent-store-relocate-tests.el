@@ -94,20 +94,48 @@ Sessions s1 and s2 belong to OLD, s3 to OTHER (whose folder exists)."
       (should-not magent-store-relocate--process)
       (should (equal (directory-files-recursively magent-store-root "") before)))))
 
-(ert-deftest magent-store-relocate-a-session-still-open-moves-nothing-and-says-why ()
-  "While one session is open in the backend, nothing moves; the buffer says why."
+(ert-deftest magent-store-relocate-closes-the-sessions-this-emacs-has-open-first ()
+  "A session this Emacs's backend holds is flushed and closed, then moves; it opens at NEW."
   (magent-store-relocate-test--with-projects
     (magent-store-open "s2" old)
+    (magent-store-test--start-turn "s2")
+    (magent-store-append-item-content "s2" "item-1" " and more")  ; not flushed yet
     (let* ((messages nil)
-           (shown nil)
            (process (cl-letf (((symbol-function 'yes-or-no-p) (lambda (_prompt) t)))
                       (magent-store-relocate old new))))
+      (should-not (gethash "s2" magent-store--sessions))
       (cl-letf (((symbol-function 'message)
-                 (lambda (format &rest args) (push (apply #'format-message format args) messages)))
-                ((symbol-function 'display-buffer)
-                 (lambda (buffer &rest _) (push buffer shown))))
+                 (lambda (format &rest args) (push (apply #'format-message format args) messages))))
         (magent-store-relocate-test--wait process))
-      (should (string-match-p "not moved" (car messages)))
+      (should (string-match-p "\\`magent-store: 2 sessions moved and verified" (car messages)))
+      (should-not (file-exists-p (magent-store-relocate-test--directory old)))
+      (should (equal (magent-store-test--content (magent-store-load "s2" new))
+                     " and more")))))  ; queued when the move began: flushed first, then moved
+
+(ert-deftest magent-store-relocate-a-session-another-process-holds-moves-nothing-and-says-why ()
+  "While another process holds one session, nothing moves; the message and buffer name it."
+  (magent-store-relocate-test--with-projects
+    (let* ((lock (expand-file-name "s2.lock" (magent-store-relocate-test--directory old)))
+           (holder (make-process :name "holder" :command (list "flock" lock "-c" "echo held; exec sleep 60")
+                                 :buffer (generate-new-buffer " *holder*") :noquery t))
+           (messages nil)
+           (shown nil))
+      (unwind-protect
+          (progn
+            (with-timeout (30 (error "The lock was not taken"))
+              (while (not (string-match-p "held" (with-current-buffer (process-buffer holder)
+                                                   (buffer-string))))
+                (accept-process-output holder 0.05)))
+            (let ((process (cl-letf (((symbol-function 'yes-or-no-p) (lambda (_prompt) t)))
+                             (magent-store-relocate old new))))
+              (cl-letf (((symbol-function 'message)
+                         (lambda (format &rest args) (push (apply #'format-message format args) messages)))
+                        ((symbol-function 'display-buffer)
+                         (lambda (buffer &rest _) (push buffer shown))))
+                (magent-store-relocate-test--wait process))))
+        (delete-process holder))
+      (should (string-match-p "\\`magent-store: the sessions were not moved: nothing moved" (car messages)))
+      (should-not (string-match-p "magent-store:.*magent-store:" (car messages)))
       (should (equal shown (list (get-buffer magent-store-relocate-buffer))))
       (with-current-buffer magent-store-relocate-buffer
         (should (string-match-p "locked: s2" (buffer-string))))

@@ -114,6 +114,43 @@ print(json.dumps(list(leaky.PLANTED)))"
         (should (equal (string-trim (apply #'concat header-line-format)) "No secret found"))))
     (should-error (magent-store-scan (expand-file-name "nowhere" magent-store-root)) :type 'user-error)))
 
+(ert-deftest magent-store-scan-finds-what-this-emacs-has-not-saved-yet ()
+  "What the backend was sent but not told to write is written before the scan reads."
+  (magent-store-test--with-backend
+    (let ((magent-store-flush-interval 3600))  ; no timer writes it meanwhile
+      (magent-store-open "s1")
+      (magent-store-test--start-turn "s1")
+      (magent-store-append-item-content
+       "s1" "item-1" (concat "the key gh" "p_" "ZGqKTOXsMF886xp2AV4g2wn4nykeEdoZdVvF, use it"))
+      (let ((buffer (magent-store-scan)))
+        (magent-store-scan-test--wait buffer)
+        (should (equal (magent-store-scan-test--kinds buffer) '("github-pat")))))))
+
+(ert-deftest magent-store-scrub-closes-this-emacs-sessions-then-scrubs-them ()
+  "A session this Emacs's backend holds is closed first, then scrubbed; one line says so."
+  (magent-store-test--with-backend
+    (let ((secrets (magent-store-scan-test--planted magent-store-root))
+          (messages nil))
+      (magent-store-open "leaky")  ; its backend holds it now
+      (let ((process (cl-letf (((symbol-function 'yes-or-no-p) (lambda (_prompt) t)))
+                       (magent-store-scrub))))
+        (should-not (gethash "leaky" magent-store--sessions))
+        (cl-letf (((symbol-function 'message)
+                   (lambda (format &rest args) (push (apply #'format-message format args) messages))))
+          (with-timeout (60 (error "The scrub did not finish"))
+            (while (or (process-live-p process) magent-store-scrub--process)
+              (accept-process-output nil 0.05)))))
+      (should (equal (car messages)
+                     "magent-store: 2 sessions seen, 1 scrubbed and verified, 1 without secrets"))
+      (let ((saved (with-temp-buffer
+                     (insert-file-contents (expand-file-name "global/leaky.snapshot" magent-store-root))
+                     (buffer-string))))
+        (dolist (secret (list (nth 0 secrets) (nth 1 secrets)))  ; gitleaks' aws and github kinds
+          (should-not (string-search secret saved)))
+        (should (string-search "[redacted:github-pat]" saved)))
+      ;; Streaming opens it again.
+      (should (magent-store-open "leaky")))))
+
 (ert-deftest magent-store-scan-is-a-command-once-the-core-is-loaded ()
   "(require \='magent-store) is enough for M-x magent-store-scan."
   (with-temp-buffer

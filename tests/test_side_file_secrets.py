@@ -1,0 +1,105 @@
+"""Secrets in the files beside sessions: temp files interrupted writes left, lines a repair set aside.
+
+scan reads and reports them; scrub removes a stale temp file and rewrites what
+was set aside with each secret redacted; a temp file of a session open for
+writing is left, and the closing message names it.  Every tool that owns a
+directory removes the stale temp files in it, logged.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import leaky
+from magent_store.store import SessionLock, Store
+
+MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+SPEC = json.dumps(leaky.SPEC)
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=SPEC, capture_output=True, text=True)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {k: v for k, v in leaky.tree(root).items() if not k.startswith("scrub-backup-")}
+
+
+def test_scan_and_scrub_see_the_text_beside_the_sessions(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.clean(root)
+    directory = root / "global"
+    temp = directory / ".clean.json.tmp-999999"  # a compaction killed mid-write
+    temp.write_bytes(b'{"id":"clean","title":"deploy with ' + leaky.GH.encode() + b'","snapsh')
+    tail = directory / "clean.jsonl.tail-1"  # what a power loss left, set aside
+    tail.write_bytes(b'{"seq":9,"type":"item-updated","payload":{"text":"key ' + leaky.AWS.encode() + b'"}}\n{"se')
+
+    scan = cli("scan", "--redact-spec", "-", "--json", root)
+    assert scan.returncode == 1, scan.stderr
+    files = json.loads(scan.stdout)["files"]
+    assert [(f["path"], f["session"], [x["kind"] for x in f["findings"]]) for f in files] == [
+        (str(temp), "clean", ["github-pat"]), (str(tail), "clean", ["aws-access-token"])]
+    assert "2 more in 2 file(s) beside them" in scan.stderr
+
+    dry = cli("scrub", "--redact-spec", "-", "--dry-run", root)
+    assert dry.returncode == 1 and "would-scrub: global/.clean.json.tmp-999999" in dry.stdout
+
+    out = cli("scrub", "--redact-spec", "-", root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not temp.exists()  # stale: its writer is gone
+    assert tail.exists() and leaky.remnants(tail.read_bytes()) == []
+    assert b"[redacted:" in tail.read_bytes() and tail.read_bytes().endswith(b'\n{"se')  # the rest as it was
+    assert "the one place the secrets remain" in out.stderr
+    assert all(leaky.remnants(data) == [] for data in tree(root).values())
+    (backup,) = sorted(root.glob("scrub-backup-*"))
+    assert leaky.AWS.encode() in (backup / "global" / tail.name).read_bytes()
+    assert cli("scan", "--redact-spec", "-", root).returncode == 0
+
+
+def test_a_temp_file_being_written_is_left_and_named(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.clean(root)
+    temp = files.directory / ".clean.snapshot.tmp-1"
+    temp.write_bytes(b'{"text":"' + leaky.GH.encode() + b'"')
+    lock = SessionLock(files)  # its writer holds the session
+    try:
+        out = cli("scrub", "--redact-spec", "-", "--no-backup", root)
+    finally:
+        lock.release()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert temp.exists() and "locked: global/.clean.snapshot.tmp-1" in out.stdout
+    assert "1 left (being written)" in out.stdout
+    (remain,) = [line for line in out.stderr.splitlines() if line.startswith("Secrets remain in")]
+    assert "global/.clean.snapshot.tmp-1" in remain
+
+
+def test_the_closing_message_names_sessions_left_holding_secrets(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    files.log.write_bytes(files.log.read_bytes() + b'{"seq":')  # torn: damaged, left alone
+    leaky.six(root)  # scrubbed: a backup is made
+    out = cli("scrub", "--redact-spec", "-", root)
+    assert out.returncode == 1
+    assert "one place the secrets remain" not in out.stderr
+    assert "the secrets remain there, and in what was left as it was: global/leaky.json" in out.stderr
+    out = cli("scrub", "--redact-spec", "-", "--no-backup", root)
+    assert "Secrets remain in what was left as it was: global/leaky.json" in out.stderr
+
+
+def test_every_tool_that_owns_a_directory_removes_its_stale_temp_files(tmp_path: Path) -> None:
+    for argv in (["compact", "--idle-days", "30"], ["migrate", "--no-backup"], ["export", "--schema", "6"],
+                 ["scrub", "--redact-spec", "-"]):  # fmt: skip
+        root = tmp_path / argv[0] / "sessions"
+        files = leaky.clean(root)
+        temp = files.directory / ".clean.json.tmp-999999"
+        temp.write_bytes(b'{"half":')
+        with Store(root).open("busy"):  # a session open for writing keeps its temp file
+            busy = files.directory / ".busy.jsonl.tmp-1"
+            busy.write_bytes(b"being written")
+            out = cli(*argv, root)
+        assert not temp.exists(), (argv, out.stdout + out.stderr)
+        assert busy.exists(), argv
+        assert "removed the temp file of an interrupted write" in out.stderr, argv
