@@ -703,11 +703,13 @@ magent writes a session once it has a turn or an agent job."
 
 (defun magent-store-magent--put-header (session scope)
   "Give the backend SESSION's header under SCOPE if it changed.
-Return the store session."
+A session saved under another scope than its last moves there first:
+magent files it where it is saved.  Return the store session."
   (let* ((thread (magent-session-thread-ledger session))
          (store-session (magent-store-magent--open-thread thread))
          (id (magent-thread-session-id thread)))
     (when (magent-store-magent--has-content-p session)
+      (magent-store-move id (magent-store-magent--store-scope scope))
       (let ((text (magent-store-magent--encode
                    (magent-store-magent--header-data session scope))))
         (unless (equal text (gethash id magent-store-magent--headers-sent))

@@ -203,7 +203,7 @@ def _scope(scope_json: Any) -> Scope:
 
 
 # Longer than a room should be, and for one reason: it has a method for each
-# of the wire's seventeen calls, each reading its arguments and handing the
+# of the wire's eighteen calls, each reading its arguments and handing the
 # work on (to the registry, the spool, a session, export or the listing), and
 # their docstrings are the wire's reference.  The work itself lives elsewhere.
 class Service:
@@ -245,6 +245,7 @@ class Service:
             "listing": self.listing,
             "close": self.close,
             "delete": self.delete,
+            "move": self.move,
             "list": self.list,
             "status": self.status,
             "record-timings": self.record_timings,
@@ -519,6 +520,17 @@ class Service:
         root = text(root, "root")
         session_id = text(session_id, "session id")
         return self.sessions.delete(root, _scope(json_text(scope, "scope")), session_id)
+
+    def move(self, root: Any, scope: Any, session_id: Any) -> bool:
+        """Move an open session's files to SCOPE's directory; False if they are there already.
+
+        What magent does when it saves a session under another scope than
+        its last: it is kept where magent writes it, and nowhere else.
+        """
+        root = text(root, "root")
+        session_id = text(session_id, "session id")
+        scope_json = json_text(scope, "scope")
+        return self.sessions.move(root, scope_json, _scope(scope_json), session_id)
 
     def close(self, session_id: Any) -> bool:
         """Flush and close a session, releasing its lock.  Idempotent."""
