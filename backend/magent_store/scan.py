@@ -132,21 +132,29 @@ def shortest_secret(redactor: Redactor) -> int:
     return min(SHORTEST_MATCH, LITERAL_MIN) if redactor.literals else SHORTEST_MATCH
 
 
-def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str],
+# What one string holds: the kind and fingerprint of each secret in it.
+_Found = list[tuple[str, str]]
+
+
+def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: dict[str, _Found],
             shortest: int = 0) -> None:  # fmt: skip
     """What `Redactor.find_json` finds in VALUE, strings shorter than SHORTEST skipped (they hold none).
 
     Most strings of a session are ids, times and statuses: not looking at
-    them is most of what a scan saves.  Strings in KNOWN were looked at
-    already; the ones looked at are added to it.
+    them is most of what a scan saves.  A string met again (a prompt is
+    the turn's input, its message and the thread's preview) is looked at
+    once: KNOWN keeps what each string holds, and every place it is at is
+    listed.
     """
     if isinstance(value, str):
-        if len(value) >= shortest and value not in known:
-            known.add(value)
-            out.extend(Located(f.kind, f.field, f.fingerprint) for f in redactor.find(value, where))
+        if len(value) >= shortest:
+            found = known.get(value)
+            if found is None:
+                found = known[value] = [(f.kind, f.fingerprint) for f in redactor.find(value)]
+            out.extend(Located(kind, where, fingerprint) for kind, fingerprint in found)
     elif isinstance(value, list):
         for n, v in enumerate(value):
-            if isinstance(v, str) and (len(v) < shortest or v in known):
+            if isinstance(v, str) and len(v) < shortest:
                 continue
             _locate(redactor, v, f"{where}/{n}", out, known, shortest)
     elif isinstance(value, dict):
@@ -154,16 +162,16 @@ def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], know
             if isinstance(key, str):
                 if isinstance(v, str) and key.lower() in _HEADER_KEYS:
                     out.extend(Located(f.kind, f.field, f.fingerprint)
-                               for f in redactor.find_json({key: v}, where, known))  # fmt: skip
+                               for f in redactor.find_json({key: v}, where))  # fmt: skip
                     continue
                 if len(key) >= shortest:
                     out.extend(Located(f.kind, f"{where} (a key)", f.fingerprint) for f in redactor.find(key))
-            if isinstance(v, str) and (len(v) < shortest or v in known):
+            if isinstance(v, str) and len(v) < shortest:
                 continue
             _locate(redactor, v, f"{where}/{key}", out, known, shortest)
 
 
-def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str],
+def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: dict[str, _Found],
             shortest: int) -> None:  # fmt: skip
     obj = redaction.thread_json(thread)
     for key, value in obj.items():
@@ -184,12 +192,13 @@ def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known
 _Logged = tuple[int | None, Any, Any]
 
 
-def _events(redactor: Redactor, logged: Iterable[_Logged], out: list[Located], known: set[str],
+def _events(redactor: Redactor, logged: Iterable[_Logged], out: list[Located], known: dict[str, _Found],
             shortest: int) -> None:  # fmt: skip
     """Secrets in logged events that the conversation no longer shows (replaced since).
 
     Strings the conversation holds as they are were looked at already (KNOWN),
-    and a secret already reported is not reported again.
+    and a secret already reported is not reported again: the log repeats
+    what the conversation shows.
     """
     reported = {f.fingerprint for f in out}
     for seq, kind, payload in logged:
@@ -265,7 +274,7 @@ def read_log_past_snapshot(files: SessionFiles) -> tuple[list[_Logged], LogScan]
 
 def scan_session(path: Path, redactor: Redactor) -> SessionScan:
     """The secrets in the session whose header (or schema-6 file) is PATH."""
-    known: set[str] = set()
+    known: dict[str, _Found] = {}
     shortest = shortest_secret(redactor)
     try:
         if schema6.is_schema6(path):
