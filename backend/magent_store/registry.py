@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from magent_store.arguments import CallError, JsonDict
+from magent_store.fileio import note_root
 from magent_store.ledger import Thread
 from magent_store.redacting import SessionRedaction
 from magent_store.search import SearchIndex
@@ -75,6 +76,10 @@ class Registry:
                 crash=self._crash_hook(),
             )
             self._stores[store_key] = store
+            try:
+                note_root(store.root)  # the command line's root, when given none
+            except OSError as err:
+                log.warning("cannot note %s as the session root: %s", store.root, err)
         return store
 
     def _search_index(self, root: str, options: JsonDict) -> Callable[[Session, list[bytes]], None] | None:

@@ -26,6 +26,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
+from magent_store.fileio import default_root
 from magent_store.ledger import LedgerError
 from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
 from magent_store.store import (
@@ -63,7 +64,6 @@ examples:
   magent-store scan --json | jq '.sessions[].findings[].kind'
   magent-store scan --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
 """
-DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
 # Sessions are read by up to this many worker processes (one per core), in batches of BATCH.
 WORKERS_MAX: Final = 4
 BATCH: Final = 50
@@ -106,8 +106,10 @@ class SessionScan:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments, and this module's `run` as its handler."""
-    parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
-                        help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
+    root = default_root()
+    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
+                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                        "else magent's)")  # fmt: skip
     parser.add_argument("--json", action="store_true",
                         help="print {sessions: [{path, schema, id, title, scope, findings: [{kind, where, "
                         "fingerprint}]}], "
