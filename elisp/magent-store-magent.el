@@ -1257,6 +1257,7 @@ read; M-x magent-store-export-for-magent writes them back" what)))))))
                   (session))
 (declare-function magent-agent-shell--buffers "ext:magent-agent-shell" ())
 (declare-function magent-store-search-view "magent-store-search" (hit))
+(declare-function magent-store-search-header-line "magent-store-search" (text))
 (defvar magent-session--scoped-sessions)
 
 (defun magent-store-magent--live-session (id)
@@ -1309,8 +1310,9 @@ Return the buffer shown."
       (let ((buffer (magent-store-search-view hit)))
         (with-current-buffer buffer
           (setq header-line-format
-                (format "Session %s is %s; this is its saved transcript"
-                        id where)))
+                `(:eval (magent-store-search-header-line
+                         ,(format "Saved transcript; the session is %s"
+                                  where)))))
         buffer))))
 
 (defun magent-store-magent--resume (header hit)
