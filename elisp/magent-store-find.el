@@ -344,28 +344,48 @@ Nil when every word of 3 letters or more is in some title."
           (if (numberp (aref row 4)) (file-size-human-readable (aref row 4) 'iec " ") "")
           (if (eql (aref row 6) 6) "  schema 6" "")))
 
+(defconst magent-store-find--title-width-max 60
+  "The widest title the annotations are aligned past; longer ones push theirs.")
+
+(defun magent-store-find--title-width (candidates)
+  "Return the column CANDIDATES' annotations start at, from each one's start."
+  (+ 2 (min magent-store-find--title-width-max
+            (apply #'max 0 (mapcar #'string-width candidates)))))
+
+(defun magent-store-find--annotation (candidate row width)
+  "Return ROW's annotation of CANDIDATE, starting WIDTH columns past its start.
+The padding is spaces, counted from the candidate's own start: the
+default completion UI lays candidates out in columns, and a space
+aligned to a column of the window (`:align-to') put the annotations of
+the second column right after their titles."
+  (concat (make-string (max 2 (- width (string-width candidate))) ?\s)
+          (propertize (magent-store-find--describe row)
+                      'face 'completions-annotations)))
+
 (defun magent-store-find--annotator (state)
-  "Return the `annotation-function' of STATE's sessions."
-  (lambda (candidate)
-    (when-let* ((row (gethash candidate (magent-store-find--state-rows state))))
-      (propertize (concat "  " (magent-store-find--describe row))
-                  'face 'completions-annotations))))
+  "Return the `annotation-function' of STATE's sessions.
+Their annotations start in one column, past the longest title of all."
+  (let (widest-of width)
+    (lambda (candidate)
+      (when-let* ((row (gethash candidate (magent-store-find--state-rows state))))
+        (let ((candidates (magent-store-find--state-candidates state)))
+          (unless (eq candidates widest-of)
+            (setq widest-of candidates
+                  width (magent-store-find--title-width candidates))))
+        (magent-store-find--annotation candidate row width)))))
 
 (defun magent-store-find--affixer (state)
   "Return the `affixation-function' of STATE's sessions.
-Their annotations start in one column."
+Their annotations start in one column, past the longest title shown."
   (lambda (candidates)
-    (let ((width (min 60 (apply #'max 0 (mapcar #'string-width candidates))))
+    (let ((width (magent-store-find--title-width candidates))
           (rows (magent-store-find--state-rows state)))
       (mapcar (lambda (candidate)
                 (let ((row (gethash candidate rows)))
                   (list candidate ""
-                        (if (not row)
-                            ""
-                          (concat (propertize " " 'display
-                                              `(space :align-to ,(+ 2 width)))
-                                  (propertize (magent-store-find--describe row)
-                                              'face 'completions-annotations))))))
+                        (if row
+                            (magent-store-find--annotation candidate row width)
+                          ""))))
               candidates))))
 
 ;;;; The completion table
