@@ -323,6 +323,15 @@ TEXT is the output of `magent-store show', which exited with STATUS."
                               "  (magent's own format, schema 6)"
                             "")))
           (dolist (turn (alist-get 'turns thread))
+            ;; A prompt no user message holds is the turn's input.
+            (when-let* ((prompt (alist-get 'input turn))
+                        ((stringp prompt))
+                        ((not (string-empty-p prompt)))
+                        ((not (cl-find-if (lambda (item)
+                                            (and (equal (alist-get 'type item) "message")
+                                                 (equal (alist-get 'role item) "user")))
+                                          (alist-get 'items turn)))))
+              (insert "\n" (propertize "── user ──" 'face 'shadow) "\n" prompt "\n"))
             (dolist (item (alist-get 'items turn))
               (let ((who (or (alist-get 'role item) (alist-get 'name item) (alist-get 'type item))))
                 (dolist (field '(content input output))
