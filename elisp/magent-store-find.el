@@ -37,9 +37,10 @@
 ;; the session as a search result does (`magent-store-search-open-function').
 ;;
 ;; The list comes from `magent-store ls --brief', one process that reads
-;; only the headers changed since its last run.  Emacs keeps the last
-;; list of each root: the next time the finder shows it at once and
-;; reads it again in the background.
+;; only the headers changed since its last run, or from the backend when
+;; one runs (the same listing, without a Python to start).  Emacs keeps
+;; the last list of each root: the next time the finder shows it at once
+;; and reads it again in the background.
 
 ;;; Change Log:
 
@@ -117,6 +118,17 @@ Signal a `user-error' with what the listing said when it fails."
                                      text))))
         rows))))
 
+(defun magent-store-find--from-backend (root)
+  "Return the rows of the sessions under ROOT from the running backend.
+nil when no backend is up, or it could not list them: a listing of its
+own then starts Python, which is most of what a first finder waits."
+  (when (magent-store--ready-p magent-store--backend)
+    (condition-case err
+        (magent-store-find--parse (magent-store--call "brief" (list root)))
+      (error (message "magent-store: the backend could not list %s (%s); \
+listing them apart" root (error-message-string err))
+             nil))))
+
 (defun magent-store-find--saved (root)
   "Return the rows the last `magent-store ls --brief' of ROOT saved, or nil.
 They are in the backend's state directory, under the name the listing
@@ -189,7 +201,8 @@ A title two sessions share is followed by each one's id."
 (defun magent-store-find--state (root)
   "Return the finder's state over ROOT: its last list at once, else read now.
 The last list is this Emacs's, else the one the listing saved; it is
-read again in the background."
+read again in the background.  Read now, it is the running backend's
+answer when one runs."
   (let ((state (gethash root magent-store-find--states))
         (listed nil)
         ;; Some megabytes of short-lived strings for 10,000 sessions:
@@ -200,7 +213,8 @@ read again in the background."
         (clrhash (magent-store-find--state-searches state))
       (setq state (magent-store-find--make-state :root root))
       (magent-store-find--fill state (or (magent-store-find--saved root)
-                                         (setq listed (magent-store-find--list root))))
+                                         (setq listed (or (magent-store-find--from-backend root)
+                                                          (magent-store-find--list root)))))
       (puthash root state magent-store-find--states))
     (unless listed
       (magent-store-find--refresh root state))

@@ -58,7 +58,7 @@ from sexpdata import Symbol
 from magent_store import __version__, export
 from magent_store.arguments import CallError, apply_batch, decode_utf8, json_text, text
 from magent_store.ledger import LedgerError, Thread, thread_from_json
-from magent_store.listing import Catalog, picker_entries
+from magent_store.listing import BriefCatalog, Catalog, brief_entries, picker_entries
 from magent_store.metrics import MetricsLog
 from magent_store.redact import RedactError, redactor_from_spec
 from magent_store.redacting import SessionRedaction
@@ -203,7 +203,7 @@ def _scope(scope_json: Any) -> Scope:
 
 
 # Longer than a room should be, and for one reason: it has a method for each
-# of the wire's eighteen calls, each reading its arguments and handing the
+# of the wire's nineteen calls, each reading its arguments and handing the
 # work on (to the registry, the spool, a session, export or the listing), and
 # their docstrings are the wire's reference.  The work itself lives elsewhere.
 class Service:
@@ -217,6 +217,7 @@ class Service:
         self.sessions = Registry(crash_hook=_pause_hook)
         self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
+        self._briefs: dict[str, BriefCatalog] = {}  # root -> its sessions as the finder lists them
         self._lock = threading.Lock()
         self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
 
@@ -243,6 +244,7 @@ class Service:
             "load": self.load,
             "render": self.render,
             "listing": self.listing,
+            "brief": self.brief,
             "close": self.close,
             "delete": self.delete,
             "move": self.move,
@@ -509,6 +511,27 @@ class Service:
         finally:
             catalog.save()
         listed: str = dumps(entries).decode()
+        return listed
+
+    def brief(self, root: Any) -> str:
+        """Return JSON text: the finder's rows of every session under ROOT, as `ls --brief` prints them.
+
+        While a backend runs, the finder asks it rather than start a process
+        of its own, whose start is most of what a first finder waits.  The
+        rows are saved for the next Emacs, as `ls --brief` saves them.
+        """
+        root_path = Path(text(root, "root")).expanduser()
+        if not root_path.is_absolute() or not root_path.is_dir():
+            raise CallError(f"root must be an existing absolute directory, got {root!r:.200}")
+        root_path = root_path.resolve()
+        catalog = self._briefs.get(str(root_path))
+        if catalog is None:
+            catalog = self._briefs[str(root_path)] = BriefCatalog(root_path, self.spool.parent)
+        rows, unreadable = brief_entries(root_path, catalog)
+        if unreadable:
+            log.warning("finder's list of %s: %d session(s) cannot be read", root_path, len(unreadable))
+        catalog.save(rows)
+        listed: str = dumps(rows).decode()
         return listed
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:

@@ -238,6 +238,24 @@ Emacs; the first finder then shows that list without listing."
       (magent-store-find-prepare root)
       (should-not (gethash root magent-store-find--refreshing)))))
 
+(ert-deftest magent-store-find-asks-a-running-backend-for-its-first-list ()
+  "With a backend running and no list saved, the first finder's list is
+the backend's answer: no listing of its own starts Python; the rows are
+saved for the next Emacs as a listing saves them."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root)))
+      (should-not (magent-store-find--saved root))
+      (should (magent-store--ready-p magent-store--backend))
+      (cl-letf (((symbol-function 'magent-store-find--list)
+                 (lambda (&rest _) (error "Listed apart while a backend runs"))))
+        (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t)
+                       '("Fix the parser (g-new)" "Fix the parser (p-one)"
+                         "Review the diff 差分" "An old session"))))
+      (should-not (gethash root magent-store-find--refreshing))
+      (should (= (length (magent-store-find--saved root)) 4)))))
+
 (defun magent-store-find-test--prepare-timers ()
   "Return the idle timers that would prepare the finder's list."
   (cl-remove-if-not (lambda (timer)
