@@ -120,11 +120,14 @@ Signal a `user-error' with what the listing said when it fails."
 
 (defun magent-store-find--from-backend (root)
   "Return the rows of the sessions under ROOT from the running backend.
-nil when no backend is up, or it could not list them: a listing of its
-own then starts Python, which is most of what a first finder waits."
+It lists them as `magent-store ls --brief' does and saves the rows
+where that listing saves them, read from there.  nil when no backend
+is up, or it could not list them: a listing of its own then starts
+Python, which is most of what a first finder waits."
   (when (magent-store--ready-p magent-store--backend)
     (condition-case err
-        (magent-store-find--parse (magent-store--call "brief" (list root)))
+        (progn (magent-store--call "brief" (list root))
+               (magent-store-find--saved root))
       (error (message "magent-store: the backend could not list %s (%s); \
 listing them apart" root (error-message-string err))
              nil))))

@@ -513,12 +513,13 @@ class Service:
         listed: str = dumps(entries).decode()
         return listed
 
-    def brief(self, root: Any) -> str:
-        """Return JSON text: the finder's rows of every session under ROOT, as `ls --brief` prints them.
+    def brief(self, root: Any) -> int:
+        """List the finder's rows of every session under ROOT, as `ls --brief` does; return how many.
 
         While a backend runs, the finder asks it rather than start a process
         of its own, whose start is most of what a first finder waits.  The
-        rows are saved for the next Emacs, as `ls --brief` saves them.
+        rows are saved where `ls --brief` saves them, and Emacs reads them
+        there: a megabyte of rows costs a message far more than a file.
         """
         root_path = Path(text(root, "root")).expanduser()
         if not root_path.is_absolute() or not root_path.is_dir():
@@ -531,8 +532,7 @@ class Service:
         if unreadable:
             log.warning("finder's list of %s: %d session(s) cannot be read", root_path, len(unreadable))
         catalog.save(rows)
-        listed: str = dumps(rows).decode()
-        return listed
+        return len(rows)
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.

@@ -217,7 +217,8 @@ its words, and its transcript shows the prompt, whole, before the reply."
     (magent-store-search-test--write "s-asked" '("the answer\n* not a heading"))
     (let ((buffer (magent-store-search "something")))
       (magent-store-search-test--wait buffer)
-      (should (equal (magent-store-search-test--ids buffer) '("s-asked")))
+      (ert-info ((buffer-local-value 'mode-line-process buffer) :prefix "Search: ")
+        (should (equal (magent-store-search-test--ids buffer) '("s-asked"))))
       (kill-buffer buffer))
     (let ((view (magent-store-search-view
                  `((id . "s-asked") (title . "Asked") (scope-label . "global")
