@@ -37,9 +37,10 @@
 ;; the session as a search result does (`magent-store-search-open-function').
 ;;
 ;; The list comes from `magent-store ls --brief', one process that reads
-;; only the headers changed since its last run.  Emacs keeps the last
-;; list of each root: the next time the finder shows it at once and
-;; reads it again in the background.
+;; only the headers changed since its last run, or from the backend when
+;; one runs (the same listing, without a Python to start).  Emacs keeps
+;; the last list of each root: the next time the finder shows it at once
+;; and reads it again in the background.
 
 ;;; Change Log:
 
@@ -117,6 +118,20 @@ Signal a `user-error' with what the listing said when it fails."
                                      text))))
         rows))))
 
+(defun magent-store-find--from-backend (root)
+  "Return the rows of the sessions under ROOT from the running backend.
+It lists them as `magent-store ls --brief' does and saves the rows
+where that listing saves them, read from there.  nil when no backend
+is up, or it could not list them: a listing of its own then starts
+Python, which is most of what a first finder waits."
+  (when (magent-store--ready-p magent-store--backend)
+    (condition-case err
+        (progn (magent-store--call "brief" (list root))
+               (magent-store-find--saved root))
+      (error (message "magent-store: the backend could not list %s (%s); \
+listing them apart" root (error-message-string err))
+             nil))))
+
 (defun magent-store-find--saved (root)
   "Return the rows the last `magent-store ls --brief' of ROOT saved, or nil.
 They are in the backend's state directory, under the name the listing
@@ -189,7 +204,8 @@ A title two sessions share is followed by each one's id."
 (defun magent-store-find--state (root)
   "Return the finder's state over ROOT: its last list at once, else read now.
 The last list is this Emacs's, else the one the listing saved; it is
-read again in the background."
+read again in the background.  Read now, it is the running backend's
+answer when one runs."
   (let ((state (gethash root magent-store-find--states))
         (listed nil)
         ;; Some megabytes of short-lived strings for 10,000 sessions:
@@ -200,7 +216,8 @@ read again in the background."
         (clrhash (magent-store-find--state-searches state))
       (setq state (magent-store-find--make-state :root root))
       (magent-store-find--fill state (or (magent-store-find--saved root)
-                                         (setq listed (magent-store-find--list root))))
+                                         (setq listed (or (magent-store-find--from-backend root)
+                                                          (magent-store-find--list root)))))
       (puthash root state magent-store-find--states))
     (unless listed
       (magent-store-find--refresh root state))
@@ -344,28 +361,48 @@ Nil when every word of 3 letters or more is in some title."
           (if (numberp (aref row 4)) (file-size-human-readable (aref row 4) 'iec " ") "")
           (if (eql (aref row 6) 6) "  schema 6" "")))
 
+(defconst magent-store-find--title-width-max 60
+  "The widest title the annotations are aligned past; longer ones push theirs.")
+
+(defun magent-store-find--title-width (candidates)
+  "Return the column CANDIDATES' annotations start at, from each one's start."
+  (+ 2 (min magent-store-find--title-width-max
+            (apply #'max 0 (mapcar #'string-width candidates)))))
+
+(defun magent-store-find--annotation (candidate row width)
+  "Return ROW's annotation of CANDIDATE, starting WIDTH columns past its start.
+The padding is spaces, counted from the candidate's own start: the
+default completion UI lays candidates out in columns, and a space
+aligned to a column of the window (`:align-to') put the annotations of
+the second column right after their titles."
+  (concat (make-string (max 2 (- width (string-width candidate))) ?\s)
+          (propertize (magent-store-find--describe row)
+                      'face 'completions-annotations)))
+
 (defun magent-store-find--annotator (state)
-  "Return the `annotation-function' of STATE's sessions."
-  (lambda (candidate)
-    (when-let* ((row (gethash candidate (magent-store-find--state-rows state))))
-      (propertize (concat "  " (magent-store-find--describe row))
-                  'face 'completions-annotations))))
+  "Return the `annotation-function' of STATE's sessions.
+Their annotations start in one column, past the longest title of all."
+  (let (widest-of width)
+    (lambda (candidate)
+      (when-let* ((row (gethash candidate (magent-store-find--state-rows state))))
+        (let ((candidates (magent-store-find--state-candidates state)))
+          (unless (eq candidates widest-of)
+            (setq widest-of candidates
+                  width (magent-store-find--title-width candidates))))
+        (magent-store-find--annotation candidate row width)))))
 
 (defun magent-store-find--affixer (state)
   "Return the `affixation-function' of STATE's sessions.
-Their annotations start in one column."
+Their annotations start in one column, past the longest title shown."
   (lambda (candidates)
-    (let ((width (min 60 (apply #'max 0 (mapcar #'string-width candidates))))
+    (let ((width (magent-store-find--title-width candidates))
           (rows (magent-store-find--state-rows state)))
       (mapcar (lambda (candidate)
                 (let ((row (gethash candidate rows)))
                   (list candidate ""
-                        (if (not row)
-                            ""
-                          (concat (propertize " " 'display
-                                              `(space :align-to ,(+ 2 width)))
-                                  (propertize (magent-store-find--describe row)
-                                              'face 'completions-annotations))))))
+                        (if row
+                            (magent-store-find--annotation candidate row width)
+                          ""))))
               candidates))))
 
 ;;;; The completion table

@@ -704,11 +704,13 @@ magent writes a session once it has a turn or an agent job."
 
 (defun magent-store-magent--put-header (session scope)
   "Give the backend SESSION's header under SCOPE if it changed.
-Return the store session."
+A session saved under another scope than its last moves there first:
+magent files it where it is saved.  Return the store session."
   (let* ((thread (magent-session-thread-ledger session))
          (store-session (magent-store-magent--open-thread thread))
          (id (magent-thread-session-id thread)))
     (when (magent-store-magent--has-content-p session)
+      (magent-store-move id (magent-store-magent--store-scope scope))
       (let ((text (magent-store-magent--encode
                    (magent-store-magent--header-data session scope))))
         (unless (equal text (gethash id magent-store-magent--headers-sent))
@@ -1256,6 +1258,7 @@ read; M-x magent-store-export-for-magent writes them back" what)))))))
                   (session))
 (declare-function magent-agent-shell--buffers "ext:magent-agent-shell" ())
 (declare-function magent-store-search-view "magent-store-search" (hit))
+(declare-function magent-store-search-header-line "magent-store-search" (text))
 (defvar magent-session--scoped-sessions)
 
 (defun magent-store-magent--live-session (id)
@@ -1308,8 +1311,9 @@ Return the buffer shown."
       (let ((buffer (magent-store-search-view hit)))
         (with-current-buffer buffer
           (setq header-line-format
-                (format "Session %s is %s; this is its saved transcript"
-                        id where)))
+                `(:eval (magent-store-search-header-line
+                         ,(format "Saved transcript; the session is %s"
+                                  where)))))
         buffer))))
 
 (defun magent-store-magent--resume (header hit)

@@ -285,6 +285,17 @@ The agents are `magent-store-search-resume-functions'."
     (pop-to-buffer buffer)
     buffer))
 
+(defun magent-store-search-header-line (text)
+  "Return TEXT as a header line that fits the window showing it.
+For `header-line-format' as (:eval (magent-store-search-header-line
+TEXT)): evaluated for each window that shows the buffer, at its width
+then, so a narrow or split window shows the start of TEXT and an
+ellipsis, never a line cut short of a wide window's edge."
+  (string-replace "%" "%%"
+                  (truncate-string-to-width (concat " " text)
+                                            (window-max-chars-per-line)
+                                            nil nil "…")))
+
 (defun magent-store-search--text (value)
   "Return VALUE (an item's content, input or output) as text, or nil."
   (cond ((null value) nil)
@@ -312,6 +323,15 @@ TEXT is the output of `magent-store show', which exited with STATUS."
                               "  (magent's own format, schema 6)"
                             "")))
           (dolist (turn (alist-get 'turns thread))
+            ;; A prompt no user message holds is the turn's input.
+            (when-let* ((prompt (alist-get 'input turn))
+                        ((stringp prompt))
+                        ((not (string-empty-p prompt)))
+                        ((not (cl-find-if (lambda (item)
+                                            (and (equal (alist-get 'type item) "message")
+                                                 (equal (alist-get 'role item) "user")))
+                                          (alist-get 'items turn)))))
+              (insert "\n" (propertize "── user ──" 'face 'shadow) "\n" prompt "\n"))
             (dolist (item (alist-get 'items turn))
               (let ((who (or (alist-get 'role item) (alist-get 'name item) (alist-get 'type item))))
                 (dolist (field '(content input output))

@@ -1348,6 +1348,20 @@ sessions were closed."
         (error (message "magent-store: session %s not closed: %s"
                         id (error-message-string err)))))))
 
+(defun magent-store-move (session-id scope)
+  "Keep SESSION-ID under SCOPE from now on: its files move there.
+SCOPE is as for `magent-store-open'.  What Emacs holds of the session
+is flushed first; one already under SCOPE is left as it is.  Signal an
+error naming why when it cannot move: it then stays where it was."
+  (let ((session (magent-store--get session-id)))
+    (unless (equal scope (magent-store--session-scope session))
+      (magent-store-flush session-id)
+      (magent-store--call "move"
+                          (list (magent-store-json-text (magent-store--root))
+                                (magent-store--scope-json scope)
+                                session-id))
+      (setf (magent-store--session-scope session) scope))))
+
 (defun magent-store-flush-all ()
   "Flush every open session, waiting until each is durable."
   (when magent-store--backend

@@ -65,8 +65,11 @@ TOOL_OUTPUT = "#+end_example\n* x\n,#+end_src\n````\n\n</details>\nlast\n"
 TOOL_INPUT = {"pattern": "```", "paths": ["* a", "#+b"], "big": 2**70}
 
 
-def build(root: Path, messages: dict[str, str]) -> SessionFiles:
-    """A project session whose turn N has messages[N] as prompt and reply, and a tool call."""
+def build(root: Path, messages: dict[str, str], *, user_items: bool = True) -> SessionFiles:
+    """A project session whose turn N has messages[N] as prompt and reply, and a tool call.
+
+    Without USER_ITEMS the prompt is the turn's input only: no user message item holds it.
+    """
     events = Events()
     thread = ledger.thread_from_json({
         "id": "thread-1", "session-id": "s1", "scope": PROJECT, "status": "idle",
@@ -79,8 +82,8 @@ def build(root: Path, messages: dict[str, str]) -> SessionFiles:
             for e in (
                 events.turn("turn-queued", turn, input=text),
                 events.turn("turn-started", turn, input=text),
-                events.item_started(turn, f"u{n}", role="user", content=text),
-                events.item_end("item-completed", turn, f"u{n}"),
+                *([events.item_started(turn, f"u{n}", role="user", content=text),
+                   events.item_end("item-completed", turn, f"u{n}")] if user_items else []),
                 events.item_started(turn, f"a{n}"),
                 *([events.content(turn, f"a{n}", text)] if text else []),
                 events.item_end("item-completed", turn, f"a{n}"),
@@ -192,6 +195,40 @@ def test_org_gives_back_each_message_exactly(org_read: tuple[str, list[dict[str,
     assert turn[2]["text"] == text
     assert turn[1]["structure"] == turn[2]["structure"] == [], "Org reads the message as text and blocks only"
     assert turn[0]["tags"] == [], "the prompt's first line is no heading's tags"
+
+
+@pytest.fixture(scope="module")
+def org_read_inputs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("org-inputs")
+    path = root / "s1.org"
+    path.write_text(document.org(*document.read(build(root / "sessions", HOSTILE, user_items=False).header)),
+                    encoding="utf-8", newline="")  # fmt: skip
+    return read_org(path)
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_org_gives_back_a_prompt_held_only_by_the_turns_input(
+    org_read_inputs: list[dict[str, Any]], case: str
+) -> None:
+    """magent keeps a prompt in the turn's input; with no user message item it is the User section, whole."""
+    text = HOSTILE[case]
+    turn = org_turn(org_read_inputs, list(HOSTILE).index(case))
+    titles = [r["title"] for r in turn[1:]]
+    if not text:
+        assert titles == ["Assistant", "Tool: grep <x> & y"]
+        return
+    assert titles == ["User", "Assistant", "Tool: grep <x> & y"]
+    assert turn[1]["text"] == text
+    assert turn[1]["structure"] == [], "Org reads the prompt as text and blocks only"
+
+
+def test_markdown_gives_back_a_prompt_held_only_by_the_turns_input(tmp_path: Path) -> None:
+    files = build(tmp_path / "sessions", HOSTILE, user_items=False)
+    sections = read_markdown(document.markdown(*document.read(files.header)))
+    expected = []
+    for text in HOSTILE.values():
+        expected += [*([("User", text)] if text else []), ("Assistant", text), ("tool", TOOL_OUTPUT)]
+    assert sections == expected
 
 
 def test_org_has_one_heading_per_turn_and_folded_tool_calls(org_read: tuple[str, list[dict[str, Any]]]) -> None:

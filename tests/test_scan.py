@@ -254,3 +254,20 @@ def test_a_pattern_whose_regexp_holds_an_equals_sign_is_split_at_the_first(tmp_p
         ("deploy-key", "turn 1 (t1)/item 1 (c1)/output")
     ]
     assert "Q7ZK41MXR2" not in out.stdout + out.stderr
+
+
+def test_a_secret_is_listed_at_every_place_it_is_not_once_per_string(tmp_path: Path) -> None:
+    """The same prompt twice, and the preview that repeats it: three places for one user to clean."""
+    root = tmp_path / "sessions"
+    prompt = f"deploy with {GH} please"
+    with Store(root).open("again", Scope.global_()) as session:
+        session.append_event({"type": "thread-started", "thread-id": "th", "created-at": 1.0})
+        for n, turn in enumerate(("t1", "t2"), 2):
+            session.append_event({"type": "turn-started", "thread-id": "th", "turn-id": turn,
+                                  "payload": {"turn": {"id": turn, "input": prompt}}, "created-at": float(n)})
+        session.flush()
+    (result,) = scan.scan_root(root, Redactor(key=b"k"))
+    assert sorted((f.kind, f.where) for f in result.findings) == [
+        ("github-pat", "thread/preview"), ("github-pat", "turn 1 (t1)/input"), ("github-pat", "turn 2 (t2)/input"),
+    ]
+    assert len({f.fingerprint for f in result.findings}) == 1

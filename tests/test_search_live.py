@@ -109,6 +109,11 @@ def test_the_index_kept_at_each_flush_holds_what_the_files_hold(root: Path) -> N
             s.append_content("a3", ", then written only to the log", False, ev.now())
             s.flush()
         for turn in s.thread.turns:
+            if isinstance(turn.input, str) and not any(i.role == "user" for i in turn.items):
+                # A prompt no user message holds: the turn's input is the user's text.
+                when = turn.queued_at or turn.started_at or 0.0
+                truth[(f"{'global' if scope is None else 'projects/' + scope.directory(root).name}/s{n}.json",
+                       turn.id, "input")] = (turn.id, "user", turn.input, when, turn.started_at or when)  # fmt: skip
             for item in turn.items:
                 role = {"user": "user", "assistant": "assistant", None: "tool"}[item.role]
                 for name in search.FIELDS:
@@ -189,3 +194,27 @@ def test_an_index_error_never_fails_the_flush(root: Path, caplog: pytest.LogCapt
     s.close()
     # The next search catches up from the files.
     assert find(root, "whatever the index") == ["s1"]
+
+
+def test_a_prompt_held_only_by_the_turns_input_is_found_live_and_after_a_rebuild(root: Path) -> None:
+    w = Writer(root)
+    s = w.open("s1")
+    ev = w.events["s1"]
+    s.append_event(ev.thread_started())
+    s.append_event(ev.turn("turn-started", "t1", input="calibrate the flux capacitor 迁移"))
+    w.flush(s)
+    s.append_event(ev.item_started("t1", "a1", content="done"))
+    s.append_event(ev.turn("turn-started", "t2", input="now the time circuits"))
+    s.append_event(ev.item_started("t2", "u2", role="user", content="now the time circuits"))
+    w.flush(s)
+    s.close()
+    w.index.close()
+    index = SearchIndex(root)
+    assert ids(index.search("capacitor", roles=["user"])) == ["s1"]
+    live = _fields(index)
+    assert live[("global/s1.json", "t1", "input")][:3] == ("t1", "user", "calibrate the flux capacitor 迁移")
+    assert ("global/s1.json", "t2", "input") not in live  # its user message holds it: once
+    index.rebuild()
+    assert {k: v[:3] for k, v in _fields(index).items()} == {k: v[:3] for k, v in live.items()}
+    consistent(index)
+    index.close()

@@ -97,3 +97,41 @@ def test_a_project_scope_is_kept_as_compared(monkeypatch: pytest.MonkeyPatch) ->
     assert projection.scope_row(Scope.project("~/src/shop/")) == ("project", "/home/me/src/shop")
     assert projection.scope_row(Scope.project("/")) == ("project", "/")
     assert projection.scope_row(Scope.global_()) == ("global", None)
+
+
+def asked_by_input(ev: Events) -> list[dict[str, Any]]:
+    """Turn t1's prompt in a user message too; t2's in the turn's input only (no user message)."""
+    return logged([
+        ev.thread_started(),
+        ev.turn("turn-started", "t1", input="where is the flux capacitor"),
+        ev.item_started("t1", "u1", role="user", content="where is the flux capacitor"),
+        ev.item_started("t1", "a1", content="In the garage"),
+        ev.turn("turn-started", "t2", input="and the time circuits?"),
+        ev.item_started("t2", "a2", content="Under the seat"),
+    ])  # fmt: skip
+
+
+def test_a_prompt_held_only_by_the_turns_input_is_the_users_passage(events: Events) -> None:
+    thread = thread_of(asked_by_input(events))
+    passages = {(turn, item, name, role): text
+                for turn, item, name, role, _, text in projection.thread_passages(thread)}  # fmt: skip
+    assert passages == {
+        ("t1", "u1", "content", "user"): "where is the flux capacitor",
+        ("t1", "a1", "content", "assistant"): "In the garage",
+        ("t2", "t2", "input", "user"): "and the time circuits?",
+        ("t2", "a2", "content", "assistant"): "Under the seat",
+    }  # t1's input is its user message's text: found once
+
+
+def test_a_live_fold_indexes_a_turns_input_as_a_rebuild_does(events: Events) -> None:
+    log = asked_by_input(events)
+    thread = thread_of(log)
+    changes, _ = projection.changes(log, 0, thread.item_index)
+    live = {key: (c.role, c.replace) for key, c in changes.items() if c.replace}
+    assert live[("t2", "input")] == ("user", "and the time circuits?")
+    assert ("t1", "input") not in live  # its user message holds it
+    # A user message that comes in a later flush takes the prompt's place.
+    later = logged([*log, events.item_started("t2", "u2", role="user", content="and the time circuits?")])
+    changes, _ = projection.changes(later, len(log), thread_of(later).item_index)
+    gone = changes[("t2", "input")]
+    assert (gone.role, gone.replaced, gone.replace) == ("user", True, "")

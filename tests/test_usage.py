@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import schema6
-from magent_store import cli
+from magent_store import cli, usage
 from magent_store.store import Scope, Store
 
 NOW = time.time()
@@ -166,8 +166,8 @@ def test_limit_and_text_output(tree: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "by project:" in out.stdout and "by session:" in out.stdout
     assert "... and 3 more" in out.stdout
-    assert "global/big.json" in out.stdout
-    assert " kB" in out.stdout and "last 30 days: 1 session created" in out.stdout
+    assert "(global, big)" in out.stdout
+    assert " KiB" in out.stdout and "last 30 days: 1 session created" in out.stdout
     bad = run(str(tree), "--limit", "-1")
     assert bad.returncode == 2 and "--limit" in bad.stderr
 
@@ -285,3 +285,51 @@ def test_links_are_not_followed_and_an_unreadable_directory_is_named(
     monkeypatch.setattr(os, "listdir", refused)
     assert cli.main(["du", str(root)]) == 2
     assert capsys.readouterr().err == f"magent-store: error: {project}: Permission denied\n"
+
+
+def test_sizes_are_in_kib_as_everywhere_else(tree: Path) -> None:
+    assert [usage.human(n) for n in (1000, 1024, 1536, 9626, 5 << 20, 3 << 30)] == [
+        "1000 B", "1 KiB", "1.5 KiB", "9.4 KiB", "5 MiB", "3 GiB",
+    ]
+    out = run(str(tree), "--limit", "3")
+    assert " KiB" in out.stdout and " kB" not in out.stdout and " MB" not in out.stdout
+    assert "powers of 1024" in run("--help").stdout
+
+
+def test_sessions_are_named_by_their_title(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "20261130-beta", Scope.project(PROJECT), created=NOW - DAY)
+    with Store(root).open("20261130-beta", Scope.project(PROJECT)) as session:
+        session.put_header({"title": "Beta 迁移 migration", "scope": "project", "project-root": PROJECT})
+        session.flush()
+    seven(root, "untitled", Scope.global_(), created=NOW - DAY)
+    out = run(str(root), "--by", "session")
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.split("by session:\n", 1)[1].splitlines()[1:]
+    assert any(row.endswith(f"  Beta 迁移 migration ({PROJECT}, 20261130-beta)") for row in rows), rows
+    # No title given: the one magent shows, the store's summary of its first message.
+    summary = json.loads((root / "global" / "untitled.json").read_text())["summary-title"]
+    assert any(row.endswith(f"  {summary} (global, untitled)") for row in rows), rows
+    assert "projects/" not in out.stdout
+    titles = {s["id"]: s["title"] for s in du_json(root)["sessions"]}
+    assert titles["20261130-beta"] == "Beta 迁移 migration"
+
+
+def test_with_no_root_it_weighs_the_root_emacs_stores_sessions_in(here: Any, tmp_path: Path) -> None:
+    """The backend notes the root Emacs opens sessions in: a configured session directory."""
+    from serverkit import _call
+
+    client = here.client()
+    assert _call(client, "open", str(here.root), '"global"', "s1", "") == 0
+    env = dict(os.environ, XDG_STATE_HOME=str(here.state), HOME=str(tmp_path / "home"))
+    out = subprocess.run([sys.executable, "-m", "magent_store", "du", "--json"], capture_output=True,
+                         text=True, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["root"] == str(here.root)
+    assert "the one Emacs last stored sessions in" in " ".join(
+        subprocess.run([sys.executable, "-m", "magent_store", "du", "--help"], capture_output=True, text=True,
+                       env=env).stdout.split())  # fmt: skip
+    # Never noted: magent's own default.
+    fresh = dict(env, XDG_STATE_HOME=str(tmp_path / "other-state"))
+    out = subprocess.run([sys.executable, "-m", "magent_store", "du"], capture_output=True, text=True, env=fresh)
+    assert out.returncode == 2 and f"{tmp_path}/home/.emacs.d/magent/sessions: no such directory" in out.stderr

@@ -41,7 +41,7 @@ from magent_store import (
     sessions,
     usage,
 )
-from magent_store.fileio import atomic_write, open_private, write_all
+from magent_store.fileio import atomic_write, default_root, open_private, write_all
 from magent_store.ledger import LedgerError
 from magent_store.listing import BriefCatalog, brief_entries
 from magent_store.metrics import state_directory
@@ -904,8 +904,10 @@ def _marked(text: str, spans: list[tuple[int, int]], on: str, off: str) -> str:
 
 def search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("query", metavar="QUERY")
-    p.add_argument("root", type=Path, nargs="?", default=Path("~/.emacs.d/magent/sessions"), metavar="ROOT",
-                   help="the session root (default ~/.emacs.d/magent/sessions)")  # fmt: skip
+    root = default_root()
+    p.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
+                   help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                   "else magent's)")  # fmt: skip
     p.add_argument("--scope", metavar="global|PROJECT|action:NAME",
                    help="only global sessions, those of the project in directory PROJECT, or of action NAME")
     p.add_argument("--since", type=_since, metavar="DATE",

@@ -4,7 +4,8 @@
 locking or repairing it; `org` and `markdown` render it.  Both have the same
 shape: the session's properties, a heading per turn with its status and
 timing, the user's prompt and the assistant's reply under headings of their
-own, and each tool call folded, its input and output in blocks.
+own (the prompt from the turn's input when no user message holds it), and
+each tool call folded, its input and output in blocks.
 
 Every message's text comes back exactly from the document:
 
@@ -144,6 +145,13 @@ def _prompt_line(turn: Turn) -> str:
     return ""
 
 
+def _input_prompt(turn: Turn) -> str | None:
+    """The turn's prompt when its input alone holds it (no user message among its items), whole."""
+    if any(i.type == "message" and i.role == "user" for i in turn.items):
+        return None
+    return _text(turn.input) or None
+
+
 def _is_message(item: Item) -> bool:
     """A message with text (or none yet): its text is written as text, not in a block."""
     if item.type != "message" or not isinstance(item.role, str):
@@ -264,6 +272,9 @@ def org(header: dict[str, Any], thread: Thread) -> str:
         prompt = _prompt_line(turn)
         out.append(f"* {_org_heading(f'Turn {n}: {prompt}' if prompt else f'Turn {n}')}\n")
         out.append(_org_drawer(_turn_properties(turn)))
+        alone = _input_prompt(turn)
+        if alone is not None:
+            out.append(f"** User\n{org_text(alone)}")
         out += [_org_item(item) for item in turn.items]
     return "".join(out)
 
@@ -346,5 +357,8 @@ def markdown(header: dict[str, Any], thread: Thread) -> str:
         prompt = _prompt_line(turn)
         out.append(f"## Turn {n}: {_md_heading(prompt)}\n\n" if prompt else f"## Turn {n}\n\n")
         out.append(_md_properties(_turn_properties(turn)))
+        alone = _input_prompt(turn)
+        if alone is not None:
+            out.append(f"### User\n\n{md_text(alone)}\n")
         out += [_md_item(item) for item in turn.items]
     return "".join(out)

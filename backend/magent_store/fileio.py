@@ -31,6 +31,7 @@ import orjson
 
 from magent_store import ledger
 from magent_store.ledger import LedgerError
+from magent_store.metrics import state_directory
 
 # The store's logger: what the store's rooms log is the store's (the CLI quiets it when listing).
 log = logging.getLogger("magent_store.store")
@@ -658,3 +659,32 @@ def create_if_absent(path: Path, data: bytes, *, sync: bool, what: str = "writte
         raise write_failed(path, exc, len(data), f"; {path.name} is unchanged") from None
     if sync:
         sync_directories([path.parent])
+
+
+# The session root a command takes when given none: the one Emacs stores sessions in.
+
+MAGENT_ROOT: Final = Path("~/.emacs.d/magent/sessions")  # magent's default `magent-session-directory`
+_ROOT_NOTE: Final = "root"  # in the state directory: the root the backend last stored sessions in
+
+
+def default_root() -> Path:
+    """The root a command given none reads: where Emacs stores sessions, else magent's default.
+
+    The backend notes the root Emacs opens sessions in (`note_root`), so a
+    session directory configured in Emacs is the command line's too.
+    """
+    try:
+        noted = (state_directory() / _ROOT_NOTE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        noted = ""
+    return Path(noted) if noted.startswith("/") else MAGENT_ROOT
+
+
+def note_root(root: Path) -> None:
+    """Note ROOT, an absolute path, as the root Emacs stores sessions in (see `default_root`)."""
+    path = state_directory(create=True) / _ROOT_NOTE
+    text = f"{root}\n".encode()
+    with contextlib.suppress(OSError):
+        if read_file(path) == text:
+            return
+    atomic_write(path, text, sync=False)

@@ -5,7 +5,8 @@ log bound): two sessions of one root opened with different options are
 written each with its own.  One live `SearchIndex` per root, fed by each
 flush of a session that asks for it; an index that cannot open costs the
 sessions nothing.  A session is open here once: opening it again under
-another root or scope is refused.
+another root or scope is refused; moving it to another scope is how that
+scope changes.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from magent_store.arguments import CallError, JsonDict
+from magent_store.fileio import note_root
 from magent_store.ledger import Thread
 from magent_store.redacting import SessionRedaction
-from magent_store.sessions import open_session
+from magent_store.sessions import MoveFailed, move_session, open_session
 from magent_store.store import Scope, Session, SessionFiles, SessionNotFound, Store, StoreError
 
 if TYPE_CHECKING:  # imported at the first index opened: the backend starts without it
@@ -40,6 +42,7 @@ class OpenSession:
     session: Session
     root: str
     scope: Any
+    store: Store
 
 
 class Registry:
@@ -75,6 +78,10 @@ class Registry:
                 crash=self._crash_hook(),
             )
             self._stores[store_key] = store
+            try:
+                note_root(store.root)  # the command line's root, when given none
+            except OSError as err:
+                log.warning("cannot note %s as the session root: %s", store.root, err)
         return store
 
     def _search_index(self, root: str, options: JsonDict) -> Callable[[Session, list[bytes]], None] | None:
@@ -118,9 +125,36 @@ class Registry:
         session = open_session(store, session_id, scope, initial)
         session.redaction = redaction
         session.after_flush = self._search_index(root, options)
-        self._open[session_id] = OpenSession(session, root, scope_json)
+        self._open[session_id] = OpenSession(session, root, scope_json, store)
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)
         return session
+
+    def move(self, root: str, scope_json: Any, scope: Scope, session_id: str) -> bool:
+        """Move SESSION_ID, open here under ROOT, to SCOPE (SCOPE_JSON on the wire); False: it is there.
+
+        Everything it was sent is written first; it stays open, with its
+        redaction and search index.  Refused by name when it cannot move:
+        it then stays, open, where it was.
+        """
+        entry = self._open.get(session_id)
+        if entry is None or entry.root != root:
+            raise CallError(f"session {session_id!r} is not open here under {root!r:.200}: call open first")
+        session = entry.session
+        try:
+            moved = move_session(entry.store, session, scope)
+        except MoveFailed as err:
+            moved = err.session
+            self._reattach(entry, moved, entry.scope)
+            raise
+        self._reattach(entry, moved, scope_json)
+        return moved is not session
+
+    def _reattach(self, entry: OpenSession, session: Session, scope_json: Any) -> None:
+        """Hold SESSION, ENTRY's session opened again, under SCOPE_JSON, as ENTRY's was held."""
+        if session is not entry.session:
+            session.redaction = entry.session.redaction
+            session.after_flush = entry.session.after_flush
+        self._open[session.id] = OpenSession(session, entry.root, scope_json, entry.store)
 
     def close(self, session_id: Any) -> None:
         """Flush and close SESSION_ID if it is open here, releasing its lock."""
@@ -134,6 +168,8 @@ class Registry:
         entry = self._open.pop(session_id, None)
         if entry is not None:
             entry.session.abandon(remove_lock=True)
+            if Scope.from_json(entry.scope) == scope:
+                scope = entry.session.scope  # where it was opened: where its header was
         try:
             self.store(root, {}).delete(session_id, scope)
         except SessionNotFound:

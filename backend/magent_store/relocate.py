@@ -42,7 +42,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, FileSeen, keep_time, read_seen, remove_if_unchanged
+from magent_store.fileio import FileChanged, FileSeen, default_root, keep_time, read_seen, remove_if_unchanged
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -66,8 +66,6 @@ from magent_store.store import (
     sum_line,
     sync_directories,
 )
-
-DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
 
 # What happened to one session.
 MOVED: Final = "moved"
@@ -729,8 +727,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments, and this module's `run` as its handler."""
     parser.add_argument("old", metavar="OLD-ROOT", help="the project's root as it was")
     parser.add_argument("new", metavar="NEW-ROOT", help="the project's root now (or to be)")
-    parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="SESSION-ROOT",
-                        help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
+    root = default_root()
+    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="SESSION-ROOT",
+                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                        "else magent's)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="change nothing; list what would move")
     parser.add_argument("--no-backup", action="store_true", help="do not copy the sessions first")
     parser.add_argument("--json", action="store_true",

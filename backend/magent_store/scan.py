@@ -28,7 +28,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
-from magent_store.fileio import side_file_kind, side_file_owner, side_files
+from magent_store.fileio import default_root, side_file_kind, side_file_owner, side_files
 from magent_store.ledger import LedgerError
 from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
 from magent_store.store import (
@@ -71,7 +71,6 @@ examples:
   magent-store scan --json | jq '.sessions[].findings[].kind'
   magent-store scan --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
 """
-DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
 # Sessions are read by up to this many worker processes (one per core), in batches of BATCH.
 WORKERS_MAX: Final = 4
 BATCH: Final = 50
@@ -114,8 +113,10 @@ class SessionScan:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments, and this module's `run` as its handler."""
-    parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
-                        help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
+    root = default_root()
+    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
+                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                        "else magent's)")  # fmt: skip
     parser.add_argument("--json", action="store_true",
                         help="print {sessions: [{path, schema, id, title, scope, findings: [{kind, where, "
                         "fingerprint}]}], "
@@ -140,21 +141,29 @@ def shortest_secret(redactor: Redactor) -> int:
     return min(SHORTEST_MATCH, LITERAL_MIN) if redactor.literals else SHORTEST_MATCH
 
 
-def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: set[str],
+# What one string holds: the kind and fingerprint of each secret in it.
+_Found = list[tuple[str, str]]
+
+
+def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], known: dict[str, _Found],
             shortest: int = 0) -> None:  # fmt: skip
     """What `Redactor.find_json` finds in VALUE, strings shorter than SHORTEST skipped (they hold none).
 
     Most strings of a session are ids, times and statuses: not looking at
-    them is most of what a scan saves.  Strings in KNOWN were looked at
-    already; the ones looked at are added to it.
+    them is most of what a scan saves.  A string met again (a prompt is
+    the turn's input, its message and the thread's preview) is looked at
+    once: KNOWN keeps what each string holds, and every place it is at is
+    listed.
     """
     if isinstance(value, str):
-        if len(value) >= shortest and value not in known:
-            known.add(value)
-            out.extend(Located(f.kind, f.field, f.fingerprint) for f in redactor.find(value, where))
+        if len(value) >= shortest:
+            found = known.get(value)
+            if found is None:
+                found = known[value] = [(f.kind, f.fingerprint) for f in redactor.find(value)]
+            out.extend(Located(kind, where, fingerprint) for kind, fingerprint in found)
     elif isinstance(value, list):
         for n, v in enumerate(value):
-            if isinstance(v, str) and (len(v) < shortest or v in known):
+            if isinstance(v, str) and len(v) < shortest:
                 continue
             _locate(redactor, v, f"{where}/{n}", out, known, shortest)
     elif isinstance(value, dict):
@@ -162,16 +171,16 @@ def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], know
             if isinstance(key, str):
                 if isinstance(v, str) and key.lower() in _HEADER_KEYS:
                     out.extend(Located(f.kind, f.field, f.fingerprint)
-                               for f in redactor.find_json({key: v}, where, known))  # fmt: skip
+                               for f in redactor.find_json({key: v}, where))  # fmt: skip
                     continue
                 if len(key) >= shortest:
                     out.extend(Located(f.kind, f"{where} (a key)", f.fingerprint) for f in redactor.find(key))
-            if isinstance(v, str) and (len(v) < shortest or v in known):
+            if isinstance(v, str) and len(v) < shortest:
                 continue
             _locate(redactor, v, f"{where}/{key}", out, known, shortest)
 
 
-def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: set[str],
+def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: dict[str, _Found],
             shortest: int) -> None:  # fmt: skip
     obj = redaction.thread_json(thread)
     for key, value in obj.items():
@@ -192,12 +201,13 @@ def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known
 _Logged = tuple[int | None, Any, Any]
 
 
-def _events(redactor: Redactor, logged: Iterable[_Logged], out: list[Located], known: set[str],
+def _events(redactor: Redactor, logged: Iterable[_Logged], out: list[Located], known: dict[str, _Found],
             shortest: int) -> None:  # fmt: skip
     """Secrets in logged events that the conversation no longer shows (replaced since).
 
     Strings the conversation holds as they are were looked at already (KNOWN),
-    and a secret already reported is not reported again.
+    and a secret already reported is not reported again: the log repeats
+    what the conversation shows.
     """
     reported = {f.fingerprint for f in out}
     for seq, kind, payload in logged:
@@ -273,7 +283,7 @@ def read_log_past_snapshot(files: SessionFiles) -> tuple[list[_Logged], LogScan]
 
 def scan_session(path: Path, redactor: Redactor) -> SessionScan:
     """The secrets in the session whose header (or schema-6 file) is PATH."""
-    known: set[str] = set()
+    known: dict[str, _Found] = {}
     shortest = shortest_secret(redactor)
     try:
         if schema6.is_schema6(path):

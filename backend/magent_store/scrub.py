@@ -39,6 +39,7 @@ import orjson
 from magent_store import ledger, redaction, schema6
 from magent_store.fileio import (
     FileChanged,
+    default_root,
     keep_time,
     newest_mtime_ns,
     read_file,
@@ -105,7 +106,6 @@ examples:
   magent-store scrub --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
   printf '{"literals": ["%s"]}' "$PASSWORD" | magent-store scrub --redact-spec - ROOT
 """
-DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
 BACKUP_KIND: Final = "scrub"
 
 # What happened to one session.
@@ -519,8 +519,10 @@ class Scrubber:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments, and this module's `run` as its handler."""
-    parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
-                        help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
+    root = default_root()
+    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
+                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                        "else magent's)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="write nothing; say which sessions hold secrets")  # fmt: skip
     parser.add_argument("--no-backup", action="store_true",

@@ -75,7 +75,7 @@ from magent_store.store import (
 # Starting costs what serving a save needs, no more: the tools (export for
 # magent's reader, the listing for its picker) are imported at their first call.
 if TYPE_CHECKING:
-    from magent_store.listing import Catalog
+    from magent_store.listing import BriefCatalog, Catalog
 
 log = logging.getLogger("magent_store.server")
 
@@ -209,7 +209,7 @@ def _scope(scope_json: Any) -> Scope:
 
 
 # Longer than a room should be, and for one reason: it has a method for each
-# of the wire's seventeen calls, each reading its arguments and handing the
+# of the wire's nineteen calls, each reading its arguments and handing the
 # work on (to the registry, the spool, a session, export or the listing), and
 # their docstrings are the wire's reference.  The work itself lives elsewhere.
 class Service:
@@ -223,6 +223,7 @@ class Service:
         self.sessions = Registry(crash_hook=_pause_hook)
         self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
+        self._briefs: dict[str, BriefCatalog] = {}  # root -> its sessions as the finder lists them
         self._lock = threading.Lock()
         self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
 
@@ -249,8 +250,10 @@ class Service:
             "load": self.load,
             "render": self.render,
             "listing": self.listing,
+            "brief": self.brief,
             "close": self.close,
             "delete": self.delete,
+            "move": self.move,
             "list": self.list,
             "status": self.status,
             "record-timings": self.record_timings,
@@ -520,6 +523,29 @@ class Service:
         listed: str = dumps(entries).decode()
         return listed
 
+    def brief(self, root: Any) -> int:
+        """List the finder's rows of every session under ROOT, as `ls --brief` does; return how many.
+
+        While a backend runs, the finder asks it rather than start a process
+        of its own, whose start is most of what a first finder waits.  The
+        rows are saved where `ls --brief` saves them, and Emacs reads them
+        there: a megabyte of rows costs a message far more than a file.
+        """
+        root_path = Path(text(root, "root")).expanduser()
+        if not root_path.is_absolute() or not root_path.is_dir():
+            raise CallError(f"root must be an existing absolute directory, got {root!r:.200}")
+        root_path = root_path.resolve()
+        from magent_store.listing import BriefCatalog, brief_entries
+
+        catalog = self._briefs.get(str(root_path))
+        if catalog is None:
+            catalog = self._briefs[str(root_path)] = BriefCatalog(root_path, self.spool.parent)
+        rows, unreadable = brief_entries(root_path, catalog)
+        if unreadable:
+            log.warning("finder's list of %s: %d session(s) cannot be read", root_path, len(unreadable))
+        catalog.save(rows)
+        return len(rows)
+
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.
 
@@ -529,6 +555,17 @@ class Service:
         root = text(root, "root")
         session_id = text(session_id, "session id")
         return self.sessions.delete(root, _scope(json_text(scope, "scope")), session_id)
+
+    def move(self, root: Any, scope: Any, session_id: Any) -> bool:
+        """Move an open session's files to SCOPE's directory; False if they are there already.
+
+        What magent does when it saves a session under another scope than
+        its last: it is kept where magent writes it, and nowhere else.
+        """
+        root = text(root, "root")
+        session_id = text(session_id, "session id")
+        scope_json = json_text(scope, "scope")
+        return self.sessions.move(root, scope_json, _scope(scope_json), session_id)
 
     def close(self, session_id: Any) -> bool:
         """Flush and close a session, releasing its lock.  Idempotent."""

@@ -999,6 +999,11 @@ class Session:
         return self.files.id
 
     @property
+    def initial(self) -> Thread | None:
+        """The thread its writer opened the session from (see `Session`), for opening it again."""
+        return self._initial
+
+    @property
     def header(self) -> dict[str, Any]:
         """The header as its writer gave it (or the store's default)."""
         return self._header.header

@@ -45,6 +45,7 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import default_root
 from magent_store.store import SCHEMA_VERSION, is_temp_file
 
 HELP: Final = "what your history weighs: size by project and by session, and its growth"
@@ -58,7 +59,8 @@ session).  Then the growth in the last 30 days: the bytes of the sessions create
 in them, and the size of the logs older sessions wrote to in them (what they
 appended since their last compaction).  Nothing is written and no lock is taken.
 
-Sizes are shown in kB, MB, GB (powers of 1000); --json gives exact bytes.
+Sizes are shown in KiB, MiB, GiB (powers of 1024); --json gives exact bytes.
+Sessions are named by their title (the one magent shows), their project and id.
 
 Exit status: 0, or 2 on a usage error or a root that cannot be read.
 
@@ -67,7 +69,6 @@ examples:
   magent-store du ~/.emacs.d/magent/sessions --by project
   magent-store du --json --limit 0 | jq '.sessions[0]'
 """
-DEFAULT_ROOT: Final = Path("~/.emacs.d/magent/sessions")
 DEFAULT_LIMIT: Final = 20
 GROWTH_DAYS: Final = 30
 # Where the search index lives, as search names it (one tool does not import another).
@@ -85,6 +86,7 @@ _SESSION_FILE_RE: Final = re.compile(
 _CREATED_RE: Final = re.compile(rb'"created-at"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 _ROOT_RE: Final = re.compile(rb'"project-root"\s*:\s*("(?:[^"\\]|\\.)*")')
 _SNAPSHOT_KEY: Final = b'"snapshot"'
+_TITLE_RE: Final = re.compile(rb'"(summary-title|title)"\s*:\s*("(?:[^"\\]|\\.)*")')
 
 
 class UsageFailed(Exception):
@@ -130,9 +132,9 @@ class SessionUsage:
     def path(self) -> str:
         return f"{self.directory}/{self.id}.json"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "id": self.id, "directory": self.directory, "schema": self.schema,
-                "created": self.created, **self.sizes.to_json()}  # fmt: skip
+    def to_json(self, title: str | None = None) -> dict[str, Any]:
+        return {"path": self.path, "id": self.id, "title": title, "directory": self.directory,
+                "schema": self.schema, "created": self.created, **self.sizes.to_json()}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -194,7 +196,7 @@ class Usage:
         if by in (None, "project"):
             out["projects"] = [d.to_json() for d in _cut(self.directories, limit)]
         if by in (None, "session"):
-            out["sessions"] = [s.to_json() for s in _cut(self.sessions, limit)]
+            out["sessions"] = [s.to_json(title(self.root, s)) for s in _cut(self.sessions, limit)]
         return out
 
 
@@ -251,6 +253,27 @@ def _created(directory: str, session: SessionUsage) -> float | None:
         first = _prefix(f"{base}.jsonl").split(b"\n", 1)[0]
         return _created_at(first)
     return None
+
+
+def title(root: Path, session: SessionUsage) -> str | None:
+    """The title magent shows for SESSION (its summary title, else its title), on one line.
+
+    Read from the first bytes of its header (or schema-6 file, before its
+    snapshot); None when it has none there.
+    """
+    data = _prefix(f"{root}/{session.path}")
+    if session.schema == schema6.SCHEMA6:
+        at = data.find(_SNAPSHOT_KEY)
+        data = data[:at] if at >= 0 else data
+    found: dict[bytes, str] = {}
+    for match in _TITLE_RE.finditer(data):
+        try:
+            value = json.loads(match[2])
+        except ValueError:
+            continue
+        if isinstance(value, str) and value.strip():
+            found.setdefault(match[1], " ".join(value.split()))
+    return found.get(b"summary-title") or found.get(b"title")
 
 
 def _project_root(path: str, hash_name: str) -> str | None:
@@ -423,13 +446,13 @@ def measure(root: Path, now: float | None = None) -> Usage:
 
 
 def human(size: int) -> str:
-    """SIZE in B, kB, MB, GB, TB (powers of 1000), three significant digits."""
-    if size < 1000:
+    """SIZE in B, KiB, MiB, GiB, TiB (powers of 1024, as everywhere else), three significant digits."""
+    if size < 1024:
         return f"{size} B"
     value = float(size)
-    for unit in ("kB", "MB", "GB", "TB"):
-        value /= 1000
-        if value < 999.5 or unit == "TB":
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1023.5 or unit == "TiB":
             return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
     raise AssertionError("unreachable")
 
@@ -442,6 +465,12 @@ def _label(directory: DirectoryUsage) -> str:
     if directory.scope == "project":
         return directory.name or directory.directory
     return f"action:{directory.name}" if directory.scope == "action" else "global"
+
+
+def _session_name(root: Path, session: SessionUsage, where: str) -> str:
+    """SESSION as a user knows it: its title, then where it is and its id."""
+    named = title(root, session)
+    return f"{named} ({where}, {session.id})" if named else f"{session.id} ({where})"
 
 
 def _row(sizes: Sizes, name: str) -> str:
@@ -470,7 +499,9 @@ def text(usage: Usage, limit: int, by: str | None) -> str:
                 for d in _cut(usage.directories, limit)]  # fmt: skip
         sections.append(("by project", rows, len(usage.directories)))
     if by in (None, "session"):
-        rows = [_row(s.sizes, s.path) for s in _cut(usage.sessions, limit)]
+        labels = {d.directory: _label(d) for d in usage.directories}
+        rows = [_row(s.sizes, _session_name(usage.root, s, labels[s.directory]))
+                for s in _cut(usage.sessions, limit)]  # fmt: skip
         sections.append(("by session", rows, len(usage.sessions)))
     for title, rows, count in sections:
         lines += ["", f"{title}:", header + "  NAME", *rows]
@@ -481,8 +512,10 @@ def text(usage: Usage, limit: int, by: str | None) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments, and this module's `run` as its handler."""
-    parser.add_argument("root", type=Path, nargs="?", default=DEFAULT_ROOT, metavar="ROOT",
-                        help=f"the session root (default {DEFAULT_ROOT})")  # fmt: skip
+    root = default_root()
+    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
+                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                        "else magent's)")  # fmt: skip
     parser.add_argument("--json", action="store_true",
                         help="print exact bytes: {root, bytes, sessions-bytes, session-count, index, other, "
                         "growth, projects: [...], sessions: [...]}")  # fmt: skip

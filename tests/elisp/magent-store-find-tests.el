@@ -87,9 +87,53 @@ format, newest first; a title two sessions share is followed by each id."
           (should (equal prefix ""))
           (should (string-match-p (regexp-quote (string-trim (funcall annotate candidate)))
                                   suffix))
-          ;; The annotations start in one column, past the longest title.
-          (should (equal (get-text-property 0 'display suffix)
-                         `(space :align-to ,(+ 2 (string-width "Review the diff 差分"))))))))))
+          ;; The annotations start in one column, past the longest title,
+          ;; counted from the candidate's start: spaces, whatever the column.
+          (should (= (+ (string-width candidate)
+                        (- (length suffix) (length (string-trim-left suffix))))
+                     (+ 2 (string-width "Review the diff 差分"))))
+          (should-not (text-property-not-all 0 (length suffix) 'display nil suffix)))))))
+
+(ert-deftest magent-store-find-annotations-are-aligned-in-every-column ()
+  "In the default completion UI's columns, each session's annotation
+starts past the longest title from where its title starts; in a one
+column UI (vertico's), the same: never right after a title."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (let* ((table (cdr (magent-store-find-test--table)))
+           (metadata (cdr (funcall table "" nil 'metadata)))
+           (candidates (funcall table "" nil t))
+           (longest (apply #'max (mapcar #'string-width candidates)))
+           (affixed (funcall (alist-get 'affixation-function metadata) candidates)))
+      (dolist (format '(horizontal vertical one-column))
+        (with-temp-buffer
+          ;; A wide window, as a terminal of 300 columns shows it: room for
+          ;; two columns of sessions.
+          (let ((completions-format format)
+                (standard-output (current-buffer))
+                (size (cons (frame-width) (frame-height)))
+                (shown (window-buffer)))
+            (set-frame-size (selected-frame) 300 (cdr size))
+            (set-window-buffer (selected-window) (current-buffer))
+            (unwind-protect (completion--insert-strings affixed)
+              (set-window-buffer (selected-window) shown)
+              (set-frame-size (selected-frame) (car size) (cdr size))))
+          (ert-info ((format "completions-format %s" format))
+            (let ((starts 0))
+              (dolist (candidate candidates)
+                (goto-char (point-min))
+                (should (search-forward candidate nil t))
+                (let* ((line (buffer-substring (line-beginning-position) (point)))
+                       (title-column (- (string-width line) (string-width candidate)))
+                       (note (progn (skip-chars-forward " ") (point))))
+                  (should (eq (get-text-property note 'face) 'completions-annotations))
+                  (should (= (- (string-width (buffer-substring (line-beginning-position) note))
+                                title-column)
+                             (+ 2 longest)))
+                  (when (> title-column 0) (setq starts (1+ starts)))))
+              ;; The default layout does put titles past the first column.
+              (unless (eq format 'one-column)
+                (should (> starts 0))))))))))
 
 (ert-deftest magent-store-find-words-no-title-holds-ask-the-index ()
   "A word no title holds finds the sessions in which it was said."
@@ -193,6 +237,24 @@ Emacs; the first finder then shows that list without listing."
           (accept-process-output nil 0.05)))
       (magent-store-find-prepare root)
       (should-not (gethash root magent-store-find--refreshing)))))
+
+(ert-deftest magent-store-find-asks-a-running-backend-for-its-first-list ()
+  "With a backend running and no list saved, the first finder's list is
+the backend's answer: no listing of its own starts Python; the rows are
+saved for the next Emacs as a listing saves them."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root)))
+      (should-not (magent-store-find--saved root))
+      (should (magent-store--ready-p magent-store--backend))
+      (cl-letf (((symbol-function 'magent-store-find--list)
+                 (lambda (&rest _) (error "Listed apart while a backend runs"))))
+        (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t)
+                       '("Fix the parser (g-new)" "Fix the parser (p-one)"
+                         "Review the diff 差分" "An old session"))))
+      (should-not (gethash root magent-store-find--refreshing))
+      (should (= (length (magent-store-find--saved root)) 4)))))
 
 (defun magent-store-find-test--prepare-timers ()
   "Return the idle timers that would prepare the finder's list."

@@ -209,5 +209,28 @@ first that returns non-nil has opened it, else the transcript is shown."
             (should (string-match-p "resume me please"
                                     (with-current-buffer view (buffer-string))))))))))
 
+(ert-deftest magent-store-search-a-prompt-held-by-the-turns-input-is-found-and-shown ()
+  "A turn whose prompt is its input alone (no user message) is found by
+its words, and its transcript shows the prompt, whole, before the reply."
+  (magent-store-test--with-backend
+    ;; The test turns' input is "Say something", and they have no user message.
+    (magent-store-search-test--write "s-asked" '("the answer\n* not a heading"))
+    (let ((buffer (magent-store-search "something")))
+      (magent-store-search-test--wait buffer)
+      (ert-info ((buffer-local-value 'mode-line-process buffer) :prefix "Search: ")
+        (should (equal (magent-store-search-test--ids buffer) '("s-asked"))))
+      (kill-buffer buffer))
+    (let ((view (magent-store-search-view
+                 `((id . "s-asked") (title . "Asked") (scope-label . "global")
+                   (header . ,(expand-file-name "global/s-asked.json" magent-store-root))))))
+      (with-timeout (60 (error "The session was not shown"))
+        (while (with-current-buffer view (string-prefix-p "Reading" (buffer-string)))
+          (accept-process-output nil 0.05)))
+      (with-current-buffer view
+        (should (string-match-p
+                 "── user ──\nSay something\n\n── assistant ──\nthe answer\n\\* not a heading"
+                 (buffer-string))))
+      (kill-buffer view))))
+
 (provide 'magent-store-search-tests)
 ;;; magent-store-search-tests.el ends here

@@ -34,7 +34,8 @@
   "Return a turn-started event alist for TURN-ID whose input is INPUT."
   (magent-store-test--event
    "turn-started" :turn-id turn-id
-   :payload `((turn . ,(let ((turn (magent-store-test--turn turn-id)))
+   ;; A copy: the turn's conses are partly the helper's own constants.
+   :payload `((turn . ,(let ((turn (copy-alist (magent-store-test--turn turn-id))))
                          (setf (alist-get 'input turn) input)
                          turn)))))
 

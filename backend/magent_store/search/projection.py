@@ -4,7 +4,9 @@ Pure: threads and events in, passages and per-field changes out; no files,
 no database, no clock.  A *passage* is an item's content, output or input
 cut into pieces of at most `PASSAGE_CHARS` characters, each piece starting
 with the last `OVERLAP_CHARS` of the one before it, so a phrase that
-straddles a cut is still found whole.
+straddles a cut is still found whole.  A turn whose prompt is held by its
+input alone (no user message among its items) has it indexed as the user's
+text, under the turn's id as its item and the field ``input``.
 """
 
 from __future__ import annotations
@@ -80,10 +82,18 @@ def pieces(text: str, previous: str) -> list[str]:
     return out
 
 
+def is_user_message(item: ledger.Item) -> bool:
+    return item.type == "message" and item.role == "user"
+
+
 def thread_passages(thread: Thread) -> list[Passage]:
     """Every passage of THREAD, as a session indexed from nothing holds them."""
     out: list[Passage] = []
     for turn in thread.turns:
+        prompt = text_of(turn.input) if isinstance(turn.input, str | ledger.Text) else None
+        if prompt and not any(is_user_message(item) for item in turn.items):
+            when = turn.queued_at or turn.started_at
+            out += [(turn.id, turn.id, "input", "user", when, piece) for piece in pieces(prompt, "")]
         for item in turn.items:
             role = item_role(item)
             if role is None:
@@ -119,6 +129,7 @@ def changes(events: Iterable[dict[str, Any]], after: int,
     ITEMS (the thread's, after them) say each item's role; items of no role are left out.
     """
     out: Changes = {}
+    prompts: set[str] = set()  # the turns whose input this run set
     last = after
     for event in events:
         seq = event.get("seq")
@@ -126,6 +137,7 @@ def changes(events: Iterable[dict[str, Any]], after: int,
             continue
         last = max(last, seq)
         kind = event.get("type")
+        _prompt_change(event, kind, out, prompts)
         item_id = event.get("item-id")
         if not isinstance(item_id, str) or not isinstance(kind, str) or not kind.startswith("item-"):
             continue
@@ -150,9 +162,40 @@ def changes(events: Iterable[dict[str, Any]], after: int,
             change = out.setdefault((item_id, name), Change(turn, when))
             change.replace, change.replaced, change.appended, change.time = text, True, [], when
     for key in list(out):
+        if key[0] in prompts and key[1] == "input":
+            continue
         role = item_role(items.get(key[0]))
         if role is None:
             del out[key]
         else:
             out[key].role = role
+    if prompts:  # a turn-started event per turn: rare beside chunks
+        asked = {item.turn_id for item in items.values() if is_user_message(item)}
+        for turn in prompts & asked:
+            _drop_prompt(out[(turn, "input")])
     return out, last
+
+
+def _prompt_change(event: dict[str, Any], kind: Any, out: Changes, prompts: set[str]) -> None:
+    """Fold EVENT into OUT if it sets a turn's input (its prompt) or brings the turn's user message."""
+    turn = event.get("turn-id")
+    if not isinstance(turn, str):
+        return
+    when = event.get("created-at")
+    payload = event.get("payload") or {}
+    if kind in ("turn-queued", "turn-started"):
+        body = payload.get("turn") if isinstance(payload, dict) else None
+        text = body.get("input") if isinstance(body, dict) else None
+        if isinstance(text, str) and text:
+            change = out.setdefault((turn, "input"), Change(turn, when, role="user"))
+            change.replace, change.replaced, change.appended, change.time = text, True, [], when
+            prompts.add(turn)
+    elif kind == "item-started":
+        item = payload.get("item") if isinstance(payload, dict) else None
+        if isinstance(item, dict) and item.get("type") == "message" and item.get("role") == "user":
+            prompts.add(turn)  # its user message holds the prompt now: the input's passage goes
+            _drop_prompt(out.setdefault((turn, "input"), Change(turn, when, role="user")))
+
+
+def _drop_prompt(change: Change) -> None:
+    change.replace, change.replaced, change.appended = "", True, []

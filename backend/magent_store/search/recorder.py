@@ -33,7 +33,7 @@ from magent_store.store import Scope, make_private_dirs
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION: Final = 2
+INDEX_VERSION: Final = 3  # 3: a prompt the turn's input alone holds is indexed
 # What the full-text index keeps of each trigram: "full" (its positions: a
 # word's trigrams are matched in sequence by the index) or "none" (only which
 # passages hold it: several times smaller and faster to build, and each

@@ -158,6 +158,7 @@ after a restart, writing a cancelled item and an interrupted turn)."
         (should (string-match-p "open in magent"
                                 (format "%s" (buffer-local-value
                                               'header-line-format shown))))
+        (magent-store-search-magent-test--header-fits shown "open in magent")
         (kill-buffer shown))
       ;; One session object for the id, the live one.
       (should (eq (magent-session-get-if-present 'global) session))
@@ -185,6 +186,32 @@ after a restart, writing a cancelled item and an interrupted turn)."
                           (plist-get stored :session))
                          expected)))))))
 
+(defun magent-store-search-magent-test--header-line (buffer window)
+  "BUFFER's header line as WINDOW shows it."
+  (let ((format (buffer-local-value 'header-line-format buffer)))
+    (with-selected-window window
+      (if (stringp format) format (eval (cadr format) t)))))
+
+(defun magent-store-search-magent-test--header-fits (buffer where)
+  "Check that BUFFER's header line fits a narrow and a wide window.
+A wide one shows it whole, saying WHERE; a narrow one, its start."
+  (let* ((size (cons (frame-width) (frame-height)))
+         (wide (progn (set-frame-size (selected-frame) 200 (cdr size))
+                      (selected-window)))
+         (narrow (split-window-right (- (window-total-width) 32))))
+    (unwind-protect
+        (progn
+          (set-window-buffer narrow buffer)
+          (set-window-buffer wide buffer)
+          (let ((shown (magent-store-search-magent-test--header-line buffer narrow)))
+            (should (<= (string-width shown) (window-max-chars-per-line narrow)))
+            (should (string-suffix-p "…" shown)))
+          (delete-window narrow)
+          (should (string-suffix-p
+                   where (magent-store-search-magent-test--header-line buffer wide))))
+      (when (window-live-p narrow) (delete-window narrow))
+      (set-frame-size (selected-frame) (car size) (cdr size)))))
+
 (ert-deftest magent-store-search-ret-displays-the-session-it-loaded ()
   "A session RET loads into magent is displayed, saying where it now is."
   (magent-store-search-magent-test--runtime)
@@ -202,6 +229,8 @@ after a restart, writing a cancelled item and an interrupted turn)."
         (should (string-match-p "loaded in magent"
                                 (format "%s" (buffer-local-value
                                               'header-line-format shown))))
+        (magent-store-search-magent-test--header-fits
+         shown "loaded in magent, as the current session of its scope")
         (kill-buffer shown)))))
 
 (provide 'magent-store-search-magent-tests)
