@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import errno
 import fcntl
@@ -34,6 +35,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import unicodedata
@@ -45,7 +47,7 @@ from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 import orjson
 
-from magent_store import ledger
+from magent_store import branches, ledger
 from magent_store.fileio import BatchOutOfOrder as BatchOutOfOrder
 from magent_store.fileio import CorruptSessionError as CorruptSessionError
 from magent_store.fileio import InvalidSessionId as InvalidSessionId
@@ -70,6 +72,7 @@ from magent_store.fileio import sync_directories as sync_directories
 from magent_store.fileio import truncate_file as truncate_file
 from magent_store.fileio import write_failed as write_failed
 from magent_store.ledger import Event, LedgerError, Thread
+from magent_store.logfile import CHANGED, GONE, IN_PLACE
 from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
 from magent_store.logfile import FSYNC_MODES as FSYNC_MODES
 from magent_store.logfile import INVALID_TAIL as INVALID_TAIL
@@ -114,6 +117,11 @@ PRODUCER_RECORD_BYTES: Final = 256
 def monotonic() -> float:
     """The clock of fsync intervals (`time.monotonic`, looked up at each call)."""
     return time.monotonic()
+
+
+def machine_name() -> str:
+    """This machine's name, as a fork's title gives it: its host name."""
+    return socket.gethostname() or "another machine"
 
 
 def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
@@ -736,6 +744,10 @@ class Compactor:
         ):
             self._tail_bytes -= len(self._tail.popleft())
 
+    def tail_lines(self) -> list[bytes]:
+        """The lines of the tail, oldest first."""
+        return list(self._tail)
+
     def take_tail(self) -> list[bytes]:
         """The lines of the tail, forgotten here (the log that held them is gone)."""
         lines = list(self._tail)
@@ -815,6 +827,7 @@ class Session:
         made: list[Path] | None = None,
         clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
+        machine: str | None = None,
     ) -> None:
         """Open FILES for writing under SCOPE.
 
@@ -827,6 +840,8 @@ class Session:
         With ``fsync = interval`` a log left unsynced by a flush is synced by
         a timer (START-TIMER, on CLOCK's seconds) one interval after the
         last sync, so an idle session loses no more than a busy one.
+        MACHINE names this machine in the title of a fork it makes (see
+        `_take_in_changes`); its host name by default.
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -851,6 +866,12 @@ class Session:
         self._next_batch: tuple[str, int] | None = None
         self._new_writer = False  # the next batch's writer is not the one the record names
         self._rewriting = False
+        self.machine = machine or machine_name()
+        # What the user is to be told, once, of what a flush did (a fork made): taken by the server.
+        self.notices: list[str] = []
+        # Once this session's own line of turns went on as a fork: the parent's session id and thread id.
+        self._forked_from: tuple[str, str | None] | None = None
+        self._fork_fields: dict[str, Any] = {}
         self._header_name = os.fspath(files.header)  # checked at every flush: a string costs the least
         made = [*(made or []), *make_private_dirs(files.directory)]
         check_directory(files.directory)
@@ -894,12 +915,13 @@ class Session:
 
     def _reload(self) -> None:
         """Read the session back from disk, dropping what is in memory only (not the header)."""
-        if self._log.fd >= 0 and (self._rewriting or not self._files_in_place()):
+        if self._log.fd >= 0 and (self._rewriting or self._log.place() != IN_PLACE):
             # What the disk holds is not this session: reading it back would lose it.
             self.abandon()
             raise StoreError(
-                f"session {self.files.id!r}: its files at {self.files.log} are gone and could not be "
-                "written again; its unsaved entries stay with their sender: open it again"
+                f"session {self.files.id!r}: its files at {self.files.log} are gone or changed by another "
+                "writer, and could not be written again; its unsaved entries stay with their sender: "
+                "open it again"
             )
         header, given = self._header.header, self._header.given
         self._pending = []
@@ -957,6 +979,7 @@ class Session:
             offset += len(line) + 1
         dropped = self.thread.last_event_seq - self._record.seq
         truncate_file(self.files.log, offset)
+        self._log.know_file()  # cut by us: no other writer's change
         self._reload()
         if self.redaction is not None:
             # The record is written only while nothing is held: at its seq no stream held anything.
@@ -1032,6 +1055,9 @@ class Session:
         """Validate OBJ (an event in magent's JSON shape; its seq is ignored) and journal it."""
         if isinstance(obj, dict) and "seq" in obj:
             obj = {k: (None if k == "seq" else v) for k, v in obj.items()}
+        forked = self._forked_from
+        if forked is not None and isinstance(obj, dict) and obj.get("thread-id") == forked[1]:
+            obj = {**obj, "thread-id": self.thread.id}  # its writer still has the parent's thread
         if self.redaction is not None:
             return self._append_redacted(self.redaction, ledger.event_from_json(self.redaction.event(obj)))
         return self.append(ledger.event_from_json(obj))
@@ -1115,6 +1141,12 @@ class Session:
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
+        if self._forked_from is not None and isinstance(header, dict):
+            # Its writer still has the parent session: the fork keeps its own id, title and origin.
+            metadata = header.get("metadata")
+            fields = {**self._fork_fields, "metadata": {**(metadata if isinstance(metadata, dict) else {}),
+                                                        **self._fork_fields["metadata"]}}  # fmt: skip
+            header = {**header, **fields, "id": self.files.id}
         if self.redaction is not None:
             header = self.redaction.header(header)
         self._header.put(header, self.files.id, self.scope)
@@ -1142,11 +1174,19 @@ class Session:
         self._feed_run()
         if self.redaction is not None and (finish or (self._pending and self._next_batch is None)):
             self.finish_streams()
-        resent = self._write_again() if not self._files_in_place() else 0
+        resent = 0
+        theirs: list[bytes] = []
+        place = self._log.place()
+        if place == GONE:
+            resent = self._write_again()
+        elif place == CHANGED:
+            resent, theirs = self._take_in_changes()
+        self._check_header()
         if self._rewriting:
             compact = True
         events_written = len(self._pending)
-        written = self._pending[resent:]  # lines written before are not news to `after_flush`
+        # Lines written before are not news to `after_flush`; another writer's are.
+        written = [*theirs, *self._pending[resent:]]
         bytes_written = self._write_events()
         header_written = self._header.write_if_changed(
             self.files.header, self.thread, sync=self._log.fsync != "never", crash=self._crash
@@ -1223,15 +1263,12 @@ class Session:
 
     # -- files gone under the store ----------------------------------------
 
-    def _files_in_place(self) -> bool:
-        """True while the log at our path is the file we append to, and the header is there."""
-        if not self._log.in_place():
-            return False
+    def _check_header(self) -> None:
+        """Have this flush write the header again if it is no longer there."""
         if self._header.on_disk is not None and not os.path.lexists(self._header_name):
             log.warning("%s: the header is no longer there; writing it again from what the store holds",
                         self.files.header)  # fmt: skip
             self._header.on_disk = None  # written again by this flush
-        return True
 
     def _write_again(self) -> int:
         """Start the session's files afresh where they belong; this flush then writes them all.
@@ -1256,6 +1293,198 @@ class Session:
         self._lock.release(remove=False)
         self._lock = SessionLock(self.files)
         return len(tail)
+
+    # -- files changed by another writer ----------------------------------
+
+    def _take_in_changes(self) -> tuple[int, list[bytes]]:
+        """Read the session's files again: another writer changed the log beneath us.
+
+        A sync engine renamed another machine's copy into place, or another
+        writer appended: what the disk holds now is read back, never
+        overwritten.  Where the disk and this session part (`branches`)
+        decides the rest: the disk behind us gets our events again; events
+        only the disk holds are taken in; both holding events past that
+        point are put one after the other where their turns do not cross
+        (ours after theirs), else this session's line of turns goes on as a
+        fork (see `_fork`).  Returns how many pending lines were written
+        before, and the lines another writer added (news to `after_flush`).
+        """
+        files = self.files
+        ours = self._our_lines()
+        try:
+            scan = scan_log(files.log)
+            disk, _ = replay_session(files, self.scope, scan, copy.deepcopy(self._initial))
+        except (StoreError, OSError) as exc:
+            raise WriteFailed(
+                f"{files.log}: changed by another writer and not readable as a session now ({exc}); "
+                "nothing of this flush is written"
+            ) from None
+        theirs = {e.seq: line + b"\n" for e, line in zip(scan.events, scan.lines, strict=True)
+                  if e.seq is not None}  # fmt: skip
+        point = branches.branch_point(ours, theirs)
+        written = self._log.written_seq
+        if point is not None and disk.last_event_seq == point:
+            # The disk holds nothing we lack: our lines past it go in again, as they are.
+            again = [ours[seq] for seq in sorted(ours) if seq > point]
+            log.warning("%s: replaced by a copy that ends at seq %d; writing this session's %d later "
+                        "events to it", files.log, point, len(again))  # fmt: skip
+            self._read_back(keep_thread=True)
+            for line in again:
+                self._compactor.queued(line)
+            self._pending, self._pending_first_seq = again, point + 1
+            return max(0, written - point), []
+        if point is not None and point == max(ours):
+            # Another writer went on after everything we wrote: its events are the session now.
+            added = [theirs[seq] for seq in sorted(theirs) if seq > point]
+            log.warning("%s: another writer added %d events; read back before this flush",
+                        files.log, len(added))  # fmt: skip
+            self._read_back(keep_thread=False)
+            return 0, added
+        if not self._pending and branches.holds_nothing_new(self.thread, disk):
+            # We hold nothing unwritten, and every turn we hold is the disk's too: read it back.
+            self._read_back(keep_thread=False)
+            return 0, [theirs[seq] for seq in sorted(theirs) if seq > written]
+        if point is None and branches.holds_nothing_new(disk, self.thread):
+            # An older copy of what we hold: written again from what the store holds.
+            return self._write_again(), []
+        if point is not None and self._after_theirs(disk, [ours[s] for s in sorted(ours) if s > point]):
+            added = [theirs[seq] for seq in sorted(theirs) if seq > point]
+            return 0, added
+        self._fork(disk)
+        return 0, []
+
+    def _our_lines(self) -> dict[int, bytes]:
+        """The log lines this session holds in memory by seq: the tail it wrote, and those pending."""
+        lines: dict[int, bytes] = {}
+        for line in self._compactor.tail_lines():
+            seq = loads(line).get("seq")
+            if isinstance(seq, int):
+                lines[seq] = line
+        for n, line in enumerate(self._pending):
+            lines[self._pending_first_seq + n] = line
+        return lines
+
+    def _read_back(self, *, keep_thread: bool) -> None:
+        """Open the log and header at our paths afresh; the header keeps what its writer gave.
+
+        KEEP-THREAD keeps the thread in memory (the disk holds a part of it).
+        Fields of a header on disk that another writer changed are merged
+        with ours (`branches.merge_headers`: the newer side's, overrides joined).
+        """
+        thread, ours, given = self.thread, self._header.header, self._header.given
+        self._pending = []
+        self._compactor.forget_tail()
+        self._log.close()
+        self._record.close()
+        self._load(copy.deepcopy(self._initial))
+        disk, theirs = self.thread, self._header.header
+        if keep_thread:
+            self.thread = thread
+        if given and self._header.on_disk is not None and theirs != ours:
+            newer = (thread.updated_at or 0.0) >= (disk.updated_at or 0.0)
+            self._header.header = branches.merge_headers(ours, theirs, ours_newer=newer)
+        elif given:
+            self._header.header = ours
+        self._header.given = self._header.given or given
+        # What the log holds now is committed: none of it is a batch of ours to send again.
+        self._record.commit(self._log.written_seq)
+
+    def _after_theirs(self, disk: Thread, ours: list[bytes]) -> bool:
+        """Put our lines OURS after the events only DISK holds, where that is exact; False: it is not.
+
+        Exact when the two do not both add turns (one side only went on
+        with turns both hold) and each of ours applies after theirs.
+        """
+        if branches.new_turns(disk, self.thread) and branches.new_turns(self.thread, disk):
+            return False
+        trial = copy.deepcopy(disk)
+        try:
+            for line in ours:
+                event = ledger.event_from_json(loads(line))
+                ledger.apply(trial, dataclasses.replace(event, seq=trial.last_event_seq + 1))
+        except LedgerError:
+            return False
+        events = [ledger.event_from_json(loads(line)) for line in ours]
+        log.warning("%s: another writer added events; this session's %d later events go after them",
+                    self.files.log, len(events))  # fmt: skip
+        self._read_back(keep_thread=False)
+        for event in events:
+            self.append(event)
+        return True
+
+    def _fork(self, disk: Thread) -> None:
+        """Go on as a fork: this session's line of turns in a new session, the parent left as the disk has it.
+
+        The fork is written whole (its snapshot and header, synced) before
+        anything of this session changes; from then on this session writes
+        the fork, and the user is told once where each line of turns is.
+        """
+        parent, machine = self.files.id, self.machine
+        directory = self.files.directory
+
+        def taken(candidate: str) -> bool:
+            f = SessionFiles(directory, candidate)
+            return any(os.path.lexists(p) for p in (f.header, f.log, f.snapshot, f.lock))
+
+        fork_id = branches.fork_id(parent, machine, taken)
+        files = SessionFiles(directory, fork_id)
+        turn = branches.last_common_turn(self.thread, disk)
+        header = self._header.current(self.thread)
+        fields: dict[str, Any] = {
+            "parent-session-id": parent,
+            "title": branches.fork_title(header["title"] or header["summary-title"], machine),
+        }
+        metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
+        fields["metadata"] = {**metadata, "parent-session-id": parent, "forked-at-turn": turn,
+                              "continued-on": machine, "forked-at": time.time()}  # fmt: skip
+        thread = copy.deepcopy(self.thread)
+        old_thread_id = thread.id
+        thread.id = thread.session_id = fork_id
+        for t in thread.turns:
+            t.thread_id = fork_id
+        thread.snapshot_created_at = time.time()
+        sync = self._log.fsync != "never"
+        lock = SessionLock(files)
+        try:
+            atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=sync, crash=self._crash)
+            fork_header = {**header, **fields, "id": fork_id}
+            atomic_write(files.header, dumps({k: v for k, v in fork_header.items() if v is not None}),
+                         sync=sync, crash=self._crash)  # fmt: skip
+        except BaseException:
+            lock.release(remove=True)
+            raise
+        record = self._record
+        self._lock.release(remove=True)
+        self._lock = lock
+        self._log.close()
+        record.close()
+        self.files = files
+        self._header_name = os.fspath(files.header)
+        self._log.move_to(files)
+        self._compactor.files = files
+        self._pending = []
+        self._compactor.forget_tail()
+        self._initial = None
+        self._forked_from = (parent, old_thread_id)
+        self._fork_fields = fields
+        self._load(None)
+        self._record = ProducerRecord(files.producer, self._log.written_seq)
+        if record.producer is not None:
+            self._record.write(record.producer, record.number, self._log.written_seq)
+            self._record.applied = record.applied
+        log.warning("%s: another machine went on with this session meanwhile; this machine's turns "
+                    "since go on in session %s", parent, fork_id)  # fmt: skip
+        self.notices.append(
+            f"session {parent} was continued on another machine while this Emacs had it open: "
+            f"its turns from there are in session {parent}; this machine's turns"
+            f"{f' after turn {turn}' if turn else ''} are in the new session {fork_id}, "
+            f"\"{fields['title']}\""
+        )
+
+    def take_notices(self) -> list[str]:
+        """What the user is to be told of what flushes did (once: forgotten here)."""
+        notices, self.notices = self.notices, []
+        return notices
 
     # -- closing ----------------------------------------------------------
 
@@ -1366,9 +1595,11 @@ class Store:
         crash: Callable[[str], None] | None = None,
         clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
+        machine: str | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        self.machine = machine  # named in a fork's title (None: the host name)
         self.clock = clock  # the interval's clock and timers (a test's own time)
         self.start_timer = start_timer
         self.root = Path(root).expanduser()
@@ -1394,6 +1625,7 @@ class Store:
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
             crash=self.crash, root=self.root, made=made, clock=self.clock, start_timer=self.start_timer,
+            machine=self.machine,
         )  # fmt: skip
 
     @staticmethod
