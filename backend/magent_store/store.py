@@ -1435,8 +1435,10 @@ class Session:
             "title": branches.fork_title(header["title"] or header["summary-title"], machine),
         }
         metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
-        fields["metadata"] = {**metadata, "parent-session-id": parent, "forked-at-turn": turn,
-                              "continued-on": machine, "forked-at": time.time()}  # fmt: skip
+        # magent takes a session's title from its metadata, and the header's title from there.
+        fields["metadata"] = {**metadata, "title": fields["title"], "parent-session-id": parent,
+                              "forked-at-turn": turn, "continued-on": machine,
+                              "forked-at": time.time()}  # fmt: skip
         thread = copy.deepcopy(self.thread)
         old_thread_id = thread.id
         thread.id = thread.session_id = fork_id
