@@ -229,3 +229,46 @@ def test_a_fork_keeps_events_written_before_the_other_copy_replaced_ours(
     assert turn_ids(here) == ["t1", "t2"]
     assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
     assert ledger.thread_to_json(Store(here).load("s1.laptop")[1])["last-event-seq"] == 19
+
+
+def test_a_snapshot_another_machine_compacted_is_read_back_before_our_log_grows(
+    here: Path, there: Path, events: Events
+) -> None:
+    """B compacted: its snapshot arrives before its log; our next events must not land under it."""
+    a = started(here, events)
+    copy_session(here, there)
+    with Store(there).open("s1") as b:
+        append(b, turn(events, "t2", "asked there"))
+        b.compact()
+    sync_over(there, here, suffixes=(".snapshot",))
+    a.flush()  # nothing of ours pending: the other machine's turn is taken in
+    append(a, turn(events, "t3", "asked here, after it"))
+    a.flush()
+    a.close()
+    assert turn_ids(here) == ["t1", "t2", "t3"]
+    assert "reply to asked here, after it, in two chunks" in words(here)
+
+
+def test_a_header_another_machine_replaced_is_merged_field_by_field(
+    here: Path, there: Path, events: Events
+) -> None:
+    """B renamed the session and denied a tool; A's writer, which knows nothing of it, sends its old header."""
+    a = started(here, events)
+    mine = {"title": "work", "approval-overrides": [{"tool": "shell", "decision": "allow"}]}
+    a.put_header(mine)
+    a.flush()
+    copy_session(here, there)
+    with Store(there).open("s1") as b:
+        b.put_header({"title": "renamed there", "approval-overrides": [{"tool": "grep", "decision": "deny"}]})
+    sync_over(there, here, suffixes=(".json",))
+    a.flush()
+    a.put_header(mine)  # magent's next save: the header as it knows it
+    a.flush()
+    a.put_header({**mine, "status": "archived"})  # a field magent changes itself
+    a.close()
+    header = Store(here).load("s1")[0]
+    assert header["title"] == "renamed there"
+    assert header["status"] == "archived"
+    assert header["approval-overrides"] == [
+        {"tool": "shell", "decision": "allow"}, {"tool": "grep", "decision": "deny"}
+    ]

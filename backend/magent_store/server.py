@@ -366,14 +366,14 @@ class Service:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
         The reply is ``(durable-seq written-seq bytes-written milliseconds
-        rejected released notices)``: cheap for Emacs to read on every tick.
+        rejected released [notices])``: cheap for Emacs to read on every tick.
         RELEASED is the last batch number of IDENT's producer none of whose
         text is held back by redaction: Emacs keeps the batches after it
         (without redaction, and after this flush, which writes what
         redaction holds, it is the batch just applied).  NOTICES are what
         the user is to be told, once, of what the flush did (its files were
         changed by another machine, and this machine's turns went on in a
-        fork, say): usually none.  TIMINGS, when
+        fork, say), only when there are any.  TIMINGS, when
         given, are lifecycle timing records riding the same message (see
         `record_timings`); they never make the flush fail.  IDENT, when given,
         is ``(PRODUCER NUMBER)``: the batch's identity, which makes sending
@@ -407,6 +407,7 @@ class Service:
                 session.abort_batch()
             raise
         self.stats.count_flush(result)
+        notices = session.take_notices()
         return [
             result.durable_seq,
             result.written_seq,
@@ -414,7 +415,7 @@ class Service:
             round(result.seconds * 1000.0, 3),
             rejected,
             session.released(ident[0]) if ident else 0,
-            session.take_notices(),
+            *([notices] if notices else []),
         ]
 
     def flush_file(

@@ -25,6 +25,7 @@ decided above them all (sessions.py).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import copy
 import dataclasses
@@ -644,9 +645,13 @@ class SessionHeader:
 
     def __init__(self, files: SessionFiles, scope: Scope) -> None:
         """The header FILES hold (scope SCOPE), or a new session's default."""
+        self.ino = 0  # which file the header is, as read or last written
+        # Fields another writer changed: the value ours had then (see `put`).
+        self._stale: dict[str, Any] = {}
         try:
             self.header = read_header(files.header)
             self.on_disk: bytes | None = read_file(files.header)
+            self.ino = _file_ino(files.header)
             self.given = True
         except SessionNotFound:
             if files.snapshot.exists():
@@ -668,6 +673,13 @@ class SessionHeader:
     def put(self, obj: Any, session_id: str, scope: Scope) -> None:
         normalized = normalize_header(obj, session_id, scope)
         ledger.check_json_value(normalized, "header")
+        # A field another writer changed stays as it made it while our
+        # writer sends the value it had before (it does not know of it).
+        for key, before in list(self._stale.items()):
+            if normalized[key] == before:
+                normalized[key] = self.header[key]
+            else:
+                del self._stale[key]
         self.header = normalized
         self.given = True
 
@@ -693,7 +705,41 @@ class SessionHeader:
             return False
         atomic_write(path, data, sync=sync, crash=crash)
         self.on_disk = data
+        self.ino = _file_ino(path)
         return True
+
+    def take_in(self, path: Path) -> None:
+        """Another writer replaced the header at PATH: its fields are merged with ours (its the newer)."""
+        try:
+            theirs = read_header(path)
+            data = read_file(path)
+        except (StoreError, OSError) as exc:
+            log.warning("%s: replaced by another writer, and not readable (%s); ours is written", path, exc)
+            self.on_disk = None
+            return
+        log.warning("%s: replaced by another writer; its fields are taken in", path)
+        self.merge(theirs, data, _file_ino(path), ours_newer=False)
+
+    def merge(self, theirs: dict[str, Any], data: builtins.bytes, ino: int, *, ours_newer: bool) -> None:
+        """Merge THEIRS, another writer's header on disk (DATA, at inode INO), with ours, field by field."""
+        if self.given:
+            ours = self.header
+            self.header = branches.merge_headers(ours, theirs, ours_newer=ours_newer)
+            for key in HEADER_KEYS:
+                if self.header[key] != ours[key]:
+                    self._stale.setdefault(key, ours[key])
+        else:
+            self.header = theirs
+        self.given = True
+        self.on_disk, self.ino = data, ino
+
+
+def _file_ino(path: Path) -> int:
+    """The inode of the file at PATH, not following a link (0: nothing there)."""
+    try:
+        return os.lstat(path).st_ino
+    except FileNotFoundError:
+        return 0
 
 
 class Compactor:
@@ -719,6 +765,7 @@ class Compactor:
         self._log_bytes_since_snapshot = 0
         self._snapshot_size = 0
         self.snapshot_on_disk = False
+        self.snapshot_ino = 0  # which file the snapshot is, as read or last written (0: none)
 
     def load(self, scan: LogScan, snapshot_seq: int | None) -> None:
         """Count what the log SCAN read holds past the snapshot (at SNAPSHOT-SEQ; None: no snapshot)."""
@@ -726,7 +773,9 @@ class Compactor:
         after = [n for n, e in enumerate(scan.events) if (e.seq or 0) > (snapshot_seq or 0)]
         self.since_snapshot = len(after)
         self._log_bytes_since_snapshot = sum(len(scan.lines[n]) + 1 for n in after)
-        self._snapshot_size = self.files.snapshot.stat().st_size if self.snapshot_on_disk else 0
+        st = self.files.snapshot.stat() if self.snapshot_on_disk else None
+        self._snapshot_size = st.st_size if st is not None else 0
+        self.snapshot_ino = st.st_ino if st is not None else 0
         for line in scan.lines:
             self.remember(line + b"\n")
 
@@ -788,6 +837,7 @@ class Compactor:
         atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self.crash)
         self._snapshot_size = len(snapshot)
         self.snapshot_on_disk = True
+        self.snapshot_ino = _file_ino(self.files.snapshot)
         if self.crash:
             self.crash("before-log-replace")
         writer.replace(b"".join(self._tail), sync=sync)
@@ -873,6 +923,7 @@ class Session:
         self._forked_from: tuple[str, str | None] | None = None
         self._fork_fields: dict[str, Any] = {}
         self._header_name = os.fspath(files.header)  # checked at every flush: a string costs the least
+        self._snapshot_name = os.fspath(files.snapshot)
         made = [*(made or []), *make_private_dirs(files.directory)]
         check_directory(files.directory)
         self._log = LogWriter(
@@ -1177,6 +1228,8 @@ class Session:
         resent = 0
         theirs: list[bytes] = []
         place = self._log.place()
+        if place == IN_PLACE and self._snapshot_replaced():
+            place = CHANGED  # another machine compacted: its log may not be here yet
         if place == GONE:
             resent = self._write_again()
         elif place == CHANGED:
@@ -1264,11 +1317,28 @@ class Session:
     # -- files gone under the store ----------------------------------------
 
     def _check_header(self) -> None:
-        """Have this flush write the header again if it is no longer there."""
-        if self._header.on_disk is not None and not os.path.lexists(self._header_name):
+        """Have this flush write the header again if it is no longer there; take in another writer's."""
+        if self._header.on_disk is None:
+            return
+        try:
+            ino = os.lstat(self._header_name).st_ino
+        except FileNotFoundError:
             log.warning("%s: the header is no longer there; writing it again from what the store holds",
                         self.files.header)  # fmt: skip
             self._header.on_disk = None  # written again by this flush
+            return
+        if ino != self._header.ino:
+            self._header.take_in(self.files.header)
+
+    def _snapshot_replaced(self) -> bool:
+        """True when another file is at the snapshot's path than the one read or written here."""
+        compactor = self._compactor
+        if not compactor.snapshot_on_disk:
+            return False
+        try:
+            return os.stat(self._snapshot_name).st_ino != compactor.snapshot_ino
+        except FileNotFoundError:
+            return False  # removed: the next compaction writes it (a log removed too is gone)
 
     def _write_again(self) -> int:
         """Start the session's files afresh where they belong; this flush then writes them all.
@@ -1371,21 +1441,23 @@ class Session:
         Fields of a header on disk that another writer changed are merged
         with ours (`branches.merge_headers`: the newer side's, overrides joined).
         """
-        thread, ours, given = self.thread, self._header.header, self._header.given
+        thread, ours = self.thread, self._header
         self._pending = []
         self._compactor.forget_tail()
         self._log.close()
         self._record.close()
         self._load(copy.deepcopy(self._initial))
-        disk, theirs = self.thread, self._header.header
+        disk, theirs = self.thread, self._header
+        self._header = ours
         if keep_thread:
             self.thread = thread
-        if given and self._header.on_disk is not None and theirs != ours:
+        if theirs.on_disk is None:
+            ours.on_disk = None  # none there: written by this flush
+        elif theirs.on_disk != ours.on_disk:
             newer = (thread.updated_at or 0.0) >= (disk.updated_at or 0.0)
-            self._header.header = branches.merge_headers(ours, theirs, ours_newer=newer)
-        elif given:
-            self._header.header = ours
-        self._header.given = self._header.given or given
+            ours.merge(theirs.header, theirs.on_disk, theirs.ino, ours_newer=newer)
+        else:
+            ours.ino = theirs.ino
         # What the log holds now is committed: none of it is a batch of ours to send again.
         self._record.commit(self._log.written_seq)
 
@@ -1462,6 +1534,7 @@ class Session:
         record.close()
         self.files = files
         self._header_name = os.fspath(files.header)
+        self._snapshot_name = os.fspath(files.snapshot)
         self._log.move_to(files)
         self._compactor.files = files
         self._pending = []
