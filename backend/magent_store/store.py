@@ -635,6 +635,37 @@ def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concaten
     return locked
 
 
+class FileWatch:
+    """A file held open to tell, by one ``fstat``, that it is no longer at its path (removed or replaced).
+
+    A sync engine puts another machine's copy in place by renaming it over
+    ours: the file we hold then has no name left.
+    """
+
+    def __init__(self) -> None:
+        self._fd = -1
+
+    def open(self, path: Path) -> None:
+        """Watch the file at PATH now (none there, or a link: nothing is watched)."""
+        self.close()
+        with contextlib.suppress(OSError):
+            self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def gone(self) -> bool:
+        """True when the file watched has no name left: removed, or another renamed over it."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink == 0
+
+    def take(self, other: FileWatch) -> None:
+        """Watch what OTHER watched (OTHER then watches nothing)."""
+        self.close()
+        self._fd, other._fd = other._fd, -1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class SessionHeader:
     """The header of a session open for writing: the one its writer gave, or the store's default.
 
@@ -645,13 +676,13 @@ class SessionHeader:
 
     def __init__(self, files: SessionFiles, scope: Scope) -> None:
         """The header FILES hold (scope SCOPE), or a new session's default."""
-        self.ino = 0  # which file the header is, as read or last written
+        self.watch = FileWatch()  # the header file as read or last written
         # Fields another writer changed: the value ours had then (see `put`).
         self._stale: dict[str, Any] = {}
         try:
             self.header = read_header(files.header)
             self.on_disk: bytes | None = read_file(files.header)
-            self.ino = _file_ino(files.header)
+            self.watch.open(files.header)
             self.given = True
         except SessionNotFound:
             if files.snapshot.exists():
@@ -705,7 +736,7 @@ class SessionHeader:
             return False
         atomic_write(path, data, sync=sync, crash=crash)
         self.on_disk = data
-        self.ino = _file_ino(path)
+        self.watch.open(path)
         return True
 
     def take_in(self, path: Path) -> None:
@@ -718,10 +749,11 @@ class SessionHeader:
             self.on_disk = None
             return
         log.warning("%s: replaced by another writer; its fields are taken in", path)
-        self.merge(theirs, data, _file_ino(path), ours_newer=False)
+        self.merge(theirs, data, ours_newer=False)
+        self.watch.open(path)
 
-    def merge(self, theirs: dict[str, Any], data: builtins.bytes, ino: int, *, ours_newer: bool) -> None:
-        """Merge THEIRS, another writer's header on disk (DATA, at inode INO), with ours, field by field."""
+    def merge(self, theirs: dict[str, Any], data: builtins.bytes, *, ours_newer: bool) -> None:
+        """Merge THEIRS, another writer's header on disk (DATA), with ours, field by field."""
         if self.given:
             ours = self.header
             self.header = branches.merge_headers(ours, theirs, ours_newer=ours_newer)
@@ -731,15 +763,7 @@ class SessionHeader:
         else:
             self.header = theirs
         self.given = True
-        self.on_disk, self.ino = data, ino
-
-
-def _file_ino(path: Path) -> int:
-    """The inode of the file at PATH, not following a link (0: nothing there)."""
-    try:
-        return os.lstat(path).st_ino
-    except FileNotFoundError:
-        return 0
+        self.on_disk = data
 
 
 class Compactor:
@@ -765,7 +789,7 @@ class Compactor:
         self._log_bytes_since_snapshot = 0
         self._snapshot_size = 0
         self.snapshot_on_disk = False
-        self.snapshot_ino = 0  # which file the snapshot is, as read or last written (0: none)
+        self.snapshot_watch = FileWatch()  # the snapshot as read or last written
 
     def load(self, scan: LogScan, snapshot_seq: int | None) -> None:
         """Count what the log SCAN read holds past the snapshot (at SNAPSHOT-SEQ; None: no snapshot)."""
@@ -773,9 +797,11 @@ class Compactor:
         after = [n for n, e in enumerate(scan.events) if (e.seq or 0) > (snapshot_seq or 0)]
         self.since_snapshot = len(after)
         self._log_bytes_since_snapshot = sum(len(scan.lines[n]) + 1 for n in after)
-        st = self.files.snapshot.stat() if self.snapshot_on_disk else None
-        self._snapshot_size = st.st_size if st is not None else 0
-        self.snapshot_ino = st.st_ino if st is not None else 0
+        self._snapshot_size = self.files.snapshot.stat().st_size if self.snapshot_on_disk else 0
+        if self.snapshot_on_disk:
+            self.snapshot_watch.open(self.files.snapshot)
+        else:
+            self.snapshot_watch.close()
         for line in scan.lines:
             self.remember(line + b"\n")
 
@@ -837,7 +863,7 @@ class Compactor:
         atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self.crash)
         self._snapshot_size = len(snapshot)
         self.snapshot_on_disk = True
-        self.snapshot_ino = _file_ino(self.files.snapshot)
+        self.snapshot_watch.open(self.files.snapshot)
         if self.crash:
             self.crash("before-log-replace")
         writer.replace(b"".join(self._tail), sync=sync)
@@ -978,6 +1004,7 @@ class Session:
         self._pending = []
         self._compactor.forget_tail()
         self._log.close()
+        self._header.watch.close()
         self._load(copy.deepcopy(self._initial))
         self._header.header, self._header.given = header, given
 
@@ -1234,7 +1261,8 @@ class Session:
             resent = self._write_again()
         elif place == CHANGED:
             resent, theirs = self._take_in_changes()
-        self._check_header()
+        else:
+            self._check_header()
         if self._rewriting:
             compact = True
         events_written = len(self._pending)
@@ -1318,27 +1346,22 @@ class Session:
 
     def _check_header(self) -> None:
         """Have this flush write the header again if it is no longer there; take in another writer's."""
-        if self._header.on_disk is None:
+        if self._header.on_disk is None or not self._header.watch.gone():
             return
-        try:
-            ino = os.lstat(self._header_name).st_ino
-        except FileNotFoundError:
+        if not os.path.lexists(self._header_name):
             log.warning("%s: the header is no longer there; writing it again from what the store holds",
                         self.files.header)  # fmt: skip
             self._header.on_disk = None  # written again by this flush
+            self._header.watch.close()
             return
-        if ino != self._header.ino:
-            self._header.take_in(self.files.header)
+        self._header.take_in(self.files.header)
 
     def _snapshot_replaced(self) -> bool:
         """True when another file is at the snapshot's path than the one read or written here."""
-        compactor = self._compactor
-        if not compactor.snapshot_on_disk:
+        if not self._compactor.snapshot_watch.gone():
             return False
-        try:
-            return os.stat(self._snapshot_name).st_ino != compactor.snapshot_ino
-        except FileNotFoundError:
-            return False  # removed: the next compaction writes it (a log removed too is gone)
+        # Removed (not replaced): the next compaction writes it; a log removed too is gone.
+        return os.path.exists(self._snapshot_name)
 
     def _write_again(self) -> int:
         """Start the session's files afresh where they belong; this flush then writes them all.
@@ -1455,9 +1478,8 @@ class Session:
             ours.on_disk = None  # none there: written by this flush
         elif theirs.on_disk != ours.on_disk:
             newer = (thread.updated_at or 0.0) >= (disk.updated_at or 0.0)
-            ours.merge(theirs.header, theirs.on_disk, theirs.ino, ours_newer=newer)
-        else:
-            ours.ino = theirs.ino
+            ours.merge(theirs.header, theirs.on_disk, ours_newer=newer)
+        ours.watch.take(theirs.watch)
         # What the log holds now is committed: none of it is a batch of ours to send again.
         self._record.commit(self._log.written_seq)
 
@@ -1540,6 +1562,7 @@ class Session:
         self._pending = []
         self._compactor.forget_tail()
         self._initial = None
+        self._header.watch.close()
         self._forked_from = (parent, old_thread_id)
         self._fork_fields = fields
         self._load(None)
@@ -1576,6 +1599,7 @@ class Session:
             self._closed = True
             self._log.close()
             self._record.close()
+            self._close_watches()
             self._lock.release(remove=True)
 
     @_locked
@@ -1593,7 +1617,12 @@ class Session:
             self.redaction.reset()
         self._log.close()
         self._record.close()
+        self._close_watches()
         self._lock.release(remove=remove_lock)
+
+    def _close_watches(self) -> None:
+        self._header.watch.close()
+        self._compactor.snapshot_watch.close()
 
     def __enter__(self) -> Session:
         return self
