@@ -272,3 +272,102 @@ def test_a_header_another_machine_replaced_is_merged_field_by_field(
     assert header["approval-overrides"] == [
         {"tool": "shell", "decision": "allow"}, {"tool": "grep", "decision": "deny"}
     ]
+
+
+# --- conflict copies ------------------------------------------------------------------
+
+CONFLICT_NAMES = {
+    "syncthing": ("s1.sync-conflict-20261202-101500-ABCDEFG.jsonl", "s1.device-ABCDEFG", "device ABCDEFG"),
+    "dropbox": ("s1 (Laptop's conflicted copy 2026-12-02).jsonl", "s1.Laptop", "Laptop"),
+    "nextcloud": ("s1 (conflicted copy 2026-12-02 101500).jsonl", "s1.another-machine", "another machine"),
+    "owncloud": ("s1_conflict-20261202-101500.jsonl", "s1.another-machine", "another machine"),
+}
+
+
+def apart(here: Path, there: Path, events: Events, ours: list[tuple[str, str]],
+          theirs: list[tuple[str, str]]) -> None:
+    """Both machines go on with session s1 while apart: ours in HERE, theirs in THERE."""
+    with Store(here).open("s1") as a:
+        append(a, [events.thread_started(), *turn(events, "t1", "first question")])
+        a.put_header({"title": "work"})
+    copy_session(here, there)
+    for root, turns in ((there, theirs), (here, ours)):
+        with Store(root).open("s1") as s:
+            for turn_id, text in turns:
+                append(s, turn(events, turn_id, text))
+
+
+@pytest.mark.parametrize("engine", sorted(CONFLICT_NAMES))
+def test_a_conflict_copy_of_the_log_becomes_a_fork_on_open(
+    here: Path, there: Path, events: Events, engine: str
+) -> None:
+    """The sync engine kept our log and named the other machine's as a conflict copy: both lines are kept."""
+    name, fork, machine = CONFLICT_NAMES[engine]
+    apart(here, there, events, [("t3", "asked here")], [("t2", "asked there")])
+    shutil.copyfile(there / "global/s1.jsonl", here / "global" / name)
+    before = fsck.fsck(here)
+    assert before.healthy, "a copy not merged yet is no damage"
+    assert [(f.kind, f.path.name, f.session) for f in before.findings] == [("conflict-copy", name, "s1")]
+    with Store(here).open("s1") as s:
+        assert s.take_notices() and s.id == "s1"
+    assert not (here / "global" / name).exists(), "removed once merged"
+    assert turn_ids(here) == ["t1", "t3"]
+    assert turn_ids(here, fork) == ["t1", "t2"]
+    header = Store(here).load(fork)[0]
+    assert header["parent-session-id"] == "s1" and header["title"] == f"Continued on {machine}: work"
+    assert header["metadata"]["forked-at-turn"] == "t1"
+    check = fsck.fsck(here)
+    assert check.healthy and check.findings == []
+
+
+def test_a_conflict_copy_that_only_goes_further_is_appended(here: Path, there: Path, events: Events) -> None:
+    apart(here, there, events, [], [("t2", "asked there")])
+    shutil.copyfile(there / "global/s1.jsonl", here / "global/s1.sync-conflict-20261202-101500-ABCDEFG.jsonl")
+    Store(here).open("s1").close()
+    assert turn_ids(here) == ["t1", "t2"]
+    assert sorted(p.name for p in (here / "global").iterdir() if "conflict" in p.name) == []
+    assert [s.id for s in Store(here).list()] == ["s1"]
+
+
+def test_a_conflict_copy_of_the_header_is_merged_field_by_field(here: Path, there: Path, events: Events) -> None:
+    apart(here, there, events, [], [])
+    with Store(here).open("s1") as a:
+        a.put_header({"title": "work", "approval-overrides": [{"tool": "shell", "decision": "allow"}]})
+    copy = here / "global/s1 (conflicted copy 2026-12-02 101500).json"
+    copy.write_bytes(b'{"id":"s1","schema-version":7,"title":"renamed there","scope":"global","agent-jobs":[],'
+                     b'"approval-overrides":[{"tool":"grep","decision":"deny"}]}')
+    os.utime(copy, (2_000_000_000, 2_000_000_000))  # the newer of the two
+    Store(here).open("s1").close()
+    header = Store(here).load("s1")[0]
+    assert header["title"] == "renamed there"
+    assert header["approval-overrides"] == [{"tool": "shell", "decision": "allow"},
+                                            {"tool": "grep", "decision": "deny"}]
+    assert not copy.exists()
+
+
+def test_a_conflict_copy_that_cannot_be_merged_is_left_and_fsck_names_it(
+    here: Path, events: Events
+) -> None:
+    apart(here, here.parent / "b", events, [], [])
+    copy = here / "global/s1.sync-conflict-20261202-101500-ABCDEFG.jsonl"
+    copy.write_bytes(b'{"seq": 1, "not": "an event"}\n{"seq": 2}\n')
+    Store(here).open("s1").close()
+    assert copy.exists(), "never removed unmerged"
+    check = fsck.fsck(here)
+    assert [(f.kind, f.path.name, f.session) for f in check.findings] == [
+        ("conflict-copy", copy.name, "s1")
+    ]
+    assert "not merged" in check.findings[0].message
+    repaired = fsck.fsck(here, repair=True)
+    assert [(f.kind, f.damage) for f in repaired.findings] == [("conflict-unmerged", True)]
+    assert copy.exists()
+
+
+def test_fsck_repair_merges_a_conflict_copy(here: Path, there: Path, events: Events) -> None:
+    apart(here, there, events, [("t3", "asked here")], [("t2", "asked there")])
+    copy = here / "global/s1.sync-conflict-20261202-101500-ABCDEFG.jsonl"
+    shutil.copyfile(there / "global/s1.jsonl", copy)
+    check = fsck.fsck(here, repair=True)
+    assert check.healthy and check.findings == []
+    assert not copy.exists()
+    assert turn_ids(here, "s1.device-ABCDEFG") == ["t1", "t2"]

@@ -105,6 +105,13 @@ def fork_id(session_id: str, machine: str, taken: Callable[[str], bool]) -> str:
         n += 1
 
 
+def conflict_origin_name(origin: str) -> str:
+    """The name a fork gives the machine a conflict copy came from (its Syncthing device, say)."""
+    if origin.isalnum() and origin.isupper():  # a Syncthing device id's first characters
+        return f"device {origin}"
+    return origin
+
+
 def fork_title(title: str | None, machine: str) -> str:
     """The title of a fork: where it was continued, then the session's own title."""
     return f"Continued on {machine}: {title}" if title else f"Continued on {machine}"

@@ -61,6 +61,7 @@ from magent_store.fileio import WriteFailed as WriteFailed
 from magent_store.fileio import atomic_write as atomic_write
 from magent_store.fileio import check_directory as check_directory
 from magent_store.fileio import check_session_id as check_session_id
+from magent_store.fileio import conflict_copy_origin
 from magent_store.fileio import dumps as dumps
 from magent_store.fileio import free_bytes as free_bytes
 from magent_store.fileio import is_temp_file as is_temp_file
@@ -963,6 +964,7 @@ class Session:
             self._initial = copy.deepcopy(initial)
             self._load(initial)
             self._record = ProducerRecord(files.producer, self._log.written_seq)
+            self._merge_conflict_copies()
         except BaseException:
             self._lock.release(remove=True)
             raise
@@ -1578,6 +1580,149 @@ class Session:
             f"{f' after turn {turn}' if turn else ''} are in the new session {fork_id}, "
             f"\"{fields['title']}\""
         )
+
+    # -- conflict copies a sync engine made ---------------------------------
+
+    def _merge_conflict_copies(self) -> None:
+        """Merge the copies a sync engine made of this session's files, then remove them.
+
+        Logs first: events both hold are kept once; the copy's events past
+        where the two part follow the session's where that is exact, else
+        they go into a fork (see `_write_fork`).  Then snapshots (a copy
+        holding nothing the session lacks is dropped) and headers (merged
+        field by field).  A copy is removed only once what it held is
+        durable; one that cannot be merged is left, logged, for fsck to name.
+        """
+        order = {"jsonl": 0, "snapshot": 1, "json": 2}
+        for path, match in sorted(self.files.conflict_copies(), key=lambda pair: order[pair[1]["ext"]]):
+            try:
+                merged = {"jsonl": self._merge_log_copy, "snapshot": self._merge_snapshot_copy,
+                          "json": self._merge_header_copy}[match["ext"]](path, match)  # fmt: skip
+            except (StoreError, LedgerError, OSError, ValueError) as exc:
+                log.warning("%s: a conflict copy of session %s, not merged: %s", path, self.files.id, exc)
+                continue
+            if merged:
+                os.unlink(path)
+                sync_directories([self.files.directory])
+                log.warning("%s: a conflict copy of session %s, merged and removed", path, self.files.id)
+
+    def _merge_log_copy(self, path: Path, match: re.Match[str]) -> bool:
+        copy_scan = read_log(read_file(path))
+        if copy_scan.bad_kind is not None and copy_scan.bad_kind != INVALID_TAIL:
+            raise StoreError(f"line {copy_scan.bad_line}: {copy_scan.bad_message}")
+        scan = scan_log(self.files.log)
+        ours = {e.seq: line for e, line in zip(scan.events, scan.lines, strict=True) if e.seq is not None}
+        theirs = {e.seq: line for e, line in zip(copy_scan.events, copy_scan.lines, strict=True)
+                  if e.seq is not None}  # fmt: skip
+        if not theirs:
+            return True
+        point = branches.branch_point(ours, theirs)
+        if point is None:
+            raise StoreError("it shares no event with the session's log")
+        added = [e for e in copy_scan.events if e.seq is not None and e.seq > point]
+        if not added:
+            return True  # the session holds all of it
+        at_point = self._thread_at(scan, point)
+        copy_thread = copy.deepcopy(at_point)
+        for event in added:
+            ledger.apply(copy_thread, event)
+        both_added_turns = (branches.new_turns(copy_thread, self.thread)
+                            and branches.new_turns(self.thread, copy_thread))  # fmt: skip
+        if not both_added_turns and self._applies_after(added):
+            for event in added:
+                self.append(dataclasses.replace(event, seq=None))
+            self.flush(compact=False)
+            os.fsync(self._log.fd)  # durable whatever the fsync mode, before the copy goes
+            return True
+        self._write_fork(copy_thread, branches.conflict_origin_name(conflict_copy_origin(match)),
+                         branches.last_common_turn(copy_thread, self.thread))  # fmt: skip
+        return True
+
+    def _thread_at(self, scan: LogScan, seq: int) -> Thread:
+        """The session's thread as of SEQ, from its snapshot and log (refused if the snapshot is past it)."""
+        try:
+            obj = _read_json(self.files.snapshot)
+            thread = ledger.thread_from_json(obj)
+        except FileNotFoundError:
+            thread = copy.deepcopy(self._initial) or ledger.new_thread(self.files.id, self.scope.to_json())
+        if thread.last_event_seq > seq:
+            raise StoreError(f"the session was compacted past seq {seq}, where the two part")
+        for event in scan.events:
+            if event.seq is not None and thread.last_event_seq < event.seq <= seq:
+                ledger.apply(thread, event)
+        return thread
+
+    def _applies_after(self, events: list[Event]) -> bool:
+        trial = copy.deepcopy(self.thread)
+        try:
+            for event in events:
+                ledger.apply(trial, dataclasses.replace(event, seq=trial.last_event_seq + 1))
+        except LedgerError:
+            return False
+        return True
+
+    def _merge_snapshot_copy(self, path: Path, match: re.Match[str]) -> bool:
+        thread = ledger.thread_from_json(_read_json(path))
+        if not branches.holds_nothing_new(thread, self.thread):
+            raise StoreError("it holds turns the session does not, and its log is not there to merge")
+        return True
+
+    def _merge_header_copy(self, path: Path, match: re.Match[str]) -> bool:
+        obj = _read_json(path)
+        theirs = normalize_header({**obj, "id": self.files.id} if isinstance(obj, dict) else obj,
+                                  self.files.id, self.scope)  # fmt: skip
+        try:
+            ours_newer = self.files.header.stat().st_mtime >= path.stat().st_mtime
+        except FileNotFoundError:
+            ours_newer = False
+        self._header.header = branches.merge_headers(self._header.header, theirs, ours_newer=ours_newer)
+        self._header.given = True
+        self._header.write_if_changed(self.files.header, self.thread, sync=True, crash=self._crash)
+        return True
+
+    def _write_fork(self, thread: Thread, machine: str, turn: str | None) -> str:
+        """Write THREAD, a line of turns continued on MACHINE after TURN, as a fork of this session.
+
+        Its snapshot and header are written atomically and synced, and the
+        directory too, before this returns; the session itself is not touched.
+        """
+        parent, directory = self.files.id, self.files.directory
+
+        def taken(candidate: str) -> bool:
+            f = SessionFiles(directory, candidate)
+            return any(os.path.lexists(p) for p in (f.header, f.log, f.snapshot, f.lock))
+
+        fork_id = branches.fork_id(parent, machine, taken)
+        files = SessionFiles(directory, fork_id)
+        header = self._header.current(self.thread)
+        title = branches.fork_title(header["title"] or header["summary-title"], machine)
+        metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
+        fields: dict[str, Any] = {
+            "parent-session-id": parent, "title": title,
+            # magent takes a session's title from its metadata.
+            "metadata": {**metadata, "title": title, "parent-session-id": parent, "forked-at-turn": turn,
+                         "continued-on": machine, "forked-at": time.time()},
+        }  # fmt: skip
+        thread = copy.deepcopy(thread)
+        thread.id = thread.session_id = fork_id
+        for t in thread.turns:
+            t.thread_id = fork_id
+        thread.snapshot_created_at = time.time()
+        lock = SessionLock(files)
+        try:
+            atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=True, crash=self._crash)
+            fork_header = {**header, **fields, "id": fork_id}
+            atomic_write(files.header, dumps({k: v for k, v in fork_header.items() if v is not None}),
+                         sync=True, crash=self._crash)  # fmt: skip
+        finally:
+            lock.release(remove=True)
+        log.warning("%s: turns continued on %s after turn %s are in the fork %s", parent, machine, turn,
+                    fork_id)  # fmt: skip
+        self.notices.append(
+            f"session {parent} was continued on two machines apart: the turns from {machine}"
+            f"{f' after turn {turn}' if turn else ''} are in the new session {fork_id}, \"{title}\""
+        )
+        return fork_id
 
     def take_notices(self) -> list[str]:
         """What the user is to be told of what flushes did (once: forgotten here)."""
