@@ -1515,42 +1515,9 @@ class Session:
         anything of this session changes; from then on this session writes
         the fork, and the user is told once where each line of turns is.
         """
-        parent, machine = self.files.id, self.machine
-        directory = self.files.directory
-
-        def taken(candidate: str) -> bool:
-            f = SessionFiles(directory, candidate)
-            return any(os.path.lexists(p) for p in (f.header, f.log, f.snapshot, f.lock))
-
-        fork_id = branches.fork_id(parent, machine, taken)
-        files = SessionFiles(directory, fork_id)
+        parent, old_thread_id = self.files.id, self.thread.id
         turn = branches.last_common_turn(self.thread, disk)
-        header = self._header.current(self.thread)
-        fields: dict[str, Any] = {
-            "parent-session-id": parent,
-            "title": branches.fork_title(header["title"] or header["summary-title"], machine),
-        }
-        metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
-        # magent takes a session's title from its metadata, and the header's title from there.
-        fields["metadata"] = {**metadata, "title": fields["title"], "parent-session-id": parent,
-                              "forked-at-turn": turn, "continued-on": machine,
-                              "forked-at": time.time()}  # fmt: skip
-        thread = copy.deepcopy(self.thread)
-        old_thread_id = thread.id
-        thread.id = thread.session_id = fork_id
-        for t in thread.turns:
-            t.thread_id = fork_id
-        thread.snapshot_created_at = time.time()
-        sync = self._log.fsync != "never"
-        lock = SessionLock(files)
-        try:
-            atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=sync, crash=self._crash)
-            fork_header = {**header, **fields, "id": fork_id}
-            atomic_write(files.header, dumps({k: v for k, v in fork_header.items() if v is not None}),
-                         sync=sync, crash=self._crash)  # fmt: skip
-        except BaseException:
-            lock.release(remove=True)
-            raise
+        files, fields, lock = self._write_fork(self.thread, self.machine, turn)
         record = self._record
         self._lock.release(remove=True)
         self._lock = lock
@@ -1573,11 +1540,11 @@ class Session:
             self._record.write(record.producer, record.number, self._log.written_seq)
             self._record.applied = record.applied
         log.warning("%s: another machine went on with this session meanwhile; this machine's turns "
-                    "since go on in session %s", parent, fork_id)  # fmt: skip
+                    "since go on in session %s", parent, files.id)  # fmt: skip
         self.notices.append(
             f"session {parent} was continued on another machine while this Emacs had it open: "
             f"its turns from there are in session {parent}; this machine's turns"
-            f"{f' after turn {turn}' if turn else ''} are in the new session {fork_id}, "
+            f"{f' after turn {turn}' if turn else ''} are in the new session {files.id}, "
             f"\"{fields['title']}\""
         )
 
@@ -1634,8 +1601,17 @@ class Session:
             self.flush(compact=False)
             os.fsync(self._log.fd)  # durable whatever the fsync mode, before the copy goes
             return True
-        self._write_fork(copy_thread, branches.conflict_origin_name(conflict_copy_origin(match)),
-                         branches.last_common_turn(copy_thread, self.thread))  # fmt: skip
+        machine = branches.conflict_origin_name(conflict_copy_origin(match))
+        turn = branches.last_common_turn(copy_thread, self.thread)
+        files, fields, lock = self._write_fork(copy_thread, machine, turn)
+        lock.release(remove=True)
+        log.warning("%s: turns continued on %s after turn %s are in the fork %s", self.files.id, machine,
+                    turn, files.id)  # fmt: skip
+        self.notices.append(
+            f"session {self.files.id} was continued on two machines apart: the turns from {machine}"
+            f"{f' after turn {turn}' if turn else ''} are in the new session {files.id}, "
+            f"\"{fields['title']}\""
+        )
         return True
 
     def _thread_at(self, scan: LogScan, seq: int) -> Thread:
@@ -1680,11 +1656,14 @@ class Session:
         self._header.write_if_changed(self.files.header, self.thread, sync=True, crash=self._crash)
         return True
 
-    def _write_fork(self, thread: Thread, machine: str, turn: str | None) -> str:
+    def _write_fork(self, thread: Thread, machine: str,
+                    turn: str | None) -> tuple[SessionFiles, dict[str, Any], SessionLock]:  # fmt: skip
         """Write THREAD, a line of turns continued on MACHINE after TURN, as a fork of this session.
 
         Its snapshot and header are written atomically and synced, and the
-        directory too, before this returns; the session itself is not touched.
+        directory too, before this returns; the session itself is not
+        touched.  Returns the fork's files, the header fields that make it
+        a fork, and its lock, held.
         """
         parent, directory = self.files.id, self.files.directory
 
@@ -1714,15 +1693,10 @@ class Session:
             fork_header = {**header, **fields, "id": fork_id}
             atomic_write(files.header, dumps({k: v for k, v in fork_header.items() if v is not None}),
                          sync=True, crash=self._crash)  # fmt: skip
-        finally:
+        except BaseException:
             lock.release(remove=True)
-        log.warning("%s: turns continued on %s after turn %s are in the fork %s", parent, machine, turn,
-                    fork_id)  # fmt: skip
-        self.notices.append(
-            f"session {parent} was continued on two machines apart: the turns from {machine}"
-            f"{f' after turn {turn}' if turn else ''} are in the new session {fork_id}, \"{title}\""
-        )
-        return fork_id
+            raise
+        return files, fields, lock
 
     def take_notices(self) -> list[str]:
         """What the user is to be told of what flushes did (once: forgotten here)."""
