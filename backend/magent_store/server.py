@@ -59,6 +59,7 @@ from magent_store import __version__, export
 from magent_store.arguments import CallError, apply_batch, decode_utf8, json_text, text
 from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.listing import Catalog, picker_entries
+from magent_store.machine import Machine
 from magent_store.metrics import MetricsLog
 from magent_store.redact import RedactError, redactor_from_spec
 from magent_store.redacting import SessionRedaction
@@ -214,7 +215,8 @@ class Service:
     def __init__(self, spool: Path) -> None:
         self.stats = Stats()
         self.metrics = MetricsLog(spool.parent)
-        self.sessions = Registry(crash_hook=_pause_hook)
+        self.machine = Machine.load(spool.parent)
+        self.sessions = Registry(crash_hook=_pause_hook, machine=self.machine.name)
         self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
         self._lock = threading.Lock()
@@ -540,6 +542,7 @@ class Service:
         samples = list(self.stats.flush_seconds)
         return orjson.dumps({
             "pid": os.getpid(),
+            "machine": self.machine.name,
             "uptime": round(time.time() - self.stats.started, 3),
             "open-sessions": self.sessions.ids(),
             "pending-events": sum(session.pending_events for session in self.sessions.sessions()),
