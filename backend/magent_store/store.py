@@ -123,7 +123,7 @@ def monotonic() -> float:
 
 def machine_name() -> str:
     """This machine's name, as a fork's title gives it: its host name."""
-    return socket.gethostname() or "another machine"
+    return socket.gethostname() or "this machine"
 
 
 def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
