@@ -371,3 +371,26 @@ def test_fsck_repair_merges_a_conflict_copy(here: Path, there: Path, events: Eve
     assert check.healthy and check.findings == []
     assert not copy.exists()
     assert turn_ids(here, "s1.device-ABCDEFG") == ["t1", "t2"]
+
+
+def test_our_own_log_renamed_to_a_conflict_name_while_open_is_not_merged_twice(
+    here: Path, there: Path, events: Events
+) -> None:
+    """Syncthing renames the open session's log to a conflict name and puts the other machine's in place:
+    our turn goes on in a fork once, and our old log under its conflict name is not merged again later."""
+    a = started(here, events)
+    copy_session(here, there)
+    append(a, turn(events, "t3", "written here"))
+    a.flush()
+    with Store(there).open("s1") as b:
+        append(b, turn(events, "t2", "written there"))
+    conflict = here / "global/s1.sync-conflict-20261202-101500-AAAAAAA.jsonl"
+    os.rename(here / "global/s1.jsonl", conflict)
+    sync_over(there, here, suffixes=(".jsonl",))
+    a.flush()
+    a.close()
+    assert not conflict.exists()
+    Store(here).open("s1").close()
+    assert sorted(s.id for s in Store(here).list()) == ["s1", "s1.laptop"]
+    assert turn_ids(here) == ["t1", "t2"]
+    assert turn_ids(here, "s1.laptop") == ["t1", "t3"]

@@ -948,6 +948,7 @@ class Session:
         self.notices: list[str] = []
         # Once this session's own line of turns went on as a fork: the parent's session id and thread id.
         self._forked_from: tuple[str, str | None] | None = None
+        self._own_copies: list[Path] = []  # our old log under a conflict name (see `_take_in_changes`)
         self._fork_fields: dict[str, Any] = {}
         self._header_name = os.fspath(files.header)  # checked at every flush: a string costs the least
         self._snapshot_name = os.fspath(files.snapshot)
@@ -1279,6 +1280,8 @@ class Session:
         if compacted:
             self._compactor.compact(self.thread, self._log)
             self._rewriting = False
+        if self._own_copies:
+            self._remove_own_copies()
         if self.after_flush is not None and written:
             self.after_flush(self, written)
         return FlushResult(
@@ -1406,6 +1409,11 @@ class Session:
         """
         files = self.files
         ours = self._our_lines()
+        mine = os.fstat(self._log.fd)
+        # Our own log, renamed to a conflict name by the sync engine: what it
+        # holds is what we hold, so it goes once this flush made that durable.
+        self._own_copies = [path for path, match in files.conflict_copies() if match["ext"] == "jsonl"
+                            and (st := os.lstat(path)).st_ino == mine.st_ino and st.st_dev == mine.st_dev]
         try:
             scan = scan_log(files.log)
             disk, _ = replay_session(files, self.scope, scan, copy.deepcopy(self._initial))
@@ -1447,6 +1455,17 @@ class Session:
             return 0, added
         self._fork(disk)
         return 0, []
+
+    def _remove_own_copies(self) -> None:
+        """Remove our old log, renamed to a conflict name, now that what it held is durable here."""
+        os.fsync(self._log.fd)
+        for path in self._own_copies:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            log.warning("%s: this session's own log, renamed by the sync engine; what it holds is kept, "
+                        "and it is removed", path)  # fmt: skip
+        sync_directories([self._own_copies[0].parent])
+        self._own_copies = []
 
     def _our_lines(self) -> dict[int, bytes]:
         """The log lines this session holds in memory by seq: the tail it wrote, and those pending."""
