@@ -81,6 +81,8 @@ P never gives less."
                           (magent-store--backend-pid backend))
                   (format "Port:               %s\n"
                           (magent-store--backend-port backend))
+                  (format "This machine:       %s\n"
+                          (or (alist-get 'machine status) "-"))
                   (format "Uptime:             %.0f s\n"
                           (- (float-time)
                              (magent-store--backend-started-at backend)))

@@ -1140,6 +1140,8 @@ Return the file's name; signal (and leave no file) if it cannot be written."
         (setcdr (nthcdr 127 magent-store--flush-ms) nil))
       (when magent-store--flushed-function
         (funcall magent-store--flushed-function sent record reply))
+      (dolist (notice (nth 6 reply))
+        (message "magent-store: %s" notice))
       (when-let ((rejected (nth 4 reply)))
         (setq magent-store--last-error (car rejected))
         (message "magent-store: session %s: %d entries rejected (%s)"

@@ -81,6 +81,25 @@ def check_session_id(session_id: object, what: str = "session id") -> str:
 
 
 
+# What a sync engine names its copy of a session's file when two machines
+# changed it: Syncthing's ``<id>.sync-conflict-YYYYMMDD-HHMMSS-<device>.<ext>``,
+# Dropbox's ``<id> (<machine>'s conflicted copy YYYY-MM-DD).<ext>``, Nextcloud's
+# ``<id> (conflicted copy YYYY-MM-DD HHMMSS).<ext>`` and ownCloud's
+# ``<id>_conflict-YYYYMMDD-HHMMSS.<ext>``.
+CONFLICT_COPY_RE: Final = re.compile(
+    r"(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*?)"
+    r"(?:\.sync-conflict-\d{8}-\d{6}-(?P<device>[A-Za-z0-9]+)"
+    r"| \((?:(?P<machine>.+?)'s )?conflicted copy[^)]*\)"
+    r"|_conflict-\d{8}-\d{6})"
+    r"\.(?P<ext>json|jsonl|snapshot)"
+)
+
+
+def conflict_copy_origin(match: re.Match[str]) -> str:
+    """Where a conflict copy named as MATCH says it came from: its device or machine, if the name says."""
+    return match["device"] or match["machine"] or "another machine"
+
+
 @dataclass(frozen=True, slots=True)
 class SessionFiles:
     """The paths of one session."""
@@ -126,6 +145,25 @@ class SessionFiles:
     def producer(self) -> Path:
         """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
         return self.directory / f"{self.id}.producer"
+
+    def conflict_copies(self) -> list[tuple[Path, re.Match[str]]]:
+        """The copies a sync engine made of this session's files (`CONFLICT_COPY_RE`), by name.
+
+        Only names starting with the session's id are looked at, in its
+        own directory: never the whole root.
+        """
+        found = []
+        try:
+            with os.scandir(self.directory) as entries:
+                for entry in entries:
+                    if entry.name.startswith(self.id) and len(entry.name) > len(self.id) + 6:
+                        match = CONFLICT_COPY_RE.fullmatch(entry.name)
+                        if (match is not None and match["id"] == self.id
+                                and entry.is_file(follow_symlinks=False)):  # fmt: skip
+                            found.append((Path(entry.path), match))
+        except FileNotFoundError:
+            return []
+        return sorted(found, key=lambda pair: pair[0].name)
 
 
 

@@ -41,7 +41,13 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, create_if_absent, read_seen, remove_if_unchanged
+from magent_store.fileio import (
+    CONFLICT_COPY_RE,
+    FileChanged,
+    create_if_absent,
+    read_seen,
+    remove_if_unchanged,
+)
 from magent_store.ledger import LedgerError, Thread
 
 # Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
@@ -56,6 +62,7 @@ from magent_store.store import (
     SessionFiles,
     SessionLock,
     SessionLockedError,
+    Store,
     StoreError,
     atomic_write,
     damage_message,
@@ -91,11 +98,14 @@ IN_USE: Final = "in-use"
 SCHEMA6: Final = "schema-6"
 NOT_SESSION: Final = "not-session"
 SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a log
+CONFLICT_COPY: Final = "conflict-copy"  # a sync engine's copy of a session's file, not merged yet
+CONFLICT_UNMERGED: Final = "conflict-unmerged"  # one that --repair could not merge
 PROJECT_MISSING: Final = "project-missing"  # sessions of a project whose folder is gone (moved?)
 
 # A lock nobody holds, a temp file of a write that never finished: what any crash leaves, nothing
 # is wrong (--repair, the next tool, the backend's next open remove them).
-NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, STALE_TEMP, PROJECT_MISSING})
+NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, STALE_TEMP, PROJECT_MISSING,
+                          CONFLICT_COPY})  # fmt: skip
 STALE_LOCK_MESSAGE: Final = (
     "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
 )
@@ -271,12 +281,34 @@ class Fsck:
         self.result.findings.append(finding)
         return finding
 
+    def _merge_conflict_copies(self, directory: Path) -> None:
+        """Open each session of DIRECTORY a sync engine made conflict copies of: opening merges them."""
+        for session_id in sorted({m["id"] for p in directory.iterdir()
+                                  if (m := CONFLICT_COPY_RE.fullmatch(p.name)) is not None}):  # fmt: skip
+            files = SessionFiles(directory, session_id)
+            try:
+                scope = Scope.from_header(read_header(files.header))
+                Store(self.root).open(session_id, scope).close()
+            except (StoreError, LedgerError, OSError):
+                continue  # named below, as a copy not merged
+
     def check_directory(self, directory: Path) -> None:
         sessions: dict[str, dict[str, Path]] = {}
         temps: list[tuple[str | None, Path]] = []
+        if self.repair:
+            self._merge_conflict_copies(directory)
         for path in sorted(directory.iterdir()):
             name = path.name
             if not path.is_file():
+                continue
+            conflict = CONFLICT_COPY_RE.fullmatch(name)
+            if conflict is not None and (directory / f"{conflict['id']}.json").exists():
+                self._add(Finding(path, CONFLICT_UNMERGED if self.repair else CONFLICT_COPY, (
+                    f"a copy a sync engine made of session {conflict['id']}'s {conflict['ext']} when two "
+                    "machines changed it, not merged: " + (
+                        "it could not be (the backend's log says why); inspect it by hand"
+                        if self.repair else "opening the session merges it, as does `fsck --repair`")),
+                    conflict["id"]))  # fmt: skip
                 continue
             if is_temp_file(name):
                 target = name[1 : name.rindex(".tmp-")]

@@ -45,6 +45,11 @@ FsyncMode = Literal["always", "interval", "never"]
 FSYNC_MODES: Final = ("always", "interval", "never")
 # Starts a timer: (seconds, callback) -> a function that cancels it.
 StartTimer = Callable[[float, Callable[[], None]], Callable[[], None]]
+# Where the log at a session's path stands against the file a writer appends to.
+IN_PLACE: Final = "in-place"  # the same file, as long as the writer left it
+GONE: Final = "gone"  # nothing at the path: removed, or its directory removed
+CHANGED: Final = "changed"  # another file at the path (renamed into place), or the file grew or shrank
+LogPlace = Literal["in-place", "gone", "changed"]
 
 
 # What a log reader reports of the first line it cannot read.
@@ -314,7 +319,8 @@ class LogWriter:
         self.crash = crash
         self._root = root
         self._fd = -1
-        self.ino = 0
+        self.ino = self._dev = 0
+        self._size = 0  # the bytes the log holds as this writer left it
         self.sums = LogSums(files.sums)
         # Checked at every flush (see `in_place`): a plain string costs the least.
         self._name = os.fspath(files.log)
@@ -343,7 +349,7 @@ class LogWriter:
             self._set_aside_tail(scan)
         new_log = not files.log.exists()
         self._fd = open_private(files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self.ino = os.fstat(self._fd).st_ino
+        self.know_file()
         data = scan.data[: scan.good_size]
         damaged, beyond = damaged_range(files, data, self.ino)
         if damaged is not None:
@@ -359,6 +365,7 @@ class LogWriter:
             self._unsynced_dirs += self._directory_chain()
         if scan.torn and not scan.invalid_tail:
             os.ftruncate(self._fd, scan.good_size)
+            self._size = scan.good_size
             log.warning("%s: torn final line dropped and the log repaired", files.log)
         self.durable_seq = self.written_seq = last_seq
         self._last_sync = self._clock()
@@ -415,12 +422,14 @@ class LogWriter:
         size = os.fstat(self._fd).st_size
         try:
             fileio.write_all(self._fd, data)
+            self._size = size + len(data)
             if self.crash:
                 self.crash("log-written")
             self.sums.add(self.ino, size, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, size)
+                self._size = size
             raise write_failed(self.files.log, exc, len(data), kept) from None
         self.written_seq = first_seq + len(lines) - 1
         self._unsynced = True
@@ -434,23 +443,46 @@ class LogWriter:
         """Cut the log back to SIZE bytes, best effort (a write that failed half way)."""
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, size)
+            self._size = size
 
     def replace(self, data: bytes, *, sync: bool) -> None:
         """Replace the whole log by DATA (atomically); later writes go to the new file."""
         atomic_write(self.files.log, data, sync=sync, crash=self.crash)
         os.close(self._fd)
         self._fd = open_private(self.files.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self.ino = os.fstat(self._fd).st_ino
+        self.know_file()
         self.sums.rewrite(self.ino, data)
 
-    def in_place(self) -> bool:
-        """True while the log at our path is the file we append to."""
+    def move_to(self, files: SessionFiles) -> None:
+        """Append to the log of FILES from now on (closed: `open` it next)."""
+        self.close()
+        self.files = files
+        self._name = os.fspath(files.log)
+        self.sums = LogSums(files.sums)
+
+    def know_file(self) -> None:
+        """Take note of the open log as it is: which file, and how many bytes."""
+        st = os.fstat(self._fd)
+        self.ino, self._dev, self._size = st.st_ino, st.st_dev, st.st_size
+
+    def place(self) -> LogPlace:
+        """Where the log at our path stands: `IN_PLACE`, `GONE` or `CHANGED`.
+
+        One ``stat`` of the path, at every flush: a sync engine renames
+        another machine's copy into place (another file, of any size, maybe
+        the same bytes), and another writer appends to the file itself;
+        either is `CHANGED`, for the caller to read before it writes.
+        Only a path with nothing at it is `GONE`.
+        """
         try:
             here = os.stat(self._name)
-        except OSError:
-            return False
-        mine = os.fstat(self._fd)
-        return not (mine.st_nlink == 0 or here.st_ino != mine.st_ino or here.st_dev != mine.st_dev)
+        except FileNotFoundError:
+            return GONE
+        except OSError:  # a directory in the way is no longer a directory: gone too
+            return GONE
+        if here.st_ino != self.ino or here.st_dev != self._dev or here.st_size != self._size:
+            return CHANGED
+        return IN_PLACE
 
     def restart(self) -> None:
         """Start an empty log where it belongs, the one we appended to being gone (removed or replaced)."""
@@ -468,7 +500,7 @@ class LogWriter:
             raise error from None
         os.close(self._fd)
         self._fd = fd
-        self.ino = os.fstat(fd).st_ino
+        self.know_file()
         self.sums.close()
         self._unsynced_dirs += [d.parent for d in made] + self._directory_chain()
 

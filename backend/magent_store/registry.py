@@ -48,8 +48,9 @@ class OpenSession:
 class Registry:
     """The open sessions by id, the stores by root and options, the search indexes by root."""
 
-    def __init__(self, crash_hook: CrashHook = lambda: None) -> None:
+    def __init__(self, crash_hook: CrashHook = lambda: None, machine: str | None = None) -> None:
         self._crash_hook = crash_hook
+        self._machine = machine  # this machine's name, in the title of a fork made here
         self._stores: dict[tuple[str, str, int, int], Store] = {}
         self._open: dict[str, OpenSession] = {}
         self._indexes: dict[str, SearchIndex] = {}
@@ -76,6 +77,7 @@ class Registry:
                 fsync_interval_ms=interval,
                 log_max_events=max_events,
                 crash=self._crash_hook(),
+                machine=self._machine,
             )
             self._stores[store_key] = store
             try:

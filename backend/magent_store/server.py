@@ -56,6 +56,7 @@ from sexpdata import Symbol
 from magent_store import __version__
 from magent_store.arguments import CallError, apply_batch, decode_utf8, json_text, text
 from magent_store.ledger import LedgerError, Thread, thread_from_json
+from magent_store.machine import Machine
 from magent_store.metrics import MetricsLog
 from magent_store.redacting import SessionRedaction
 from magent_store.registry import Registry
@@ -220,7 +221,8 @@ class Service:
     def __init__(self, spool: Path) -> None:
         self.stats = Stats()
         self.metrics = MetricsLog(spool.parent)
-        self.sessions = Registry(crash_hook=_pause_hook)
+        self.machine = Machine.load(spool.parent)
+        self.sessions = Registry(crash_hook=_pause_hook, machine=self.machine.name)
         self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
         self._briefs: dict[str, BriefCatalog] = {}  # root -> its sessions as the finder lists them
@@ -375,11 +377,14 @@ class Service:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
         The reply is ``(durable-seq written-seq bytes-written milliseconds
-        rejected released)``: cheap for Emacs to read on every tick.
+        rejected released [notices])``: cheap for Emacs to read on every tick.
         RELEASED is the last batch number of IDENT's producer none of whose
         text is held back by redaction: Emacs keeps the batches after it
         (without redaction, and after this flush, which writes what
-        redaction holds, it is the batch just applied).  TIMINGS, when
+        redaction holds, it is the batch just applied).  NOTICES are what
+        the user is to be told, once, of what the flush did (its files were
+        changed by another machine, and this machine's turns went on in a
+        fork, say), only when there are any.  TIMINGS, when
         given, are lifecycle timing records riding the same message (see
         `record_timings`); they never make the flush fail.  IDENT, when given,
         is ``(PRODUCER NUMBER)``: the batch's identity, which makes sending
@@ -413,6 +418,7 @@ class Service:
                 session.abort_batch()
             raise
         self.stats.count_flush(result)
+        notices = session.take_notices()
         return [
             result.durable_seq,
             result.written_seq,
@@ -420,6 +426,7 @@ class Service:
             round(result.seconds * 1000.0, 3),
             rejected,
             session.released(ident[0]) if ident else 0,
+            *([notices] if notices else []),
         ]
 
     def flush_file(
@@ -582,6 +589,7 @@ class Service:
         samples = list(self.stats.flush_seconds)
         return orjson.dumps({
             "pid": os.getpid(),
+            "machine": self.machine.name,
             "uptime": round(time.time() - self.stats.started, 3),
             "open-sessions": self.sessions.ids(),
             "pending-events": sum(session.pending_events for session in self.sessions.sessions()),

@@ -25,8 +25,10 @@ decided above them all (sessions.py).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import errno
 import fcntl
@@ -34,6 +36,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import unicodedata
@@ -45,7 +48,7 @@ from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 import orjson
 
-from magent_store import ledger
+from magent_store import branches, ledger
 from magent_store.fileio import BatchOutOfOrder as BatchOutOfOrder
 from magent_store.fileio import CorruptSessionError as CorruptSessionError
 from magent_store.fileio import InvalidSessionId as InvalidSessionId
@@ -58,6 +61,7 @@ from magent_store.fileio import WriteFailed as WriteFailed
 from magent_store.fileio import atomic_write as atomic_write
 from magent_store.fileio import check_directory as check_directory
 from magent_store.fileio import check_session_id as check_session_id
+from magent_store.fileio import conflict_copy_origin
 from magent_store.fileio import dumps as dumps
 from magent_store.fileio import free_bytes as free_bytes
 from magent_store.fileio import is_temp_file as is_temp_file
@@ -70,6 +74,7 @@ from magent_store.fileio import sync_directories as sync_directories
 from magent_store.fileio import truncate_file as truncate_file
 from magent_store.fileio import write_failed as write_failed
 from magent_store.ledger import Event, LedgerError, Thread
+from magent_store.logfile import CHANGED, GONE, IN_PLACE
 from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
 from magent_store.logfile import FSYNC_MODES as FSYNC_MODES
 from magent_store.logfile import INVALID_TAIL as INVALID_TAIL
@@ -114,6 +119,11 @@ PRODUCER_RECORD_BYTES: Final = 256
 def monotonic() -> float:
     """The clock of fsync intervals (`time.monotonic`, looked up at each call)."""
     return time.monotonic()
+
+
+def machine_name() -> str:
+    """This machine's name, as a fork's title gives it: its host name."""
+    return socket.gethostname() or "this machine"
 
 
 def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
@@ -655,6 +665,37 @@ def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concaten
     return locked
 
 
+class FileWatch:
+    """A file held open to tell, by one ``fstat``, that it is no longer at its path (removed or replaced).
+
+    A sync engine puts another machine's copy in place by renaming it over
+    ours: the file we hold then has no name left.
+    """
+
+    def __init__(self) -> None:
+        self._fd = -1
+
+    def open(self, path: Path) -> None:
+        """Watch the file at PATH now (none there, or a link: nothing is watched)."""
+        self.close()
+        with contextlib.suppress(OSError):
+            self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def gone(self) -> bool:
+        """True when the file watched has no name left: removed, or another renamed over it."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink == 0
+
+    def take(self, other: FileWatch) -> None:
+        """Watch what OTHER watched (OTHER then watches nothing)."""
+        self.close()
+        self._fd, other._fd = other._fd, -1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class SessionHeader:
     """The header of a session open for writing: the one its writer gave, or the store's default.
 
@@ -665,9 +706,13 @@ class SessionHeader:
 
     def __init__(self, files: SessionFiles, scope: Scope) -> None:
         """The header FILES hold (scope SCOPE), or a new session's default."""
+        self.watch = FileWatch()  # the header file as read or last written
+        # Fields another writer changed: the value ours had then (see `put`).
+        self._stale: dict[str, Any] = {}
         try:
             self.header = read_header(files.header)
             self.on_disk: bytes | None = read_file(files.header)
+            self.watch.open(files.header)
             self.given = True
         except SessionNotFound:
             if files.snapshot.exists():
@@ -689,6 +734,13 @@ class SessionHeader:
     def put(self, obj: Any, session_id: str, scope: Scope) -> None:
         normalized = normalize_header(obj, session_id, scope)
         ledger.check_json_value(normalized, "header")
+        # A field another writer changed stays as it made it while our
+        # writer sends the value it had before (it does not know of it).
+        for key, before in list(self._stale.items()):
+            if normalized[key] == before:
+                normalized[key] = self.header[key]
+            else:
+                del self._stale[key]
         self.header = normalized
         self.given = True
 
@@ -714,7 +766,34 @@ class SessionHeader:
             return False
         atomic_write(path, data, sync=sync, crash=crash)
         self.on_disk = data
+        self.watch.open(path)
         return True
+
+    def take_in(self, path: Path) -> None:
+        """Another writer replaced the header at PATH: its fields are merged with ours (its the newer)."""
+        try:
+            theirs = read_header(path)
+            data = read_file(path)
+        except (StoreError, OSError) as exc:
+            log.warning("%s: replaced by another writer, and not readable (%s); ours is written", path, exc)
+            self.on_disk = None
+            return
+        log.warning("%s: replaced by another writer; its fields are taken in", path)
+        self.merge(theirs, data, ours_newer=False)
+        self.watch.open(path)
+
+    def merge(self, theirs: dict[str, Any], data: builtins.bytes, *, ours_newer: bool) -> None:
+        """Merge THEIRS, another writer's header on disk (DATA), with ours, field by field."""
+        if self.given:
+            ours = self.header
+            self.header = branches.merge_headers(ours, theirs, ours_newer=ours_newer)
+            for key in HEADER_KEYS:
+                if self.header[key] != ours[key]:
+                    self._stale.setdefault(key, ours[key])
+        else:
+            self.header = theirs
+        self.given = True
+        self.on_disk = data
 
 
 class Compactor:
@@ -740,6 +819,7 @@ class Compactor:
         self._log_bytes_since_snapshot = 0
         self._snapshot_size = 0
         self.snapshot_on_disk = False
+        self.snapshot_watch = FileWatch()  # the snapshot as read or last written
 
     def load(self, scan: LogScan, snapshot_seq: int | None) -> None:
         """Count what the log SCAN read holds past the snapshot (at SNAPSHOT-SEQ; None: no snapshot)."""
@@ -748,6 +828,10 @@ class Compactor:
         self.since_snapshot = len(after)
         self._log_bytes_since_snapshot = sum(len(scan.lines[n]) + 1 for n in after)
         self._snapshot_size = self.files.snapshot.stat().st_size if self.snapshot_on_disk else 0
+        if self.snapshot_on_disk:
+            self.snapshot_watch.open(self.files.snapshot)
+        else:
+            self.snapshot_watch.close()
         for line in scan.lines:
             self.remember(line + b"\n")
 
@@ -764,6 +848,10 @@ class Compactor:
             self._tail_bytes > LOG_TAIL_BYTES and len(self._tail) > 1
         ):
             self._tail_bytes -= len(self._tail.popleft())
+
+    def tail_lines(self) -> list[bytes]:
+        """The lines of the tail, oldest first."""
+        return list(self._tail)
 
     def take_tail(self) -> list[bytes]:
         """The lines of the tail, forgotten here (the log that held them is gone)."""
@@ -805,6 +893,7 @@ class Compactor:
         atomic_write(self.files.snapshot, snapshot, sync=sync, crash=self.crash)
         self._snapshot_size = len(snapshot)
         self.snapshot_on_disk = True
+        self.snapshot_watch.open(self.files.snapshot)
         if self.crash:
             self.crash("before-log-replace")
         writer.replace(b"".join(self._tail), sync=sync)
@@ -844,6 +933,7 @@ class Session:
         made: list[Path] | None = None,
         clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
+        machine: str | None = None,
     ) -> None:
         """Open FILES for writing under SCOPE.
 
@@ -856,6 +946,8 @@ class Session:
         With ``fsync = interval`` a log left unsynced by a flush is synced by
         a timer (START-TIMER, on CLOCK's seconds) one interval after the
         last sync, so an idle session loses no more than a busy one.
+        MACHINE names this machine in the title of a fork it makes (see
+        `_take_in_changes`); its host name by default.
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -880,7 +972,15 @@ class Session:
         self._next_batch: tuple[str, int] | None = None
         self._new_writer = False  # the next batch's writer is not the one the record names
         self._rewriting = False
+        self.machine = machine or machine_name()
+        # What the user is to be told, once, of what a flush did (a fork made): taken by the server.
+        self.notices: list[str] = []
+        # Once this session's own line of turns went on as a fork: the parent's session id and thread id.
+        self._forked_from: tuple[str, str | None] | None = None
+        self._own_copies: list[Path] = []  # our old log under a conflict name (see `_take_in_changes`)
+        self._fork_fields: dict[str, Any] = {}
         self._header_name = os.fspath(files.header)  # checked at every flush: a string costs the least
+        self._snapshot_name = os.fspath(files.snapshot)
         made = [*(made or []), *make_private_dirs(files.directory)]
         check_directory(files.directory)
         self._log = LogWriter(
@@ -894,6 +994,7 @@ class Session:
             self._initial = copy.deepcopy(initial)
             self._load(initial)
             self._record = ProducerRecord(files.producer, self._log.written_seq)
+            self._merge_conflict_copies()
         except BaseException:
             self._lock.release(remove=True)
             raise
@@ -923,17 +1024,19 @@ class Session:
 
     def _reload(self) -> None:
         """Read the session back from disk, dropping what is in memory only (not the header)."""
-        if self._log.fd >= 0 and (self._rewriting or not self._files_in_place()):
+        if self._log.fd >= 0 and (self._rewriting or self._log.place() != IN_PLACE):
             # What the disk holds is not this session: reading it back would lose it.
             self.abandon()
             raise StoreError(
-                f"session {self.files.id!r}: its files at {self.files.log} are gone and could not be "
-                "written again; its unsaved entries stay with their sender: open it again"
+                f"session {self.files.id!r}: its files at {self.files.log} are gone or changed by another "
+                "writer, and could not be written again; its unsaved entries stay with their sender: "
+                "open it again"
             )
         header, given = self._header.header, self._header.given
         self._pending = []
         self._compactor.forget_tail()
         self._log.close()
+        self._header.watch.close()
         self._load(copy.deepcopy(self._initial))
         self._header.header, self._header.given = header, given
 
@@ -986,6 +1089,7 @@ class Session:
             offset += len(line) + 1
         dropped = self.thread.last_event_seq - self._record.seq
         truncate_file(self.files.log, offset)
+        self._log.know_file()  # cut by us: no other writer's change
         self._reload()
         if self.redaction is not None:
             # The record is written only while nothing is held: at its seq no stream held anything.
@@ -1066,6 +1170,9 @@ class Session:
         """Validate OBJ (an event in magent's JSON shape; its seq is ignored) and journal it."""
         if isinstance(obj, dict) and "seq" in obj:
             obj = {k: (None if k == "seq" else v) for k, v in obj.items()}
+        forked = self._forked_from
+        if forked is not None and isinstance(obj, dict) and obj.get("thread-id") == forked[1]:
+            obj = {**obj, "thread-id": self.thread.id}  # its writer still has the parent's thread
         if self.redaction is not None:
             return self._append_redacted(self.redaction, ledger.event_from_json(self.redaction.event(obj)))
         return self.append(ledger.event_from_json(obj))
@@ -1149,6 +1256,12 @@ class Session:
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
+        if self._forked_from is not None and isinstance(header, dict):
+            # Its writer still has the parent session: the fork keeps its own id, title and origin.
+            metadata = header.get("metadata")
+            fields = {**self._fork_fields, "metadata": {**(metadata if isinstance(metadata, dict) else {}),
+                                                        **self._fork_fields["metadata"]}}  # fmt: skip
+            header = {**header, **fields, "id": self.files.id}
         if self.redaction is not None:
             header = self.redaction.header(header)
         self._header.put(header, self.files.id, self.scope)
@@ -1176,11 +1289,22 @@ class Session:
         self._feed_run()
         if self.redaction is not None and (finish or (self._pending and self._next_batch is None)):
             self.finish_streams()
-        resent = self._write_again() if not self._files_in_place() else 0
+        resent = 0
+        theirs: list[bytes] = []
+        place = self._log.place()
+        if place == IN_PLACE and self._snapshot_replaced():
+            place = CHANGED  # another machine compacted: its log may not be here yet
+        if place == GONE:
+            resent = self._write_again()
+        elif place == CHANGED:
+            resent, theirs = self._take_in_changes()
+        else:
+            self._check_header()
         if self._rewriting:
             compact = True
         events_written = len(self._pending)
-        written = self._pending[resent:]  # lines written before are not news to `after_flush`
+        # Lines written before are not news to `after_flush`; another writer's are.
+        written = [*theirs, *self._pending[resent:]]
         bytes_written = self._write_events()
         header_written = self._header.write_if_changed(
             self.files.header, self.thread, sync=self._log.fsync != "never", crash=self._crash
@@ -1190,6 +1314,8 @@ class Session:
         if compacted:
             self._compactor.compact(self.thread, self._log)
             self._rewriting = False
+        if self._own_copies:
+            self._remove_own_copies()
         if self.after_flush is not None and written:
             self.after_flush(self, written)
         return FlushResult(
@@ -1257,15 +1383,24 @@ class Session:
 
     # -- files gone under the store ----------------------------------------
 
-    def _files_in_place(self) -> bool:
-        """True while the log at our path is the file we append to, and the header is there."""
-        if not self._log.in_place():
-            return False
-        if self._header.on_disk is not None and not os.path.lexists(self._header_name):
+    def _check_header(self) -> None:
+        """Have this flush write the header again if it is no longer there; take in another writer's."""
+        if self._header.on_disk is None or not self._header.watch.gone():
+            return
+        if not os.path.lexists(self._header_name):
             log.warning("%s: the header is no longer there; writing it again from what the store holds",
                         self.files.header)  # fmt: skip
             self._header.on_disk = None  # written again by this flush
-        return True
+            self._header.watch.close()
+            return
+        self._header.take_in(self.files.header)
+
+    def _snapshot_replaced(self) -> bool:
+        """True when another file is at the snapshot's path than the one read or written here."""
+        if not self._compactor.snapshot_watch.gone():
+            return False
+        # Removed (not replaced): the next compaction writes it; a log removed too is gone.
+        return os.path.exists(self._snapshot_name)
 
     def _write_again(self) -> int:
         """Start the session's files afresh where they belong; this flush then writes them all.
@@ -1291,6 +1426,336 @@ class Session:
         self._lock = SessionLock(self.files)
         return len(tail)
 
+    # -- files changed by another writer ----------------------------------
+
+    def _take_in_changes(self) -> tuple[int, list[bytes]]:
+        """Read the session's files again: another writer changed the log beneath us.
+
+        A sync engine renamed another machine's copy into place, or another
+        writer appended: what the disk holds now is read back, never
+        overwritten.  Where the disk and this session part (`branches`)
+        decides the rest: the disk behind us gets our events again; events
+        only the disk holds are taken in; both holding events past that
+        point are put one after the other where their turns do not cross
+        (ours after theirs), else this session's line of turns goes on as a
+        fork (see `_fork`).  Returns how many pending lines were written
+        before, and the lines another writer added (news to `after_flush`).
+        """
+        files = self.files
+        ours = self._our_lines()
+        mine = os.fstat(self._log.fd)
+        # Our own log, renamed to a conflict name by the sync engine: what it
+        # holds is what we hold, so it goes once this flush made that durable.
+        self._own_copies = [path for path, match in files.conflict_copies() if match["ext"] == "jsonl"
+                            and (st := os.lstat(path)).st_ino == mine.st_ino and st.st_dev == mine.st_dev]
+        try:
+            scan = scan_log(files.log)
+            disk, _ = replay_session(files, self.scope, scan, copy.deepcopy(self._initial))
+        except (StoreError, OSError) as exc:
+            raise WriteFailed(
+                f"{files.log}: changed by another writer and not readable as a session now ({exc}); "
+                "nothing of this flush is written"
+            ) from None
+        theirs = {e.seq: line + b"\n" for e, line in zip(scan.events, scan.lines, strict=True)
+                  if e.seq is not None}  # fmt: skip
+        point = branches.branch_point(ours, theirs)
+        written = self._log.written_seq
+        if point is not None and disk.last_event_seq == point:
+            # The disk holds nothing we lack: our lines past it go in again, as they are.
+            again = [ours[seq] for seq in sorted(ours) if seq > point]
+            log.warning("%s: replaced by a copy that ends at seq %d; writing this session's %d later "
+                        "events to it", files.log, point, len(again))  # fmt: skip
+            self._read_back(keep_thread=True)
+            for line in again:
+                self._compactor.queued(line)
+            self._pending, self._pending_first_seq = again, point + 1
+            return max(0, written - point), []
+        if point is not None and point == max(ours):
+            # Another writer went on after everything we wrote: its events are the session now.
+            added = [theirs[seq] for seq in sorted(theirs) if seq > point]
+            log.warning("%s: another writer added %d events; read back before this flush",
+                        files.log, len(added))  # fmt: skip
+            self._read_back(keep_thread=False)
+            return 0, added
+        if not self._pending and branches.holds_nothing_new(self.thread, disk):
+            # We hold nothing unwritten, and every turn we hold is the disk's too: read it back.
+            self._read_back(keep_thread=False)
+            return 0, [theirs[seq] for seq in sorted(theirs) if seq > written]
+        if point is None and branches.holds_nothing_new(disk, self.thread):
+            # An older copy of what we hold: written again from what the store holds.
+            return self._write_again(), []
+        if point is not None and self._after_theirs(disk, [ours[s] for s in sorted(ours) if s > point]):
+            added = [theirs[seq] for seq in sorted(theirs) if seq > point]
+            return 0, added
+        self._fork(disk)
+        return 0, []
+
+    def _remove_own_copies(self) -> None:
+        """Remove our old log, renamed to a conflict name, now that what it held is durable here."""
+        os.fsync(self._log.fd)
+        for path in self._own_copies:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            log.warning("%s: this session's own log, renamed by the sync engine; what it holds is kept, "
+                        "and it is removed", path)  # fmt: skip
+        sync_directories([self._own_copies[0].parent])
+        self._own_copies = []
+
+    def _our_lines(self) -> dict[int, bytes]:
+        """The log lines this session holds in memory by seq: the tail it wrote, and those pending."""
+        lines: dict[int, bytes] = {}
+        for line in self._compactor.tail_lines():
+            seq = loads(line).get("seq")
+            if isinstance(seq, int):
+                lines[seq] = line
+        for n, line in enumerate(self._pending):
+            lines[self._pending_first_seq + n] = line
+        return lines
+
+    def _read_back(self, *, keep_thread: bool) -> None:
+        """Open the log and header at our paths afresh; the header keeps what its writer gave.
+
+        KEEP-THREAD keeps the thread in memory (the disk holds a part of it).
+        Fields of a header on disk that another writer changed are merged
+        with ours (`branches.merge_headers`: the newer side's, overrides joined).
+        """
+        thread, ours = self.thread, self._header
+        self._pending = []
+        self._compactor.forget_tail()
+        self._log.close()
+        self._record.close()
+        self._load(copy.deepcopy(self._initial))
+        disk, theirs = self.thread, self._header
+        self._header = ours
+        if keep_thread:
+            self.thread = thread
+        if theirs.on_disk is None:
+            ours.on_disk = None  # none there: written by this flush
+        elif theirs.on_disk != ours.on_disk:
+            newer = (thread.updated_at or 0.0) >= (disk.updated_at or 0.0)
+            ours.merge(theirs.header, theirs.on_disk, ours_newer=newer)
+        ours.watch.take(theirs.watch)
+        # What the log holds now is committed: none of it is a batch of ours to send again.
+        self._record.commit(self._log.written_seq)
+
+    def _after_theirs(self, disk: Thread, ours: list[bytes]) -> bool:
+        """Put our lines OURS after the events only DISK holds, where that is exact; False: it is not.
+
+        Exact when the two do not both add turns (one side only went on
+        with turns both hold) and each of ours applies after theirs.
+        """
+        if branches.new_turns(disk, self.thread) and branches.new_turns(self.thread, disk):
+            return False
+        trial = copy.deepcopy(disk)
+        try:
+            for line in ours:
+                event = ledger.event_from_json(loads(line))
+                ledger.apply(trial, dataclasses.replace(event, seq=trial.last_event_seq + 1))
+        except LedgerError:
+            return False
+        events = [ledger.event_from_json(loads(line)) for line in ours]
+        log.warning("%s: another writer added events; this session's %d later events go after them",
+                    self.files.log, len(events))  # fmt: skip
+        self._read_back(keep_thread=False)
+        for event in events:
+            self.append(event)
+        return True
+
+    def _fork(self, disk: Thread) -> None:
+        """Go on as a fork: this session's line of turns in a new session, the parent left as the disk has it.
+
+        The fork is written whole (its snapshot and header, synced) before
+        anything of this session changes; from then on this session writes
+        the fork, and the user is told once where each line of turns is.
+        """
+        parent, old_thread_id = self.files.id, self.thread.id
+        turn = branches.last_common_turn(self.thread, disk)
+        files, fields, lock = self._write_fork(self.thread, self.machine, turn)
+        record = self._record
+        self._lock.release(remove=True)
+        self._lock = lock
+        self._log.close()
+        record.close()
+        self.files = files
+        self._header_name = os.fspath(files.header)
+        self._snapshot_name = os.fspath(files.snapshot)
+        self._log.move_to(files)
+        self._compactor.files = files
+        self._pending = []
+        self._compactor.forget_tail()
+        self._initial = None
+        self._header.watch.close()
+        self._forked_from = (parent, old_thread_id)
+        self._fork_fields = fields
+        self._load(None)
+        self._record = ProducerRecord(files.producer, self._log.written_seq)
+        if record.producer is not None:
+            self._record.write(record.producer, record.number, self._log.written_seq)
+            self._record.applied = record.applied
+        log.warning("%s: another machine went on with this session meanwhile; this machine's turns "
+                    "since go on in session %s", parent, files.id)  # fmt: skip
+        self.notices.append(
+            f"session {parent} was continued on another machine while this Emacs had it open: "
+            f"its turns from there are in session {parent}; this machine's turns"
+            f"{f' after turn {turn}' if turn else ''} are in the new session {files.id}, "
+            f"\"{fields['title']}\""
+        )
+
+    # -- conflict copies a sync engine made ---------------------------------
+
+    def _merge_conflict_copies(self) -> None:
+        """Merge the copies a sync engine made of this session's files, then remove them.
+
+        Logs first: events both hold are kept once; the copy's events past
+        where the two part follow the session's where that is exact, else
+        they go into a fork (see `_write_fork`).  Then snapshots (a copy
+        holding nothing the session lacks is dropped) and headers (merged
+        field by field).  A copy is removed only once what it held is
+        durable; one that cannot be merged is left, logged, for fsck to name.
+        """
+        order = {"jsonl": 0, "snapshot": 1, "json": 2}
+        for path, match in sorted(self.files.conflict_copies(), key=lambda pair: order[pair[1]["ext"]]):
+            try:
+                merged = {"jsonl": self._merge_log_copy, "snapshot": self._merge_snapshot_copy,
+                          "json": self._merge_header_copy}[match["ext"]](path, match)  # fmt: skip
+            except (StoreError, LedgerError, OSError, ValueError) as exc:
+                log.warning("%s: a conflict copy of session %s, not merged: %s", path, self.files.id, exc)
+                continue
+            if merged:
+                os.unlink(path)
+                sync_directories([self.files.directory])
+                log.warning("%s: a conflict copy of session %s, merged and removed", path, self.files.id)
+
+    def _merge_log_copy(self, path: Path, match: re.Match[str]) -> bool:
+        copy_scan = read_log(read_file(path))
+        if copy_scan.bad_kind is not None and copy_scan.bad_kind != INVALID_TAIL:
+            raise StoreError(f"line {copy_scan.bad_line}: {copy_scan.bad_message}")
+        scan = scan_log(self.files.log)
+        ours = {e.seq: line for e, line in zip(scan.events, scan.lines, strict=True) if e.seq is not None}
+        theirs = {e.seq: line for e, line in zip(copy_scan.events, copy_scan.lines, strict=True)
+                  if e.seq is not None}  # fmt: skip
+        if not theirs:
+            return True
+        point = branches.branch_point(ours, theirs)
+        if point is None:
+            raise StoreError("it shares no event with the session's log")
+        added = [e for e in copy_scan.events if e.seq is not None and e.seq > point]
+        if not added:
+            return True  # the session holds all of it
+        at_point = self._thread_at(scan, point)
+        copy_thread = copy.deepcopy(at_point)
+        for event in added:
+            ledger.apply(copy_thread, event)
+        both_added_turns = (branches.new_turns(copy_thread, self.thread)
+                            and branches.new_turns(self.thread, copy_thread))  # fmt: skip
+        if not both_added_turns and self._applies_after(added):
+            for event in added:
+                self.append(dataclasses.replace(event, seq=None))
+            self.flush(compact=False)
+            os.fsync(self._log.fd)  # durable whatever the fsync mode, before the copy goes
+            return True
+        machine = branches.conflict_origin_name(conflict_copy_origin(match))
+        turn = branches.last_common_turn(copy_thread, self.thread)
+        files, fields, lock = self._write_fork(copy_thread, machine, turn)
+        lock.release(remove=True)
+        log.warning("%s: turns continued on %s after turn %s are in the fork %s", self.files.id, machine,
+                    turn, files.id)  # fmt: skip
+        self.notices.append(
+            f"session {self.files.id} was continued on two machines apart: the turns from {machine}"
+            f"{f' after turn {turn}' if turn else ''} are in the new session {files.id}, "
+            f"\"{fields['title']}\""
+        )
+        return True
+
+    def _thread_at(self, scan: LogScan, seq: int) -> Thread:
+        """The session's thread as of SEQ, from its snapshot and log (refused if the snapshot is past it)."""
+        try:
+            obj = _read_json(self.files.snapshot)
+            thread = ledger.thread_from_json(obj)
+        except FileNotFoundError:
+            thread = copy.deepcopy(self._initial) or ledger.new_thread(self.files.id, self.scope.to_json())
+        if thread.last_event_seq > seq:
+            raise StoreError(f"the session was compacted past seq {seq}, where the two part")
+        for event in scan.events:
+            if event.seq is not None and thread.last_event_seq < event.seq <= seq:
+                ledger.apply(thread, event)
+        return thread
+
+    def _applies_after(self, events: list[Event]) -> bool:
+        trial = copy.deepcopy(self.thread)
+        try:
+            for event in events:
+                ledger.apply(trial, dataclasses.replace(event, seq=trial.last_event_seq + 1))
+        except LedgerError:
+            return False
+        return True
+
+    def _merge_snapshot_copy(self, path: Path, match: re.Match[str]) -> bool:
+        thread = ledger.thread_from_json(_read_json(path))
+        if not branches.holds_nothing_new(thread, self.thread):
+            raise StoreError("it holds turns the session does not, and its log is not there to merge")
+        return True
+
+    def _merge_header_copy(self, path: Path, match: re.Match[str]) -> bool:
+        obj = _read_json(path)
+        theirs = normalize_header({**obj, "id": self.files.id} if isinstance(obj, dict) else obj,
+                                  self.files.id, self.scope)  # fmt: skip
+        try:
+            ours_newer = self.files.header.stat().st_mtime >= path.stat().st_mtime
+        except FileNotFoundError:
+            ours_newer = False
+        self._header.header = branches.merge_headers(self._header.header, theirs, ours_newer=ours_newer)
+        self._header.given = True
+        self._header.write_if_changed(self.files.header, self.thread, sync=True, crash=self._crash)
+        return True
+
+    def _write_fork(self, thread: Thread, machine: str,
+                    turn: str | None) -> tuple[SessionFiles, dict[str, Any], SessionLock]:  # fmt: skip
+        """Write THREAD, a line of turns continued on MACHINE after TURN, as a fork of this session.
+
+        Its snapshot and header are written atomically and synced, and the
+        directory too, before this returns; the session itself is not
+        touched.  Returns the fork's files, the header fields that make it
+        a fork, and its lock, held.
+        """
+        parent, directory = self.files.id, self.files.directory
+
+        def taken(candidate: str) -> bool:
+            f = SessionFiles(directory, candidate)
+            return any(os.path.lexists(p) for p in (f.header, f.log, f.snapshot, f.lock))
+
+        fork_id = branches.fork_id(parent, machine, taken)
+        files = SessionFiles(directory, fork_id)
+        header = self._header.current(self.thread)
+        title = branches.fork_title(header["title"] or header["summary-title"], machine)
+        metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
+        fields: dict[str, Any] = {
+            "parent-session-id": parent, "title": title,
+            # magent takes a session's title from its metadata.
+            "metadata": {**metadata, "title": title, "parent-session-id": parent, "forked-at-turn": turn,
+                         "continued-on": machine, "forked-at": time.time()},
+        }  # fmt: skip
+        thread = copy.deepcopy(thread)
+        thread.id = thread.session_id = fork_id
+        for t in thread.turns:
+            t.thread_id = fork_id
+        thread.snapshot_created_at = time.time()
+        lock = SessionLock(files)
+        try:
+            atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=True, crash=self._crash)
+            fork_header = {**header, **fields, "id": fork_id}
+            atomic_write(files.header, dumps({k: v for k, v in fork_header.items() if v is not None}),
+                         sync=True, crash=self._crash)  # fmt: skip
+        except BaseException:
+            lock.release(remove=True)
+            raise
+        return files, fields, lock
+
+    def take_notices(self) -> list[str]:
+        """What the user is to be told of what flushes did (once: forgotten here)."""
+        notices, self.notices = self.notices, []
+        return notices
+
     # -- closing ----------------------------------------------------------
 
     @_locked
@@ -1306,6 +1771,7 @@ class Session:
             self._closed = True
             self._log.close()
             self._record.close()
+            self._close_watches()
             self._lock.release(remove=True)
 
     @_locked
@@ -1323,7 +1789,12 @@ class Session:
             self.redaction.reset()
         self._log.close()
         self._record.close()
+        self._close_watches()
         self._lock.release(remove=remove_lock)
+
+    def _close_watches(self) -> None:
+        self._header.watch.close()
+        self._compactor.snapshot_watch.close()
 
     def __enter__(self) -> Session:
         return self
@@ -1400,9 +1871,11 @@ class Store:
         crash: Callable[[str], None] | None = None,
         clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
+        machine: str | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        self.machine = machine  # named in a fork's title (None: the host name)
         self.clock = clock  # the interval's clock and timers (a test's own time)
         self.start_timer = start_timer
         self.root = Path(root).expanduser()
@@ -1428,6 +1901,7 @@ class Store:
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
             log_max_events=self.log_max_events, log_growth=self.log_growth, initial=initial,
             crash=self.crash, root=self.root, made=made, clock=self.clock, start_timer=self.start_timer,
+            machine=self.machine,
         )  # fmt: skip
 
     @staticmethod

@@ -1,0 +1,117 @@
+"""Where two copies of one session part, and what each holds past that point: pure.
+
+A session kept in sync between machines can be continued on two of them
+at once.  The writer that finds the log changed beneath it compares what
+it wrote with what the disk holds now, line by line and by seq: the last
+seq whose line both hold alike is where they part (the branch point).
+What each holds past it decides the rest: one side holding nothing past
+it is behind, and the other's events follow; both holding events can be
+put one after the other where their turns do not cross, and otherwise
+the writer's own line of turns becomes a fork, a session of its own
+naming the session it branched from and the turn.
+
+Headers are merged field by field: the newer side's fields, and the
+approval overrides of both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from magent_store import ledger
+from magent_store.ledger import Thread
+
+FORK_ID_MACHINE_CHARS: Final = 40
+_NOT_ID_CHARS: Final = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def branch_point(ours: Mapping[int, bytes], theirs: Mapping[int, bytes]) -> int | None:
+    """The last seq up to which OURS and THEIRS (log lines by seq) hold the same lines.
+
+    None when it cannot be told: no seq is held by both, or they differ
+    at the first seq both hold (where they part lies before what we see).
+    """
+    if not ours or not theirs:
+        return None
+    start = max(min(ours), min(theirs))
+    end = min(max(ours), max(theirs))
+    if start > end or ours.get(start) != theirs.get(start):
+        return None
+    point = start
+    for seq in range(start + 1, end + 1):
+        if ours.get(seq) != theirs.get(seq):
+            break
+        point = seq
+    return point
+
+
+def new_turns(thread: Thread, since: Thread) -> list[str]:
+    """The ids of THREAD's turns that SINCE does not hold, in order."""
+    return [turn.id for turn in thread.turns if turn.id not in since.turn_index]
+
+
+def holds_nothing_new(disk: Thread, ours: Thread) -> bool:
+    """True when every turn of DISK is a turn OURS holds, alike: DISK has nothing OURS lacks."""
+    for turn in disk.turns:
+        mine = ours.turn_index.get(turn.id)
+        if mine is None or ledger.turn_to_json(mine) != ledger.turn_to_json(turn):
+            return False
+    return True
+
+
+def last_common_turn(ours: Thread, theirs: Thread) -> str | None:
+    """The id of the last of OURS's turns that THEIRS holds too (None: none)."""
+    common = [turn.id for turn in ours.turns if turn.id in theirs.turn_index]
+    return common[-1] if common else None
+
+
+def merge_headers(ours: dict[str, Any], theirs: dict[str, Any], *, ours_newer: bool) -> dict[str, Any]:
+    """Header OURS and THEIRS merged field by field.
+
+    Each field comes from the newer side (OURS-NEWER), the other side's
+    where the newer has none; the approval overrides of both are joined
+    (for one tool, the newer side's decision).
+    """
+    newer, older = (ours, theirs) if ours_newer else (theirs, ours)
+    merged = {key: (value if value is not None else older.get(key)) for key, value in newer.items()}
+    for key, value in older.items():
+        merged.setdefault(key, value)
+    decisions: dict[str, str] = {}
+    for side in (older, newer):
+        for entry in side.get("approval-overrides") or []:
+            decisions[entry["tool"]] = entry["decision"]
+    merged["approval-overrides"] = [{"tool": tool, "decision": decision}
+                                    for tool, decision in decisions.items()]  # fmt: skip
+    return merged
+
+
+def machine_label(machine: str) -> str:
+    """MACHINE's name as it may appear in a session id: letters, digits, - and _ only."""
+    label = _NOT_ID_CHARS.sub("-", machine).strip("-")[:FORK_ID_MACHINE_CHARS]
+    return label or "machine"
+
+
+def fork_id(session_id: str, machine: str, taken: Callable[[str], bool]) -> str:
+    """A fresh id for the fork of SESSION-ID continued on MACHINE (TAKEN: an id already used)."""
+    label = machine_label(machine)
+    n = 1
+    while True:
+        suffix = f".{label}" if n == 1 else f".{label}-{n}"
+        candidate = session_id[: ledger.SESSION_ID_MAX - len(suffix)] + suffix
+        if not taken(candidate):
+            return candidate
+        n += 1
+
+
+def conflict_origin_name(origin: str) -> str:
+    """The name a fork gives the machine a conflict copy came from (its Syncthing device, say)."""
+    if origin.isalnum() and origin.isupper():  # a Syncthing device id's first characters
+        return f"device {origin}"
+    return origin
+
+
+def fork_title(title: str | None, machine: str) -> str:
+    """The title of a fork: where it was continued, then the session's own title."""
+    return f"Continued on {machine}: {title}" if title else f"Continued on {machine}"
