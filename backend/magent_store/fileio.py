@@ -218,14 +218,7 @@ def open_private(path: Path, flags: int) -> int:
 
 def read_file(path: Path) -> bytes:
     """The bytes of the session file at PATH, never read through a symbolic link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _link_refused(path) from None
-        raise
-    with open(fd, "rb") as f:
-        return f.read()
+    return _read_fd(path)[1]
 
 
 def truncate_file(path: Path, size: int) -> None:
@@ -487,6 +480,7 @@ class FileSeen:
 
 
 def _read_fd(path: Path) -> tuple[os.stat_result, bytes]:
+    """The file at PATH (never through a symbolic link): what fstat says of it, and its bytes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
