@@ -112,7 +112,10 @@ def test_the_sdist_is_the_whole_project_and_its_tests_pass_on_their_own(
 
     # The sdist's own code and tests: the backend the tests start imports
     # the unpacked copy too (PYTHONPATH is inherited).
+    # The pinned copies of upstream magent stay where the checkout has them: the
+    # sdist's tests against magent's own code run too, never skipped under CI.
     env = dict(os.environ, PYTHONPATH=str(root / "backend"), **{IN_SDIST: "1"})
+    env.setdefault("MAGENT_STORE_UPSTREAM", str(REPO.parent / "shared" / "upstream"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
                          cwd=root, env=env, capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

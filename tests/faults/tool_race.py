@@ -46,7 +46,9 @@ BACKEND = CHECKOUT / ".venv" / "bin" / "magent-store"
 if not BACKEND.exists():
     BACKEND = Path(shutil.which("magent-store") or BACKEND)
 DRIVER = CHECKOUT / "tests" / "faults" / "tool-race-driver.el"
-UPSTREAM = CHECKOUT.parent / "shared" / "upstream"
+# The pinned copies of upstream magent: beside the checkout, or where MAGENT_STORE_UPSTREAM says
+# (an unpacked sdist's test run has no ../shared beside it).
+UPSTREAM = Path(os.environ.get("MAGENT_STORE_UPSTREAM") or CHECKOUT.parent / "shared" / "upstream")
 EMACS = os.environ.get("EMACS", "emacs")
 PAUSE_ENV = "MAGENT_STORE_TEST_TOOL_PAUSE"
 # A secret scrub finds (gitleaks' GitHub personal access token), in every session's first prompt.
