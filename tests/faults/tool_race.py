@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-BACKEND = CHECKOUT / ".venv" / "bin" / "magent-store"
-if not BACKEND.exists():
-    BACKEND = Path(shutil.which("magent-store") or BACKEND)
+# The command line: the checkout's virtualenv, or the package this Python imports (an unpacked
+# sdist's test run has no virtualenv of its own).
+_VENV_COMMAND = CHECKOUT / ".venv" / "bin" / "magent-store"
+COMMAND = [str(_VENV_COMMAND)] if _VENV_COMMAND.exists() else [sys.executable, "-m", "magent_store"]
 DRIVER = CHECKOUT / "tests" / "faults" / "tool-race-driver.el"
 # The pinned copies of upstream magent: beside the checkout, or where MAGENT_STORE_UPSTREAM says
 # (an unpacked sdist's test run has no ../shared beside it).
@@ -205,7 +206,7 @@ class Race:
         return root, target
 
     def tool(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BACKEND), *argv], capture_output=True, text=True, timeout=WAIT_S)
+        return subprocess.run([*COMMAND, *argv], capture_output=True, text=True, timeout=WAIT_S)
 
     # -- the trials, one per tool ------------------------------------------
 
@@ -255,7 +256,7 @@ class Race:
         turn = f"turn-{self.count}"
         pause = trial.root.parent / "pause"
         pause.mkdir()
-        process = subprocess.Popen([str(BACKEND), *trial.argv], env={**os.environ, PAUSE_ENV: str(pause)},
+        process = subprocess.Popen([*COMMAND, *trial.argv], env={**os.environ, PAUSE_ENV: str(pause)},
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         try:
             flag = self._wait_for_pause(pause, process)
