@@ -138,7 +138,12 @@ def test_make_test_loaded_keeps_every_core_busy_while_make_test_runs_and_stops_i
     # `make test` stands in here as a script that reports the load around it and fails.
     seen = tmp_path / "seen"
     stand_in = tmp_path / "make-test"
-    stand_in.write_text(f'#!/bin/sh\n[ "$2" = test ] || exit 9\npgrep -P "$PPID" -x yes > {seen}\nexit 3\n')
+    # The children of make named yes, read from /proc: a minimal Debian has no pgrep.
+    stand_in.write_text(
+        f'#!/bin/sh\n[ "$2" = test ] || exit 9\nfor d in /proc/[0-9]*; do\n'
+        f'  [ "$(cat "$d/comm" 2>/dev/null)" = yes ] && '
+        f'[ "$(awk \'/^PPid:/ {{print $2}}\' "$d/status" 2>/dev/null)" = "$PPID" ] && echo "${{d#/proc/}}"\n'
+        f'done > {seen}\nexit 3\n')
     stand_in.chmod(0o700)
     run = subprocess.run(["make", "--no-print-directory", "-o", "install", "test-loaded", f"MAKE={stand_in}"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
