@@ -72,7 +72,11 @@ def upstream_lisp(scratch: Path) -> Path | None:
     if not tarballs:
         return None
     with tarfile.open(tarballs[0]) as tar:
-        tar.extractall(scratch / "upstream", filter="data")
+        # Python before 3.11.4 (Debian 12 has 3.11.2) has no extraction filters.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(scratch / "upstream", filter="data")
+        else:
+            tar.extractall(scratch / "upstream")  # noqa: S202 (the pinned copy, ours)
     return scratch / "upstream" / "lisp"
 
 
