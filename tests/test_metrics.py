@@ -230,6 +230,20 @@ def test_a_step_is_an_offset_moved_by_more_than_half_a_second_and_what_slewing_e
         f"wall clock stepped by {moved:.3f} s; records of this batch flagged" for moved in (0.52, 0.56)]
 
 
+def test_a_turn_over_two_batches_keeps_its_duration_when_reading_the_clocks_jitters(tmp_path: Path) -> None:
+    """A busy machine preempts us between reading the wall and monotonic
+    clocks: the offsets of two batches differ by tens of microseconds.  A
+    turn that started in one batch and ended in the next still lasts what
+    Emacs measured; a drift past the jitter is followed."""
+    log = MetricsLog(tmp_path)
+    log.record([{"type": "turn-start", "turn": "t1", "t": 1000.0}], wall=1000.5, mono=10.0)
+    log.record([{"type": "turn-end", "turn": "t1", "t": 1001.02}], wall=1001.5, mono=11.000065)
+    log.record([{"type": "turn-start", "turn": "t2", "t": 1002.0}], wall=1002.5, mono=12.003)
+    start, end, later = (r["mono"] for r in metrics.read(tmp_path))
+    assert end - start == pytest.approx(1.02, abs=1e-6)
+    assert later - start == pytest.approx(2.003, abs=1e-6)  # moved 3 ms: the offset follows
+
+
 def test_a_batch_keeps_its_good_records_and_counts_the_rest_as_dropped(tmp_path: Path) -> None:
     log = MetricsLog(tmp_path)
     good = {"type": "turn-start", "turn": "t1", "t": 1.0}

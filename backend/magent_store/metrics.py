@@ -16,7 +16,11 @@ batch uses the offset of its own time.  Only records made in the second or
 so between a step and their batch's arrival can be off by the step; such a
 batch is marked ``"step": true`` (the offset moved by more than
 `STEP_THRESHOLD_S`, plus what slewing explains, since the previous batch)
-and the report flags its turn.
+and the report flags its turn.  Reading the two clocks is two calls, and a
+busy machine can preempt us between them: an offset that moved by no more
+than `JITTER_S` is that noise (or slewing too small to matter), so the
+previous offset is kept and a turn whose records came in several batches
+still measures what Emacs measured.
 
 The file is bounded: past `DEFAULT_MAX_BYTES` it is rotated to
 ``metrics.jsonl.1`` (and ``.1`` to ``.2``, up to `DEFAULT_BACKUPS`), so the
@@ -47,6 +51,9 @@ STEP_THRESHOLD_S = 0.5
 # NTP slews the wall clock by at most 500 ppm: over a long idle spell that
 # much drift between batches is no step.
 SLEW_PER_S = 0.0005
+#: An offset that moved less than this since it was last set is kept as it
+#: was: the reading's own noise, not a change of clock.
+JITTER_S = 0.002
 SCHEMA = 1
 
 #: Event types a record may have: magent's lifecycle events and the ones
@@ -185,7 +192,10 @@ class MetricsLog:
             if step:
                 log.warning("wall clock stepped by %.3f s; records of this batch flagged",
                             offset - (self._offset or 0.0))  # fmt: skip
-            self._offset, self._mono = offset, mono
+            if self._offset is not None and abs(offset - self._offset) <= JITTER_S:
+                offset = self._offset
+            else:
+                self._offset, self._mono = offset, mono
             lines: list[bytes] = []
             for entry in entries:
                 clean = sanitize(entry)
