@@ -28,6 +28,13 @@ def _subcommands() -> list[str]:
     return [a for a in build_parser()._subparsers._group_actions[0].choices]  # type: ignore[union-attr]
 
 
+def test_the_readme_stays_short() -> None:
+    """Feature detail goes in pages under docs/: the README is where a new
+    user starts, and it stays readable in one sitting."""
+    lines = README.count("\n") + (not README.endswith("\n"))
+    assert lines <= 400, f"README.md has {lines} lines; move detail to a page under docs/ (at most 400)"
+
+
 def test_every_setting_is_in_the_readme() -> None:
     settings = re.findall(r"^\(defcustom (\S+)", ELISP, re.M)
     assert len(settings) >= 13
