@@ -38,9 +38,10 @@
 ;;
 ;; The list comes from `magent-store ls --brief', one process that reads
 ;; only the headers changed since its last run, or from the backend when
-;; one runs (the same listing, without a Python to start).  Emacs keeps
-;; the last list of each root: the next time the finder shows it at once
-;; and reads it again in the background.
+;; one runs (the same listing, without a Python to start; a backend that
+;; listed the root before answers with that listing at once).  Emacs
+;; keeps the last list of each root: the next time the finder shows it
+;; at once and reads it again in the background.
 
 ;;; Change Log:
 
@@ -120,14 +121,16 @@ Signal a `user-error' with what the listing said when it fails."
 
 (defun magent-store-find--from-backend (root)
   "Return the rows of the sessions under ROOT from the running backend.
-It lists them as `magent-store ls --brief' does and saves the rows
-where that listing saves them, read from there.  nil when no backend
-is up, or it could not list them: a listing of its own then starts
-Python, which is most of what a first finder waits."
+It gives the rows as `magent-store ls --brief' does, saved where that
+listing saves them, read from there: listed now, or, when it has
+listed ROOT before, the last listing's at once (listed again behind).
+The value is (ROWS . FRESH), FRESH non-nil when they were listed now;
+nil when no backend is up, or it could not list them: a listing of its
+own then starts Python, which is most of what a first finder waits."
   (when (magent-store--ready-p magent-store--backend)
     (condition-case err
-        (progn (magent-store--call "brief" (list root))
-               (magent-store-find--saved root))
+        (let ((answer (magent-store--call "brief" (list root))))
+          (cons (magent-store-find--saved root) (and (consp answer) (nth 1 answer))))
       (error (message "magent-store: the backend could not list %s (%s); \
 listing them apart" root (error-message-string err))
              nil))))
@@ -203,9 +206,9 @@ A title two sessions share is followed by each one's id."
 
 (defun magent-store-find--state (root)
   "Return the finder's state over ROOT: its last list at once, else read now.
-The last list is this Emacs's, else the one the listing saved; it is
-read again in the background.  Read now, it is the running backend's
-answer when one runs."
+The last list is this Emacs's, else the one the listing saved, else the
+running backend's last listing; it is read again in the background.
+Read now, it is the running backend's answer when one runs."
   (let ((state (gethash root magent-store-find--states))
         (listed nil)
         ;; Some megabytes of short-lived strings for 10,000 sessions:
@@ -215,9 +218,13 @@ answer when one runs."
         ;; What was said may have changed since: ask the index again.
         (clrhash (magent-store-find--state-searches state))
       (setq state (magent-store-find--make-state :root root))
-      (magent-store-find--fill state (or (magent-store-find--saved root)
-                                         (setq listed (or (magent-store-find--from-backend root)
-                                                          (magent-store-find--list root)))))
+      (magent-store-find--fill
+       state (or (magent-store-find--saved root)
+                 (let ((served (magent-store-find--from-backend root)))
+                   (setq listed (cdr served))
+                   (car served))
+                 (progn (setq listed t)
+                        (magent-store-find--list root))))
       (puthash root state magent-store-find--states))
     (unless listed
       (magent-store-find--refresh root state))

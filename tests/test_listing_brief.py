@@ -6,9 +6,12 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 
 import schema6
 from conftest import Events
@@ -62,8 +65,9 @@ def test_the_catalog_is_used_until_a_header_changes(tmp_path: Path, events: Even
     again = listing.BriefCatalog(root, state)
     assert set(again.entries) == {row[0] for row in rows}
     # An entry whose header did not change is taken as it was saved, without reading the header.
-    stamp, brief = again.entries["global/g1.json"]
-    again.entries["global/g1.json"] = (stamp, (brief[0], "from the catalog", brief[2], brief[3]))
+    stamp, brief, sized = again.entries["global/g1.json"]
+    assert sized == next((r[4], r[5]) for r in rows if r[1] == "g1")
+    again.entries["global/g1.json"] = (stamp, (brief[0], "from the catalog", brief[2], brief[3]), sized)
     assert {r[1]: r[2] for r in listing.brief_entries(root, again)[0]}["g1"] == "from the catalog"
     # A header rewritten is read again; a session removed leaves the catalog.
     header = root / "global" / "g1.json"
@@ -113,3 +117,46 @@ def test_ls_brief_says_what_it_skipped_and_keeps_its_catalog_private(tmp_path: P
                                         env=env, timeout=120).stdout)  # fmt: skip
     assert [row[1] for row in third] == ["p1", "g1", "a1", "old6"]
     assert orjson.loads(saved.read_bytes())["rows"] == third
+
+
+def _saved_rows(lister: listing.BriefLister) -> list[list[Any]]:
+    return orjson.loads(lister.catalog.rows_path.read_bytes())["rows"]  # type: ignore[no-any-return]
+
+
+def test_a_backends_answer_is_the_last_listing_from_its_catalog_then_it_lists_behind(
+    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finder's first list from a running backend waits for no stat of
+    10,000 sessions: it is what the last listing saved (as the rows Emacs
+    saves are), and the listing that brings it up to date runs behind."""
+    root = _tree(tmp_path, events)
+    state = tmp_path / "state"
+    state.mkdir()
+    listed = listing.BriefLister(root, state)
+    assert listed.answer() == (4, True)  # no catalog yet: this answer listed
+    first = _saved_rows(listed)
+    assert [r[1] for r in first] == ["g1", "p1", "a1", "old6"]
+    listed.catalog.rows_path.unlink()  # the rows Emacs would read, gone
+    make_session(root, events, "new1", title="Made since")
+    # A new backend answers from the catalog alone: while the listing
+    # behind is held at its start, the answer is already there.
+    held, release = threading.Event(), threading.Event()
+    real = listing.brief_entries
+
+    def hold(*args: Any) -> Any:
+        held.set()
+        assert release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(listing, "brief_entries", hold)
+    lister = listing.BriefLister(root, state)
+    assert lister.answer() == (4, False)
+    assert _saved_rows(lister) == first
+    assert held.wait(30), "no listing behind the answer"
+    release.set()
+    lister.wait(30)
+    assert "new1" in {r[1] for r in _saved_rows(lister)}, "the listing behind brings the rows up to date"
+    assert lister.answer() == (5, False)
+    lister.wait(30)
+    reread = listing.BriefCatalog(root, state)
+    assert reread.rows() == _saved_rows(lister), "the catalog alone gives the rows as last listed"

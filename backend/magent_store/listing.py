@@ -27,8 +27,11 @@ files changed since.
 `brief_entries` is the finder's listing (``magent-store ls --brief``): every
 session under a root, magent's own format too, as one short row, newest
 first.  A `BriefCatalog` keeps what it read of each header with the
-header's size, time and inode, so a listing after it reads only the headers
-that changed and otherwise only stats the files.
+header's size, time and inode, and each row's size and time as last
+listed, so a listing after it reads only the headers that changed and
+otherwise only stats the files.  A `BriefLister` is a backend's: it answers
+the finder at once with the rows last listed, then lists the root again
+behind, apart from the calls that save sessions.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -217,11 +221,13 @@ def _fields(header: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 # The finder's listing: one short row per session, from a catalog of headers
 
-BRIEF_VERSION: Final = 1
+BRIEF_VERSION: Final = 2
 # What a header was read at: its size, time (ns) and inode.
 HeaderStamp = tuple[int, int, int]
 # What the finder shows of a header: id, title, scope label, schema.
 Brief = tuple[str, str | None, str, int]
+# A session's size (bytes) and last update (seconds), as last listed.
+Sized = tuple[int, float]
 
 
 class BriefCatalog:
@@ -237,13 +243,15 @@ class BriefCatalog:
         digest = hashlib.sha1(str(root).encode()).hexdigest()
         self.path = directory / f"brief-{digest}.json"
         self.rows_path = directory / f"brief-rows-{digest}.json"
-        self.entries: dict[str, tuple[HeaderStamp, Brief]] = {}
+        self.entries: dict[str, tuple[HeaderStamp, Brief, Sized]] = {}
         self.changed = False
+        self._rows_lock = threading.Lock()  # one writer of the rows file at a time
         try:
             obj = orjson.loads(self.path.read_bytes())
             if obj.get("version") == BRIEF_VERSION and obj.get("root") == str(root):
-                for relative, (stamp, (sid, title, scope, schema)) in obj["entries"].items():
-                    self.entries[relative] = ((stamp[0], stamp[1], stamp[2]), (sid, title, scope, schema))
+                for relative, (stamp, (sid, title, scope, schema), (size, updated)) in obj["entries"].items():
+                    self.entries[relative] = ((stamp[0], stamp[1], stamp[2]), (sid, title, scope, schema),
+                                              (size, updated))  # fmt: skip
         except FileNotFoundError:
             pass
         except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError) as err:
@@ -257,12 +265,20 @@ class BriefCatalog:
         """
         try:
             if self.changed:
-                entries = {k: [list(v[0]), list(v[1])] for k, v in self.entries.items()}
+                entries = {k: [list(v[0]), list(v[1]), list(v[2])] for k, v in self.entries.items()}
                 body = {"version": BRIEF_VERSION, "root": str(self.root), "entries": entries}
                 atomic_write(self.path, orjson.dumps(body), sync=False)
                 self.changed = False
             if rows is not None:
-                data = orjson.dumps({"root": str(self.root), "rows": rows})
+                self.save_rows(rows)
+        except (StoreError, LedgerError, OSError) as err:
+            log.warning("finder catalog not saved: %s", err)
+
+    def save_rows(self, rows: list[list[Any]]) -> None:
+        """Write ROWS where Emacs reads them, when they changed.  Never an error: a cache."""
+        data = orjson.dumps({"root": str(self.root), "rows": rows})
+        try:
+            with self._rows_lock:
                 try:
                     same = self.rows_path.read_bytes() == data
                 except FileNotFoundError:
@@ -270,7 +286,78 @@ class BriefCatalog:
                 if not same:
                     atomic_write(self.rows_path, data, sync=False)
         except (StoreError, LedgerError, OSError) as err:
-            log.warning("finder catalog not saved: %s", err)
+            log.warning("finder rows not saved: %s", err)
+
+    def rows(self) -> list[list[Any]]:
+        """The rows as last listed, newest first, from the catalog alone: nothing is read or statted."""
+        rows: list[list[Any]] = [[relative, brief[0], brief[1], brief[2], sized[0], sized[1], brief[3]]
+                                  for relative, (_stamp, brief, sized) in self.entries.items()]  # fmt: skip
+        rows.sort(key=lambda row: (-row[5], row[0]))
+        return rows
+
+
+class BriefLister:
+    """A backend's finder rows of one root: the last listing's at once, the next listing behind.
+
+    The first answer comes from the catalog a listing saved (this
+    backend's, an earlier one's or `ls --brief`'s), without a file read
+    or a stat; it may be as old as that listing, as the rows Emacs saved
+    are, and the listing that follows each answer, in a thread of its
+    own, brings the catalog and the saved rows up to date.  With no
+    catalog, the first answer waits for a listing.
+    """
+
+    def __init__(self, root: Path, directory: Path) -> None:
+        self.catalog = BriefCatalog(root, directory)
+        self._listing = threading.Lock()  # one listing (and catalog change) at a time
+        self._rows: list[list[Any]] | None = None  # the last listing's, or the catalog's
+        self._behind: threading.Thread | None = None
+
+    def answer(self) -> tuple[int, bool]:
+        """Save the rows Emacs is to read now; return how many, and whether they were listed now.
+
+        Rows not listed now (the last listing's) are listed again behind.
+        """
+        rows = self._rows
+        if rows is None:
+            with self._listing:
+                rows = self._rows
+                if rows is None and self.catalog.entries:
+                    rows = self._rows = self.catalog.rows()
+        if rows is None:
+            return len(self.list_now()), True
+        self.catalog.save_rows(rows)
+        self.list_behind()
+        return len(rows), False
+
+    def list_now(self) -> list[list[Any]]:
+        """List the root (reading only the headers that changed), save the catalog and rows."""
+        with self._listing:
+            rows, unreadable = brief_entries(self.catalog.root, self.catalog)
+            if unreadable:
+                log.warning("finder's list of %s: %d session(s) cannot be read",
+                            self.catalog.root, len(unreadable))  # fmt: skip
+            self.catalog.save(rows)
+            self._rows = rows
+        return rows
+
+    def list_behind(self) -> None:
+        """List the root again in a thread of its own, unless one already does."""
+        if self._behind is not None and self._behind.is_alive():
+            return
+        self._behind = threading.Thread(target=self._list_behind, name="finder-listing", daemon=True)
+        self._behind.start()
+
+    def _list_behind(self) -> None:
+        try:
+            self.list_now()
+        except Exception:  # a cache: the next answer lists again
+            log.exception("finder's list of %s, listed behind", self.catalog.root)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the listing behind, if one runs (tests, and a backend that stops)."""
+        if self._behind is not None:
+            self._behind.join(timeout)
 
 
 def brief_entries(root: Path, catalog: BriefCatalog | None = None) -> tuple[list[list[Any]], list[str]]:
@@ -337,6 +424,9 @@ def _brief(
     stamp: HeaderStamp = (st.st_size, st.st_mtime_ns, st.st_ino)
     if cached is not None and cached[0] == stamp:
         brief = cached[1]
+        if catalog is not None and cached[2] != (size, updated):
+            catalog.entries[relative] = (stamp, brief, (size, updated))
+            catalog.changed = True
     else:
         try:
             header, schema = schema6.read_any_header(Path(path))
@@ -345,6 +435,6 @@ def _brief(
         except (StoreError, LedgerError, OSError, ValueError, KeyError, TypeError) as exc:
             return f"{path}: {exc}"
         if catalog is not None:
-            catalog.entries[relative] = (stamp, brief)
+            catalog.entries[relative] = (stamp, brief, (size, updated))
             catalog.changed = True
     return [relative, brief[0], brief[1], brief[2], size, updated, brief[3]]

@@ -76,7 +76,7 @@ from magent_store.store import (
 # Starting costs what serving a save needs, no more: the tools (export for
 # magent's reader, the listing for its picker) are imported at their first call.
 if TYPE_CHECKING:
-    from magent_store.listing import BriefCatalog, Catalog
+    from magent_store.listing import BriefLister, Catalog
 
 log = logging.getLogger("magent_store.server")
 
@@ -225,7 +225,7 @@ class Service:
         self.sessions = Registry(crash_hook=_pause_hook, machine=self.machine.name)
         self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
-        self._briefs: dict[str, BriefCatalog] = {}  # root -> its sessions as the finder lists them
+        self._briefs: dict[str, BriefLister] = {}  # root -> its sessions as the finder lists them
         self._lock = threading.Lock()
         self._scope_conformed: set[str] = set()  # sessions whose header's scope was set right
 
@@ -530,28 +530,31 @@ class Service:
         listed: str = dumps(entries).decode()
         return listed
 
-    def brief(self, root: Any) -> int:
-        """List the finder's rows of every session under ROOT, as `ls --brief` does; return how many.
+    def brief(self, root: Any) -> list[Any]:
+        """List the finder's rows of every session under ROOT, as `ls --brief` does.
+
+        Returns ``(COUNT FRESH)``: how many rows, and whether they were
+        listed now (nil: they are the last listing's, listed again behind).
 
         While a backend runs, the finder asks it rather than start a process
         of its own, whose start is most of what a first finder waits.  The
         rows are saved where `ls --brief` saves them, and Emacs reads them
         there: a megabyte of rows costs a message far more than a file.
+        They are the last listing's, as the rows Emacs saves are: the
+        listing that brings them up to date runs behind, in a thread of its
+        own, while this connection goes on saving (see `BriefLister`).
         """
         root_path = Path(text(root, "root")).expanduser()
         if not root_path.is_absolute() or not root_path.is_dir():
             raise CallError(f"root must be an existing absolute directory, got {root!r:.200}")
         root_path = root_path.resolve()
-        from magent_store.listing import BriefCatalog, brief_entries
+        from magent_store.listing import BriefLister
 
-        catalog = self._briefs.get(str(root_path))
-        if catalog is None:
-            catalog = self._briefs[str(root_path)] = BriefCatalog(root_path, self.spool.parent)
-        rows, unreadable = brief_entries(root_path, catalog)
-        if unreadable:
-            log.warning("finder's list of %s: %d session(s) cannot be read", root_path, len(unreadable))
-        catalog.save(rows)
-        return len(rows)
+        lister = self._briefs.get(str(root_path))
+        if lister is None:
+            lister = self._briefs[str(root_path)] = BriefLister(root_path, self.spool.parent)
+        count, fresh = lister.answer()
+        return [count, fresh]
 
     def delete(self, root: Any, scope: Any, session_id: Any) -> bool:
         """Remove a session's files (closing it here first); False if it had none.

@@ -256,6 +256,39 @@ saved for the next Emacs as a listing saves them."
       (should-not (gethash root magent-store-find--refreshing))
       (should (= (length (magent-store-find--saved root)) 4)))))
 
+;; The backend's second answer for a root comes from its last listing at
+;; once; the finder then lists again in the background and fills in what
+;; changed since.
+(ert-deftest magent-store-find-a-backends-last-listing-is-listed-again-behind ()
+  "A backend that listed the root before answers with that listing, without
+waiting to list again; the finder shows it and lists again in the
+background, which brings in the session written since."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root)))
+      (should (= (length (funcall (cdr (magent-store-find-test--table)) "" nil t)) 4))
+      (should-not (gethash root magent-store-find--refreshing))
+      ;; A new Emacs's finder: nothing of the first list kept in Emacs.
+      (clrhash magent-store-find--states)
+      (delete-file (magent-store-find-test--rows-file root))
+      (magent-store-find-test--write "g-late" 'global "Written since" "a late reply")
+      (let ((table (cdr (magent-store-find-test--table))))
+        (should-not (member "Written since" (funcall table "" nil t)))
+        (should (gethash root magent-store-find--refreshing))
+        (with-timeout (60 (error "The listing behind did not finish"))
+          (while (gethash root magent-store-find--refreshing)
+            (accept-process-output nil 0.05)))
+        (should (member "Written since" (funcall table "" nil t)))))))
+
+(defun magent-store-find-test--rows-file (root)
+  "The file in which the last listing of ROOT saved its rows."
+  (expand-file-name
+   (format "brief-rows-%s.json"
+           (secure-hash 'sha1 (encode-coding-string
+                               (file-truename (directory-file-name root)) 'utf-8)))
+   (magent-store--log-directory)))
+
 (defun magent-store-find-test--prepare-timers ()
   "Return the idle timers that would prepare the finder's list."
   (cl-remove-if-not (lambda (timer)
