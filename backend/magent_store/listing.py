@@ -228,6 +228,9 @@ HeaderStamp = tuple[int, int, int]
 Brief = tuple[str, str | None, str, int]
 # A session's size (bytes) and last update (seconds), as last listed.
 Sized = tuple[int, float]
+#: How long after answering a backend lists the root again: the moment
+#: Emacs spends reading the rows it was given is left to Emacs.
+LIST_BEHIND_DELAY_S: Final = 1.0
 
 
 class BriefCatalog:
@@ -345,7 +348,9 @@ class BriefLister:
         """List the root again in a thread of its own, unless one already does."""
         if self._behind is not None and self._behind.is_alive():
             return
-        self._behind = threading.Thread(target=self._list_behind, name="finder-listing", daemon=True)
+        # A moment later: Emacs is reading the rows just saved meanwhile.
+        self._behind = threading.Timer(LIST_BEHIND_DELAY_S, self._list_behind)
+        self._behind.name, self._behind.daemon = "finder-listing", True
         self._behind.start()
 
     def _list_behind(self) -> None:
