@@ -819,10 +819,12 @@ cleared conversation."
               (cl-remove session magent-store-magent--deferred-headers :key #'car))
         (magent-store-magent--forget id)
         (magent-store--ensure-backend)
+        ;; A session that went on as a fork clears the fork: the session
+        ;; it came from holds another machine's turns.
         (magent-store--call "delete"
                             (list (magent-store-json-text (magent-store--root))
                                   (magent-store--scope-json store-scope)
-                                  id)))))
+                                  (if open (magent-store--wire-id open) id))))))
   (funcall orig session scope))
 
 ;;;; Read side: magent's listing and reader, answered from the store

@@ -200,11 +200,18 @@ survives a crash of the backend); DURABLE-SEQ the last one fsync covers.
 DEADLINE is when the scheduled flush is due (a float), nil when none is;
 TIMER the timer that sends it if no chunk or reply does first.
 INITIAL is nil or the JSON text of the thread a session starts from
-when the backend has no files for it (no event carries that state)."
+when the backend has no files for it (no event carries that state).
+WRITES-AS is nil, or the id of the fork the session went on as when
+another machine continued it meanwhile: the backend is called by that
+id from then on (see `magent-store--wire-id')."
   id scope batch (fill 0) (queued-chars 0) inflight (durable-seq 0)
   (written-seq 0) timer (flushes 0) header opened deadline initial
   (producer (magent-store--new-producer)) (number 0) opening retry refusal
-  held)
+  held writes-as)
+
+(defsubst magent-store--wire-id (session)
+  "Return the id the backend knows SESSION by: its own, or its fork's."
+  (or (magent-store--session-writes-as session) (magent-store--session-id session)))
 
 (defvar magent-store--backend nil
   "The running backend, or nil.")
@@ -400,10 +407,12 @@ changed); a session waiting for a retry sends at its retry."
   (setf (magent-store--backend-unresponsive backend) nil)
   (message "magent-store: the backend answers again; what Emacs kept \
 meanwhile is being saved")
-  (maphash (lambda (id session)
+  (maphash (lambda (_id session)
              (when (magent-store--sendable-p session)
                (when-let ((header (magent-store--session-header session)))
-                 (magent-store--send "put-header" (list id header) nil #'ignore))
+                 (magent-store--send "put-header"
+                                     (list (magent-store--wire-id session) header)
+                                     nil #'ignore))
                (when (and (not (magent-store--session-inflight session))
                           (> (magent-store--session-fill session) 0))
                  (magent-store--flush-now session t))))
@@ -739,7 +748,7 @@ skips the ones already in its log.  Then the queue follows."
              (magent-store--session-written-seq session) last-seq))
      (when-let ((header (magent-store--session-header session)))
        (magent-store--send "put-header"
-                           (list (magent-store--session-id session) header)
+                           (list (magent-store--wire-id session) header)
                            nil (magent-store--header-refused
                                 (magent-store--session-id session))))
      (magent-store--resend session))
@@ -842,7 +851,7 @@ included: the options are never logged."
   (let ((args (list (magent-store-json-text (magent-store--root))
                     (magent-store--scope-json
                      (magent-store--session-scope session))
-                    (magent-store--session-id session)
+                    (magent-store--wire-id session)
                     (magent-store--options-json))))
     (if-let ((initial (magent-store--session-initial session)))
         (append args (list initial))
@@ -1088,7 +1097,7 @@ records).  A LARGE batch travels as a file, or in the message when
 the file cannot be written (a full disk) or redaction is on (the file
 would be an unredacted copy on disk)."
   (let* ((backend magent-store--backend)
-         (id (magent-store--session-id session))
+         (id (magent-store--wire-id session))
          (ident (list (magent-store--session-producer session) (car record)))
          (sent (float-time))
          (file (and (nth 3 record)
@@ -1142,6 +1151,11 @@ Return the file's name; signal (and leave no file) if it cannot be written."
         (funcall magent-store--flushed-function sent record reply))
       (dolist (notice (nth 6 reply))
         (message "magent-store: %s" notice))
+      (when-let ((writes-as (nth 7 reply)))
+        ;; It went on as a fork: call it so from now on, also when the
+        ;; backend opens it again; the fork has its own starting state.
+        (setf (magent-store--session-writes-as session) writes-as
+              (magent-store--session-initial session) nil))
       (when-let ((rejected (nth 4 reply)))
         (setq magent-store--last-error (car rejected))
         (message "magent-store: session %s: %d entries rejected (%s)"
@@ -1229,7 +1243,7 @@ HEADER is an alist or its JSON text, as for `magent-store-append-event'."
     (setf (magent-store--session-header session) text)
     ;; Otherwise the session's reopening sends it.
     (when (magent-store--sendable-p session)
-      (magent-store--send "put-header" (list session-id text) nil
+      (magent-store--send "put-header" (list (magent-store--wire-id session) text) nil
                           (magent-store--header-refused session-id)))))
 
 (defun magent-store--header-refused (session-id)
@@ -1328,10 +1342,10 @@ megabytes never cross the EPC wire."
 
 (defun magent-store-close (session-id)
   "Flush SESSION-ID, close it in the backend and forget it."
-  (when (gethash session-id magent-store--sessions)
+  (when-let ((session (gethash session-id magent-store--sessions)))
     (when magent-store--backend
       (magent-store-flush session-id)
-      (magent-store--call "close" (list session-id)))
+      (magent-store--call "close" (list (magent-store--wire-id session))))
     (setq magent-store--recent nil)
     (remhash session-id magent-store--sessions)))
 
@@ -1361,7 +1375,7 @@ error naming why when it cannot move: it then stays where it was."
       (magent-store--call "move"
                           (list (magent-store-json-text (magent-store--root))
                                 (magent-store--scope-json scope)
-                                session-id))
+                                (magent-store--wire-id session)))
       (setf (magent-store--session-scope session) scope))))
 
 (defun magent-store-flush-all ()

@@ -213,6 +213,36 @@ def test_both_machines_went_on_with_new_turns_this_machines_go_on_in_a_fork(
     assert fsck.fsck(here).findings == []
 
 
+def test_a_fork_opened_again_takes_its_writers_events_and_header_still_made_for_the_parent(
+    here: Path, there: Path, events: Events
+) -> None:
+    """After a restart the writer calls the fork by its id, but its events and
+    header are still the parent's: they go to the fork, with the fork's id and
+    title; a header for the fork itself (magent resuming it) is the fork's own."""
+    a = started(here, events)
+    append(a, turn(events, "t3", "asked here")[:6])
+    continued_there(here, there, events, ("t2", "asked there"))
+    a.flush()
+    assert a.id == "s1.laptop"
+    a.close()  # the backend goes away
+    again = Store(here, machine="laptop").open("s1.laptop")
+    append(again, turn(events, "t3", "asked here")[6:])  # thread-id s1, as magent still has it
+    again.put_header({"id": "s1", "title": "work"})
+    again.close()
+    assert turn_ids(here) == ["t1", "t2"]
+    assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
+    header, thread = load_session(Store(here).files("s1.laptop", Scope.global_()))
+    assert (header["id"], header["title"], header["parent-session-id"]) == ("s1.laptop", "Continued on laptop: work", "s1")
+    assert header["metadata"]["continued-on"] == "laptop"
+    assert "reply to asked here, in two chunks" in [str(i.content) for t in thread.turns for i in t.items]
+    # magent resumes the fork itself and renames it: its own header, as given.
+    with Store(here, machine="laptop").open("s1.laptop") as resumed:
+        resumed.put_header({"id": "s1.laptop", "title": "my fork", "parent-session-id": "s1"})
+    header, _ = load_session(Store(here).files("s1.laptop", Scope.global_()))
+    assert header["title"] == "my fork"
+    assert fsck.fsck(here).findings == []
+
+
 def test_a_fork_keeps_events_written_before_the_other_copy_replaced_ours(
     here: Path, there: Path, events: Events
 ) -> None:

@@ -24,6 +24,9 @@ from magent_store import ledger
 from magent_store.ledger import Thread
 
 FORK_ID_MACHINE_CHARS: Final = 40
+#: The metadata a fork is given: where it came from, and the writer's thread there when not the session's id.
+FORK_METADATA: Final = ("title", "parent-session-id", "forked-at-turn", "continued-on", "forked-at",
+                        "parent-thread-id")  # fmt: skip
 _NOT_ID_CHARS: Final = re.compile(r"[^A-Za-z0-9_-]+")
 
 

@@ -158,17 +158,35 @@ class Registry:
             session.after_flush = entry.session.after_flush
         self._open[session.id] = OpenSession(session, entry.root, scope_json, entry.store)
 
+    def alias(self, session_id: str, writes_as: str) -> None:
+        """Hold SESSION_ID, which went on as the fork WRITES_AS, under that id too.
+
+        Emacs calls it by the fork's id from the reply that told it so on;
+        calls it sent before that still name the session it came from.
+        """
+        entry = self._open.get(session_id)
+        if entry is not None and writes_as not in self._open:
+            self._open[writes_as] = entry
+            log.info("session %s goes on as %s", session_id, writes_as)
+
+    def _forget(self, entry: OpenSession) -> None:
+        """Drop every id ENTRY is held under (its own, and the one it was forked from)."""
+        for key in [k for k, e in self._open.items() if e is entry]:
+            del self._open[key]
+
     def close(self, session_id: Any) -> None:
         """Flush and close SESSION_ID if it is open here, releasing its lock."""
-        entry = self._open.pop(session_id, None) if isinstance(session_id, str) else None
+        entry = self._open.get(session_id) if isinstance(session_id, str) else None
         if entry is not None:
+            self._forget(entry)
             entry.session.close()
             log.info("closed session %s", session_id)
 
     def delete(self, root: str, scope: Scope, session_id: str) -> bool:
         """Remove SESSION_ID's files (dropping it here first, unflushed); False if it had none."""
-        entry = self._open.pop(session_id, None)
+        entry = self._open.get(session_id)
         if entry is not None:
+            self._forget(entry)
             entry.session.abandon(remove_lock=True)
             if Scope.from_json(entry.scope) == scope:
                 scope = entry.session.scope  # where it was opened: where its header was
@@ -213,12 +231,12 @@ class Registry:
         return headers
 
     def sessions(self) -> Iterator[Session]:
-        """The sessions open here."""
-        return (entry.session for entry in list(self._open.values()))
+        """The sessions open here, each once (a fork is also held under the id it came from)."""
+        return iter({id(entry): entry.session for entry in list(self._open.values())}.values())
 
     def ids(self) -> list[str]:
         """The ids of the sessions open here, sorted."""
-        return sorted(self._open)
+        return sorted({entry.session.id for entry in self._open.values()})
 
     def search_paused(self) -> list[Any]:
         """Why each root's search index writes nothing now, for those that do not."""
@@ -227,6 +245,8 @@ class Registry:
     def close_all(self) -> None:
         """Flush and release every session, then the search indexes; log, never raise."""
         for session_id in list(self._open):
+            if session_id not in self._open:
+                continue  # closed with the fork it went on as
             try:
                 self.close(session_id)
             except Exception:

@@ -377,7 +377,10 @@ class Service:
         """Apply BATCH (JSON text or nil), flush; return the durable state.
 
         The reply is ``(durable-seq written-seq bytes-written milliseconds
-        rejected released [notices])``: cheap for Emacs to read on every tick.
+        rejected released [notices [writes-as]])``: cheap for Emacs to read
+        on every tick.  WRITES-AS is there when the session went on as a
+        fork (another machine continued it meanwhile): its id, by which
+        Emacs is to call it from then on, also once it opens it again.
         RELEASED is the last batch number of IDENT's producer none of whose
         text is held back by redaction: Emacs keeps the batches after it
         (without redaction, and after this flush, which writes what
@@ -419,7 +422,7 @@ class Service:
             raise
         self.stats.count_flush(result)
         notices = session.take_notices()
-        return [
+        reply = [
             result.durable_seq,
             result.written_seq,
             result.bytes_written,
@@ -428,6 +431,10 @@ class Service:
             session.released(ident[0]) if ident else 0,
             *([notices] if notices else []),
         ]
+        if session.id != session_id:  # it went on as a fork: Emacs is to call it by its own id
+            self.sessions.alias(session_id, session.id)
+            reply[6:] = [notices or None, session.id]
+        return reply
 
     def flush_file(
         self, session_id: Any, path: Any, timings: Any = None, ident: Any = None

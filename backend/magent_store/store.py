@@ -993,6 +993,7 @@ class Session:
             # Kept for `_reload`: replay without a snapshot starts from it, in place.
             self._initial = copy.deepcopy(initial)
             self._load(initial)
+            self._restore_fork_origin()
             self._record = ProducerRecord(files.producer, self._log.written_seq)
             self._merge_conflict_copies()
         except BaseException:
@@ -1021,6 +1022,24 @@ class Session:
         self.thread, snapshot_seq = replay_session(files, self.scope, scan, initial)
         self._compactor.load(scan, snapshot_seq)
         self._log.open(scan, self.thread.last_event_seq, new_header=self._header.on_disk is None)
+
+    def _restore_fork_origin(self) -> None:
+        """A fork this store made, opened again: its writer may still hold the session it came from.
+
+        This Emacs went on with a session as a fork (see `_fork`) and then
+        its backend restarted: it calls the fork by the fork's id, but its
+        events and header still carry the parent's thread and title.
+        """
+        header = self._header.header
+        parent, metadata = header.get("parent-session-id"), header.get("metadata")
+        if not (isinstance(parent, str) and isinstance(metadata, dict) and "continued-on" in metadata):
+            return
+        parent_thread = metadata.get("parent-thread-id", parent)
+        self._forked_from = (parent, parent_thread if isinstance(parent_thread, str) else parent)
+        self._fork_fields = {
+            "parent-session-id": parent, "title": header.get("title"),
+            "metadata": {k: metadata[k] for k in branches.FORK_METADATA if k in metadata},
+        }  # fmt: skip
 
     def _reload(self) -> None:
         """Read the session back from disk, dropping what is in memory only (not the header)."""
@@ -1256,7 +1275,8 @@ class Session:
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
         self._check_open()
-        if self._forked_from is not None and isinstance(header, dict):
+        if (self._forked_from is not None and isinstance(header, dict)
+                and header.get("id") in (None, self._forked_from[0])):  # fmt: skip
             # Its writer still has the parent session: the fork keeps its own id, title and origin.
             metadata = header.get("metadata")
             fields = {**self._fork_fields, "metadata": {**(metadata if isinstance(metadata, dict) else {}),
@@ -1729,12 +1749,15 @@ class Session:
         header = self._header.current(self.thread)
         title = branches.fork_title(header["title"] or header["summary-title"], machine)
         metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
+        fork_metadata = {"title": title, "parent-session-id": parent, "forked-at-turn": turn,
+                         "continued-on": machine, "forked-at": time.time()}  # fmt: skip
+        if thread.id != parent:  # the thread its writer still sends events of, when not the session's id
+            fork_metadata["parent-thread-id"] = thread.id
         fields: dict[str, Any] = {
             "parent-session-id": parent, "title": title,
             # magent takes a session's title from its metadata.
-            "metadata": {**metadata, "title": title, "parent-session-id": parent, "forked-at-turn": turn,
-                         "continued-on": machine, "forked-at": time.time()},
-        }  # fmt: skip
+            "metadata": {**metadata, **fork_metadata},
+        }
         thread = copy.deepcopy(thread)
         thread.id = thread.session_id = fork_id
         for t in thread.turns:

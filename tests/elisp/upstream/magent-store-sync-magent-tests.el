@@ -154,5 +154,43 @@ written beside it and renamed into place."
                     (should (= 3 (length (alist-get 'turns (plist-get parent :snapshot)))))))
               (magent-store-magent-test--use-magent 6))))))))
 
+;; After the fork, this Emacs writes the fork: a backend that restarts
+;; (crashed, or `magent-store-restart') must open the fork again, not the
+;; session it came from, and a batch sent again must land there once.
+(ert-deftest magent-store-sync-a-fork-goes-on-after-the-backend-restarts ()
+  "This machine's next turn after a backend restart goes to the fork, once; the parent keeps the other machine's."
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((id "20261202-110000-r")
+           (session (magent-store-resume-test--new-session id))
+           (log (expand-file-name (concat "global/" id ".jsonl") magent-session-directory))
+           (fork (concat id "." (replace-regexp-in-string
+                                 "[^A-Za-z0-9_-]+" "-" (system-name)))))
+      (magent-store-flush id)
+      (magent-store-sync-test--continue-elsewhere log "elsewhere-turn" "asked on the other machine")
+      (magent-store-resume-test--converse session 1)
+      (magent-session-save-for-session session 'global)
+      (magent-store-flush id)
+      (should (file-exists-p (expand-file-name (concat "global/" fork ".json")
+                                               magent-session-directory)))
+      ;; The backend goes away with this Emacs's session still open in it.
+      (magent-store-restart)
+      (magent-store-resume-test--converse session 1)
+      (magent-session-save-for-session session 'global)
+      (magent-store-flush id)
+      (magent-store-resume-test--restart)
+      (let* ((parent-file (expand-file-name (concat "global/" id ".json") magent-session-directory))
+             (fork-file (expand-file-name (concat "global/" fork ".json") magent-session-directory))
+             (parent (plist-get (magent-session-read-file parent-file) :session))
+             (forked (plist-get (magent-session-read-file fork-file) :session)))
+        ;; The parent: the turns both had, then the other machine's; nothing of this one's after.
+        (should (equal (car (last (magent-store-sync-test--inputs parent)))
+                       "asked on the other machine"))
+        (should (= (length (magent-store-sync-test--inputs parent)) 3))
+        ;; The fork: the turns both had, then this machine's two, each once.
+        (should (equal (magent-store-sync-test--inputs forked)
+                       (magent-store-sync-test--inputs session)))
+        (should (= (length (magent-store-sync-test--inputs forked)) 4))))))
+
 (provide 'magent-store-sync-magent-tests)
 ;;; magent-store-sync-magent-tests.el ends here
