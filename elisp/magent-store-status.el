@@ -83,6 +83,9 @@ P never gives less."
                           (magent-store--backend-port backend))
                   (format "This machine:       %s\n"
                           (or (alist-get 'machine status) "-"))
+                  (format "Other machines:     %s conflict copies merged, %s forks made\n"
+                          (or (alist-get 'conflict-copies-merged status) 0)
+                          (or (alist-get 'forks-made status) 0))
                   (format "Uptime:             %.0f s\n"
                           (- (float-time)
                              (magent-store--backend-started-at backend)))

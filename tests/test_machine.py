@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import stat
 from pathlib import Path
 
 import orjson
 
+from conftest import Events
 from magent_store.machine import MACHINE_FILE, Machine
 from magent_store.registry import Registry
 from magent_store.server import Service
+from test_store_sync import apart
 
 
 def test_the_first_start_keeps_a_random_id_and_the_host_name_privately(tmp_path: Path) -> None:
@@ -47,3 +50,18 @@ def test_status_names_the_machine_and_forks_made_here_carry_its_name(tmp_path: P
     assert orjson.loads(service.status())["machine"] == "desk"
     assert service.sessions.store(str(tmp_path / "sessions"), {}).machine == "desk"
     assert Registry(machine="laptop").store(str(tmp_path / "sessions"), {}).machine == "laptop"
+
+
+def test_status_counts_the_conflict_copies_merged_and_the_forks_made(tmp_path: Path, events: Events) -> None:
+    """What another machine's copies led to, in counts (never a name or a title)."""
+    root, there = tmp_path / "sessions", tmp_path / "there"
+    apart(root, there, events, [("t3", "asked here")], [("t2", "asked there")])
+    shutil.copyfile(there / "global/s1.jsonl", root / "global/s1.sync-conflict-20261202-101500-ABCDEFG.jsonl")
+    state = tmp_path / "state"
+    (state / "spool").mkdir(parents=True)
+    service = Service(state / "spool")
+    before = orjson.loads(service.status())
+    assert (before["conflict-copies-merged"], before["forks-made"]) == (0, 0)
+    service.open(str(root), '"global"', "s1")
+    after = orjson.loads(service.status())
+    assert (after["conflict-copies-merged"], after["forks-made"]) == (1, 1)

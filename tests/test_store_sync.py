@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from conftest import Events
@@ -192,6 +195,7 @@ def test_both_machines_went_on_with_new_turns_this_machines_go_on_in_a_fork(
     continued_there(here, there, events, ("t2", "asked there"))
     a.flush()
     assert a.id == "s1.laptop"
+    assert a.take_sync_counts() == (0, 1), "a fork made, no copy merged"
     [notice] = a.take_notices()
     assert "session s1 was continued on another machine" in notice
     assert "s1.laptop" in notice and "Continued on laptop: work" in notice
@@ -211,6 +215,16 @@ def test_both_machines_went_on_with_new_turns_this_machines_go_on_in_a_fork(
     assert "reply to asked here, in two chunks" in [str(i.content) for t in thread.turns for i in t.items]
     assert sorted(s.id for s in Store(here).list()) == ["s1", "s1.laptop"]
     assert fsck.fsck(here).findings == []
+    # `ls` says where the fork came from, and on which machine it went on.
+    listed = subprocess.run([sys.executable, "-m", "magent_store", "ls", str(here)],
+                            check=True, capture_output=True, text=True).stdout  # fmt: skip
+    lines = {line.split("\t")[0]: line for line in listed.splitlines()}
+    assert lines["s1.laptop"].endswith("Continued on laptop: work  [fork of s1, continued on laptop]")
+    assert lines["s1"].endswith("\twork")
+    as_json = subprocess.run([sys.executable, "-m", "magent_store", "ls", str(here), "--json"],
+                             check=True, capture_output=True).stdout  # fmt: skip
+    forks = {e["id"]: e.get("fork-of") for e in orjson.loads(as_json)}
+    assert forks == {"s1": None, "s1.laptop": {"session": "s1", "machine": "laptop"}}
 
 
 def test_a_fork_opened_again_takes_its_writers_events_and_header_still_made_for_the_parent(
@@ -340,6 +354,8 @@ def test_a_conflict_copy_of_the_log_becomes_a_fork_on_open(
     assert [(f.kind, f.path.name, f.session) for f in before.findings] == [("conflict-copy", name, "s1")]
     with Store(here).open("s1") as s:
         assert s.take_notices() and s.id == "s1"
+        assert s.take_sync_counts() == (1, 1), "one copy merged, one fork made"
+        assert s.take_sync_counts() == (0, 0), "counted once"
     assert not (here / "global" / name).exists(), "removed once merged"
     assert turn_ids(here) == ["t1", "t3"]
     assert turn_ids(here, fork) == ["t1", "t2"]
@@ -353,7 +369,8 @@ def test_a_conflict_copy_of_the_log_becomes_a_fork_on_open(
 def test_a_conflict_copy_that_only_goes_further_is_appended(here: Path, there: Path, events: Events) -> None:
     apart(here, there, events, [], [("t2", "asked there")])
     shutil.copyfile(there / "global/s1.jsonl", here / "global/s1.sync-conflict-20261202-101500-ABCDEFG.jsonl")
-    Store(here).open("s1").close()
+    with Store(here).open("s1") as s:
+        assert s.take_sync_counts() == (1, 0), "merged, no fork"
     assert turn_ids(here) == ["t1", "t2"]
     assert sorted(p.name for p in (here / "global").iterdir() if "conflict" in p.name) == []
     assert [s.id for s in Store(here).list()] == ["s1"]

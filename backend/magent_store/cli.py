@@ -331,7 +331,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         updated = dt.datetime.fromtimestamp(s.updated).strftime("%Y-%m-%d %H:%M") if s.updated else "-"
         turns = "" if s.turns is None else f"  {s.turns} turns"
         size = f"{_human_size(s.bytes)}{turns}"
-        print(f"{s.id}\t{s.scope}\t{updated}\t{size}\tschema {version}\t{s.title or ''}")
+        fork = f"  [fork of {s.fork_of[0]}, continued on {s.fork_of[1]}]" if s.fork_of else ""
+        print(f"{s.id}\t{s.scope}\t{updated}\t{size}\tschema {version}\t{s.title or ''}{fork}")
     return 0
 
 

@@ -180,6 +180,8 @@ class Stats:
     bytes_written: int = 0
     compactions: int = 0
     rejected: int = 0
+    merged: int = 0  # conflict copies a sync engine made, merged into their sessions
+    forks: int = 0  # sessions continued on two machines, one line of turns gone on as a fork
     flush_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=FLUSH_SAMPLES))
     last_error: str | None = None
 
@@ -188,6 +190,10 @@ class Stats:
         self.bytes_written += result.bytes_written
         self.compactions += int(result.compacted)
         self.flush_seconds.append(result.seconds)
+
+    def count_sync(self, counts: tuple[int, int]) -> None:
+        self.merged += counts[0]
+        self.forks += counts[1]
 
 
 def _redaction(spec: Any) -> SessionRedaction | None:
@@ -305,6 +311,7 @@ class Service:
         redaction = _redaction(opts.get("redact"))
         session = self.sessions.open(root, scope_json, scope_obj, session_id, opts,
                                      self._initial(initial, session_id, redaction), redaction)  # fmt: skip
+        self.stats.count_sync(session.take_sync_counts())
         return session.last_seq
 
     def _initial(self, initial: Any, session_id: str, redaction: SessionRedaction | None) -> Thread | None:
@@ -421,6 +428,7 @@ class Service:
                 session.abort_batch()
             raise
         self.stats.count_flush(result)
+        self.stats.count_sync(session.take_sync_counts())
         notices = session.take_notices()
         reply = [
             result.durable_seq,
@@ -609,6 +617,8 @@ class Service:
             "flush-ms-p50": _ms(median(samples) if samples else None),
             "flush-ms-p99": _ms(percentile(samples, 99) if samples else None),
             "compactions": self.stats.compactions,
+            "conflict-copies-merged": self.stats.merged,
+            "forks-made": self.stats.forks,
             "rejected-entries": self.stats.rejected,
             "last-error": self.stats.last_error,
             # Why a root's search index writes nothing now (its disk is nearly full).

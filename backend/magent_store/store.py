@@ -975,6 +975,8 @@ class Session:
         self.machine = machine or machine_name()
         # What the user is to be told, once, of what a flush did (a fork made): taken by the server.
         self.notices: list[str] = []
+        # Conflict copies merged and forks made since last taken (`take_sync_counts`): counts only.
+        self._merged = self._forked = 0
         # Once this session's own line of turns went on as a fork: the parent's session id and thread id.
         self._forked_from: tuple[str, str | None] | None = None
         self._own_copies: list[Path] = []  # our old log under a conflict name (see `_take_in_changes`)
@@ -1591,6 +1593,7 @@ class Session:
         parent, old_thread_id = self.files.id, self.thread.id
         turn = branches.last_common_turn(self.thread, disk)
         files, fields, lock = self._write_fork(self.thread, self.machine, turn)
+        self._forked += 1
         record = self._record
         self._lock.release(remove=True)
         self._lock = lock
@@ -1644,6 +1647,7 @@ class Session:
             if merged:
                 os.unlink(path)
                 sync_directories([self.files.directory])
+                self._merged += 1
                 log.warning("%s: a conflict copy of session %s, merged and removed", path, self.files.id)
 
     def _merge_log_copy(self, path: Path, match: re.Match[str]) -> bool:
@@ -1677,6 +1681,7 @@ class Session:
         machine = branches.conflict_origin_name(conflict_copy_origin(match))
         turn = branches.last_common_turn(copy_thread, self.thread)
         files, fields, lock = self._write_fork(copy_thread, machine, turn)
+        self._forked += 1
         lock.release(remove=True)
         log.warning("%s: turns continued on %s after turn %s are in the fork %s", self.files.id, machine,
                     turn, files.id)  # fmt: skip
@@ -1774,6 +1779,11 @@ class Session:
             raise
         return files, fields, lock
 
+    def take_sync_counts(self) -> tuple[int, int]:
+        """How many conflict copies were merged and forks made since last asked (then forgotten here)."""
+        counts, self._merged, self._forked = (self._merged, self._forked), 0, 0
+        return counts
+
     def take_notices(self) -> list[str]:
         """What the user is to be told of what flushes did (once: forgotten here)."""
         notices, self.notices = self.notices, []
@@ -1861,6 +1871,9 @@ class SessionInfo:
     bytes: int
     updated: float
     turns: int | None = None
+    # A fork made when two machines went on with one session: (the session it
+    # came from, the machine its own turns were continued on).
+    fork_of: tuple[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -1872,7 +1885,15 @@ class SessionInfo:
             "bytes": self.bytes,
             "updated": self.updated,
             "path": str(self.header_path),
+            **({"fork-of": {"session": self.fork_of[0], "machine": self.fork_of[1]}} if self.fork_of else {}),
         }
+
+
+def fork_origin(header: dict[str, Any]) -> tuple[str, str] | None:
+    """(PARENT, MACHINE) of a fork this store made (see `Session._fork`), None for any other session."""
+    parent, metadata = header.get("parent-session-id"), header.get("metadata")
+    machine = metadata.get("continued-on") if isinstance(metadata, dict) else None
+    return (parent, machine) if isinstance(parent, str) and isinstance(machine, str) else None
 
 
 # The version a session file declares first (magent and the store write it second).
@@ -1970,7 +1991,7 @@ class Store:
                 SessionInfo(
                     id=header["id"], scope=Scope.from_header(header).label(),
                     title=header["summary-title"] or header["title"], status=header["status"],
-                    header_path=path, bytes=size, updated=updated, turns=count,
+                    header_path=path, bytes=size, updated=updated, turns=count, fork_of=fork_origin(header),
                 )  # fmt: skip
             )
         return out

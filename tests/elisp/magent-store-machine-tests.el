@@ -20,6 +20,8 @@
     (let ((file (expand-file-name "state/magent-store/machine.json" tmp)))
       (should (string-match-p (format "^This machine: +%s$" (regexp-quote (system-name)))
                               (magent-store-status-test--text)))
+      (should (string-match-p "^Other machines: +0 conflict copies merged, 0 forks made$"
+                              (magent-store-status-test--text)))
       (should (file-exists-p file))
       (let ((id (alist-get 'id (json-read-file file))))
         (magent-store-stop)
