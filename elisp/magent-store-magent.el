@@ -295,9 +295,9 @@ Not when it is why persistence stopped, which the user was told."
          (text (error-message-string err)))
     (cond (row (setcar (cdr row) (1+ (cadr row))))
           ((progn (push (list key 1 text) magent-store-magent--adapter-failures)
-                  (and magent-store--gave-up magent-store--last-error
-                       (string-search text magent-store--last-error))))
-          (t (setq magent-store--last-error (format "%s: %s" where text))
+                  (and magent-store-gave-up magent-store-last-error
+                       (string-search text magent-store-last-error))))
+          (t (setq magent-store-last-error (format "%s: %s" where text))
              (message "magent-store: %s failed (%s); magent goes on, \
 see M-x magent-store-status" where text)))))
 
@@ -543,13 +543,7 @@ faithful form JSON allows and noted for `magent-store-status'."
 
 (defun magent-store-magent--known-session (thread)
   "Return the store session of THREAD if this Emacs has opened it."
-  (let ((id (magent-thread-session-id thread))
-        (recent magent-store--recent))
-    (if (and recent (eq id (car recent)))
-        (cdr recent)
-      (when-let ((session (gethash id magent-store--sessions)))
-        (setq magent-store--recent (cons id session))
-        session))))
+  (magent-store-get-session (magent-thread-session-id thread)))
 
 (defun magent-store-magent--scope-directory (scope)
   "Return the directory of the store's sessions under SCOPE, as magent names it."
@@ -561,7 +555,7 @@ faithful form JSON allows and noted for `magent-store-status'."
               (replace-regexp-in-string "[^[:alnum:]_.-]+" "-"
                                         (string-trim name))))
      (_ (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))))
-   (magent-store--root)))
+   (magent-store-session-root)))
 
 (defun magent-store-magent--initial-state (thread)
   "Return THREAD's materialized state as JSON text, or nil.
@@ -582,8 +576,8 @@ long conversation would cost Emacs its encoding) or magent lacks
 (defun magent-store-magent--open-thread (thread)
   "Open THREAD's session in the store, with THREAD's state as its start."
   (let ((id (magent-thread-session-id thread)))
-    (or (gethash id magent-store--sessions)
-        (magent-store--ensure-session
+    (or (magent-store-get-session id)
+        (magent-store-ensure-session
          id (magent-store-magent--store-scope (magent-thread-scope thread))
          (magent-store-magent--initial-state thread)))))
 
@@ -606,11 +600,12 @@ the thread as it was before EVENT."
   (let ((appended (funcall orig thread event)))
     (when (and thread event magent-store-persistence-enabled)
       (magent-store-magent--guarded "forwarding an event"
-        (let ((session (or (magent-store-magent--known-session thread)
-                           (magent-store-magent--open-thread thread)))
-              (text (magent-store-magent--encode
-                     (magent-thread-event-to-alist (or appended event)))))
-          (magent-store--push session text (length text)))))
+        (unless (magent-store-magent--known-session thread)
+          (magent-store-magent--open-thread thread))
+        (magent-store-append-event
+         (magent-thread-session-id thread)
+         (magent-store-magent--encode
+          (magent-thread-event-to-alist (or appended event))))))
     appended))
 
 
@@ -629,15 +624,15 @@ of, is opened from the thread as it is now, which already holds CHUNK."
              (session (or known (magent-store-magent--open-thread thread))))
         ;; A session opened just now from the thread as it is already
         ;; holds CHUNK; one opened from its files does not.
-        (when (or known (not (magent-store--session-initial session)))
+        (when (or known (not (magent-store-session-initial-p session)))
           (when (and magent-store-magent--reader-refuses-nul
                      (string-search "\0" chunk))
             (setq chunk (magent-store-magent--repair chunk)))
           (let ((time (and (fboundp 'magent-thread-item-updated-at)
                            (magent-thread-item-updated-at item))))
-            (magent-store--push-chunk session (magent-thread-item-id item)
-                                      chunk output-p
-                                      (if (floatp time) time (float-time)))
+            (magent-store-append-item-content
+             (magent-thread-session-id thread) (magent-thread-item-id item)
+             chunk output-p (if (floatp time) time (float-time)))
             (setq magent-store-magent--chunk-thread thread)))))))
 
 ;;;;; Headers and saves
@@ -796,12 +791,8 @@ one must not appear in its listing."
 
 (defun magent-store-magent--forget (id)
   "Forget session ID in Emacs: its queue, its timer, its header."
-  (when-let ((session (gethash id magent-store--sessions)))
-    (when-let ((timer (magent-store--session-timer session)))
-      (cancel-timer timer))
-    (remhash id magent-store--sessions))
-  (remhash id magent-store-magent--headers-sent)
-  (setq magent-store--recent nil))
+  (magent-store-forget id)
+  (remhash id magent-store-magent--headers-sent))
 
 (defun magent-store-magent--around-clear (orig session &optional scope)
   "Remove SESSION's files under SCOPE from the store, then let ORIG clear it.
@@ -810,18 +801,18 @@ snapshot go too, or the next turn of that id would be added to the
 cleared conversation."
   (magent-store-magent--guarded "clearing a session"
     (when-let ((id (and session (magent-session-id session))))
-      (let* ((open (gethash id magent-store--sessions))
+      (let* ((open (magent-store-get-session id))
              (target (or scope (bound-and-true-p magent-session--current-scope)))
              (store-scope (if open
-                              (magent-store--session-scope open)
+                              (magent-store-session-scope open)
                             (magent-store-magent--store-scope target))))
         (setq magent-store-magent--deferred-headers
               (cl-remove session magent-store-magent--deferred-headers :key #'car))
         (magent-store-magent--forget id)
-        (magent-store--ensure-backend)
-        (magent-store--call "delete"
-                            (list (magent-store-json-text (magent-store--root))
-                                  (magent-store--scope-json store-scope)
+        (magent-store-ensure-backend)
+        (magent-store-call "delete"
+                            (list (magent-store-json-text (magent-store-session-root))
+                                  (magent-store-scope-json store-scope)
                                   id)))))
   (funcall orig session scope))
 
@@ -876,24 +867,14 @@ a megabyte session costs a few hundred bytes here."
     ;; Now, not from a timer that would outlive the flush (and the mode).
     (cancel-timer magent-store-magent--header-timer)
     (magent-store-magent--refresh-deferred-headers))
-  (when magent-store--backend
-    (maphash (lambda (sid session)
-               (when (and (or (null id) (equal id sid))
-                          (or (> (magent-store--session-fill session) 0)
-                              (magent-store--session-inflight session)
-                              (magent-store--session-deadline session)))
-                 (condition-case err
-                     (magent-store-flush sid)
-                   (error (message "magent-store: %s"
-                                   (error-message-string err))))))
-             magent-store--sessions)))
+  (magent-store-flush-unsent id))
 
 (defun magent-store-magent--call-rendered (filepath hollow function)
   "Call FUNCTION with FILEPATH's session rendered for magent, and its damage.
 HOLLOW renders the header fields only.  The rendered file is deleted
 afterwards, whatever FUNCTION does."
-  (magent-store--ensure-backend)
-  (let* ((reply (magent-store--call "render"
+  (magent-store-ensure-backend)
+  (let* ((reply (magent-store-call "render"
                                     (list (expand-file-name filepath)
                                           (and hollow t))))
          (file (nth 0 reply)))
@@ -1066,11 +1047,11 @@ read as before."
              (boundp 'magent-session--metadata-cache)
              (hash-table-p magent-session--metadata-cache)
              (cl-every #'fboundp magent-store-magent--picker-functions))
-    (magent-store--ensure-backend)
+    (magent-store-ensure-backend)
     (let* ((base (file-name-as-directory
                   (expand-file-name (symbol-value 'magent-session-directory))))
            (entries (json-parse-string
-                     (magent-store--call
+                     (magent-store-call
                       "listing" (list base (and directory
                                                 (expand-file-name directory))))
                      :object-type 'alist :array-type 'list
@@ -1149,7 +1130,7 @@ a check fails: magent's reader then reads that session itself."
 
 (defun magent-store-magent--schema7-headers ()
   "Return the store's schema-7 headers under the session root."
-  (let ((root (magent-store--root)) found)
+  (let ((root (magent-store-session-root)) found)
     (dolist (pattern '("global" "projects/*" "actions/*"))
       (dolist (dir (file-expand-wildcards (expand-file-name pattern root)))
         (when (file-directory-p dir)
@@ -1162,7 +1143,7 @@ a check fails: magent's reader then reads that session itself."
   "Return the command line of an export to schema 6."
   (append (or magent-store-export-command
               (butlast (magent-store-program-command)))
-          (list "export" (magent-store--root) "--schema" "6")))
+          (list "export" (magent-store-session-root) "--schema" "6")))
 
 (defvar magent-store-magent--export-offered nil
   "Non-nil once turning the mode off told the user about the export.")
@@ -1354,7 +1335,7 @@ does not matter; `magent-store-root' overrides it."
   (and (boundp 'magent-session-directory)
        (symbol-value 'magent-session-directory)))
 
-(setq magent-store--default-root-function
+(setq magent-store-default-root-function
       #'magent-store-magent--session-directory)
 
 (declare-function magent-store-timing-mode-sync "magent-store-timing" ())
@@ -1403,8 +1384,8 @@ rest of its start.  A backend that cannot start is said once."
   (setq magent-store-magent--start-timer nil)
   (when magent-store-mode
     (condition-case err
-        (magent-store--ensure-backend)
-      (error (magent-store--give-up (error-message-string err))))))
+        (magent-store-ensure-backend)
+      (error (magent-store-give-up (error-message-string err))))))
 
 ;;;###autoload
 (define-minor-mode magent-store-mode
@@ -1434,10 +1415,10 @@ session over again)? ")
                   #'magent-store-magent--resume)
         (unless (featurep 'magent-session)
           (add-hook 'after-load-functions #'magent-store-magent--loaded))
-        (add-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+        (add-hook 'kill-emacs-hook #'magent-store-save-at-exit)
         ;; The backend starts at the first idle moment: never inside the
         ;; init file, and never at magent's first save.
-        (unless (or magent-store--backend
+        (unless (or magent-store-current-backend
                     (memq magent-store-magent--start-timer timer-idle-list))
           (setq magent-store-magent--start-timer
                 (run-with-idle-timer 0 nil #'magent-store-magent--start-backend)))
@@ -1459,7 +1440,7 @@ session over again)? ")
     (when magent-store-magent--header-timer
       (cancel-timer magent-store-magent--header-timer))
     (magent-store-magent--refresh-deferred-headers)
-    (remove-hook 'kill-emacs-hook #'magent-store--kill-emacs)
+    (remove-hook 'kill-emacs-hook #'magent-store-save-at-exit)
     (magent-store-magent--guarded "a flush as the mode turns off"
       (magent-store-magent--flush-pending))
     (magent-store-magent--guarded "looking for sessions magent cannot read"

@@ -30,10 +30,12 @@
 ;; A thin shim between magent and the magent-store backend (a Python
 ;; process speaking EPC on 127.0.0.1).  The backend owns the ledger, the
 ;; JSONL journal and snapshot compaction; this file owns Emacs and nothing
-;; else: it forwards, buffers and schedules.  It holds the connection to
-;; the backend, each session's queue and the public functions, and knows
-;; only sessions, events, chunks and flushes.  The rest of the package
-;; has rooms of its own: the adapter to magent and `magent-store-mode'
+;; else: it forwards, buffers and schedules.  It holds each session's
+;; queue, what is sent again after the backend stopped, and the public
+;; functions, and knows only sessions, events, chunks and flushes.  The
+;; rest of the package has rooms of its own: the connection to the
+;; backend (magent-store-connection.el, under this file), the adapter to
+;; magent and `magent-store-mode'
 ;; (magent-store-magent.el, loaded when the mode is first turned on), the
 ;; status buffer (magent-store-status.el), finding and installing the
 ;; backend (magent-store-program.el, magent-store-install.el), JSON and
@@ -81,6 +83,11 @@
 (require 'magent-store-redact)
 (require 'magent-store-connection)
 
+;;;; Customization
+
+(defconst magent-store-version "0.1.0"
+  "The version of this package; the backend it talks to should match it.")
+
 (defcustom magent-store-root nil
   "Directory under which sessions are stored (magent's session root).
 nil means `magent-session-directory' when magent defines it (looked up
@@ -89,17 +96,17 @@ magent/sessions under `user-emacs-directory'."
   :type '(choice (const :tag "magent's session directory" nil) directory)
   :group 'magent-store)
 
-(defvar magent-store--default-root-function nil
+(defvar magent-store-default-root-function nil
   "Nil, or a function of no argument returning the default session root.
 The adapter of the agent whose sessions are stored sets it, when it
 loads: the core does not know where that agent keeps its sessions.")
 
-(defun magent-store--root ()
+(defun magent-store-session-root ()
   "Return the session root in use, as an absolute directory name."
   (expand-file-name
    (or magent-store-root
-       (and magent-store--default-root-function
-            (funcall magent-store--default-root-function))
+       (and magent-store-default-root-function
+            (funcall magent-store-default-root-function))
        (locate-user-emacs-file "magent/sessions"))))
 
 (defcustom magent-store-flush-interval 0.25
@@ -143,7 +150,7 @@ writing them to a file the backend reads."
                                      (:copier nil))
   "What Emacs holds for one open session.
 BATCH is a vector whose first FILL slots hold the entries not yet sent,
-oldest first, `magent-store--entry-slots' slots each (see
+oldest first, `magent-store-entry-slots' slots each (see
 `magent-store--enqueue'); INFLIGHT the batches sent but not yet
 acknowledged, oldest first, as (NUMBER BATCH FILL): batches are
 numbered per PRODUCER (this session object), so that the backend
@@ -168,17 +175,17 @@ when the backend has no files for it (no event carries that state)."
 (defvar magent-store--sessions (make-hash-table :test #'equal)
   "Open sessions: session id -> `magent-store--session'.")
 
-(defvar magent-store--flush-ms nil
+(defvar magent-store-flush-ms nil
   "Recent flush round-trip times in milliseconds, newest first.")
 
 (defvar magent-store-persistence-enabled t
   "When nil, the append functions drop their input (for benchmarks only).")
 
-(defvar magent-store--flush-extra-args-function nil
+(defvar magent-store-flush-extra-args-function nil
   "Nil, or a function returning extra arguments for the next flush message.
 magent-store-timing sets it, so that its records ride the flush.")
 
-(defvar magent-store--flushed-function nil
+(defvar magent-store-flushed-function nil
   "Nil, or a function called with (SENT RECORD REPLY) after each flush.
 magent-store-timing sets it to record the round trip as a session save.")
 
@@ -198,10 +205,40 @@ A refused batch (a full disk, say) stays in Emacs until it is saved."
         (magent-store--session-opened session) nil
         (magent-store--session-opening session) nil))
 
+(defun magent-store--detach-all ()
+  "Forget that every session is open on a backend: it went away."
+  (maphash (lambda (_id session) (magent-store--session-detach session))
+           magent-store--sessions))
+
+(defun magent-store--reopen-all ()
+  "Open every session the backend, which just took our token, does not hold."
+  (maphash (lambda (_id session)
+             (unless (or (magent-store--session-opened session)
+                         (magent-store--session-opening session))
+               (magent-store--reopen session)))
+           magent-store--sessions))
+
+(defun magent-store--send-kept ()
+  "Send what each session queued while the backend did not answer.
+A header put meanwhile goes first (the backend writes it only if it
+changed); a session waiting for a retry sends at its retry."
+  (maphash (lambda (id session)
+             (when (magent-store--sendable-p session)
+               (when-let ((header (magent-store--session-header session)))
+                 (magent-store-send "put-header" (list id header) nil #'ignore))
+               (when (and (not (magent-store--session-inflight session))
+                          (> (magent-store--session-fill session) 0))
+                 (magent-store--flush-now session t))))
+           magent-store--sessions))
+
+(setq magent-store-ready-function #'magent-store--reopen-all
+      magent-store-answering-function #'magent-store--send-kept
+      magent-store-detach-function #'magent-store--detach-all)
+
 (defun magent-store--maybe-recovered ()
   "Say so once every session has everything saved after a restart."
-  (when (and magent-store--recovering
-             (magent-store--ready-p magent-store--backend)
+  (when (and magent-store-recovering
+             (magent-store-ready-p magent-store-current-backend)
              (catch 'pending
                (maphash (lambda (_id session)
                           (when (or (not (magent-store--session-opened session))
@@ -209,7 +246,7 @@ A refused batch (a full disk, say) stays in Emacs until it is saved."
                             (throw 'pending nil)))
                         magent-store--sessions)
                t))
-    (setq magent-store--recovering nil)
+    (setq magent-store-recovering nil)
     (message "magent-store: the backend stopped and was restarted; \
 everything it had not saved was sent again and is saved")))
 
@@ -218,7 +255,7 @@ everything it had not saved was sent again and is saved")))
 Each unacknowledged batch goes again under its own number: the backend
 skips the ones already in its log.  Then the queue follows."
   (setf (magent-store--session-opening session) t)
-  (magent-store--send
+  (magent-store-send
    "open" (magent-store--open-args session)
    (lambda (last-seq)
      (setf (magent-store--session-opening session) nil
@@ -227,7 +264,7 @@ skips the ones already in its log.  Then the queue follows."
        (setf (magent-store--session-durable-seq session) last-seq
              (magent-store--session-written-seq session) last-seq))
      (when-let ((header (magent-store--session-header session)))
-       (magent-store--send "put-header"
+       (magent-store-send "put-header"
                            (list (magent-store--session-id session) header)
                            nil (magent-store--header-refused
                                 (magent-store--session-id session))))
@@ -263,7 +300,7 @@ Nothing is dropped: everything stays in Emacs and is sent again after
 `magent-store-retry-interval' seconds, until the backend has it."
   (unless (string-match-p "came before batch" why)
     ;; That one only follows another refusal: the first says why.
-    (setq magent-store--last-error why))
+    (setq magent-store-last-error why))
   (unless (or (string-match-p "came before batch" why)
               ;; The same refusal with other numbers (bytes needed) is news
               ;; to nobody: say it once.
@@ -289,11 +326,11 @@ entries stay in Emacs and are sent again every %ss"
 (defun magent-store--retry (session)
   "Send SESSION's unsaved entries again, reopening it first if needed."
   (setf (magent-store--session-retry session) nil)
-  (let ((backend magent-store--backend))
-    (when (and (magent-store--ready-p backend)
+  (let ((backend magent-store-current-backend))
+    (when (and (magent-store-ready-p backend)
                (eq session (gethash (magent-store--session-id session)
                                     magent-store--sessions)))
-      (cond ((magent-store--backend-unresponsive backend)
+      (cond ((magent-store-backend-unresponsive backend)
              ;; Nothing is sent to a backend that does not answer: later.
              (setf (magent-store--session-retry session)
                    (run-at-time magent-store-retry-interval nil
@@ -305,7 +342,7 @@ entries stay in Emacs and are sent again every %ss"
 
 ;;;; Sessions and batches
 
-(defun magent-store--scope-json (scope)
+(defun magent-store-scope-json (scope)
   "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
   (magent-store-json-encode
    (pcase scope
@@ -328,8 +365,8 @@ included: the options are never logged."
 
 (defun magent-store--open-args (session)
   "Return the arguments of the open call for SESSION."
-  (let ((args (list (magent-store-json-text (magent-store--root))
-                    (magent-store--scope-json
+  (let ((args (list (magent-store-json-text (magent-store-session-root))
+                    (magent-store-scope-json
                      (magent-store--session-scope session))
                     (magent-store--session-id session)
                     (magent-store--options-json))))
@@ -353,7 +390,7 @@ Cleared whenever a session is forgotten.")
         (setq magent-store--recent (cons session-id session))
         session))))
 
-(defun magent-store--ensure-session (session-id scope &optional initial)
+(defun magent-store-ensure-session (session-id scope &optional initial)
   "Return session SESSION-ID under SCOPE, opening it (without waiting) if needed.
 INITIAL, JSON text of a thread snapshot, is the state the backend starts
 the session from when it has no files for it."
@@ -362,11 +399,11 @@ the session from when it has no files for it."
                                                  :initial initial)))
         (puthash session-id session magent-store--sessions)
         (condition-case err
-            (let ((backend (magent-store--ensure-backend)))
+            (let ((backend (magent-store-ensure-backend)))
               ;; A backend still starting opens it once it is ready.
-              (when (magent-store--ready-p backend)
+              (when (magent-store-ready-p backend)
                 (magent-store--reopen session)))
-          (error (magent-store--give-up (error-message-string err))))
+          (error (magent-store-give-up (error-message-string err))))
         session)))
 
 (defsubst magent-store--due (session now)
@@ -388,11 +425,6 @@ stopped."
 ;; references and allocates nothing.  A chunk's time is the float the
 ;; caller already has (magent's own, through the mode), at full precision.
 
-(defconst magent-store--entry-slots 4
-  "Slots an entry takes in a batch vector.
-A chunk is ITEM-ID CHUNK OUTPUT-P TIME (TIME in seconds, a float); an
-event is its JSON TEXT, then nil in the other three.")
-
 (defconst magent-store--batch-pool-max 8
   "Acknowledged batch vectors kept for reuse.")
 
@@ -411,14 +443,14 @@ event is its JSON TEXT, then nil in the other three.")
   "Append the entry A B C D to SESSION's batch."
   (let ((batch (magent-store--session-batch session))
         (fill (magent-store--session-fill session)))
-    (when (> (+ fill magent-store--entry-slots) (length batch))
+    (when (> (+ fill magent-store-entry-slots) (length batch))
       (setq batch (magent-store--grow session)))
     (aset batch fill a)
     (aset batch (+ fill 1) b)
     (aset batch (+ fill 2) c)
     (aset batch (+ fill 3) d)
     (setf (magent-store--session-fill session)
-          (+ fill magent-store--entry-slots))))
+          (+ fill magent-store-entry-slots))))
 
 (defun magent-store--recycle (batch)
   "Clear BATCH, a vector the backend has acknowledged, and keep it for reuse."
@@ -433,7 +465,7 @@ event is its JSON TEXT, then nil in the other three.")
         (apply #'+ (mapcar (lambda (record) (nth 2 record))
                            (append (magent-store--session-held session)
                                    (magent-store--session-inflight session)))))
-     magent-store--entry-slots))
+     magent-store-entry-slots))
 
 (defsubst magent-store--push (session text size)
   "Queue the event TEXT of SIZE characters for SESSION; schedule a flush."
@@ -447,48 +479,6 @@ TIME is a float, seconds since the epoch.  Schedule SESSION's flush."
   (magent-store--enqueue session item-id chunk (and output-p t) time)
   (cl-incf (magent-store--session-queued-chars session) (length chunk))
   (magent-store--due session time))
-
-(defun magent-store--print-batch (batch fill)
-  "Print the entries of BATCH's first FILL slots at point, as one list.
-Bytes in strings are turned into text as by `magent-store-print'."
-  ;; t: print strings as they are; the default copies each one first.
-  (let ((print-charset-text-property t)
-        (print-escape-newlines nil)
-        (print-escape-nonascii nil)
-        (print-escape-multibyte nil)
-        (print-escape-control-characters nil)
-        (buffer (current-buffer))
-        (start (point))
-        (i 0))
-    (insert "(")
-    (while (< i fill)
-      (let ((chunk (aref batch (1+ i))))
-        (if (not chunk)
-            (magent-store-print--string (aref batch i))
-          (insert "(")
-          (magent-store-print--string (aref batch i))
-          (insert " ")
-          (magent-store-print--string chunk)
-          (insert (if (aref batch (+ i 2)) " t " " nil "))
-          (prin1 (aref batch (+ i 3)) buffer)
-          (insert ")")))
-      (insert " ")
-      (setq i (+ i magent-store--entry-slots)))
-    (insert ")")
-    (magent-store-print--unescape-bytes start)))
-
-(defun magent-store--print-flush-args (args)
-  "Print ARGS, (SESSION-ID RECORD . EXTRA), as a flush's arguments at point."
-  (let ((buffer (current-buffer))
-        (record (nth 1 args)))
-    (insert "(")
-    (prin1 (car args) buffer)
-    (insert " ")
-    (magent-store--print-batch (nth 1 record) (nth 2 record))
-    (dolist (arg (nthcdr 2 args))
-      (insert " ")
-      (magent-store-print arg))
-    (insert ")")))
 
 (defun magent-store--schedule (session now)
   "Schedule SESSION's flush one interval after NOW.
@@ -536,8 +526,8 @@ The backend may hold the reply back and send it with later ones
   "Non-nil when a batch of SESSION may go to the backend now.
 Not while the backend starts, the session is being reopened, or a
 refused batch waits for its retry: batches never overtake each other."
-  (and (magent-store--ready-p magent-store--backend)
-       (not (magent-store--backend-unresponsive magent-store--backend))
+  (and (magent-store-ready-p magent-store-current-backend)
+       (not (magent-store-backend-unresponsive magent-store-current-backend))
        (magent-store--session-opened session)
        (not (magent-store--session-retry session))))
 
@@ -567,8 +557,8 @@ cannot send, its entries stay queued."
       (cl-incf (magent-store--session-flushes session))
       (magent-store--send-batch
        session record tick
-       (and magent-store--flush-extra-args-function
-            (funcall magent-store--flush-extra-args-function))))))
+       (and magent-store-flush-extra-args-function
+            (funcall magent-store-flush-extra-args-function))))))
 
 (defun magent-store--send-batch (session record tick &optional extra)
   "Send the batch RECORD, (NUMBER BATCH FILL LARGE), of SESSION.
@@ -576,26 +566,26 @@ With TICK as a tick; EXTRA is the list of extra arguments (timing
 records).  A LARGE batch travels as a file, or in the message when
 the file cannot be written (a full disk) or redaction is on (the file
 would be an unredacted copy on disk)."
-  (let* ((backend magent-store--backend)
+  (let* ((backend magent-store-current-backend)
          (id (magent-store--session-id session))
          (ident (list (magent-store--session-producer session) (car record)))
          (sent (float-time))
          (file (and (nth 3 record)
                     (not magent-store-redact)
                     (ignore-errors
-                      (magent-store--spool-file backend (nth 1 record)
-                                                (nth 2 record))))))
+                      (magent-store-spool-file backend #'magent-store-print-batch
+                                               (nth 1 record) (nth 2 record))))))
     (condition-case nil
         (if file
-            (magent-store--send (if tick "tick-file" "flush-file")
+            (magent-store-send (if tick "tick-file" "flush-file")
                                 (list id file (car extra) ident)
                                 (magent-store--on-flushed session record sent)
                                 (magent-store--on-refused session record))
-          (magent-store--send (if tick "tick" "flush")
+          (magent-store-send (if tick "tick" "flush")
                               (list id record (car extra) ident)
                               (magent-store--on-flushed session record sent)
                               (magent-store--on-refused session record)
-                              #'magent-store--print-flush-args))
+                              #'magent-store-print-flush-args))
       ;; The connection is gone: the sentinel restarts and resends.
       (error nil))))
 
@@ -609,15 +599,15 @@ would be an unredacted copy on disk)."
             (magent-store--session-durable-seq session) (nth 0 reply)
             (magent-store--session-written-seq session) (nth 1 reply))
       (magent-store--release session record (or (nth 5 reply) (car record)))
-      (push (* 1000 (- (float-time) sent)) magent-store--flush-ms)
-      (when (nthcdr 256 magent-store--flush-ms)
-        (setcdr (nthcdr 127 magent-store--flush-ms) nil))
-      (when magent-store--flushed-function
-        (funcall magent-store--flushed-function sent record reply))
+      (push (* 1000 (- (float-time) sent)) magent-store-flush-ms)
+      (when (nthcdr 256 magent-store-flush-ms)
+        (setcdr (nthcdr 127 magent-store-flush-ms) nil))
+      (when magent-store-flushed-function
+        (funcall magent-store-flushed-function sent record reply))
       (dolist (notice (nth 6 reply))
         (message "magent-store: %s" notice))
       (when-let ((rejected (nth 4 reply)))
-        (setq magent-store--last-error (car rejected))
+        (setq magent-store-last-error (car rejected))
         (message "magent-store: session %s: %d entries rejected (%s)"
                  (magent-store--session-id session) (length rejected)
                  (car rejected)))
@@ -665,9 +655,9 @@ SCOPE is `global' (the default), a project root directory, or
   (let ((session (or (gethash session-id magent-store--sessions)
                      (magent-store--session-make
                       :id session-id :scope (magent-store--scope-arg scope)))))
-    (magent-store--ready-backend)
+    (magent-store-ready-backend)
     (unless (magent-store--session-opened session)
-      (let ((last-seq (magent-store--call "open"
+      (let ((last-seq (magent-store-call "open"
                                           (magent-store--open-args session))))
         (setf (magent-store--session-opened session) t
               (magent-store--session-durable-seq session) last-seq
@@ -685,15 +675,16 @@ Nothing waits for the backend."
       (magent-store--push (magent-store--get session-id) text (length text)))))
 
 (defun magent-store-append-item-content (session-id item-id chunk
-                                                    &optional output-p)
+                                                    &optional output-p time)
   "Queue CHUNK appended to ITEM-ID's content in SESSION-ID.
-With OUTPUT-P, CHUNK is appended to the item's output.  This is the
-streaming hot path: it takes the time (one float) and allocates nothing
-else."
+With OUTPUT-P, CHUNK is appended to the item's output.  TIME, a float
+\(seconds since the epoch), is when it was appended; nil means now.
+This is the streaming hot path: it takes the time (one float, unless
+given) and allocates nothing else."
   (when (and magent-store-persistence-enabled (stringp chunk)
              (> (length chunk) 0))
     (magent-store--push-chunk (magent-store--get session-id)
-                              item-id chunk output-p (float-time))))
+                              item-id chunk output-p (or time (float-time)))))
 
 (defun magent-store-put-header (session-id header)
   "Queue HEADER as the header of SESSION-ID, sent before its next flush.
@@ -703,13 +694,13 @@ HEADER is an alist or its JSON text, as for `magent-store-append-event'."
     (setf (magent-store--session-header session) text)
     ;; Otherwise the session's reopening sends it.
     (when (magent-store--sendable-p session)
-      (magent-store--send "put-header" (list session-id text) nil
+      (magent-store-send "put-header" (list session-id text) nil
                           (magent-store--header-refused session-id)))))
 
 (defun magent-store--header-refused (session-id)
   "Return a handler of a refusal of SESSION-ID's header: a message and the error."
   (lambda (why)
-    (setq magent-store--last-error
+    (setq magent-store-last-error
           (format "header of %s refused: %s" session-id why))
     (message "magent-store: header of %s refused: %s" session-id why)))
 
@@ -728,10 +719,10 @@ The first request schedules the flush; later ones join it."
 Signal an error naming why when the backend cannot save it yet (its
 entries stay in Emacs and are sent again)."
   (let* ((session (magent-store--get session-id))
-         (backend (magent-store--ready-backend))
-         (process (magent-store--backend-connection backend))
+         (backend (magent-store-ready-backend))
+         (process (magent-store-backend-connection backend))
          (deadline (+ (float-time) magent-store-call-timeout)))
-    (magent-store--check-answering backend (format "Flush of %s" session-id))
+    (magent-store-check-answering backend (format "Flush of %s" session-id))
     (when-let ((timer (magent-store--session-timer session)))
       (cancel-timer timer)
       (setf (magent-store--session-timer session) nil))
@@ -746,7 +737,7 @@ entries stay in Emacs and are sent again)."
                       (magent-store--session-held session)
                       (not (magent-store--session-opened session)))
                   (not (magent-store--session-retry session))
-                  (magent-store--ready-p backend)
+                  (magent-store-ready-p backend)
                   (< (float-time) deadline))
         ;; JUST-THIS-ONE an integer: no timers run while we wait.
         (accept-process-output process 0.05 nil 1)
@@ -765,13 +756,13 @@ entries stay in Emacs and are sent again)."
     (when (or (magent-store--session-inflight session)
               (> (magent-store--session-fill session) 0)
               (magent-store--session-held session))
-      (magent-store--error
+      (magent-store-signal
        "Flush of %s did not complete%s" session-id
        (cond ((magent-store--session-refusal session)
               (concat ": " (magent-store--session-refusal session)))
-             ((not (magent-store--ready-p backend)) ": the backend stopped")
+             ((not (magent-store-ready-p backend)) ": the backend stopped")
              ((>= (float-time) deadline)
-              (concat ": " (magent-store--unanswered backend)))
+              (concat ": " (magent-store-unanswered backend)))
              (t ""))))
     (magent-store--session-durable-seq session)))
 
@@ -779,14 +770,14 @@ entries stay in Emacs and are sent again)."
   "Open SESSION-ID under SCOPE and return (:header ALIST :snapshot ALIST).
 The backend writes the JSON to a private file, read here and deleted:
 megabytes never cross the EPC wire."
-  (magent-store--ready-backend)
+  (magent-store-ready-backend)
   (when (gethash session-id magent-store--sessions)
     ;; What Emacs still holds must be in the snapshot it gets back.
     (magent-store-flush session-id))
   (let* ((session (or (gethash session-id magent-store--sessions)
                       (magent-store--session-make
                        :id session-id :scope (magent-store--scope-arg scope))))
-         (file (magent-store--call "load" (magent-store--open-args session))))
+         (file (magent-store-call "load" (magent-store--open-args session))))
     (setf (magent-store--session-opened session) t)
     (puthash session-id session magent-store--sessions)
     (unwind-protect
@@ -803,9 +794,9 @@ megabytes never cross the EPC wire."
 (defun magent-store-close (session-id)
   "Flush SESSION-ID, close it in the backend and forget it."
   (when (gethash session-id magent-store--sessions)
-    (when magent-store--backend
+    (when magent-store-current-backend
       (magent-store-flush session-id)
-      (magent-store--call "close" (list session-id)))
+      (magent-store-call "close" (list session-id)))
     (setq magent-store--recent nil)
     (remhash session-id magent-store--sessions)))
 
@@ -832,15 +823,74 @@ error naming why when it cannot move: it then stays where it was."
   (let ((session (magent-store--get session-id)))
     (unless (equal scope (magent-store--session-scope session))
       (magent-store-flush session-id)
-      (magent-store--call "move"
-                          (list (magent-store-json-text (magent-store--root))
-                                (magent-store--scope-json scope)
+      (magent-store-call "move"
+                          (list (magent-store-json-text (magent-store-session-root))
+                                (magent-store-scope-json scope)
                                 session-id))
       (setf (magent-store--session-scope session) scope))))
 
+(defsubst magent-store-get-session (session-id)
+  "Return the session SESSION-ID this Emacs has open, or nil.
+The value is for the functions that take a session: see
+`magent-store-session-scope' and `magent-store-session-initial-p'."
+  (let ((recent magent-store--recent))
+    (if (and recent (eq session-id (car recent)))
+        (cdr recent)
+      (when-let ((session (gethash session-id magent-store--sessions)))
+        (setq magent-store--recent (cons session-id session))
+        session))))
+
+(defun magent-store-session-scope (session)
+  "Return the scope SESSION is kept under, as for `magent-store-open'."
+  (magent-store--session-scope session))
+
+(defun magent-store-session-initial-p (session)
+  "Non-nil when SESSION was opened from a state its opener gave.
+That is the INITIAL of `magent-store-ensure-session'."
+  (and (magent-store--session-initial session) t))
+
+(defun magent-store-forget (session-id)
+  "Forget SESSION-ID in Emacs, and drop what Emacs kept of it unsaved.
+Its queue is dropped and its timer cancelled; the backend is not told."
+  (when-let ((session (gethash session-id magent-store--sessions)))
+    (when-let ((timer (magent-store--session-timer session)))
+      (cancel-timer timer))
+    (remhash session-id magent-store--sessions))
+  (setq magent-store--recent nil))
+
+(defun magent-store-flush-unsent (&optional session-id)
+  "Flush SESSION-ID (every session when nil) if it has unsaved entries.
+That is entries queued or sent and not yet acknowledged, or a flush
+scheduled.  A flush that fails is said in a message, never signalled."
+  (when magent-store-current-backend
+    (maphash (lambda (sid session)
+               (when (and (or (null session-id) (equal session-id sid))
+                          (or (> (magent-store--session-fill session) 0)
+                              (magent-store--session-inflight session)
+                              (magent-store--session-deadline session)))
+                 (condition-case err
+                     (magent-store-flush sid)
+                   (error (message "magent-store: %s"
+                                   (error-message-string err))))))
+             magent-store--sessions)))
+
+(defun magent-store-unsaved-count ()
+  "Return how many entries of all sessions the backend has not saved."
+  (let ((unsaved 0))
+    (maphash (lambda (_id session)
+               (cl-incf unsaved (magent-store--unsaved session)))
+             magent-store--sessions)
+    unsaved))
+
+(defun magent-store-forget-all ()
+  "Forget every session in Emacs, saved or not; return how many there were."
+  (prog1 (hash-table-count magent-store--sessions)
+    (setq magent-store--recent nil)
+    (clrhash magent-store--sessions)))
+
 (defun magent-store-flush-all ()
   "Flush every open session, waiting until each is durable."
-  (when magent-store--backend
+  (when magent-store-current-backend
     (maphash (lambda (id _session)
                (condition-case err
                    (magent-store-flush id)
@@ -849,39 +899,6 @@ error naming why when it cannot move: it then stays where it was."
              magent-store--sessions)))
 
 ;;;; Commands
-
-;;;###autoload
-(defun magent-store-stop (&optional discard)
-  "Flush everything and stop the backend; sessions must be reopened after.
-When some entries could not be saved (a full disk, say), nothing is
-stopped and an error says so; with DISCARD (a prefix argument) the
-backend is stopped all the same and those entries are dropped."
-  (interactive "P")
-  (let ((running magent-store--backend)
-        (count (hash-table-count magent-store--sessions)))
-    (when running
-      (magent-store-flush-all)
-      (let ((unsaved 0))
-        (maphash (lambda (_id session)
-                   (cl-incf unsaved (magent-store--unsaved session)))
-                 magent-store--sessions)
-        (when (and (> unsaved 0) (not discard))
-          (user-error "%d entries are not saved yet (%s); not stopped: \
-C-u M-x magent-store-stop drops them" unsaved
-                      (or magent-store--last-error "see the backend log"))))
-      (maphash (lambda (_id session) (magent-store--session-detach session))
-               magent-store--sessions)
-      (magent-store--shutdown magent-store--backend))
-    (setq magent-store--recent nil
-          magent-store--recovering nil
-          ;; What went wrong before a deliberate stop is no longer news.
-          magent-store--last-error nil)
-    (clrhash magent-store--sessions)
-    (message "magent-store: %s"
-             (if running
-                 (format "backend stopped, %d session%s flushed"
-                         count (if (= count 1) "" "s"))
-               "the backend was not running"))))
 
 ;;;; The status buffer (magent-store-status.el)
 

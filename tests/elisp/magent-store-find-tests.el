@@ -247,7 +247,7 @@ saved for the next Emacs as a listing saves them."
     (clrhash magent-store-find--states)
     (let ((root (file-name-as-directory magent-store-root)))
       (should-not (magent-store-find--saved root))
-      (should (magent-store--ready-p magent-store--backend))
+      (should (magent-store-ready-p magent-store-current-backend))
       (cl-letf (((symbol-function 'magent-store-find--list)
                  (lambda (&rest _) (error "Listed apart while a backend runs"))))
         (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t)

@@ -123,8 +123,8 @@ under `user-emacs-directory'; the backend then starts from there."
                 process-environment))
          (magent-store--sessions (make-hash-table :test #'equal))
          (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
+         (magent-store-current-backend nil)
+         (magent-store-last-error nil)
          (offered nil))
     (when-let ((why (magent-store-install-test--index-unreachable
                      magent-store-install-python)))
@@ -172,12 +172,12 @@ backend is installed\\|installing the backend failed\\)" nil t)))))
               (should (file-exists-p (expand-file-name "magent-store.el" elisp)))
               (should (equal (magent-store-install-test--found-from elisp tmp)
                              program))))
-          (should magent-store--backend)
-          (should (equal (car (process-command (magent-store--backend-process
-                                                magent-store--backend)))
+          (should magent-store-current-backend)
+          (should (equal (car (process-command (magent-store-backend-process
+                                                magent-store-current-backend)))
                          (expand-file-name "bin/magent-store"
                                            magent-store-backend-directory)))
-          (should-not magent-store--last-error)  ; versions agree
+          (should-not magent-store-last-error)  ; versions agree
           (magent-store-open "s1")
           (magent-store-put-header "s1" '((id . "s1") (schema-version . 7)))
           (magent-store-flush "s1")
@@ -198,16 +198,16 @@ backend is installed\\|installing the backend failed\\)" nil t)))))
                 process-environment))
          (magent-store--sessions (make-hash-table :test #'equal))
          (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
+         (magent-store-current-backend nil)
+         (magent-store-last-error nil)
          (warning-minimum-log-level :emergency))
     (unwind-protect
         (progn
           (magent-store-start)
-          (should magent-store--backend)
+          (should magent-store-current-backend)
           (should (string-match-p
                    "is version 0\\.1\\.0, this package is version 0\\.0\\.1-other: M-x magent-store-install-backend"
-                   magent-store--last-error)))
+                   magent-store-last-error)))
       (ignore-errors (magent-store-stop))
       (delete-directory tmp t))))
 

@@ -97,11 +97,11 @@ public command of the package is callable after it, as is the mode."
                                 (featurep 'magent-store-magent)
                                 (memq 'magent-store-magent--timing-sync
                                       magent-store-mode-hook)
-                                (prog1 (memq 'magent-store--kill-emacs
+                                (prog1 (memq 'magent-store-save-at-exit
                                              kill-emacs-hook)
                                   (magent-store-mode -1)))))
                  '(t t (magent-store-magent--timing-sync magent-store-idle--mode-changed)
-                     (magent-store--kill-emacs))))
+                     (magent-store-save-at-exit))))
   ;; Loading the adapter first loads the core, once.
   (should (equal (magent-store-layout-test--emacs
                   '(progn (require 'magent-store-magent)

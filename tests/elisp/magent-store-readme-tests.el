@@ -53,7 +53,7 @@
                 process-environment))
          (magent-store--sessions (make-hash-table :test #'equal))
          (magent-store--recent nil)
-         (magent-store--backend nil))
+         (magent-store-current-backend nil))
     (should (equal (cdr example) "Hello, world"))
     (unwind-protect
         (let (value)

@@ -38,9 +38,9 @@
                  process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
           (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--last-error nil)
-          (magent-store--flush-ms nil)
+          (magent-store-current-backend nil)
+          (magent-store-last-error nil)
+          (magent-store-flush-ms nil)
           (,messages nil))
      (unwind-protect
          (cl-letf (((symbol-function 'message)
@@ -49,8 +49,8 @@
                         (push (apply #'format-message format args) ,messages)))))
            ,@body)
        (ignore-errors (magent-store-stop '(4)))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
+       (when magent-store-current-backend
+         (magent-store--kill-backend magent-store-current-backend))
        (delete-directory tmp t))))
 
 (ert-deftest magent-store-status-says-what-it-knows-and-stop-says-what-it-did ()
@@ -76,7 +76,7 @@
         (should (<= (string-to-number (match-string 2 text))
                     (string-to-number (match-string 3 text))))))
     ;; An error from before a deliberate stop is not shown after it.
-    (setq magent-store--last-error "an old error")
+    (setq magent-store-last-error "an old error")
     (setq messages nil)
     (magent-store-stop)
     (should (equal messages '("magent-store: backend stopped, 1 session flushed")))
@@ -104,9 +104,9 @@
                 process-environment))
          (magent-store--sessions (make-hash-table :test #'equal))
          (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
-         (magent-store--flush-ms nil)
+         (magent-store-current-backend nil)
+         (magent-store-last-error nil)
+         (magent-store-flush-ms nil)
          (seq 0))
     (make-directory magent-store-root)
     (should (zerop (call-process "mount" nil nil nil "-t" "tmpfs" "-o" "size=4m,mode=0700"
@@ -157,7 +157,7 @@
   (magent-store-status-test--with-backend messages
     (magent-store-start)
     ;; Opened without waiting: the header goes once the session is open.
-    (magent-store--ensure-session "s-bad" 'global)
+    (magent-store-ensure-session "s-bad" 'global)
     (magent-store-put-header "s-bad" '((id . "s-bad")
                                        (approval-overrides
                                         . [((tool . "grep") (decision . "maybe"))])))
@@ -165,7 +165,7 @@
                                          (thread-id . "s-bad")
                                          (created-at . 1.0e9)))
     (magent-store-flush "s-bad")
-    (should (string-match-p "approval-overrides" (or magent-store--last-error "")))
+    (should (string-match-p "approval-overrides" (or magent-store-last-error "")))
     (should (cl-find-if (lambda (text)
                           (string-match-p "header of s-bad refused: .*approval-overrides"
                                           text))
@@ -174,20 +174,20 @@
 (ert-deftest magent-store-status-shows-restarts-and-why ()
   "After the backend is killed, the status says how often, when and why."
   (magent-store-status-test--with-backend messages
-    (let ((magent-store--stops nil)
+    (let ((magent-store-stops nil)
           (magent-store--restarts nil)
-          (magent-store--gave-up nil))
+          (magent-store-gave-up nil))
       (magent-store-open "s1")
       (magent-store-flush "s1")
       (should (string-match-p "^Restarts: +none$" (magent-store-status-test--text)))
-      (let ((pid (magent-store--backend-pid magent-store--backend)))
+      (let ((pid (magent-store-backend-pid magent-store-current-backend)))
         (signal-process pid 'SIGKILL)
         (with-timeout (20 (ert-fail "the backend was not restarted"))
-          (while (not (and magent-store--backend
-                           (not (equal (magent-store--backend-pid
-                                        magent-store--backend)
+          (while (not (and magent-store-current-backend
+                           (not (equal (magent-store-backend-pid
+                                        magent-store-current-backend)
                                        pid))
-                           (magent-store--ready-p magent-store--backend)))
+                           (magent-store-ready-p magent-store-current-backend)))
             (accept-process-output nil 0.05))))
       (should (string-match-p
                "^Restarts: +1, last at [0-9-]+ [0-9:]+: the backend was killed by signal 9$"

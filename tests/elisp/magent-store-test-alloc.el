@@ -32,13 +32,13 @@
                  process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
           (magent-store--recent nil)
-          (magent-store--backend nil)
+          (magent-store-current-backend nil)
           (magent-store-persistence-enabled t))
      (unwind-protect
          (progn ,@body)
        (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
+       (when magent-store-current-backend
+         (magent-store--kill-backend magent-store-current-backend))
        (delete-directory tmp t))))
 
 (defun magent-store-test-alloc--show (session-id)
@@ -91,7 +91,7 @@
 
 (defun magent-store-test-alloc--wait (session)
   "Wait, running no timers, until the backend answered SESSION's batches."
-  (let ((process (magent-store--backend-connection magent-store--backend)))
+  (let ((process (magent-store-backend-connection magent-store-current-backend)))
     (while (magent-store--session-inflight session)
       (accept-process-output process 0.05 nil 1))))
 

@@ -226,7 +226,7 @@ Turns, offsets in seconds from each turn's start:
     ;; reaches the backend anyway is dropped there.
     (magent-store-record-timing 'acp-update :turn-id (funcall secret 9)
                                 :time (+ base 20) :status (funcall secret 4))
-    (magent-store--call
+    (magent-store-call
      "record-timings"
      (list (list (list 'acp-update nil 1 :error (funcall secret 4)
                        :duration-ms (funcall secret 8)

@@ -35,15 +35,15 @@
                  process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
           (magent-store--recent nil)
-          (magent-store--backend nil)
+          (magent-store-current-backend nil)
           (magent-store--restarts nil)
-          (magent-store--gave-up nil)
+          (magent-store-gave-up nil)
           (magent-store-persistence-enabled t))
      (unwind-protect
          (progn ,@body)
        (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
+       (when magent-store-current-backend
+         (magent-store--kill-backend magent-store-current-backend))
        (delete-directory tmp t))))
 
 ;;;; Events in magent's shape

@@ -37,9 +37,9 @@
                                      process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
           (magent-store--recent nil)
-          (magent-store--backend nil)
+          (magent-store-current-backend nil)
           (magent-store--restarts nil)
-          (magent-store--gave-up nil)
+          (magent-store-gave-up nil)
           (magent-store-persistence-enabled t)
           (magent-store-timing--queue nil)
           (magent-store-timing--timer nil)
@@ -54,8 +54,8 @@
        (magent-store-mode -1)
        (when magent-store-timing--timer (cancel-timer magent-store-timing--timer))
        (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
+       (when magent-store-current-backend
+         (magent-store--kill-backend magent-store-current-backend))
        (delete-directory tmp t))))
 
 (defun magent-store-timing-test--metrics (state)
@@ -128,8 +128,8 @@
         (reply '(3 3 100 2.5 nil)))
     (dolist (sent '(149.0 201.0 151.5 160.0 90.0))
       (magent-store-timing--flushed
-       sent (list 1 (make-vector (* 2 magent-store--entry-slots) nil)
-                  (* 2 magent-store--entry-slots))
+       sent (list 1 (make-vector (* 2 magent-store-entry-slots) nil)
+                  (* 2 magent-store-entry-slots))
        reply))
     (let ((records (reverse magent-store-timing--queue)))
       (should (equal (mapcar (lambda (r) (nth 1 r)) records) '("t1" "t2" "t1")))
@@ -151,7 +151,7 @@
           (magent-store-timing-send-delay 1.0)
           (flushes '("flush" "tick"))
           (ctx (magent-lifecycle-events-context-create :turn-id "turn-f")))
-      (advice-add 'magent-store--send :before
+      (advice-add 'magent-store-send :before
                   (lambda (method args &rest _) (push (cons method args) sent))
                   '((name . magent-store-timing-test)))
       (unwind-protect
@@ -180,7 +180,7 @@
             (sleep-for (+ magent-store-timing-send-delay 0.2))
             (should sent)
             (should (cl-every (lambda (m) (equal (car m) "record-timings")) sent)))
-        (advice-remove 'magent-store--send 'magent-store-timing-test))
+        (advice-remove 'magent-store-send 'magent-store-timing-test))
       (magent-store-timing-flush)
       (let ((types (mapcar (lambda (r) (alist-get 'type r))
                            (magent-store-timing-test--metrics state))))

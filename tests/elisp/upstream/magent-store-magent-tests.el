@@ -98,10 +98,10 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
           (magent-store--sessions (make-hash-table :test #'equal))
           (magent-store-magent--headers-sent (make-hash-table :test #'equal))
           (magent-store--recent nil)
-          (magent-store--backend nil)
+          (magent-store-current-backend nil)
           (magent-store--restarts nil)
-          (magent-store--gave-up nil)
-          (magent-store--last-error nil)
+          (magent-store-gave-up nil)
+          (magent-store-last-error nil)
           (magent-store-magent--adapter-failures nil)
           (magent-store-magent--unencodable nil)
           (magent-store-magent--deferred-headers nil)
@@ -111,8 +111,8 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
          (progn (magent-store-mode 1) ,@body)
        (magent-store-mode -1)
        (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
+       (when magent-store-current-backend
+         (magent-store--kill-backend magent-store-current-backend))
        (delete-directory tmp t))))
 
 ;;;; magent sessions, in magent's own ways

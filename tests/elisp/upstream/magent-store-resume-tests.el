@@ -51,9 +51,9 @@
                  process-environment))
           (magent-store--sessions (make-hash-table :test #'equal))
           (magent-store--recent nil)
-          (magent-store--backend nil)
+          (magent-store-current-backend nil)
           (magent-store--restarts nil)
-          (magent-store--gave-up nil)
+          (magent-store-gave-up nil)
           (magent-store-magent--export-offered nil)
           (magent-session--metadata-cache (make-hash-table :test #'equal))
           (magent-session--loaded-sessions (make-hash-table :test #'eq))
@@ -63,8 +63,8 @@
          (progn ,@body)
        (magent-store-mode -1)
        (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
+       (when magent-store-current-backend
+         (magent-store--kill-backend magent-store-current-backend))
        (delete-directory tmp t))))
 
 (defun magent-store-resume-test--restart ()
@@ -240,7 +240,7 @@ session's own scope and every other field."
            (file (expand-file-name (concat "global/" id ".json")
                                    magent-session-directory))
            (messages nil)
-           (magent-store--last-error nil)
+           (magent-store-last-error nil)
            (record (lambda (format &rest args)
                      (when format
                        (push (apply #'format-message format args) messages)))))
@@ -276,7 +276,7 @@ session's own scope and every other field."
       ;; Nothing was refused, so nothing had to be said.
       (should-not (cl-find-if (lambda (text) (string-match-p "refused" text))
                               messages))
-      (should-not magent-store--last-error))))
+      (should-not magent-store-last-error))))
 
 ;;;; A magent that reads schema 7 itself
 
