@@ -13,13 +13,8 @@
 (require 'cl-lib)
 (require 'ert)
 
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defconst magent-store-readme-test--file
   (expand-file-name "../../docs/API.md"
@@ -44,27 +39,16 @@
       (cons (nreverse forms) (car (read-from-string (match-string 1)))))))
 
 (ert-deftest magent-store-readme-example-runs-as-printed ()
-  (let* ((example (magent-store-readme-test--example))
-         (tmp (make-temp-file "magent-store-readme-test-" t))
-         (magent-store-root (expand-file-name "root" tmp))
-         (magent-store-python (or magent-store-test-python magent-store-python))
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store-current-backend nil))
+  (let ((example (magent-store-readme-test--example)))
     (should (equal (cdr example) "Hello, world"))
-    (unwind-protect
-        (let (value)
-          (dolist (form (car example))
-            (setq value (eval form t)))
-          (should (equal value (cdr example)))
-          ;; It really went to disk, under the session root.
-          (should (file-exists-p (expand-file-name "global/example-session.jsonl"
-                                                   magent-store-root))))
-      (ignore-errors (magent-store-stop))
-      (delete-directory tmp t))))
+    (magent-store-test-with-backend ()
+      (let (value)
+        (dolist (form (car example))
+          (setq value (eval form t)))
+        (should (equal value (cdr example)))
+        ;; It really went to disk, under the session root.
+        (should (file-exists-p (expand-file-name "global/example-session.jsonl"
+                                                 magent-store-root)))))))
 
 (provide 'magent-store-readme-tests)
 ;;; magent-store-readme-tests.el ends here

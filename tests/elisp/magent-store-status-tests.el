@@ -13,13 +13,8 @@
 (require 'cl-lib)
 (require 'ert)
 
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store-status)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defun magent-store-status-test--text ()
   "Return the status buffer's text after `magent-store-status'."
@@ -30,28 +25,13 @@
 (defmacro magent-store-status-test--with-backend (messages &rest body)
   "Run BODY against a fresh backend, its messages collected in MESSAGES."
   (declare (indent 1) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-status-test-" t))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store-current-backend nil)
-          (magent-store-last-error nil)
-          (magent-store-flush-ms nil)
-          (,messages nil))
-     (unwind-protect
-         (cl-letf (((symbol-function 'message)
-                    (lambda (format &rest args)
-                      (when format
-                        (push (apply #'format-message format args) ,messages)))))
-           ,@body)
-       (ignore-errors (magent-store-stop '(4)))
-       (when magent-store-current-backend
-         (magent-store--kill-backend magent-store-current-backend))
-       (delete-directory tmp t))))
+  `(magent-store-test-with-backend ((magent-store-test-stop-argument '(4))
+                                    (,messages nil))
+     (cl-letf (((symbol-function 'message)
+                (lambda (format &rest args)
+                  (when format
+                    (push (apply #'format-message format args) ,messages)))))
+       ,@body)))
 
 (ert-deftest magent-store-status-says-what-it-knows-and-stop-says-what-it-did ()
   (magent-store-status-test--with-backend messages
@@ -95,19 +75,8 @@
 ;; Needs a tmpfs, so root.
 (ert-deftest magent-store-status-says-when-the-search-index-is-paused ()
   (skip-unless (and (zerop (user-uid)) (executable-find "mount")))
-  (let* ((tmp (make-temp-file "magent-store-status-test-" t))
-         (magent-store-root (expand-file-name "root" tmp))
-         (filler (expand-file-name "filler" magent-store-root))
-         (magent-store-python (or magent-store-test-python magent-store-python))
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store-current-backend nil)
-         (magent-store-last-error nil)
-         (magent-store-flush-ms nil)
-         (seq 0))
+  (magent-store-test-with-backend ((filler (expand-file-name "filler" magent-store-root))
+                                   (seq 0))
     (make-directory magent-store-root)
     (should (zerop (call-process "mount" nil nil nil "-t" "tmpfs" "-o" "size=4m,mode=0700"
                                  "tmpfs" magent-store-root)))
@@ -140,8 +109,7 @@
             (save "thread-status-changed")
             (should (shows "^Search index: +kept current$")))
         (ignore-errors (magent-store-stop))
-        (call-process "umount" nil nil nil "-l" magent-store-root)
-        (delete-directory tmp t)))))
+        (call-process "umount" nil nil nil "-l" magent-store-root)))))
 
 (ert-deftest magent-store-percentile-interpolates-and-never-falls-below-the-median ()
   (should-not (magent-store-status--percentile nil 50))

@@ -23,10 +23,7 @@
 
 (require 'cl-lib)
 
-;; `emacs -Q' does not activate Debian's elpa-epc: put it on the path.
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
 (require 'magent-store-timing)
 

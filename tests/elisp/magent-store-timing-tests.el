@@ -16,9 +16,7 @@
 (require 'ert)
 (require 'magent-store-test-timing-standin)
 (require 'magent-store-test-alloc)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
+(require 'magent-store-test-backend)
 
 ;; magent's provider-event loop, as the advice sees it.
 (unless (fboundp 'magent-agent-loop-apply-event)
@@ -29,34 +27,20 @@
 (defmacro magent-store-timing-test--with-backend (&rest body)
   "Run BODY with a private root, state dir and timing state; clean up after."
   (declare (indent 0) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-timing-test-" t))
-          (state (expand-file-name "state" tmp))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment (cons (concat "XDG_STATE_HOME=" state)
-                                     process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store-current-backend nil)
-          (magent-store--restarts nil)
-          (magent-store-gave-up nil)
-          (magent-store-persistence-enabled t)
-          (magent-store-timing--queue nil)
-          (magent-store-timing--timer nil)
-          (magent-store-timing--turn nil)
-          (magent-store-timing--turn-start 0.0)
-          (magent-store-timing--last-turn nil)
-          (magent-store-timing--ordinals (make-hash-table :test #'equal))
-          (magent-store-timing--next-ordinal 0)
-          (magent-lifecycle-events--sinks nil))
+  `(magent-store-test-with-backend
+       ((state (expand-file-name "state" tmp))
+        (magent-store-timing--queue nil)
+        (magent-store-timing--timer nil)
+        (magent-store-timing--turn nil)
+        (magent-store-timing--turn-start 0.0)
+        (magent-store-timing--last-turn nil)
+        (magent-store-timing--ordinals (make-hash-table :test #'equal))
+        (magent-store-timing--next-ordinal 0)
+        (magent-lifecycle-events--sinks nil))
      (unwind-protect
          (progn ,@body)
        (magent-store-mode -1)
-       (when magent-store-timing--timer (cancel-timer magent-store-timing--timer))
-       (ignore-errors (magent-store-stop))
-       (when magent-store-current-backend
-         (magent-store--kill-backend magent-store-current-backend))
-       (delete-directory tmp t))))
+       (when magent-store-timing--timer (cancel-timer magent-store-timing--timer)))))
 
 (defun magent-store-timing-test--metrics (state)
   "Return the records in STATE's metrics file, parsed, oldest first."
