@@ -81,6 +81,13 @@ and cancels their timers.")
   "Signal `magent-store-error' with FORMAT-STRING applied to ARGS."
   (signal 'magent-store-error (list (apply #'format-message format-string args))))
 
+(defcustom magent-store-file-threshold (* 512 1024)
+  "Batches larger than this many bytes travel as a private file.
+Escaping megabytes into an EPC message costs Emacs far more than
+writing them to a file the backend reads."
+  :type 'natnum
+  :group 'magent-store)
+
 (defcustom magent-store-call-timeout 10
   "Seconds a synchronous call waits for the backend before giving up.
 A backend that lets one call time out is taken to be hung: the calls
@@ -593,7 +600,7 @@ Return the file's name; signal (and leave no file) if it cannot be written."
 
 ;;;; Commands
 
-;;;###autoload
+;;;###autoload (autoload 'magent-store-start "magent-store" nil t)
 (defun magent-store-start (&optional offer-install)
   "Start the backend (if it is not running) and return it.
 With OFFER-INSTALL (interactively, always), offer to install the
@@ -618,7 +625,7 @@ Install it into a private virtualenv now? "))
                  (magent-store-backend-port backend)))
       backend)))
 
-;;;###autoload
+;;;###autoload (autoload 'magent-store-stop "magent-store" nil t)
 (defun magent-store-stop (&optional discard)
   "Flush everything and stop the backend; sessions must be reopened after.
 When some entries could not be saved (a full disk, say), nothing is
@@ -645,7 +652,7 @@ C-u M-x magent-store-stop drops them" unsaved
                            count (if (= count 1) "" "s"))
                  "the backend was not running")))))
 
-;;;###autoload
+;;;###autoload (autoload 'magent-store-restart "magent-store" nil t)
 (defun magent-store-restart ()
   "Restart the backend, reopening sessions and resending unsaved entries.
 Emacs does not wait: the sessions are reopened once the backend is up."

@@ -82,6 +82,7 @@
 (require 'magent-store-program)
 (require 'magent-store-redact)
 (require 'magent-store-connection)
+(require 'magent-store-loaddefs)   ; the other files' commands
 
 ;;;; Customization
 
@@ -129,13 +130,6 @@ a crash of Emacs or the backend does not)."
 
 (defcustom magent-store-log-max-events 2000
   "Events a session's log may hold before the backend compacts it."
-  :type 'natnum
-  :group 'magent-store)
-
-(defcustom magent-store-file-threshold (* 512 1024)
-  "Batches larger than this many bytes travel as a private file.
-Escaping megabytes into an EPC message costs Emacs far more than
-writing them to a file the backend reads."
   :type 'natnum
   :group 'magent-store)
 
@@ -897,38 +891,6 @@ scheduled.  A flush that fails is said in a message, never signalled."
                  (error (message "magent-store: %s"
                                  (error-message-string err)))))
              magent-store--sessions)))
-
-;;;; Commands
-
-;;;; The status buffer (magent-store-status.el)
-
-(autoload 'magent-store-status "magent-store-status" nil t)
-
-;;;; Searching past sessions (magent-store-search.el)
-
-(autoload 'magent-store-search "magent-store-search" nil t)
-(autoload 'magent-store-scan "magent-store-scan" nil t)
-(autoload 'magent-store-scrub "magent-store-scan" nil t)
-(autoload 'magent-store-find-session "magent-store-find" nil t)
-(autoload 'magent-store-export-session "magent-store-export" nil t)
-
-;;;; Moving a project's sessions (magent-store-relocate.el)
-
-(autoload 'magent-store-relocate "magent-store-relocate" nil t)
-
-;;;; Lifecycle timing (magent-store-timing.el)
-
-(autoload 'magent-store-install-backend "magent-store-install" nil t)
-
-(autoload 'magent-store-record-timing "magent-store-timing")
-(autoload 'magent-store-timing-report "magent-store-timing" nil t)
-
-;;;; The mode: the adapter to magent (magent-store-magent.el)
-
-;; Loaded when the mode is first turned on, never by this file: the
-;; adapter requires the core, and the core knows nothing of magent.
-(autoload 'magent-store-mode "magent-store-magent" nil t)
-(autoload 'magent-store-export-for-magent "magent-store-magent" nil t)
 
 (provide 'magent-store)
 ;;; magent-store.el ends here
