@@ -183,7 +183,7 @@ TIME is a `float-time', a Lisp timestamp, or nil for now."
           (run-at-time magent-store-timing-send-delay nil
                        #'magent-store-timing--send))))
 
-;;;###autoload
+;;;###autoload (autoload 'magent-store-record-timing "magent-store-timing")
 (defun magent-store-record-timing (type &rest props)
   "Record a timing event of TYPE with PROPS; return non-nil if recorded.
 TYPE is one of `magent-store-timing-types', e.g. `first-provider-event',
