@@ -50,5 +50,24 @@
         (should (file-exists-p (expand-file-name "global/example-session.jsonl"
                                                  magent-store-root)))))))
 
+(ert-deftest magent-store-api-page-names-only-what-is-defined ()
+  "Every function and variable docs/API.md names exists, documented."
+  (require 'magent-store-timing)
+  (let (undocumented (seen 0))
+    (with-temp-buffer
+      (insert-file-contents magent-store-readme-test--file)
+      (goto-char (point-min))
+      (while (re-search-forward "`(?\\(magent-store-[a-z0-9-]*[a-z0-9]\\)\\([^.a-z0-9-]\\)"
+                                nil t)
+        (let ((symbol (intern (match-string 1))))
+          (cl-incf seen)
+          (unless (or (get symbol 'error-conditions)
+                      (and (fboundp symbol) (documentation symbol))
+                      (and (boundp symbol)
+                           (documentation-property symbol 'variable-documentation)))
+            (push symbol undocumented)))))
+    (should (> seen 40))
+    (should-not (delete-dups undocumented))))
+
 (provide 'magent-store-readme-tests)
 ;;; magent-store-readme-tests.el ends here
