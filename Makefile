@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install emacs-ready mutation mutation-elisp test test-loaded test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find bench-start lint clean
+.PHONY: install autoloads emacs-ready mutation mutation-elisp test test-loaded test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find bench-start lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -25,6 +25,11 @@ $(ELISP_COMPILED): elisp/%.elc: elisp/%.el $(ELISP_SOURCES) | emacs-ready
 	-$(EMACS) --batch -Q -L elisp --eval "$(NATIVE)" $< >/dev/null 2>&1
 
 install: $(STAMP) $(ELISP_COMPILED)
+
+# elisp/magent-store-loaddefs.el, which magent-store.el loads, from the
+# `;;;###autoload' cookies of elisp/*.el (a test checks it is current).
+autoloads:
+	$(PYTHON) tests/test_elisp_autoloads.py
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -67,7 +67,7 @@ RUN_EL = r"""
       (let ((magent-store-root root))
         (magent-store-start))
       (with-timeout (120 (error "The backend did not start"))
-        (while (not (magent-store--ready-p magent-store--backend))
+        (while (not (magent-store-ready-p magent-store-current-backend))
           (accept-process-output nil 0.05))))
     (garbage-collect)
     (let* ((start (float-time))
@@ -92,7 +92,7 @@ RUN_EL = r"""
             (push (cons 'found (length (funcall table word nil t))) out)
             (push (cons 'search (- (float-time) start)) out)))
         (ignore candidates)))
-    (when magent-store--backend (magent-store-stop))
+    (when magent-store-current-backend (magent-store-stop))
     (push (cons 'emacs emacs-version) out)
     (princ (concat (json-encode out) "\n"))))
 """

@@ -55,7 +55,7 @@
 (defun magent-store-export--by-id (id)
   "Return session ID under the session root as a hit, or nil when it has no file."
   (when (and (stringp id) (string-match-p "\\`[A-Za-z0-9][A-Za-z0-9_.-]*\\'" id))
-    (let ((root (file-name-as-directory (magent-store--root))))
+    (let ((root (file-name-as-directory (magent-store-session-root))))
       (when-let* ((header
                    (cl-some (lambda (pattern)
                               (car (file-expand-wildcards

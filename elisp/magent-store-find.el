@@ -127,9 +127,9 @@ listed ROOT before, the last listing's at once (listed again behind).
 The value is (ROWS . FRESH), FRESH non-nil when they were listed now;
 nil when no backend is up, or it could not list them: a listing of its
 own then starts Python, which is most of what a first finder waits."
-  (when (magent-store--ready-p magent-store--backend)
+  (when (magent-store-ready-p magent-store-current-backend)
     (condition-case err
-        (let ((answer (magent-store--call "brief" (list root))))
+        (let ((answer (magent-store-call "brief" (list root))))
           (cons (magent-store-find--saved root) (and (consp answer) (nth 1 answer))))
       (error (message "magent-store: the backend could not list %s (%s); \
 listing them apart" root (error-message-string err))
@@ -143,7 +143,7 @@ gives them (the SHA-1 of the root's true name)."
          (file (expand-file-name
                 (format "brief-rows-%s.json"
                         (secure-hash 'sha1 (encode-coding-string true 'utf-8)))
-                (magent-store--log-directory))))
+                (magent-store-log-directory))))
     (when (file-readable-p file)
       (condition-case nil
           (with-temp-buffer
@@ -237,7 +237,7 @@ this Emacs or another; nothing is read into this Emacs now.  Nothing
 happens when ROOT is not a directory or this Emacs already holds its
 list.  `magent-store-mode' calls this once, when Emacs is first idle
 after it turns on (see `magent-store-find-prepare-delay')."
-  (let ((root (file-name-as-directory (expand-file-name (or root (magent-store--root))))))
+  (let ((root (file-name-as-directory (expand-file-name (or root (magent-store-session-root))))))
     (when (and (file-directory-p root)
                (not (gethash root magent-store-find--states)))
       (magent-store-find--refresh root nil))))
@@ -503,7 +503,7 @@ TABLE and PRED are the completion's."
   "Return a completion table over every session under ROOT.
 ROOT defaults to the session root magent-store uses.  Its candidates
 are the sessions' titles, newest first; its metadata annotates them."
-  (let ((root (file-name-as-directory (expand-file-name (or root (magent-store--root))))))
+  (let ((root (file-name-as-directory (expand-file-name (or root (magent-store-session-root))))))
     (unless (file-directory-p root)
       (user-error "No session root at %s" root))
     (let ((state (magent-store-find--state root)))

@@ -74,7 +74,7 @@ in a backend, and damaged ones, are left as they are."
   "Return the command that compacts the sessions idle for DAYS days."
   (append (butlast (magent-store-program-command))
           (list "compact" "--idle-days" (number-to-string days)
-                (directory-file-name (magent-store--root)))))
+                (directory-file-name (magent-store-session-root)))))
 
 ;;;###autoload
 (defun magent-store-idle-compact ()
@@ -92,7 +92,7 @@ already running."
       nil)
      ((process-live-p magent-store-idle--process) nil)
      ;; No session was ever saved: nothing to compact.
-     ((not (file-directory-p (magent-store--root))) nil)
+     ((not (file-directory-p (magent-store-session-root))) nil)
      (t
       (condition-case err
           (let ((buffer (get-buffer-create magent-store-idle-buffer)))

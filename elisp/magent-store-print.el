@@ -28,7 +28,9 @@
 ;; The backend reads what `prin1' prints, except that `prin1' writes
 ;; bytes (of unibyte strings, or raw bytes in multibyte ones) as octal
 ;; escapes the backend would take literally.  The functions here print
-;; at point and turn such escapes back into the text they encode.
+;; at point and turn such escapes back into the text they encode.  A
+;; batch the core queued prints itself from its vector, one entry after
+;; another (`magent-store-print-batch').
 
 ;;; Change Log:
 
@@ -99,6 +101,55 @@ Point stays where it is (at the end of what was printed)."
              (substring-no-properties string)
            string)
          (current-buffer)))
+
+;;;; A batch
+
+(defconst magent-store-entry-slots 4
+  "Slots an entry takes in a batch vector.
+A chunk is ITEM-ID CHUNK OUTPUT-P TIME (TIME in seconds, a float); an
+event is its JSON TEXT, then nil in the other three.")
+
+(defun magent-store-print-batch (batch fill)
+  "Print the entries of BATCH's first FILL slots at point, as one list.
+Bytes in strings are turned into text as by `magent-store-print'."
+  ;; t: print strings as they are; the default copies each one first.
+  (let ((print-charset-text-property t)
+        (print-escape-newlines nil)
+        (print-escape-nonascii nil)
+        (print-escape-multibyte nil)
+        (print-escape-control-characters nil)
+        (buffer (current-buffer))
+        (start (point))
+        (i 0))
+    (insert "(")
+    (while (< i fill)
+      (let ((chunk (aref batch (1+ i))))
+        (if (not chunk)
+            (magent-store-print--string (aref batch i))
+          (insert "(")
+          (magent-store-print--string (aref batch i))
+          (insert " ")
+          (magent-store-print--string chunk)
+          (insert (if (aref batch (+ i 2)) " t " " nil "))
+          (prin1 (aref batch (+ i 3)) buffer)
+          (insert ")")))
+      (insert " ")
+      (setq i (+ i magent-store-entry-slots)))
+    (insert ")")
+    (magent-store-print--unescape-bytes start)))
+
+(defun magent-store-print-flush-args (args)
+  "Print ARGS, (SESSION-ID RECORD . EXTRA), as a flush's arguments at point."
+  (let ((buffer (current-buffer))
+        (record (nth 1 args)))
+    (insert "(")
+    (prin1 (car args) buffer)
+    (insert " ")
+    (magent-store-print-batch (nth 1 record) (nth 2 record))
+    (dolist (arg (nthcdr 2 args))
+      (insert " ")
+      (magent-store-print arg))
+    (insert ")")))
 
 (provide 'magent-store-print)
 ;;; magent-store-print.el ends here

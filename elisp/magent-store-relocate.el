@@ -72,7 +72,7 @@ Each is (PROJECT-ROOT SESSIONS MISSING): the root as its sessions
 name it, how many sessions it has, and whether its folder is gone.
 Those whose folder is gone come first.  One header per project is
 read; ROOT defaults to the one magent-store uses."
-  (let* ((projects (expand-file-name "projects" (or root (magent-store--root))))
+  (let* ((projects (expand-file-name "projects" (or root (magent-store-session-root))))
          (found nil))
     (dolist (directory (and (file-directory-p projects)
                             (directory-files projects t "\\`[^.]")))
@@ -92,7 +92,7 @@ read; ROOT defaults to the one magent-store uses."
 (defun magent-store-relocate--read-old (projects)
   "Read one of PROJECTS (see `magent-store-relocate-projects') by its root."
   (unless projects
-    (user-error "No project sessions under %s" (magent-store--root)))
+    (user-error "No project sessions under %s" (magent-store-session-root)))
   (let* ((annotate
           (lambda (candidate)
             (when-let ((project (assoc candidate projects)))
@@ -131,7 +131,7 @@ uses)."
           (new (read-directory-name (format "Move the sessions of %s to project: " old)
                                     (file-name-directory (directory-file-name old)))))
      (list old new)))
-  (let* ((root (expand-file-name (or root (magent-store--root))))
+  (let* ((root (expand-file-name (or root (magent-store-session-root))))
          (new (directory-file-name (expand-file-name new)))
          (project (assoc old (magent-store-relocate-projects root))))
     (when (process-live-p magent-store-relocate--process)

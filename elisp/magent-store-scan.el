@@ -184,7 +184,7 @@ fingerprint.  ROOT is the session root (default: the one
 magent-store uses).
 Returns the list's buffer at once; the list appears when the scan is done."
   (interactive)
-  (let ((root (expand-file-name (or root (magent-store--root)))))
+  (let ((root (expand-file-name (or root (magent-store-session-root)))))
     (unless (file-directory-p root)
       (user-error "No session root at %s" root))
     (let ((buffer (get-buffer-create "*magent-store scan*")))
@@ -213,7 +213,7 @@ buffer `magent-store-scrub-buffer' (shown when a session was left).
 ROOT is the session root (default: the one magent-store uses).  Return
 the process."
   (interactive)
-  (let ((root (expand-file-name (or root (magent-store--root)))))
+  (let ((root (expand-file-name (or root (magent-store-session-root)))))
     (unless (file-directory-p root)
       (user-error "No session root at %s" root))
     (when (process-live-p magent-store-scrub--process)

@@ -229,7 +229,7 @@ results buffer at once; the results appear when the search is done."
    (list (read-string "Search sessions for: " nil 'magent-store-search-history)))
   (when (string-blank-p (or query ""))
     (user-error "Give a word or phrase to search for"))
-  (let ((root (expand-file-name (or root (magent-store--root)))))
+  (let ((root (expand-file-name (or root (magent-store-session-root)))))
     (unless (file-directory-p root)
       (user-error "No session root at %s" root))
     (let ((buffer (get-buffer-create "*magent-store search*")))

@@ -65,22 +65,22 @@ P never gives less."
 (defun magent-store-status ()
   "Show the backend's state in a buffer."
   (interactive)
-  (let* ((backend magent-store--backend)
+  (let* ((backend magent-store-current-backend)
          (status (and backend
                       (ignore-errors
-                        (json-parse-string (magent-store--call "status" nil)
+                        (json-parse-string (magent-store-call "status" nil)
                                            :object-type 'alist
                                            :null-object nil))))
-         (ms magent-store--flush-ms))
+         (ms magent-store-flush-ms))
     (with-current-buffer (get-buffer-create "*magent-store-status*")
       (let ((inhibit-read-only t))
         (erase-buffer)
         (if (not backend)
             (insert "Backend: not running\n")
           (insert (format "Backend pid:        %s\n"
-                          (magent-store--backend-pid backend))
+                          (magent-store-backend-pid backend))
                   (format "Port:               %s\n"
-                          (magent-store--backend-port backend))
+                          (magent-store-backend-port backend))
                   (format "This machine:       %s\n"
                           (or (alist-get 'machine status) "-"))
                   (format "Other machines:     %s conflict copies merged, %s forks made\n"
@@ -88,7 +88,7 @@ P never gives less."
                           (or (alist-get 'forks-made status) 0))
                   (format "Uptime:             %.0f s\n"
                           (- (float-time)
-                             (magent-store--backend-started-at backend)))
+                             (magent-store-backend-started-at backend)))
                   (format "Open sessions:      %s\n"
                           (let ((open (alist-get 'open-sessions status)))
                             (if (> (length open) 0)
@@ -128,17 +128,17 @@ P never gives less."
                                 (mapconcat #'identity paused "\n                    ")
                               "kept current")))))
         (insert (format "Last error:         %s\n"
-                        (or magent-store--last-error
+                        (or magent-store-last-error
                             (and status (alist-get 'last-error status))
                             "none"))
-                (pcase magent-store--stops
+                (pcase magent-store-stops
                   ('nil "Restarts:           none\n")
                   (`(,count ,time ,why)
                    (format "Restarts:           %d, last at %s: the backend %s\n"
                            count (format-time-string "%F %T" time) why)))
                 (format "Backend log:        %s\n"
                         (expand-file-name "server.log"
-                                          (magent-store--log-directory))))
+                                          (magent-store-log-directory))))
         (dolist (function magent-store-status-functions)
           (insert (or (ignore-errors (funcall function)) "")))
         (special-mode))

@@ -183,6 +183,7 @@ TIME is a `float-time', a Lisp timestamp, or nil for now."
           (run-at-time magent-store-timing-send-delay nil
                        #'magent-store-timing--send))))
 
+;;;###autoload (autoload 'magent-store-record-timing "magent-store-timing")
 (defun magent-store-record-timing (type &rest props)
   "Record a timing event of TYPE with PROPS; return non-nil if recorded.
 TYPE is one of `magent-store-timing-types', e.g. `first-provider-event',
@@ -201,7 +202,7 @@ records hold no content, names or messages.  Costs one `push'."
 
 (defun magent-store-timing--take ()
   "Return the queued records, oldest first, as extra flush arguments.
-This is `magent-store--flush-extra-args-function': the records ride the
+This is `magent-store-flush-extra-args-function': the records ride the
 flush message being sent."
   (when magent-store-timing--queue
     (prog1 (list (nreverse magent-store-timing--queue))
@@ -209,10 +210,10 @@ flush message being sent."
 
 (defun magent-store-timing--live-backend ()
   "Return the backend when it can take a message, else nil."
-  (let ((backend magent-store--backend))
+  (let ((backend magent-store-current-backend))
     (and backend
-         (not (magent-store--backend-stopping backend))
-         (process-live-p (magent-store--backend-connection backend))
+         (not (magent-store-backend-stopping backend))
+         (process-live-p (magent-store-backend-connection backend))
          backend)))
 
 (defun magent-store-timing--send ()
@@ -221,7 +222,7 @@ flush message being sent."
   (when magent-store-timing--queue
     (if (magent-store-timing--live-backend)
         (condition-case nil
-            (magent-store--send "record-timings" (magent-store-timing--take)
+            (magent-store-send "record-timings" (magent-store-timing--take)
                                 nil #'ignore)
           (error nil))
       ;; No backend: keep the newest, a bounded number.
@@ -240,7 +241,7 @@ flush message being sent."
 
 (defun magent-store-timing--flushed (sent record reply)
   "Record the session save of flush RECORD sent at SENT, answered by REPLY.
-This is `magent-store--flushed-function'.  The save's duration is the
+This is `magent-store-flushed-function'.  The save's duration is the
 backend's own (apply and write, REPLY's milliseconds), placed from SENT:
 the round trip is no measure, as the backend may hold a tick's reply
 back.  A save belongs to the turn in progress, or to the turn that ended
@@ -254,7 +255,7 @@ may come after the next turn began."
        'session-save turn (+ sent (/ ms 1000.0))
        (magent-store-timing--props
         (list :duration-ms ms
-              :items (/ (nth 2 record) magent-store--entry-slots)
+              :items (/ (nth 2 record) magent-store-entry-slots)
               :bytes (nth 2 reply)))))))
 
 ;;;; magent's lifecycle events and provider events
@@ -392,8 +393,8 @@ Run by `magent-store-mode-hook', and again when magent loads later."
 
 (add-hook 'magent-store-mode-hook #'magent-store-timing-mode-sync)
 
-(setq magent-store--flush-extra-args-function #'magent-store-timing--take
-      magent-store--flushed-function #'magent-store-timing--flushed)
+(setq magent-store-flush-extra-args-function #'magent-store-timing--take
+      magent-store-flushed-function #'magent-store-timing--flushed)
 
 ;;;; The report
 
@@ -403,7 +404,7 @@ Run by `magent-store-mode-hook', and again when magent loads later."
     (cancel-timer magent-store-timing--timer)
     (setq magent-store-timing--timer nil))
   (when (and magent-store-timing--queue (magent-store-timing--live-backend))
-    (magent-store--call "record-timings" (magent-store-timing--take))))
+    (magent-store-call "record-timings" (magent-store-timing--take))))
 
 ;;;###autoload
 (defun magent-store-timing-report (&optional args)

@@ -87,7 +87,7 @@
             (lambda (orig &rest args)
               (start-bench--stamp 'auth-reply)
               (prog1 (apply orig args) (start-bench--stamp 'version-checked))))
-(advice-add 'magent-store--send :around
+(advice-add 'magent-store-send :around
             (lambda (orig method args &optional on-reply &rest rest)
               (if (and (equal method "open") (not (start-bench--at 'open-sent)))
                   (progn
@@ -172,7 +172,7 @@ The answer streams in chunks `start-bench--chunk-gap' apart."
         (timer-event-handler timer)
       ;; A shim from before the mode started the backend (--elisp): as
       ;; its first event would.
-      (start-bench--timed #'magent-store--ensure-backend))
+      (start-bench--timed #'magent-store-ensure-backend))
     mode-on))
 
 (defun start-bench-run ()
@@ -187,7 +187,7 @@ The answer streams in chunks `start-bench--chunk-gap' apart."
         (pcase (getenv "START_BENCH_SCENARIO")
           ("ready"
            (let ((mode-on (start-bench--start)))
-             (start-bench--wait-until (lambda () (magent-store--ready-p magent-store--backend)))
+             (start-bench--wait-until (lambda () (magent-store-ready-p magent-store-current-backend)))
              (start-bench--stamp 'ready)
              (let ((blocked (* 1000 start-bench--blocked))
                    (wall (start-bench--ms 'idle 'ready))
@@ -204,21 +204,21 @@ The answer streams in chunks `start-bench--chunk-gap' apart."
                        (later-save . ,(start-bench--save "s-new" "two"))
                        (new-session-first-save . ,(start-bench--save "s-other" "three")))))
              ;; A crash: the backend killed, restarted by the shim.
-             (let ((old magent-store--backend))
-               (start-bench--wait-until (lambda () (magent-store--ready-p old)))
+             (let ((old magent-store-current-backend))
+               (start-bench--wait-until (lambda () (magent-store-ready-p old)))
                (setq start-bench--blocked 0.0)
                (let ((killed (float-time)))
-                 (signal-process (magent-store--backend-pid old) 'SIGKILL)
+                 (signal-process (magent-store-backend-pid old) 'SIGKILL)
                  (start-bench--wait-until
-                  (lambda () (and magent-store--backend
-                                  (not (eq old magent-store--backend))
-                                  (magent-store--ready-p magent-store--backend)
-                                  (not magent-store--recovering))))
+                  (lambda () (and magent-store-current-backend
+                                  (not (eq old magent-store-current-backend))
+                                  (magent-store-ready-p magent-store-current-backend)
+                                  (not magent-store-recovering))))
                  (push `(restart . ,(* 1000 (- (float-time) killed))) result)
                  (push `(restart-blocked . ,(* 1000 start-bench--blocked)) result)))))
           ("first-save"
            (let* ((mode-on (start-bench--start))
-                  (ready-before (magent-store--ready-p magent-store--backend))
+                  (ready-before (magent-store-ready-p magent-store-current-backend))
                   (save (start-bench--save "s-first" "one")))
              (when ready-before (error "The backend was ready before the save"))
              (setq result `((mode-on . ,mode-on) (first-save-of-the-day . ,save)

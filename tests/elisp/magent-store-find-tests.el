@@ -247,7 +247,7 @@ saved for the next Emacs as a listing saves them."
     (clrhash magent-store-find--states)
     (let ((root (file-name-as-directory magent-store-root)))
       (should-not (magent-store-find--saved root))
-      (should (magent-store--ready-p magent-store--backend))
+      (should (magent-store-ready-p magent-store-current-backend))
       (cl-letf (((symbol-function 'magent-store-find--list)
                  (lambda (&rest _) (error "Listed apart while a backend runs"))))
         (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t)
@@ -287,7 +287,7 @@ background, which brings in the session written since."
    (format "brief-rows-%s.json"
            (secure-hash 'sha1 (encode-coding-string
                                (file-truename (directory-file-name root)) 'utf-8)))
-   (magent-store--log-directory)))
+   (magent-store-log-directory)))
 
 (defun magent-store-find-test--prepare-timers ()
   "Return the idle timers that would prepare the finder's list."

@@ -88,7 +88,7 @@ Return its log file."
 
 (ert-deftest magent-store-idle-off-starts-nothing ()
   (magent-store-idle-test--with-mode nil
-    (let ((log (magent-store-idle-test--write-old-session (magent-store--root))))
+    (let ((log (magent-store-idle-test--write-old-session (magent-store-session-root))))
       (should-not magent-store-idle--process)
       (should-not magent-store-idle--timer)
       (should-not (get-process "magent-store-compact"))
@@ -100,19 +100,19 @@ Return its log file."
     ;; No root yet (no session ever saved): nothing to run, nothing said.
     (should-not magent-store-idle--process)
     (should (timerp magent-store-idle--timer))
-    (let ((log (magent-store-idle-test--write-old-session (magent-store--root))))
+    (let ((log (magent-store-idle-test--write-old-session (magent-store-session-root))))
       (magent-store-mode -1)
       (should-not magent-store-idle--timer)
       (magent-store-mode 1)
       (let ((process (magent-store-idle-test--wait)))
         (should (equal (last (process-command process) 4)
                        (list "compact" "--idle-days" "30"
-                             (directory-file-name (magent-store--root)))))
+                             (directory-file-name (magent-store-session-root)))))
         (should (equal (butlast (process-command process) 4)
                        (magent-store-program)))
         (should (= 0 (process-exit-status process))))
       (should-not (file-exists-p log))
-      (should (file-exists-p (expand-file-name "global/old.snapshot" (magent-store--root))))
+      (should (file-exists-p (expand-file-name "global/old.snapshot" (magent-store-session-root))))
       (with-current-buffer magent-store-idle-buffer
         (should (string-match-p "1 idle session(s) compacted" (buffer-string))))
       (should (timerp magent-store-idle--timer))
@@ -131,7 +131,7 @@ Return its log file."
 
 (ert-deftest magent-store-idle-says-in-one-line-what-it-left-and-why ()
   (magent-store-idle-test--with-mode nil
-    (let ((log (magent-store-idle-test--write-old-session (magent-store--root)))
+    (let ((log (magent-store-idle-test--write-old-session (magent-store-session-root)))
           (magent-store-compact-idle-days 30))
       (write-region "{\"seq\":" nil log t 'silent)  ; a torn last line: for fsck first
       (set-file-times log (seconds-to-time magent-store-idle-test--old))
@@ -147,7 +147,7 @@ Return its log file."
   (magent-store-idle-test--with-mode nil
     (let ((magent-store-python (list (executable-find "sh") "-c" "echo broken >&2; exit 1" "sh"))
           (magent-store-compact-idle-days 7))
-      (make-directory (magent-store--root) t)
+      (make-directory (magent-store-session-root) t)
       (magent-store-idle-compact)
       (magent-store-idle-test--wait)
       (should (= 1 (magent-store-idle-test--failures)))

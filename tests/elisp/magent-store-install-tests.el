@@ -18,14 +18,9 @@
 (require 'cl-lib)
 (require 'ert)
 
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
 (require 'magent-store-install)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defconst magent-store-install-test--checkout
   (expand-file-name ".." (file-name-directory
@@ -104,31 +99,22 @@ of the installer's) is under TMP."
 (ert-deftest magent-store-install-backend-from-the-package-then-start ()
   "No backend: start offers the installation, which makes a virtualenv
 under `user-emacs-directory'; the backend then starts from there."
-  (let* ((tmp (make-temp-file "magent-store-install-test-" t))
-         (user-emacs-directory (file-name-as-directory
-                                (expand-file-name "emacs.d" tmp)))
-         (magent-store-backend-directory
-          (eval (car (get 'magent-store-backend-directory 'standard-value)) t))
-         (magent-store-install--directory
-          (magent-store-install-test--package
-           (expand-file-name "elpa/magent-store-0.1.0/" tmp)))
-         ;; As if loaded from the package: no checkout .venv beside it.
-         (magent-store-program--directory magent-store-install--directory)
-         (magent-store-install-python (magent-store-install-test--python))
-         (exec-path (magent-store-install-test--without-backends exec-path))
-         (magent-store-python nil)
-         (magent-store-root (expand-file-name "root" tmp))
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
-         (offered nil))
+  (magent-store-test-with-backend
+      ((user-emacs-directory (file-name-as-directory
+                              (expand-file-name "emacs.d" tmp)))
+       (magent-store-backend-directory
+        (eval (car (get 'magent-store-backend-directory 'standard-value)) t))
+       (magent-store-install--directory
+        (magent-store-install-test--package
+         (expand-file-name "elpa/magent-store-0.1.0/" tmp)))
+       ;; As if loaded from the package: no checkout .venv beside it.
+       (magent-store-program--directory magent-store-install--directory)
+       (magent-store-install-python (magent-store-install-test--python))
+       (exec-path (magent-store-install-test--without-backends exec-path))
+       (magent-store-python nil)
+       (offered nil))
     (when-let ((why (magent-store-install-test--index-unreachable
                      magent-store-install-python)))
-      (delete-directory tmp t)
       (ert-skip (format "the Python package index is not reachable: %s" why)))
     (unwind-protect
         (progn
@@ -172,12 +158,12 @@ backend is installed\\|installing the backend failed\\)" nil t)))))
               (should (file-exists-p (expand-file-name "magent-store.el" elisp)))
               (should (equal (magent-store-install-test--found-from elisp tmp)
                              program))))
-          (should magent-store--backend)
-          (should (equal (car (process-command (magent-store--backend-process
-                                                magent-store--backend)))
+          (should magent-store-current-backend)
+          (should (equal (car (process-command (magent-store-backend-process
+                                                magent-store-current-backend)))
                          (expand-file-name "bin/magent-store"
                                            magent-store-backend-directory)))
-          (should-not magent-store--last-error)  ; versions agree
+          (should-not magent-store-last-error)  ; versions agree
           (magent-store-open "s1")
           (magent-store-put-header "s1" '((id . "s1") (schema-version . 7)))
           (magent-store-flush "s1")
@@ -185,31 +171,17 @@ backend is installed\\|installing the backend failed\\)" nil t)))))
                                                    magent-store-root))))
       (ignore-errors (magent-store-stop))
       (when (process-live-p magent-store-install--process)
-        (delete-process magent-store-install--process))
-      (delete-directory tmp t))))
+        (delete-process magent-store-install--process)))))
 
 (ert-deftest magent-store-version-mismatch-is-said-at-start ()
   "A backend of another version starts, and the user is told which."
-  (let* ((tmp (make-temp-file "magent-store-version-test-" t))
-         (magent-store-python (or magent-store-test-python magent-store-python))
-         (magent-store-version "0.0.1-other")
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
-         (warning-minimum-log-level :emergency))
-    (unwind-protect
-        (progn
-          (magent-store-start)
-          (should magent-store--backend)
-          (should (string-match-p
-                   "is version 0\\.1\\.0, this package is version 0\\.0\\.1-other: M-x magent-store-install-backend"
-                   magent-store--last-error)))
-      (ignore-errors (magent-store-stop))
-      (delete-directory tmp t))))
+  (magent-store-test-with-backend ((magent-store-version "0.0.1-other")
+                                   (warning-minimum-log-level :emergency))
+    (magent-store-start)
+    (should magent-store-current-backend)
+    (should (string-match-p
+             "is version 0\\.1\\.0, this package is version 0\\.0\\.1-other: M-x magent-store-install-backend"
+             magent-store-last-error))))
 
 (provide 'magent-store-install-tests)
 ;;; magent-store-install-tests.el ends here

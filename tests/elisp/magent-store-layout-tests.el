@@ -86,9 +86,18 @@ public command of the package is callable after it, as is the mode."
                            magent-store-search magent-store-install-backend
                            magent-store-find-session magent-store-export-session
                            magent-store-timing-report
-                           magent-store-export-for-magent))
-                        (fboundp 'magent-store-record-timing))))))
-    (should (equal seen '(nil nil t))))
+                           magent-store-export-for-magent magent-store-scan
+                           magent-store-scrub magent-store-relocate
+                           magent-store-idle-compact))
+                        (fboundp 'magent-store-record-timing)
+                        ;; Autoloaded: their files load at first use.
+                        (cl-remove-if-not
+                         #'featurep
+                         '(magent-store-magent-schema6 magent-store-status
+                           magent-store-search magent-store-scan
+                           magent-store-find magent-store-timing
+                           magent-store-idle magent-store-relocate)))))))
+    (should (equal seen '(nil nil t nil))))
   ;; The mode loads the adapter, which finds the core already there.
   (should (equal (magent-store-layout-test--emacs
                   '(progn (require 'magent-store)
@@ -97,11 +106,11 @@ public command of the package is callable after it, as is the mode."
                                 (featurep 'magent-store-magent)
                                 (memq 'magent-store-magent--timing-sync
                                       magent-store-mode-hook)
-                                (prog1 (memq 'magent-store--kill-emacs
+                                (prog1 (memq 'magent-store-save-at-exit
                                              kill-emacs-hook)
                                   (magent-store-mode -1)))))
                  '(t t (magent-store-magent--timing-sync magent-store-idle--mode-changed)
-                     (magent-store--kill-emacs))))
+                     (magent-store-save-at-exit))))
   ;; Loading the adapter first loads the core, once.
   (should (equal (magent-store-layout-test--emacs
                   '(progn (require 'magent-store-magent)

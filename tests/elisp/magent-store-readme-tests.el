@@ -13,13 +13,8 @@
 (require 'cl-lib)
 (require 'ert)
 
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defconst magent-store-readme-test--file
   (expand-file-name "../../docs/API.md"
@@ -44,27 +39,35 @@
       (cons (nreverse forms) (car (read-from-string (match-string 1)))))))
 
 (ert-deftest magent-store-readme-example-runs-as-printed ()
-  (let* ((example (magent-store-readme-test--example))
-         (tmp (make-temp-file "magent-store-readme-test-" t))
-         (magent-store-root (expand-file-name "root" tmp))
-         (magent-store-python (or magent-store-test-python magent-store-python))
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store--backend nil))
+  (let ((example (magent-store-readme-test--example)))
     (should (equal (cdr example) "Hello, world"))
-    (unwind-protect
-        (let (value)
-          (dolist (form (car example))
-            (setq value (eval form t)))
-          (should (equal value (cdr example)))
-          ;; It really went to disk, under the session root.
-          (should (file-exists-p (expand-file-name "global/example-session.jsonl"
-                                                   magent-store-root))))
-      (ignore-errors (magent-store-stop))
-      (delete-directory tmp t))))
+    (magent-store-test-with-backend ()
+      (let (value)
+        (dolist (form (car example))
+          (setq value (eval form t)))
+        (should (equal value (cdr example)))
+        ;; It really went to disk, under the session root.
+        (should (file-exists-p (expand-file-name "global/example-session.jsonl"
+                                                 magent-store-root)))))))
+
+(ert-deftest magent-store-api-page-names-only-what-is-defined ()
+  "Every function and variable docs/API.md names exists, documented."
+  (require 'magent-store-timing)
+  (let (undocumented (seen 0))
+    (with-temp-buffer
+      (insert-file-contents magent-store-readme-test--file)
+      (goto-char (point-min))
+      (while (re-search-forward "`(?\\(magent-store-[a-z0-9-]*[a-z0-9]\\)\\([^.a-z0-9-]\\)"
+                                nil t)
+        (let ((symbol (intern (match-string 1))))
+          (cl-incf seen)
+          (unless (or (get symbol 'error-conditions)
+                      (and (fboundp symbol) (documentation symbol))
+                      (and (boundp symbol)
+                           (documentation-property symbol 'variable-documentation)))
+            (push symbol undocumented)))))
+    (should (> seen 40))
+    (should-not (delete-dups undocumented))))
 
 (provide 'magent-store-readme-tests)
 ;;; magent-store-readme-tests.el ends here

@@ -16,7 +16,7 @@
 
 (defun magent-store-recovery-test--kill-and-wait (predicate)
   "SIGKILL the backend, then run timers until PREDICATE holds (5 s at most)."
-  (signal-process (magent-store--backend-pid magent-store--backend) 'SIGKILL)
+  (signal-process (magent-store-backend-pid magent-store-current-backend) 'SIGKILL)
   (let ((deadline (+ (float-time) 5)))
     (while (and (not (funcall predicate)) (< (float-time) deadline))
       (sleep-for 0.05))))
@@ -25,7 +25,7 @@
   "Past the restart limit the shim stops, says how to retry, and drops nothing."
   (magent-store-test--with-backend
     (let ((magent-store-restart-limit 0)
-          (magent-store--recovering nil)
+          (magent-store-recovering nil)
           (messages nil))
       (magent-store-open "s-up")
       (magent-store-test--start-turn "s-up")
@@ -34,9 +34,9 @@
                  (lambda (format &rest args)
                    (push (apply #'format-message format args) messages))))
         (magent-store-recovery-test--kill-and-wait
-         (lambda () magent-store--gave-up))
+         (lambda () magent-store-gave-up))
         (magent-store-append-item-content "s-up" "item-1" "kept in Emacs"))
-      (should magent-store--gave-up)
+      (should magent-store-gave-up)
       (should (cl-some (lambda (m) (string-match-p "magent-store-restart retries" m))
                        messages))
       (should-not (cl-some (lambda (m) (string-match-p "\\\\\\[" m)) messages))
@@ -50,7 +50,7 @@
 (ert-deftest magent-store-a-restart-keeps-queueing-and-says-so-once-saved ()
   "Chunks appended while the backend restarts are saved once, in order."
   (magent-store-test--with-backend
-    (let ((magent-store--recovering nil)
+    (let ((magent-store-recovering nil)
           (messages nil))
       (magent-store-open "s-again")
       (magent-store-test--start-turn "s-again")
@@ -58,16 +58,16 @@
       (cl-letf (((symbol-function 'message)
                  (lambda (format &rest args)
                    (push (apply #'format-message format args) messages))))
-        (signal-process (magent-store--backend-pid magent-store--backend) 'SIGKILL)
+        (signal-process (magent-store-backend-pid magent-store-current-backend) 'SIGKILL)
         ;; Appending never waits, backend or not.
         (dotimes (i 20)
           (magent-store-append-item-content "s-again" "item-1" (format "<%d>" i))
           (magent-store-request-flush "s-again")
           (sleep-for 0.01))
         (let ((deadline (+ (float-time) 5)))
-          (while (and magent-store--recovering (< (float-time) deadline))
+          (while (and magent-store-recovering (< (float-time) deadline))
             (sleep-for 0.05))))
-      (should-not magent-store--recovering)
+      (should-not magent-store-recovering)
       (should (cl-some (lambda (m) (string-match-p "restarted; everything it had not saved" m))
                        messages))
       (should (equal (magent-store-test--content (magent-store-load "s-again"))
@@ -94,7 +94,7 @@ queueing; once the backend answers again, what queued is saved, once."
       (magent-store-open "s-other")
       (magent-store-test--start-turn "s-hung")
       (magent-store-flush "s-hung")
-      (setq pid (magent-store--backend-pid magent-store--backend))
+      (setq pid (magent-store-backend-pid magent-store-current-backend))
       (cl-letf (((symbol-function 'message)
                  (lambda (format &rest args)
                    (push (apply #'format-message format args) messages))))
@@ -102,7 +102,7 @@ queueing; once the backend answers again, what queued is saved, once."
             (progn
               (signal-process pid 'SIGSTOP)
               (magent-store-append-item-content "s-hung" "item-1" "<before>")
-              (advice-add 'magent-store--send :before count-sends)
+              (advice-add 'magent-store-send :before count-sends)
               (let ((start (float-time))
                     (magent-store-call-timeout timeout))
                 ;; Five waiting calls: a save, then four of what a listing does.
@@ -110,7 +110,7 @@ queueing; once the backend answers again, what queued is saved, once."
                   (magent-store-error (push (cadr err) failures)))
                 (dotimes (_ 4)
                   (condition-case err
-                      (magent-store--call "list" (list magent-store-root))
+                      (magent-store-call "list" (list magent-store-root))
                     (magent-store-error (push (cadr err) failures))))
                 (setq blocked (- (float-time) start)))
               ;; Only the save was sent and waited for: the others failed at once.
@@ -133,11 +133,11 @@ queueing; once the backend answers again, what queued is saved, once."
                 (advice-remove 'accept-process-output 'magent-store-test-waits))
               (should (= waits 0))
               (should (= sent 1)))
-          (advice-remove 'magent-store--send count-sends)
+          (advice-remove 'magent-store-send count-sends)
           (signal-process pid 'SIGCONT))
         ;; It answers again: everything queued meanwhile is sent, once.
         (let ((deadline (+ (float-time) 30)))
-          (while (and (magent-store--backend-unresponsive magent-store--backend)
+          (while (and (magent-store-backend-unresponsive magent-store-current-backend)
                       (< (float-time) deadline))
             (sleep-for 0.05))))
       (message "hung backend: Emacs blocked %.3f s over 5 waiting calls \
@@ -148,7 +148,7 @@ did not answer within 1s" (car (last failures))))
       (dolist (failure (butlast failures))
         (should (string-match-p "\\`list: the backend (pid [0-9]+) is not answering" failure))
         (should (string-match-p "M-x magent-store-restart restarts it" failure)))
-      (should-not (magent-store--backend-unresponsive magent-store--backend))
+      (should-not (magent-store-backend-unresponsive magent-store-current-backend))
       (should (cl-some (lambda (m) (string-match-p "the backend answers again" m))
                        messages))
       (should (= (magent-store-flush "s-hung") 54))
@@ -172,7 +172,7 @@ session is opened again there and everything is saved, once."
       (magent-store-append-item-content "s-gone" "item-1" "before ")
       (magent-store-flush "s-gone")
       ;; Closed in the backend, behind the shim's back.
-      (magent-store--call "close" (list "s-gone"))
+      (magent-store-call "close" (list "s-gone"))
       (let ((session (gethash "s-gone" magent-store--sessions)))
         (cl-letf (((symbol-function 'message)
                    (lambda (format &rest args)

@@ -93,7 +93,7 @@
   "A batch whose text the killed backend held is resent: nothing lost, nothing twice."
   (magent-store-test--with-backend
     (let ((magent-store-redact t)
-          (magent-store--recovering nil)
+          (magent-store-recovering nil)
           (token (magent-store-redact-test--token)))
       (magent-store-open "s-kill")
       (magent-store-test--start-turn "s-kill")
@@ -101,13 +101,13 @@
       (magent-store-append-item-content "s-kill" "item-1" "avant ")
       (magent-store-append-item-content "s-kill" "item-1" (substring token 0 20))
       (let ((session (magent-store-redact-test--tick-and-wait "s-kill"))
-            (killed magent-store--backend))
+            (killed magent-store-current-backend))
         (should (magent-store--session-held session))
-        (signal-process (magent-store--backend-pid killed) 'SIGKILL)
+        (signal-process (magent-store-backend-pid killed) 'SIGKILL)
         ;; Until a new backend has the session open again and its held batch back.
         (let ((deadline (+ (float-time) 10)))
-          (while (and (or (eq magent-store--backend killed)
-                          magent-store--recovering
+          (while (and (or (eq magent-store-current-backend killed)
+                          magent-store-recovering
                           (not (magent-store--session-opened session))
                           (magent-store--session-inflight session))
                       (< (float-time) deadline))
@@ -140,7 +140,7 @@
             (should (equal (magent-store-redact-spec-json)
                            (concat "{\"rules\":false,\"patterns\":{},\"literals\":[\""
                                    secret "\"]}")))
-            (advice-add 'magent-store--spool-file :before
+            (advice-add 'magent-store-spool-file :before
                         (lambda (&rest _) (cl-incf spooled))
                         '((name . magent-store-redact-test)))
             (magent-store-open "s-auth")
@@ -153,7 +153,7 @@
                            "psql -W [redacted:auth-source] — fait\n"))
             (magent-store-close "s-auth")
             (should-not (string-search secret (magent-store-redact-test--files-text))))
-        (advice-remove 'magent-store--spool-file 'magent-store-redact-test)
+        (advice-remove 'magent-store-spool-file 'magent-store-redact-test)
         (delete-file netrc)))))
 
 ;; Four characters is the documented minimum: a secret that long is
@@ -195,7 +195,7 @@ go again to the restarted backend, in their order: nothing lost, nothing
 twice, the secret split across them still redacted."
   (magent-store-test--with-backend
     (let ((magent-store-redact t)
-          (magent-store--recovering nil)
+          (magent-store-recovering nil)
           (token (magent-store-redact-test--token))
           (resent nil))
       (magent-store-open "s-order")
@@ -204,8 +204,8 @@ twice, the secret split across them still redacted."
       (magent-store-append-item-content "s-order" "item-1" "un ")
       (magent-store-append-item-content "s-order" "item-1" (substring token 0 20))
       (let* ((session (magent-store-redact-test--tick-and-wait "s-order"))
-             (killed magent-store--backend)
-             (pid (magent-store--backend-pid killed)))
+             (killed magent-store-current-backend)
+             (pid (magent-store-backend-pid killed)))
         (should (= (length (magent-store--session-held session)) 1))
         ;; Stopped, it reads the next batch never: that one stays in flight.
         (signal-process pid 'SIGSTOP)
@@ -224,8 +224,8 @@ twice, the secret split across them still redacted."
               (signal-process pid 'SIGKILL)
               ;; Until a new backend has the session open again and both batches back.
               (let ((deadline (+ (float-time) 30)))
-                (while (and (or (eq magent-store--backend killed)
-                                magent-store--recovering
+                (while (and (or (eq magent-store-current-backend killed)
+                                magent-store-recovering
                                 (not (magent-store--session-opened session))
                                 (magent-store--session-inflight session))
                             (< (float-time) deadline))

@@ -13,13 +13,8 @@
 (require 'cl-lib)
 (require 'ert)
 
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store-status)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defun magent-store-status-test--text ()
   "Return the status buffer's text after `magent-store-status'."
@@ -30,28 +25,13 @@
 (defmacro magent-store-status-test--with-backend (messages &rest body)
   "Run BODY against a fresh backend, its messages collected in MESSAGES."
   (declare (indent 1) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-status-test-" t))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--last-error nil)
-          (magent-store--flush-ms nil)
-          (,messages nil))
-     (unwind-protect
-         (cl-letf (((symbol-function 'message)
-                    (lambda (format &rest args)
-                      (when format
-                        (push (apply #'format-message format args) ,messages)))))
-           ,@body)
-       (ignore-errors (magent-store-stop '(4)))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
+  `(magent-store-test-with-backend ((magent-store-test-stop-argument '(4))
+                                    (,messages nil))
+     (cl-letf (((symbol-function 'message)
+                (lambda (format &rest args)
+                  (when format
+                    (push (apply #'format-message format args) ,messages)))))
+       ,@body)))
 
 (ert-deftest magent-store-status-says-what-it-knows-and-stop-says-what-it-did ()
   (magent-store-status-test--with-backend messages
@@ -76,7 +56,7 @@
         (should (<= (string-to-number (match-string 2 text))
                     (string-to-number (match-string 3 text))))))
     ;; An error from before a deliberate stop is not shown after it.
-    (setq magent-store--last-error "an old error")
+    (setq magent-store-last-error "an old error")
     (setq messages nil)
     (magent-store-stop)
     (should (equal messages '("magent-store: backend stopped, 1 session flushed")))
@@ -95,19 +75,8 @@
 ;; Needs a tmpfs, so root.
 (ert-deftest magent-store-status-says-when-the-search-index-is-paused ()
   (skip-unless (and (zerop (user-uid)) (executable-find "mount")))
-  (let* ((tmp (make-temp-file "magent-store-status-test-" t))
-         (magent-store-root (expand-file-name "root" tmp))
-         (filler (expand-file-name "filler" magent-store-root))
-         (magent-store-python (or magent-store-test-python magent-store-python))
-         (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                process-environment))
-         (magent-store--sessions (make-hash-table :test #'equal))
-         (magent-store--recent nil)
-         (magent-store--backend nil)
-         (magent-store--last-error nil)
-         (magent-store--flush-ms nil)
-         (seq 0))
+  (magent-store-test-with-backend ((filler (expand-file-name "filler" magent-store-root))
+                                   (seq 0))
     (make-directory magent-store-root)
     (should (zerop (call-process "mount" nil nil nil "-t" "tmpfs" "-o" "size=4m,mode=0700"
                                  "tmpfs" magent-store-root)))
@@ -140,8 +109,7 @@
             (save "thread-status-changed")
             (should (shows "^Search index: +kept current$")))
         (ignore-errors (magent-store-stop))
-        (call-process "umount" nil nil nil "-l" magent-store-root)
-        (delete-directory tmp t)))))
+        (call-process "umount" nil nil nil "-l" magent-store-root)))))
 
 (ert-deftest magent-store-percentile-interpolates-and-never-falls-below-the-median ()
   (should-not (magent-store-status--percentile nil 50))
@@ -157,7 +125,7 @@
   (magent-store-status-test--with-backend messages
     (magent-store-start)
     ;; Opened without waiting: the header goes once the session is open.
-    (magent-store--ensure-session "s-bad" 'global)
+    (magent-store-ensure-session "s-bad" 'global)
     (magent-store-put-header "s-bad" '((id . "s-bad")
                                        (approval-overrides
                                         . [((tool . "grep") (decision . "maybe"))])))
@@ -165,7 +133,7 @@
                                          (thread-id . "s-bad")
                                          (created-at . 1.0e9)))
     (magent-store-flush "s-bad")
-    (should (string-match-p "approval-overrides" (or magent-store--last-error "")))
+    (should (string-match-p "approval-overrides" (or magent-store-last-error "")))
     (should (cl-find-if (lambda (text)
                           (string-match-p "header of s-bad refused: .*approval-overrides"
                                           text))
@@ -174,20 +142,20 @@
 (ert-deftest magent-store-status-shows-restarts-and-why ()
   "After the backend is killed, the status says how often, when and why."
   (magent-store-status-test--with-backend messages
-    (let ((magent-store--stops nil)
+    (let ((magent-store-stops nil)
           (magent-store--restarts nil)
-          (magent-store--gave-up nil))
+          (magent-store-gave-up nil))
       (magent-store-open "s1")
       (magent-store-flush "s1")
       (should (string-match-p "^Restarts: +none$" (magent-store-status-test--text)))
-      (let ((pid (magent-store--backend-pid magent-store--backend)))
+      (let ((pid (magent-store-backend-pid magent-store-current-backend)))
         (signal-process pid 'SIGKILL)
         (with-timeout (20 (ert-fail "the backend was not restarted"))
-          (while (not (and magent-store--backend
-                           (not (equal (magent-store--backend-pid
-                                        magent-store--backend)
+          (while (not (and magent-store-current-backend
+                           (not (equal (magent-store-backend-pid
+                                        magent-store-current-backend)
                                        pid))
-                           (magent-store--ready-p magent-store--backend)))
+                           (magent-store-ready-p magent-store-current-backend)))
             (accept-process-output nil 0.05))))
       (should (string-match-p
                "^Restarts: +1, last at [0-9-]+ [0-9:]+: the backend was killed by signal 9$"

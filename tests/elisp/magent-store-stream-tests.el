@@ -30,7 +30,7 @@
     (magent-store-test--start-turn "s-long")
     (magent-store-flush "s-long")
     (let* ((session (gethash "s-long" magent-store--sessions))
-           (connection (magent-store--backend-connection magent-store--backend))
+           (connection (magent-store-backend-connection magent-store-current-backend))
            (crossed 0)
            (replies 0)
            (next 0)
@@ -44,7 +44,7 @@
                         (cl-incf next)
                         (magent-store-append-item-content "s-long" "item-1" chunk)
                         (magent-store-request-flush "s-long")))))
-           (magent-store--flushed-function
+           (magent-store-flushed-function
             (lambda (_sent _record _reply)
               (cl-incf replies)
               (when (> (magent-store--session-fill session) 0)
@@ -84,10 +84,10 @@
     (magent-store-test--start-turn "s-filter")
     (magent-store-flush "s-filter")
     (let* ((session (gethash "s-filter" magent-store--sessions))
-           (connection (magent-store--backend-connection magent-store--backend))
+           (connection (magent-store-backend-connection magent-store-current-backend))
            (sent-in-filter 0)
            (replies 0)
-           (magent-store--flushed-function
+           (magent-store-flushed-function
             (lambda (&rest _) (cl-incf replies)))
            ;; A batch sent counts a flush of the session.
            (filter (lambda (orig &rest args)

@@ -13,33 +13,13 @@
 
 (require 'cl-lib)
 (require 'json)
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
-
-(defvar magent-store-test-python)
 
 (defmacro magent-store-test-alloc--with-backend (&rest body)
   "Run BODY with a private root and state dir; stop the backend after."
   (declare (indent 0) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-alloc-" t))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or (bound-and-true-p magent-store-test-python)
-                                   magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store-persistence-enabled t))
-     (unwind-protect
-         (progn ,@body)
-       (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
+  `(magent-store-test-with-backend () ,@body))
 
 (defun magent-store-test-alloc--show (session-id)
   "Return `magent-store show' of global SESSION-ID, parsed."
@@ -91,7 +71,7 @@
 
 (defun magent-store-test-alloc--wait (session)
   "Wait, running no timers, until the backend answered SESSION's batches."
-  (let ((process (magent-store--backend-connection magent-store--backend)))
+  (let ((process (magent-store-backend-connection magent-store-current-backend)))
     (while (magent-store--session-inflight session)
       (accept-process-output process 0.05 nil 1))))
 

@@ -22,6 +22,7 @@
 
 (require 'cl-lib)
 (require 'bytecomp)
+(require 'magent-store-test-backend)
 
 (defconst magent-store-test-timing-cost--checkout
   (expand-file-name ".." (file-name-directory
@@ -38,9 +39,6 @@
                                    magent-store-test-timing-cost--checkout)
                  (expand-file-name name dir)))
     (add-to-list 'load-path dir)
-    (unless (locate-library "epc")
-      (dolist (d (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-        (add-to-list 'load-path d)))
     (let ((byte-compile-verbose nil)
           (inhibit-message t))
       (byte-compile-file (expand-file-name "magent-store.el" dir))

@@ -23,10 +23,7 @@
 
 (require 'cl-lib)
 
-;; `emacs -Q' does not activate Debian's elpa-epc: put it on the path.
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
 (require 'magent-store-timing)
 
@@ -226,7 +223,7 @@ Turns, offsets in seconds from each turn's start:
     ;; reaches the backend anyway is dropped there.
     (magent-store-record-timing 'acp-update :turn-id (funcall secret 9)
                                 :time (+ base 20) :status (funcall secret 4))
-    (magent-store--call
+    (magent-store-call
      "record-timings"
      (list (list (list 'acp-update nil 1 :error (funcall secret 4)
                        :duration-ms (funcall secret 8)

@@ -15,36 +15,14 @@
 (require 'cl-lib)
 (require 'ert)
 
-;; `emacs -Q' does not activate Debian's elpa-epc: put it on the path.
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store)
 
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
-
 (defmacro magent-store-test--with-backend (&rest body)
-  "Run BODY with a private root and state dir; stop the backend after."
+  "Run BODY with a private root and state dir; stop the backend after.
+See `magent-store-test-with-backend'."
   (declare (indent 0) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-test-" t))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--restarts nil)
-          (magent-store--gave-up nil)
-          (magent-store-persistence-enabled t))
-     (unwind-protect
-         (progn ,@body)
-       (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
+  `(magent-store-test-with-backend () ,@body))
 
 ;;;; Events in magent's shape
 

@@ -73,7 +73,7 @@
 (ert-deftest magent-store-text-events-of-every-encoder ()
   "Events as alists, unibyte strings in them, and JSON text of both encoders."
   (let ((text magent-store-text-test--text)
-        (magent-store--last-error nil))
+        (magent-store-last-error nil))
     (magent-store-test--with-backend
       (magent-store-open "s-events")
       (magent-store-append-event "s-events"
@@ -99,7 +99,7 @@
         (magent-store-append-event
          "s-events" (magent-store-text-test--turn-started "turn-5" text)))
       (should (= (magent-store-flush "s-events") 6))
-      (should-not magent-store--last-error)
+      (should-not magent-store-last-error)
       (should (equal (magent-store-text-test--inputs "s-events")
                      (make-list 5 text))))))
 
@@ -138,7 +138,7 @@
 (ert-deftest magent-store-text-characters-beyond-unicode-become-u+fffd ()
   "Characters UTF-8 has no room for become U+FFFD; the session goes on saving."
   (let ((odd magent-store-text-test--not-unicode)
-        (magent-store--last-error nil))
+        (magent-store-last-error nil))
     (dolist (threshold (list magent-store-file-threshold 0)) ; wire, spool file
       (magent-store-test--with-backend
         (let ((magent-store-file-threshold threshold))
@@ -156,7 +156,7 @@
           (should (= (magent-store-flush "s-odd") 4))
           (magent-store-append-item-content "s-odd" "item-1" "!")
           (should (= (magent-store-flush "s-odd") 5))
-          (should-not magent-store--last-error)
+          (should-not magent-store-last-error)
           (let ((turn (aref (alist-get 'turns (plist-get (magent-store-load "s-odd")
                                                          :snapshot))
                             0)))
@@ -204,7 +204,7 @@
   (magent-store-test--with-backend
     (let* ((name "项目 e\u0301 😀 \u2028 é")
            (project (expand-file-name name magent-store-root))
-           (magent-store--last-error nil)
+           (magent-store-last-error nil)
            (magent-store-root (expand-file-name "根 root é" magent-store-root)))
       (dolist (scope (list project (magent-store-text-test--bytes project)))
         (let ((id (if (multibyte-string-p scope) "s-scope-text" "s-scope-bytes")))
@@ -229,7 +229,7 @@
   (let ((text magent-store-text-test--text))
     (magent-store-test--with-backend
       (let* ((project (expand-file-name "项目 😀" magent-store-root))
-             (magent-store--last-error nil)
+             (magent-store-last-error nil)
              (thread (list :session-id "s-mode-text" :scope project))
              (item (list :id "item-1"))
              (magent-store-test--calls nil))
@@ -249,7 +249,7 @@
               (magent-thread-append-item-content
                thread item (magent-store-text-test--bytes text))
               (should (= (magent-store-flush "s-mode-text") 5))
-              (should-not magent-store--last-error)
+              (should-not magent-store-last-error)
               (let* ((snapshot (plist-get (magent-store-load "s-mode-text" project)
                                           :snapshot))
                      (turn (aref (alist-get 'turns snapshot) 0)))

@@ -16,9 +16,7 @@
 (require 'ert)
 (require 'magent-store-test-timing-standin)
 (require 'magent-store-test-alloc)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
+(require 'magent-store-test-backend)
 
 ;; magent's provider-event loop, as the advice sees it.
 (unless (fboundp 'magent-agent-loop-apply-event)
@@ -29,34 +27,20 @@
 (defmacro magent-store-timing-test--with-backend (&rest body)
   "Run BODY with a private root, state dir and timing state; clean up after."
   (declare (indent 0) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-timing-test-" t))
-          (state (expand-file-name "state" tmp))
-          (magent-store-root (expand-file-name "root" tmp))
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment (cons (concat "XDG_STATE_HOME=" state)
-                                     process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--restarts nil)
-          (magent-store--gave-up nil)
-          (magent-store-persistence-enabled t)
-          (magent-store-timing--queue nil)
-          (magent-store-timing--timer nil)
-          (magent-store-timing--turn nil)
-          (magent-store-timing--turn-start 0.0)
-          (magent-store-timing--last-turn nil)
-          (magent-store-timing--ordinals (make-hash-table :test #'equal))
-          (magent-store-timing--next-ordinal 0)
-          (magent-lifecycle-events--sinks nil))
+  `(magent-store-test-with-backend
+       ((state (expand-file-name "state" tmp))
+        (magent-store-timing--queue nil)
+        (magent-store-timing--timer nil)
+        (magent-store-timing--turn nil)
+        (magent-store-timing--turn-start 0.0)
+        (magent-store-timing--last-turn nil)
+        (magent-store-timing--ordinals (make-hash-table :test #'equal))
+        (magent-store-timing--next-ordinal 0)
+        (magent-lifecycle-events--sinks nil))
      (unwind-protect
          (progn ,@body)
        (magent-store-mode -1)
-       (when magent-store-timing--timer (cancel-timer magent-store-timing--timer))
-       (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
+       (when magent-store-timing--timer (cancel-timer magent-store-timing--timer)))))
 
 (defun magent-store-timing-test--metrics (state)
   "Return the records in STATE's metrics file, parsed, oldest first."
@@ -128,8 +112,8 @@
         (reply '(3 3 100 2.5 nil)))
     (dolist (sent '(149.0 201.0 151.5 160.0 90.0))
       (magent-store-timing--flushed
-       sent (list 1 (make-vector (* 2 magent-store--entry-slots) nil)
-                  (* 2 magent-store--entry-slots))
+       sent (list 1 (make-vector (* 2 magent-store-entry-slots) nil)
+                  (* 2 magent-store-entry-slots))
        reply))
     (let ((records (reverse magent-store-timing--queue)))
       (should (equal (mapcar (lambda (r) (nth 1 r)) records) '("t1" "t2" "t1")))
@@ -151,7 +135,7 @@
           (magent-store-timing-send-delay 1.0)
           (flushes '("flush" "tick"))
           (ctx (magent-lifecycle-events-context-create :turn-id "turn-f")))
-      (advice-add 'magent-store--send :before
+      (advice-add 'magent-store-send :before
                   (lambda (method args &rest _) (push (cons method args) sent))
                   '((name . magent-store-timing-test)))
       (unwind-protect
@@ -180,7 +164,7 @@
             (sleep-for (+ magent-store-timing-send-delay 0.2))
             (should sent)
             (should (cl-every (lambda (m) (equal (car m) "record-timings")) sent)))
-        (advice-remove 'magent-store--send 'magent-store-timing-test))
+        (advice-remove 'magent-store-send 'magent-store-timing-test))
       (magent-store-timing-flush)
       (let ((types (mapcar (lambda (r) (alist-get 'type r))
                            (magent-store-timing-test--metrics state))))

@@ -154,8 +154,8 @@ connection at once, so Emacs's next write would fail: the second send
 would then be the third.  A backend that has read everything closes it
 with a FIN, and only the write after it draws the reset."
   (magent-store-flush sid)
-  (let ((connection (magent-store--backend-connection magent-store--backend))
-        (replies (magent-store--backend-replies magent-store--backend))
+  (let ((connection (magent-store-backend-connection magent-store-current-backend))
+        (replies (magent-store-backend-replies magent-store-current-backend))
         (deadline (+ (float-time) 30)))
     (while (and (> (hash-table-count replies) 0) (< (float-time) deadline))
       (accept-process-output connection 0.05 nil 1))
@@ -168,7 +168,7 @@ with a FIN, and only the write after it draws the reset."
 Emacs reads nothing meanwhile: its connection still looks live."
   (unless (equal (fault--tcp-state connection) "01")
     (error "Fault driver: /proc/net/tcp does not list the connection as established"))
-  (signal-process (process-id (magent-store--backend-process magent-store--backend))
+  (signal-process (process-id (magent-store-backend-process magent-store-current-backend))
                   'KILL)
   ;; 08: CLOSE_WAIT, the backend's end is closed.
   (fault--wait-tcp connection (lambda (state) (not (equal state "01")))))
@@ -218,14 +218,14 @@ Emacs reads nothing meanwhile: its connection still looks live."
       (advice-add name :around (fault--timed name)))
     (if (fault--env "FAULT_ASYNC_OPEN")
         ;; As the mode opens sessions: without waiting, whatever the backend says.
-        (magent-store--ensure-session sid 'global)
+        (magent-store-ensure-session sid 'global)
       (magent-store-open sid))
     (fault--start-turn sid item)
     (when progress (fault--progress progress "0"))
     (dotimes (i chunks)
       (when (eql i kill-at)
         (fault--drain sid)
-        (setq connection (magent-store--backend-connection magent-store--backend))
+        (setq connection (magent-store-backend-connection magent-store-current-backend))
         (fault--kill-backend connection))
       (magent-store-append-item-content sid item (format "<%d>%s" i filler))
       (if (and kill-at (<= kill-at i (1+ kill-at)))
@@ -249,14 +249,14 @@ Emacs reads nothing meanwhile: its connection still looks live."
     ;; Let retries and restarts finish: timers run while we sleep.
     (let ((deadline (+ (float-time) settle)))
       (while (and (not (fault--saved-p sid)) (< (float-time) deadline))
-        (when (and (magent-store--ready-p magent-store--backend)
+        (when (and (magent-store-ready-p magent-store-current-backend)
                    (not (magent-store--session-retry
                          (gethash sid magent-store--sessions))))
           (ignore-errors (magent-store-flush sid)))
         (sleep-for 0.1)))
     (let ((saved (fault--saved-p sid))
-          (backend magent-store--backend))
-      (let ((server (and backend (magent-store--backend-process backend))))
+          (backend magent-store-current-backend))
+      (let ((server (and backend (magent-store-backend-process backend))))
         (condition-case err
             (progn (magent-store-stop)
                    (setq stopped-cleanly

@@ -75,7 +75,7 @@ def main() -> int:
             report = run_stream(daemon, workdir, "live-1", script_file, 131.0, True)
             check(3 <= report["flushes"] <= 12,
                   f"{report['flushes']} flushes for {report['wall']:.2f} s of streaming")
-            backend_pid = int(daemon.eval("(magent-store--backend-pid magent-store--backend)"))
+            backend_pid = int(daemon.eval("(magent-store-backend-pid magent-store-current-backend)"))
             check(_alive(backend_pid), f"backend pid {backend_pid} is running")
         check(daemon.pid is not None and not _alive(daemon.pid), "the daemon is gone")
         deadline = time.time() + 10

@@ -90,7 +90,7 @@ READER defaults to `magent-store-idle-magent-test--state'."
   (magent-store-magent-test--with-store
     (let* ((magent-store-log-max-events 40)
            (sessions (magent-store-magent-test--play))
-           (root (magent-store--root))
+           (root (magent-store-session-root))
            before after listed)
       (dolist (pair sessions)
         (magent-store-flush (magent-session-get-id (car pair))))
@@ -130,7 +130,7 @@ READER defaults to `magent-store-idle-magent-test--state'."
   (magent-store-magent-test--with-store
     (let* ((magent-store-log-max-events 40)
            (sessions (magent-store-magent-test--play))
-           (root (magent-store--root))
+           (root (magent-store-session-root))
            before after)
       (dolist (pair sessions)
         (magent-store-flush (magent-session-get-id (car pair))))

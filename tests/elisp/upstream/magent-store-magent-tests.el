@@ -39,16 +39,10 @@
 (require 'ert)
 (require 'subr-x)
 
-;; `emacs -Q' does not activate Debian's elpa-epc: put it on the path.
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store-test-upstream)
 (magent-store-test-upstream-load)
 (require 'magent-store-magent)
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defconst magent-store-magent-test--release-session
   (locate-library "magent-session.el" t)
@@ -87,33 +81,22 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
 (defmacro magent-store-magent-test--with-store (&rest body)
   "Run BODY with `magent-store-mode' on, a private session root and backend."
   (declare (indent 0) (debug t))
-  `(let* ((tmp (file-truename (make-temp-file "magent-store-magent-" t)))
-          (magent-session-directory (expand-file-name "sessions" tmp))
-          (magent-action-session-directory nil)
-          (magent-store-root nil)
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store-magent--headers-sent (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--restarts nil)
-          (magent-store--gave-up nil)
-          (magent-store--last-error nil)
-          (magent-store-magent--adapter-failures nil)
-          (magent-store-magent--unencodable nil)
-          (magent-store-magent--deferred-headers nil)
-          (magent-store-magent--header-timer nil)
-          (magent-store-persistence-enabled t))
+  `(magent-store-test-with-backend
+       ((tmp (file-truename tmp))
+        (process-environment
+         (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+               process-environment))
+        (magent-session-directory (expand-file-name "sessions" tmp))
+        (magent-action-session-directory nil)
+        (magent-store-root nil)
+        (magent-store-magent--headers-sent (make-hash-table :test #'equal))
+        (magent-store-magent--adapter-failures nil)
+        (magent-store-magent--unencodable nil)
+        (magent-store-magent--deferred-headers nil)
+        (magent-store-magent--header-timer nil))
      (unwind-protect
          (progn (magent-store-mode 1) ,@body)
-       (magent-store-mode -1)
-       (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
+       (magent-store-mode -1))))
 
 ;;;; magent sessions, in magent's own ways
 

@@ -16,9 +16,7 @@
 ;;; Code:
 
 (require 'magent-store-test-upstream)
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (magent-store-test-upstream-load)
 (require 'magent-agent-job)
 (require 'magent-store)

@@ -15,16 +15,11 @@
 (require 'cl-lib)
 (require 'ert)
 (require 'magent-store-test-upstream)
-(unless (locate-library "epc")
-  (dolist (dir (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*-[0-9]*"))
-    (add-to-list 'load-path dir)))
+(require 'magent-store-test-backend)
 (require 'magent-store-magent)
 (when (magent-store-test-upstream-available-p)
   (magent-store-test-upstream-load)
   (require 'magent-agent-job))
-
-(defvar magent-store-test-python nil
-  "The backend command under test; nil means the shim's default.")
 
 (defvar magent-session-directory)
 (defvar magent-session--metadata-cache)
@@ -41,31 +36,18 @@
 (defmacro magent-store-resume-test--with-magent (&rest body)
   "Run BODY with the mode on, a private session root and a real backend."
   (declare (indent 0) (debug t))
-  `(let* ((tmp (make-temp-file "magent-store-resume-" t))
-          (magent-session-directory (expand-file-name "sessions" tmp))
-          (magent-store-root nil)
-          (magent-store-flush-interval 0.05)
-          (magent-store-python (or magent-store-test-python magent-store-python))
-          (process-environment
-           (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
-                 process-environment))
-          (magent-store--sessions (make-hash-table :test #'equal))
-          (magent-store--recent nil)
-          (magent-store--backend nil)
-          (magent-store--restarts nil)
-          (magent-store--gave-up nil)
-          (magent-store-magent--export-offered nil)
-          (magent-session--metadata-cache (make-hash-table :test #'equal))
-          (magent-session--loaded-sessions (make-hash-table :test #'eq))
-          (magent-session--scoped-sessions (make-hash-table :test #'equal)))
+  `(magent-store-test-with-backend
+       ((magent-session-directory (expand-file-name "sessions" tmp))
+        (magent-store-root nil)
+        (magent-store-flush-interval 0.05)
+        (magent-store-magent--export-offered nil)
+        (magent-session--metadata-cache (make-hash-table :test #'equal))
+        (magent-session--loaded-sessions (make-hash-table :test #'eq))
+        (magent-session--scoped-sessions (make-hash-table :test #'equal)))
      (magent-store-mode 1)
      (unwind-protect
          (progn ,@body)
-       (magent-store-mode -1)
-       (ignore-errors (magent-store-stop))
-       (when magent-store--backend
-         (magent-store--kill-backend magent-store--backend))
-       (delete-directory tmp t))))
+       (magent-store-mode -1))))
 
 (defun magent-store-resume-test--restart ()
   "Stop the backend and forget what Emacs and magent held, as a restart does."
@@ -240,7 +222,7 @@ session's own scope and every other field."
            (file (expand-file-name (concat "global/" id ".json")
                                    magent-session-directory))
            (messages nil)
-           (magent-store--last-error nil)
+           (magent-store-last-error nil)
            (record (lambda (format &rest args)
                      (when format
                        (push (apply #'format-message format args) messages)))))
@@ -276,7 +258,7 @@ session's own scope and every other field."
       ;; Nothing was refused, so nothing had to be said.
       (should-not (cl-find-if (lambda (text) (string-match-p "refused" text))
                               messages))
-      (should-not magent-store--last-error))))
+      (should-not magent-store-last-error))))
 
 ;;;; A magent that reads schema 7 itself
 

@@ -109,7 +109,7 @@
   "Mode on: one idle timer starts the backend, waiting for nothing; filters finish it."
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
-    (should-not magent-store--backend)
+    (should-not magent-store-current-backend)
     ;; Turned on again: still one timer.
     (let ((timer magent-store-magent--start-timer))
       (magent-store-mode 1)
@@ -118,19 +118,19 @@
                              :key #'timer--function))))
     (should (= 0 (magent-store-start-test--fire-start-timer)))
     (should-not magent-store-magent--start-timer)
-    (let ((backend magent-store--backend))
+    (let ((backend magent-store-current-backend))
       (should backend)
       ;; Started, not waited for: nothing was read from it yet.
-      (should-not (magent-store--backend-ready backend))
+      (should-not (magent-store-backend-ready backend))
       ;; Emacs waiting as it does when idle, running filters and timers.
       (let ((deadline (+ (float-time) 30)))
-        (while (and (not (magent-store--ready-p backend))
+        (while (and (not (magent-store-ready-p backend))
                     (< (float-time) deadline))
           (accept-process-output nil 0.05)))
-      (should (magent-store--ready-p backend))
-      (should-not magent-store--last-error)
+      (should (magent-store-ready-p backend))
+      (should-not magent-store-last-error)
       (magent-store-start-test--durable-save "s-after-ready")
-      (should (eq backend magent-store--backend)))))
+      (should (eq backend magent-store-current-backend)))))
 
 (ert-deftest magent-store-magent-a-save-before-the-backend-is-ready-is-durable ()
   "The first save of the day, with the backend still starting, returns durable."
@@ -140,7 +140,7 @@
         (magent-store-call-timeout 10))
     (magent-store-magent-test--with-store
       (magent-store-start-test--fire-start-timer)
-      (should-not (magent-store--backend-ready magent-store--backend))
+      (should-not (magent-store-backend-ready magent-store-current-backend))
       (magent-store-start-test--durable-save "s-before-ready"))))
 
 (ert-deftest magent-store-magent-a-backend-that-cannot-start-is-said-once ()
@@ -166,9 +166,9 @@ magent's save records its failure for the status buffer all the same."
           (magent-session-save-for-session session 'global)))
       (should (= 1 (cl-count-if (lambda (text) (string-match-p "no-such-backend" text))
                                 said)))
-      (should (string-match-p "not installed" magent-store--last-error))
+      (should (string-match-p "not installed" magent-store-last-error))
       (should (assoc '("a save" . user-error) magent-store-magent--adapter-failures))
-      (should-not magent-store--backend))))
+      (should-not magent-store-current-backend))))
 
 (provide 'magent-store-start-magent-tests)
 ;;; magent-store-start-magent-tests.el ends here

@@ -173,7 +173,7 @@ written beside it and renamed into place."
       (magent-store-flush id)
       (should (file-exists-p (expand-file-name (concat "global/" fork ".json")
                                                magent-session-directory)))
-      (let ((status (json-parse-string (magent-store--call "status" nil) :object-type 'alist)))
+      (let ((status (json-parse-string (magent-store-call "status" nil) :object-type 'alist)))
         (should (= (alist-get 'forks-made status) 1))
         (should (= (alist-get 'conflict-copies-merged status) 0)))
       ;; The backend goes away with this Emacs's session still open in it.
