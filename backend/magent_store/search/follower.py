@@ -88,6 +88,16 @@ def stamp(paths: tuple[str, str]) -> str:
     return ":".join(parts)
 
 
+def same_log(before: str, now: str) -> bool:
+    """True when stamps BEFORE and NOW (see `stamp`) saw one log file, grown or cut in place.
+
+    False when it was replaced: a sync engine renames another machine's
+    copy into place, which may hold other events under the same seqs.
+    """
+    old, new = before.split(":", 1)[0], now.split(":", 1)[0]
+    return old != "-" and new != "-" and old.rsplit(".", 1)[-1] == new.rsplit(".", 1)[-1]
+
+
 def stamp_bytes(stamp: str) -> int:
     """The bytes of log and snapshot a stamp (see `stamp`) saw."""
     return sum(int(part.split(".", 1)[0]) for part in stamp.split(":") if part != "-")
@@ -237,8 +247,10 @@ class Follower:
             if done > thread.last_event_seq and file_stamp(files) != stamp:
                 return 0  # written since it was read: a live writer is ahead, the next catch-up sees
             # The log's lines are consecutive seqs: holding the first event not yet
-            # indexed, it holds every one after it.
-            incremental = entry is not None and (
+            # indexed, it holds every one after it.  A log replaced since (another
+            # machine's copy, renamed into place) may hold other events under the
+            # seqs indexed: it is indexed again whole.
+            incremental = entry is not None and same_log(entry[2], stamp) and (
                 done == thread.last_event_seq or any(e.seq == done + 1 for e in scan.events)
             )
             if incremental:
