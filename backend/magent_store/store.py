@@ -418,6 +418,20 @@ def replay_session(
     return thread, (base if snapshot_obj is not None else None)
 
 
+def merge_conflict_copies(files: SessionFiles) -> bool:
+    """Merge the copies a sync engine made of FILES's session, if it made any; True when it had.
+
+    Opening the session for writing merges them (see `Session`): this is
+    for a reader, so that what it reads holds both machines' changes.
+    Refused (`StoreError`) while another process holds the session open.
+    Looks only at the names in the session's own directory.
+    """
+    if not files.conflict_copies():
+        return False
+    Session(files, Scope.from_header(read_header(files.header))).close()
+    return True
+
+
 def load_session(files: SessionFiles) -> tuple[dict[str, Any], Thread]:
     """Read a session without locking or repairing it (a torn tail is skipped)."""
     header = read_header(files.header)
