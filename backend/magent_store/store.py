@@ -1003,12 +1003,13 @@ class Session:
         )  # fmt: skip
         self._lock = SessionLock(files)
         try:
-            remove_stale_temps(files)
+            temps, copies = files.beside()  # one listing of the directory, for both
+            remove_stale_temps(files, temps)
             # Kept for `_reload`: replay without a snapshot starts from it, in place.
             self._initial = copy.deepcopy(initial)
             self._load(initial)
             self._record = ProducerRecord(files.producer, self._log.written_seq)
-            self._merge_conflict_copies()
+            self._merge_conflict_copies(copies)
         except BaseException:
             self._lock.release(remove=True)
             raise
@@ -1617,7 +1618,7 @@ class Session:
 
     # -- conflict copies a sync engine made ---------------------------------
 
-    def _merge_conflict_copies(self) -> None:
+    def _merge_conflict_copies(self, found: list[tuple[Path, re.Match[str]]]) -> None:
         """Merge the copies a sync engine made of this session's files, then remove them.
 
         Logs first: events both hold are kept once; the copy's events past
@@ -1628,7 +1629,7 @@ class Session:
         durable; one that cannot be merged is left, logged, for fsck to name.
         """
         order = {"jsonl": 0, "snapshot": 1, "json": 2}
-        for path, match in sorted(self.files.conflict_copies(), key=lambda pair: order[pair[1]["ext"]]):
+        for path, match in sorted(found, key=lambda pair: order[pair[1]["ext"]]):
             try:
                 merged = {"jsonl": self._merge_log_copy, "snapshot": self._merge_snapshot_copy,
                           "json": self._merge_header_copy}[match["ext"]](path, match)  # fmt: skip
