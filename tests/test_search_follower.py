@@ -157,3 +157,19 @@ def test_a_log_another_machine_wrote_renamed_into_place_is_indexed_again_whole(r
     assert find(root, "asked on the other machine") == ["s1"]
     assert find(root, "asked on this machine") == [], "the words the log no longer holds are gone"
     assert find(root, "words both machines hold") == ["s1"]
+
+
+def test_a_conflict_copy_of_a_header_is_not_taken_for_a_session(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A sync engine's copy of a header (not merged yet) is no session of its own: not indexed, not skipped."""
+    ev = Events()
+    with Store(root, fsync="never").open("s1") as s:
+        s.append_event(ev.thread_started())
+        s.append_event(ev.turn("turn-started", "t1", input=None))
+        s.append_event(ev.item_started("t1", "i1", role="user", content="words of the session"))
+    header = root / "global" / "s1.json"
+    (root / "global" / "s1.sync-conflict-20261202-101500-ABCDEFG.json").write_bytes(header.read_bytes())
+    index, caught = open_index(root)
+    with index:
+        assert caught.skipped == []
+        assert ids(index.search("words of the session")) == ["s1"]
+    assert "skipping" not in caplog.text

@@ -28,6 +28,7 @@ import orjson
 from magent_store import ledger, schema6
 from magent_store.ledger import Thread
 from magent_store.search import projection
+from magent_store.fileio import CONFLICT_COPY_RE
 from magent_store.search.recorder import Recorder, disk_full
 from magent_store.store import (
     LogScan,
@@ -130,7 +131,9 @@ def headers(root: Path) -> list[Header]:
     for relative, directory in sorted(directories):
         try:
             with os.scandir(directory) as entries:
-                names = sorted(e.name for e in entries if e.name.endswith(".json"))
+                # A sync engine's copy of a header is no session: opening the session merges it.
+                names = sorted(e.name for e in entries
+                               if e.name.endswith(".json") and CONFLICT_COPY_RE.fullmatch(e.name) is None)
         except OSError:
             continue
         out += [(f"{relative}/{name}", directory, name[:-5]) for name in names]
