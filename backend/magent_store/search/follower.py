@@ -26,9 +26,9 @@ from typing import Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import CONFLICT_COPY_RE
 from magent_store.ledger import Thread
 from magent_store.search import projection
-from magent_store.fileio import CONFLICT_COPY_RE
 from magent_store.search.recorder import Recorder, disk_full
 from magent_store.store import (
     LogScan,
