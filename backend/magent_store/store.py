@@ -1657,8 +1657,7 @@ class Session:
         added = [e for e in copy_scan.events if e.seq is not None and e.seq > point]
         if not added:
             return True  # the session holds all of it
-        at_point = self._thread_at(scan, point)
-        copy_thread = copy.deepcopy(at_point)
+        copy_thread = self._thread_at(scan, point)  # read afresh: ours to change
         for event in added:
             ledger.apply(copy_thread, event)
         both_added_turns = (branches.new_turns(copy_thread, self.thread)
