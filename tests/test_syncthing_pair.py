@@ -70,24 +70,32 @@ class World:
         self.saved[words] = session
         return words
 
+    def read(self) -> dict[str, dict[str, tuple[str, str, str, list[str]]]]:
+        """What magent lists and reads on each machine, asked of both at once."""
+        asked = {m.name: (m, m.send("sessions")) for m in (self.a, self.b)}
+        return {name: m.sessions(request) for name, (m, request) in asked.items()}
+
     def check(self) -> dict[str, tuple[str, str, str, list[str]]]:
         """Both machines agree and every saved turn is readable on both; what magent lists."""
         self.pair.settle()
         before = self.pair.tree(self.pair.a.root)
-        listed = {m.name: m.sessions() for m in (self.a, self.b)}
+        listed = self.read()
         # Reading may have merged conflict copies: that travels too, then both read again.
         self.pair.settle()
         if self.pair.tree(self.pair.a.root) != before:
-            listed = {m.name: m.sessions() for m in (self.a, self.b)}
+            listed = self.read()
         assert listed[self.a.name] == listed[self.b.name], "both machines list the same sessions and turns"
         sessions = listed[self.a.name]
         for words, session in self.saved.items():
             holders = [sid for sid, (_, _, _, inputs) in sessions.items()
                        if words in inputs and (sid == session or sid.startswith(session + "."))]  # fmt: skip
             assert holders, f"the turn {words!r} saved in session {session} is in no session magent reads: {sessions}"
+        checks = {m.name: subprocess.Popen([*COMMAND, "fsck", str(m.root)], stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True) for m in (self.a, self.b)}  # fmt: skip
+        for name, fsck in checks.items():
+            out, _ = fsck.communicate(timeout=120)
+            assert fsck.returncode == 0, f"fsck on machine {name}: {out}"
         for m in (self.a, self.b):
-            fsck = subprocess.run([*COMMAND, "fsck", str(m.root)], capture_output=True, text=True, timeout=120)
-            assert fsck.returncode == 0, f"fsck on machine {m.name}: {fsck.stdout}{fsck.stderr}"
             index, _ = search.open_index(m.root)
             with index:
                 for words, session in self.saved.items():

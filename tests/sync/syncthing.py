@@ -293,12 +293,21 @@ class Machine:
             env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
 
     def ask(self, op: str, **args: str) -> str:
+        return self.wait(self.send(op, **args))
+
+    def send(self, op: str, **args: str) -> tuple[int, str]:
+        """Ask OP of this Emacs without waiting for the answer (see `wait`)."""
         self.n += 1
         body = f"(:op {op} " + " ".join(f":{k} {json.dumps(v)}" for k, v in args.items()) + ")"
         tmp = self.dir / f".req-{self.n}"
         tmp.write_text(body, encoding="utf-8")
         tmp.rename(self.dir / f"req-{self.n}")
-        answer = self.dir / f"resp-{self.n}"
+        return self.n, body
+
+    def wait(self, request: tuple[int, str]) -> str:
+        """The answer to REQUEST, from `send`."""
+        n, body = request
+        answer = self.dir / f"resp-{n}"
         deadline = time.monotonic() + WAIT_S
         while not answer.exists():
             if self.process.poll() is not None:
@@ -312,10 +321,13 @@ class Machine:
             raise SyncError(f"machine {self.name}: {body}: {text}")
         return text
 
-    def sessions(self) -> dict[str, tuple[str, str, str, list[str]]]:
-        """Every session magent lists here, read by magent: id -> (title, parent, overrides, turn inputs)."""
+    def sessions(self, request: tuple[int, str] | None = None) -> dict[str, tuple[str, str, str, list[str]]]:
+        """Every session magent lists here, read by magent: id -> (title, parent, overrides, turn inputs).
+
+        REQUEST: the answer to a ``sessions`` request already sent.
+        """
         out = {}
-        for line in self.ask("sessions").splitlines():
+        for line in self.wait(request or self.send("sessions")).splitlines():
             fields = line.split("\t")
             if fields[1:2] == ["UNREADABLE"]:
                 raise AssertionError(f"machine {self.name}: magent lists {fields[0]} and cannot read it")
