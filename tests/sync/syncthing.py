@@ -9,7 +9,8 @@ watcher is off: every wait for the two to be in sync starts with a scan
 forced through the REST API on both (``POST /rest/db/scan``), then polls
 the REST API until both are idle, need nothing, and each sees the other
 complete, and the two trees hold the same files.  The link is cut and
-mended with ``/rest/system/pause`` and ``/rest/system/resume``.
+mended by pausing and resuming the shared folder on both through the REST
+API (``PATCH /rest/config/folders/ID``).
 
 `Machine` is one machine's Emacs (tests/sync/machine-driver.el): upstream
 magent's own code with ``magent-store-mode`` on and a real backend, with
@@ -204,15 +205,26 @@ class Pair:
         return True
 
     def pause(self) -> None:
-        """Cut the link: each pauses the other device; returns once neither is connected."""
-        for me, other in ((self.a, self.b), (self.b, self.a)):
-            me.rest("POST", f"/rest/system/pause?device={other.device}")
-        self._until(lambda: self.connected(False), "the link is down")
+        """Cut the link for the session folder: both pause it; returns once both say it is paused.
+
+        The folder, not the device: a paused device's connection comes back
+        only after a handshake times out, many seconds on a busy machine.
+        """
+        self._set_paused(True)
 
     def resume(self) -> None:
-        for me, other in ((self.a, self.b), (self.b, self.a)):
-            me.rest("POST", f"/rest/system/resume?device={other.device}")
-        self._until(lambda: self.connected(True), "the link is up again")
+        self._set_paused(False)
+
+    def _set_paused(self, paused: bool) -> None:
+        for inst in (self.a, self.b):
+            inst.rest("PATCH", f"/rest/config/folders/{FOLDER}", {"paused": paused})
+
+        def done() -> bool:
+            # A paused folder has no state ("" in this version, "paused" in others).
+            states = [inst.rest("GET", f"/rest/db/status?folder={FOLDER}")["state"] for inst in (self.a, self.b)]
+            return all((state in ("", "paused")) == paused for state in states)
+
+        self._until(done, f"the session folder is {'paused' if paused else 'running'} on both")
 
     def settle(self, folder: str = FOLDER) -> None:
         """Scan FOLDER on both and wait until both hold the same files and neither needs anything."""
