@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,10 @@ def world() -> Iterator[World]:
         lisp = upstream_lisp(work)
         need(lisp, "upstream magent", "the pinned copy in ../shared/upstream/, or MAGENT_LISP")
         assert lisp is not None
-        python = str(Path(COMMAND[0])) if len(COMMAND) == 1 else COMMAND[0]
+        # The backend Emacs starts: the checkout's, else the installed command (an unpacked sdist's run).
+        python = COMMAND[0] if len(COMMAND) == 1 else shutil.which("magent-store")
+        need(python, "the magent-store command", "pip install the package, or make install")
+        assert python is not None
         with syncthing.pair(work) as pair:
             a = Machine("laptop", work, pair.a.root, lisp, python)
             b = Machine("desk", work, pair.b.root, lisp, python)
