@@ -8,7 +8,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install autoloads emacs-ready mutation mutation-elisp test test-loaded test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find bench-start lint clean
+.PHONY: install autoloads emacs-ready syncthing-ready mutation mutation-elisp test test-loaded test-python test-elisp test-live test-magent test-magent-if-available test-emacs30 test-faults test-faults-quick test-fresh demo bench bench-quick bench-migrate bench-search bench-list bench-find bench-start lint clean
 
 # Users load compiled Lisp (package.el byte-compiles what it installs, and
 # native-compiles it where Emacs can), so a checkout does too; every file is
@@ -62,6 +62,21 @@ emacs-ready:
 	  echo "GNU Emacs >= 28 with epc.el and package-lint is needed; run:  sudo apt-get install $(EMACS_PACKAGES)"; exit 2; \
 	fi
 
+# Syncthing (Debian's package), for the test of two machines kept in step
+# by it (tests/test_syncthing_pair.py).  Root on Debian gets it installed;
+# anyone else is told the command (without it that test is skipped, loudly,
+# or fails under CI=true).
+syncthing-ready:
+	@if command -v syncthing >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; then \
+	  echo "Installing syncthing with apt-get (the test of two machines kept in sync)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends syncthing || \
+	  { apt-get update -q && apt-get install -y -q --no-install-recommends syncthing; }; \
+	else \
+	  echo "*** syncthing is missing: the test of two machines kept in sync will be skipped; run:  sudo apt-get install syncthing ***"; \
+	fi
+
 # Every suite, stopping at the first that fails, then one line per suite:
 # what it ran, passed, failed and skipped (tests/summary.py), so that a
 # skip cannot hide in the middle of the run.  Under CI=true a skip fails it.
@@ -95,7 +110,7 @@ $(PLOT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,plot]'
 	touch $@
 
-test-python: install $(PLOT_STAMP)
+test-python: install $(PLOT_STAMP) syncthing-ready
 	$(SUITE) test-python pytest -- $(PY) -m pytest -q
 
 # Mutation testing (mutmut) of ledger.py, store.py, server.py (and its

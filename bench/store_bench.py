@@ -708,6 +708,144 @@ class Bench:
         )  # fmt: skip
         self.rss["redaction"] = peak_rss_mb()
 
+    def synced(self) -> None:
+        """A session root kept in sync by Syncthing, Dropbox or Nextcloud, against a plain one.
+
+        For the store a synced root differs in what the sync engine leaves in
+        it (its marker and ignore files, temporary files, conflict copies of
+        other sessions) and in what the store does about it: the stat at
+        every flush that finds a replaced file, which every root pays, and
+        the look for conflict copies when a session is opened.
+        """
+        plain, synced = self.root / "sync-plain", self.root / "sync-synced"
+        samples: dict[tuple[str, str], list[float]] = {(m, w): [] for m in MODES for w in ("plain", "synced")}
+        blocks = max(2, self.cfg.blocks * 2)
+        rounds = self.cfg.ticks // blocks
+        for block in range(blocks):
+            for mode in self.mode_order(block):
+                roots = {"plain": plain / f"{mode}-{block}", "synced": synced / f"{mode}-{block}"}
+                sessions = {}
+                for which, root in roots.items():
+                    store = Store(root, fsync=mode)
+                    sessions[which] = store.open("s1")
+                    if which == "synced":
+                        (root / ".stfolder").mkdir()
+                        (root / ".stignore").write_text(".search\n*.lock\n*.producer\n*.sums\n")
+                        for n in range(3):  # another session's conflict copies, and a temporary file
+                            (root / "global" / f"other.sync-conflict-20261202-10150{n}-ABCDEFG.jsonl").write_bytes(b"")
+                        (root / "global" / ".syncthing.other.jsonl.tmp").write_bytes(b"")
+                pool = self.corpus.chunks(4096)
+                streams = {which: Stream(sess, self.corpus) for which, sess in sessions.items()}
+                for which, sess in sessions.items():
+                    streams[which].chunks = pool
+                    sess.flush()
+                for n in range(rounds):
+                    for which in (("plain", "synced") if n % 2 == 0 else ("synced", "plain")):
+                        t0 = time.perf_counter()
+                        streams[which].append(TICK_EVENTS)
+                        sessions[which].flush()
+                        samples[mode, which].append(time.perf_counter() - t0)
+                for which, sess in sessions.items():
+                    streams[which].finish()
+                    sess.close()
+            progress(f"synced: block {block + 1}")
+        rows: list[list[str]] = []
+        out: dict[str, Any] = {}
+        ok = True
+        for mode in MODES:
+            a, b = samples[mode, "plain"], samples[mode, "synced"]
+            ratio = statistics.median(b) / statistics.median(a)
+            ok = ok and ratio <= 1.05
+            out[f"flush, fsync={mode}"] = {"n": len(a), "plain_p50_s": statistics.median(a),
+                                           "synced_p50_s": statistics.median(b), "p50_ratio": ratio}  # fmt: skip
+            rows.append([f"a tick's flush, fsync={mode}", str(len(a)), ms(statistics.median(a)),
+                         ms(statistics.median(b)), f"**{ratio:.3f}×**"])  # fmt: skip
+        merge_ok, merge_rows = self._merge_conflict_copy()
+        open_rows = self._open_among_many()
+        ok = ok and merge_ok
+        self.results["synced"] = out
+        self.tables[7] = Table(
+            "7. A synced session root against a plain one",
+            "flush p50 synced / plain ≤ 1.05×; merging a 10 MB session's conflict copy ≤ 1 s", ok,
+            ["what", "n", "plain", "synced", "synced / plain"],
+            rows + merge_rows + open_rows,
+            [f"Flush: two roots side by side, the same stream of {TICK_EVENTS}-chunk ticks, which goes first "
+             "alternated; the synced root holds Syncthing's marker and ignore files, a temporary file and "
+             "three conflict copies of another session. Merge: a session of 10 MB (snapshot) opened with a "
+             "conflict copy of its log beside it, against the same open with none (median of 3). Open: "
+             "every session in one directory; the look for conflict copies lists that directory's names "
+             "(one scandir), the whole root's other directories never."],
+        )  # fmt: skip
+        self.rss["synced"] = peak_rss_mb()
+
+    def _merge_conflict_copy(self) -> tuple[bool, list[list[str]]]:
+        """Open a 10 MB session with a conflict copy of its log: one that goes further, one that forks."""
+        import shutil
+
+        base = self.root / "sync-merge-base"
+        build_session(base, "big", 10_000_000, self.corpus)
+        size = Size.of(Store(base), "big")
+        rows, ok = [], True
+        for case in ("goes further", "forks"):
+            plain_t, merged_t = [], []
+            for n in range(3):
+                here, there = self.root / f"sync-merge-{case}-{n}" / "here", self.root / f"sync-merge-{case}-{n}" / "there"
+                for d in (here, there):
+                    shutil.copytree(base, d)
+                with Store(there).open("big") as other:
+                    conversation = Conversation(other, self.corpus)
+                    conversation.turn(0.1)
+                if case == "forks":
+                    with Store(here).open("big") as ours:
+                        Conversation(ours, self.corpus).turn(0.1)
+                t0 = time.perf_counter()
+                Store(here).open("big").close()
+                plain_t.append(time.perf_counter() - t0)
+                copy = here / "global" / "big.sync-conflict-20261202-101500-ABCDEFG.jsonl"
+                shutil.copyfile(there / "global" / "big.jsonl", copy)
+                t0 = time.perf_counter()
+                Store(here).open("big").close()
+                merged_t.append(time.perf_counter() - t0)
+                assert not copy.exists(), "the copy was merged"
+            merged = statistics.median(merged_t)
+            ok = ok and merged <= 1.0
+            self.results.setdefault("synced", {})[f"merge, {case}"] = {
+                "snapshot_bytes": size.snapshot, "open_s": statistics.median(plain_t), "merge_open_s": merged}
+            rows.append([f"open a {mb(size.snapshot)} session with a conflict copy that {case} (merged)", "3",
+                         ms(statistics.median(plain_t)), ms(merged), f"{merged / statistics.median(plain_t):.2f}×"])
+        return ok, rows
+
+    def _open_among_many(self) -> list[list[str]]:
+        """Open one session of a directory holding 10,000, against one holding 10: the conflict look's cost."""
+        from magent_store.fileio import SessionFiles
+
+        rows = []
+        times: dict[int, list[float]] = {}
+        looks: dict[int, list[float]] = {}
+        for count in (10, 10_000):
+            root = self.root / f"sync-open-{count}"
+            with Store(root, fsync="never").open("tmpl-000000") as s:
+                Conversation(s, self.corpus).turn(0.1)
+            directory = root / "global"
+            parts = [(p.suffix, p.read_bytes()) for p in sorted(directory.glob("tmpl-000000.*"))]
+            for i in range(count):
+                for suffix, data in parts:
+                    (directory / f"sess-{i:06d}{suffix}").write_bytes(data.replace(b"tmpl-000000", f"sess-{i:06d}".encode()))
+            times[count], looks[count] = [], []
+            for i in range(0, count, max(1, count // 20)):
+                t0 = time.perf_counter()
+                Store(root, fsync="never").open(f"sess-{i:06d}").close()
+                times[count].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                SessionFiles(directory, f"sess-{i:06d}").conflict_copies()
+                looks[count].append(time.perf_counter() - t0)
+        for name, data in (("open a session (and close it)", times), ("of which: the look for conflict copies", looks)):
+            a, b = statistics.median(data[10]), statistics.median(data[10_000])
+            rows.append([f"{name}, among 10 / 10,000 sessions in its directory", str(len(data[10_000])),
+                         ms(a), ms(b), f"{b / a:.2f}×"])
+            self.results.setdefault("synced", {})[name] = {"10_p50_s": a, "10000_p50_s": b}
+        return rows
+
 
 def make_many_sessions(root: Path, count: int, corpus: Corpus) -> None:
     """COUNT small sessions: one real template per scope, its files copied under new ids."""
@@ -774,7 +912,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller repeats and streams (< 2 minutes)")
     parser.add_argument("--tmpdir", type=Path, default=Path("/tmp"), help="where the sessions are built")
-    parser.add_argument("--only", choices=["redaction"], help="run this measurement alone")
+    parser.add_argument("--only", choices=["redaction", "synced"], help="run this measurement alone")
     args = parser.parse_args(argv)
     cfg = Config.make(args.quick)
     started = time.perf_counter()
@@ -783,6 +921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench = Bench(cfg, Path(tmp), Corpus(random.Random(7)))
         if args.only == "redaction":
             bench.redaction()
+        elif args.only == "synced":
+            bench.synced()
         else:
             progress(f"building sessions in {tmp}")
             bench.build()
@@ -792,6 +932,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.single_item()
             bench.listing()
             bench.redaction()
+            bench.synced()
         fsync_s = fsync_latency(Path(tmp))
     wall = time.perf_counter() - started
     info = machine() | {"fsync_1kb_append_p50_s": fsync_s, "tmpdir": str(args.tmpdir)}

@@ -134,3 +134,42 @@ def test_unreadable_session_is_reported_and_skipped(root: Path) -> None:
     index, caught = open_index(root)
     assert [s.split(":")[0] for s in caught.skipped] == ["global/bad.json"]
     assert "good" in ids(index.search("needle"))
+
+
+def test_a_log_another_machine_wrote_renamed_into_place_is_indexed_again_whole(root: Path) -> None:
+    """A sync engine replaces the log with another machine's: the same seqs, other words past the first."""
+    import shutil
+
+    other = root.parent / "other"
+    ev = Events()
+    with Store(root, fsync="never").open("s1") as s:
+        s.append_event(ev.thread_started())
+        s.append_event(ev.turn("turn-started", "t1", input=None))
+        s.append_event(ev.item_started("t1", "i1", role="user", content="words both machines hold"))
+    shutil.copytree(root, other, ignore=shutil.ignore_patterns(".search"))
+    for where, words in ((root, "asked on this machine"), (other, "asked on the other machine")):
+        with Store(where, fsync="never").open("s1") as s:
+            s.append_event(ev.item_started("t1", "i2", role="user", content=words))
+    assert find(root, "asked on this machine") == ["s1"]  # indexed up to the same seq as the other log
+    temp = root / "global" / ".syncthing.s1.jsonl.tmp"
+    shutil.copyfile(other / "global" / "s1.jsonl", temp)
+    os.replace(temp, root / "global" / "s1.jsonl")
+    assert find(root, "asked on the other machine") == ["s1"]
+    assert find(root, "asked on this machine") == [], "the words the log no longer holds are gone"
+    assert find(root, "words both machines hold") == ["s1"]
+
+
+def test_a_conflict_copy_of_a_header_is_not_taken_for_a_session(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A sync engine's copy of a header (not merged yet) is no session of its own: not indexed, not skipped."""
+    ev = Events()
+    with Store(root, fsync="never").open("s1") as s:
+        s.append_event(ev.thread_started())
+        s.append_event(ev.turn("turn-started", "t1", input=None))
+        s.append_event(ev.item_started("t1", "i1", role="user", content="words of the session"))
+    header = root / "global" / "s1.json"
+    (root / "global" / "s1.sync-conflict-20261202-101500-ABCDEFG.json").write_bytes(header.read_bytes())
+    index, caught = open_index(root)
+    with index:
+        assert caught.skipped == []
+        assert ids(index.search("words of the session")) == ["s1"]
+    assert "skipping" not in caplog.text

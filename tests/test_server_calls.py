@@ -6,6 +6,7 @@ nothing mocked."""
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import signal
 import stat
@@ -483,3 +484,27 @@ def test_timing_records_are_kept_when_good_and_dropped_without_failing_when_not(
     metrics.unlink()
     metrics.mkdir()  # unwritable: dropped, never an error
     assert _call(client, "record-timings", [record]) == 0
+
+
+def test_render_of_a_session_merges_the_conflict_copies_a_sync_engine_made(
+    s1: tuple[Backend, EPCClient],
+) -> None:
+    """magent opening a session that two machines changed apart reads both machines' changes."""
+    backend, client = s1
+    _call(client, "put-header", "s1", orjson.dumps({"title": "named here"}).decode())
+    _call(client, "close", "s1")
+    header = backend.root / "global" / "s1.json"
+    theirs = {**orjson.loads(header.read_bytes()), "title": "named there",
+              "approval-overrides": [{"tool": "grep", "decision": "deny"}]}  # fmt: skip
+    copy = header.with_name("s1.sync-conflict-20261202-101500-ABCDEFG.json")
+    copy.write_bytes(orjson.dumps(theirs))
+    os.utime(copy, (header.stat().st_mtime + 60,) * 2)  # the newer of the two
+    hollow, _ = _call(client, "render", str(header), Symbol("t"))
+    assert copy.exists(), "a listing does not merge"
+    name, damage = _call(client, "render", str(header))
+    assert damage == []
+    rendered = orjson.loads(Path(name).read_bytes())
+    assert rendered["title"] == "named there"
+    assert rendered["approval-overrides"] == [{"tool": "grep", "decision": "deny"}]
+    assert not copy.exists(), "merged, then removed"
+    assert read_header(header)["title"] == "named there"

@@ -441,3 +441,39 @@ def test_our_own_log_renamed_to_a_conflict_name_while_open_is_not_merged_twice(
     assert sorted(s.id for s in Store(here).list()) == ["s1", "s1.laptop"]
     assert turn_ids(here) == ["t1", "t2"]
     assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
+
+
+def test_opening_a_session_lists_its_own_directory_once_and_nothing_else(
+    here: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look for conflict copies and for an interrupted write's temp files: one listing, of one directory."""
+    project = Scope.project("/src/shop")
+    for n in range(50):
+        with Store(here).open(f"s{n}") as s:
+            s.append_event(events.thread_started())
+    with Store(here).open("p1", project) as s:
+        s.append_event(events.thread_started())
+    (here / "global" / ".s7.jsonl.tmp-123").write_bytes(b"cut short")
+    (here / "global" / "s7.sync-conflict-20261202-101500-ABCDEFG.json").write_bytes(b"{}")
+    listed: list[str] = []
+    real_scandir, real_glob, real_iterdir = os.scandir, Path.glob, Path.iterdir
+
+    def scandir(path: Any = ".") -> Any:
+        listed.append(os.fspath(path))
+        return real_scandir(path)
+
+    def glob(self: Path, pattern: str) -> Any:
+        listed.append(f"glob {self}/{pattern}")
+        return real_glob(self, pattern)
+
+    def iterdir(self: Path) -> Any:
+        listed.append(f"iterdir {self}")
+        return real_iterdir(self)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(Path, "glob", glob)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    Store(here).open("s7").close()
+    monkeypatch.undo()
+    assert listed == [str(here / "global")]
+    assert not (here / "global" / ".s7.jsonl.tmp-123").exists(), "the temp file is still found"

@@ -152,18 +152,34 @@ class SessionFiles:
         Only names starting with the session's id are looked at, in its
         own directory: never the whole root.
         """
-        found = []
+        return self.beside()[1]
+
+    def beside(self) -> tuple[list[Path], list[tuple[Path, re.Match[str]]]]:
+        """What opening the session looks for beside its files, in one listing of its directory.
+
+        The temp files an interrupted atomic write of its files left
+        (``.<id>.<file>.tmp-<pid>``), and the copies a sync engine made of
+        them (`conflict_copies`), each sorted by name.
+        """
+        temps, found = [], []
+        temp_prefix = f".{self.id}."
         try:
             with os.scandir(self.directory) as entries:
                 for entry in entries:
-                    if entry.name.startswith(self.id) and len(entry.name) > len(self.id) + 6:
-                        match = CONFLICT_COPY_RE.fullmatch(entry.name)
+                    name = entry.name
+                    if name.startswith(temp_prefix):
+                        rest = name[len(temp_prefix):]
+                        if (rest.split(".tmp-", 1)[0] in _TEMP_FILES and ".tmp-" in rest
+                                and is_temp_file(name)):  # fmt: skip
+                            temps.append(Path(entry.path))
+                    elif name.startswith(self.id) and len(name) > len(self.id) + 6:
+                        match = CONFLICT_COPY_RE.fullmatch(name)
                         if (match is not None and match["id"] == self.id
                                 and entry.is_file(follow_symlinks=False)):  # fmt: skip
                             found.append((Path(entry.path), match))
         except FileNotFoundError:
-            return []
-        return sorted(found, key=lambda pair: pair[0].name)
+            return [], []
+        return sorted(temps), sorted(found, key=lambda pair: pair[0].name)
 
 
 
@@ -384,17 +400,20 @@ def is_temp_file(name: str) -> bool:
     return _TEMP_RE.match(name) is not None
 
 
-def remove_stale_temps(files: SessionFiles) -> None:
+# The files of a session an atomic write replaces: their temp files are ``.<id>.<file>.tmp-<pid>``.
+_TEMP_FILES: Final = ("json", "jsonl", "snapshot", "producer", "sums")
+
+
+def remove_stale_temps(files: SessionFiles, temps: list[Path] | None = None) -> None:
     """Remove what an interrupted atomic write of the session FILES name left behind.
 
+    TEMPS, when given, are those files as `SessionFiles.beside` found them.
     Only for the holder of the session's lock: nobody else is writing these files then.
     """
-    for ext in ("json", "jsonl", "snapshot", "producer", "sums"):
-        for path in files.directory.glob(f".{files.id}.{ext}.tmp-*"):
-            if is_temp_file(path.name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    log.warning("%s: removed the temp file of an interrupted write", path)
+    for path in files.beside()[0] if temps is None else temps:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            log.warning("%s: removed the temp file of an interrupted write", path)
 
 
 

@@ -71,6 +71,7 @@ from magent_store.store import (
     conform_header_scope,
     dumps,
     make_private_dirs,
+    merge_conflict_copies,
 )
 
 # Starting costs what serving a save needs, no more: the tools (export for
@@ -507,6 +508,12 @@ class Service:
         except StoreError as err:
             raise CallError(str(err)) from None
         live = self.sessions.flushed_view(files)
+        if live is None and not hollow:
+            # Two machines changed the session apart: what magent opens holds both.
+            try:
+                merge_conflict_copies(files)
+            except (StoreError, LedgerError, OSError) as err:
+                log.warning("%s: its conflict copies were not merged: %s", header_path, err)
         from magent_store import export
 
         try:

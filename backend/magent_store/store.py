@@ -418,6 +418,20 @@ def replay_session(
     return thread, (base if snapshot_obj is not None else None)
 
 
+def merge_conflict_copies(files: SessionFiles) -> bool:
+    """Merge the copies a sync engine made of FILES's session, if it made any; True when it had.
+
+    Opening the session for writing merges them (see `Session`): this is
+    for a reader, so that what it reads holds both machines' changes.
+    Refused (`StoreError`) while another process holds the session open.
+    Looks only at the names in the session's own directory.
+    """
+    if not files.conflict_copies():
+        return False
+    Session(files, Scope.from_header(read_header(files.header))).close()
+    return True
+
+
 def load_session(files: SessionFiles) -> tuple[dict[str, Any], Thread]:
     """Read a session without locking or repairing it (a torn tail is skipped)."""
     header = read_header(files.header)
@@ -991,13 +1005,14 @@ class Session:
         )  # fmt: skip
         self._lock = SessionLock(files)
         try:
-            remove_stale_temps(files)
+            temps, copies = files.beside()  # one listing of the directory, for both
+            remove_stale_temps(files, temps)
             # Kept for `_reload`: replay without a snapshot starts from it, in place.
             self._initial = copy.deepcopy(initial)
             self._load(initial)
             self._restore_fork_origin()
             self._record = ProducerRecord(files.producer, self._log.written_seq)
-            self._merge_conflict_copies()
+            self._merge_conflict_copies(copies)
         except BaseException:
             self._lock.release(remove=True)
             raise
@@ -1626,7 +1641,7 @@ class Session:
 
     # -- conflict copies a sync engine made ---------------------------------
 
-    def _merge_conflict_copies(self) -> None:
+    def _merge_conflict_copies(self, found: list[tuple[Path, re.Match[str]]]) -> None:
         """Merge the copies a sync engine made of this session's files, then remove them.
 
         Logs first: events both hold are kept once; the copy's events past
@@ -1637,7 +1652,7 @@ class Session:
         durable; one that cannot be merged is left, logged, for fsck to name.
         """
         order = {"jsonl": 0, "snapshot": 1, "json": 2}
-        for path, match in sorted(self.files.conflict_copies(), key=lambda pair: order[pair[1]["ext"]]):
+        for path, match in sorted(found, key=lambda pair: order[pair[1]["ext"]]):
             try:
                 merged = {"jsonl": self._merge_log_copy, "snapshot": self._merge_snapshot_copy,
                           "json": self._merge_header_copy}[match["ext"]](path, match)  # fmt: skip
@@ -1666,8 +1681,7 @@ class Session:
         added = [e for e in copy_scan.events if e.seq is not None and e.seq > point]
         if not added:
             return True  # the session holds all of it
-        at_point = self._thread_at(scan, point)
-        copy_thread = copy.deepcopy(at_point)
+        copy_thread = self._thread_at(scan, point)  # read afresh: ours to change
         for event in added:
             ledger.apply(copy_thread, event)
         both_added_turns = (branches.new_turns(copy_thread, self.thread)

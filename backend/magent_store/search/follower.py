@@ -26,6 +26,7 @@ from typing import Final
 import orjson
 
 from magent_store import ledger, schema6
+from magent_store.fileio import CONFLICT_COPY_RE
 from magent_store.ledger import Thread
 from magent_store.search import projection
 from magent_store.search.recorder import Recorder, disk_full
@@ -88,6 +89,16 @@ def stamp(paths: tuple[str, str]) -> str:
     return ":".join(parts)
 
 
+def same_log(before: str, now: str) -> bool:
+    """True when stamps BEFORE and NOW (see `stamp`) saw one log file, grown or cut in place.
+
+    False when it was replaced: a sync engine renames another machine's
+    copy into place, which may hold other events under the same seqs.
+    """
+    old, new = before.split(":", 1)[0], now.split(":", 1)[0]
+    return old != "-" and new != "-" and old.rsplit(".", 1)[-1] == new.rsplit(".", 1)[-1]
+
+
 def stamp_bytes(stamp: str) -> int:
     """The bytes of log and snapshot a stamp (see `stamp`) saw."""
     return sum(int(part.split(".", 1)[0]) for part in stamp.split(":") if part != "-")
@@ -120,7 +131,9 @@ def headers(root: Path) -> list[Header]:
     for relative, directory in sorted(directories):
         try:
             with os.scandir(directory) as entries:
-                names = sorted(e.name for e in entries if e.name.endswith(".json"))
+                # A sync engine's copy of a header is no session: opening the session merges it.
+                names = sorted(e.name for e in entries
+                               if e.name.endswith(".json") and CONFLICT_COPY_RE.fullmatch(e.name) is None)
         except OSError:
             continue
         out += [(f"{relative}/{name}", directory, name[:-5]) for name in names]
@@ -237,8 +250,10 @@ class Follower:
             if done > thread.last_event_seq and file_stamp(files) != stamp:
                 return 0  # written since it was read: a live writer is ahead, the next catch-up sees
             # The log's lines are consecutive seqs: holding the first event not yet
-            # indexed, it holds every one after it.
-            incremental = entry is not None and (
+            # indexed, it holds every one after it.  A log replaced since (another
+            # machine's copy, renamed into place) may hold other events under the
+            # seqs indexed: it is indexed again whole.
+            incremental = entry is not None and same_log(entry[2], stamp) and (
                 done == thread.last_event_seq or any(e.seq == done + 1 for e in scan.events)
             )
             if incremental:

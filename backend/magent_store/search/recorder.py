@@ -400,10 +400,10 @@ class Recorder:
         return {path: (sid, seq, stamp) for sid, path, seq, stamp in
                 self.db.execute("SELECT sid, path, seq, stamp FROM sessions")}  # fmt: skip
 
-    def position(self, path: str) -> tuple[int, int] | None:
-        """(sid, seq) of the session at PATH, read in the transaction open now; None if not indexed."""
-        row = self.db.execute("SELECT sid, seq FROM sessions WHERE path = ?", (path,)).fetchone()
-        return None if row is None else (row[0], row[1])
+    def position(self, path: str) -> tuple[int, int, str] | None:
+        """(sid, seq, stamp) of the session at PATH, read in the transaction open now; None if not indexed."""
+        row = self.db.execute("SELECT sid, seq, stamp FROM sessions WHERE path = ?", (path,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
 
     def add_session(self, path: str, session_id: str, scope: Scope) -> int:
         return add_session(self.db, path, session_id, scope)
