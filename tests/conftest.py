@@ -135,3 +135,13 @@ class Events:
 @pytest.fixture
 def events() -> Events:
     return Events()
+
+
+@pytest.fixture(autouse=True)
+def _own_state_directory(tmp_path: Any) -> Any:
+    """Each test's own state directory (what this machine keeps per root: locks, checksums, the
+    index), the one a backend the test starts is given too: never the user's.  Its own
+    monkeypatch, so that a test undoing its own leaves this one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+        yield
