@@ -192,6 +192,8 @@ def _serve_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bac
 @pytest.fixture(params=["serve", "in-process"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     if request.param == "serve":
+        # The test reads what the backend keeps for the root in its state directory: the same one.
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
         with _serve_process(tmp_path) as b:
             yield b
     else:
