@@ -145,8 +145,9 @@ def _server_logging() -> Iterator[None]:
 @contextlib.contextmanager
 def _serve_process(tmp_path: Path, **more_env: str) -> Iterator[Backend]:
     token = secrets.token_hex(32)
-    state = tmp_path / "state"
-    env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(state), **more_env)
+    env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(tmp_path / "state"))
+    env.update(more_env)
+    state = Path(env["XDG_STATE_HOME"])
     proc = subprocess.Popen(
         [MAGENT_STORE, "serve"],
         stdin=subprocess.DEVNULL,
