@@ -1861,6 +1861,8 @@ class Store:
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
         made = make_private_dirs(self.root)
+        if made:  # a root made just now holds nothing of the old layout: noted as moved
+            adopt_old_layout(self.root, crash=self.crash)
         self._refuse_schema6(files)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
