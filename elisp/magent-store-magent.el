@@ -553,15 +553,7 @@ faithful form JSON allows and noted for `magent-store-status'."
 
 (defun magent-store-magent--scope-directory (scope)
   "Return the directory of the store's sessions under SCOPE, as magent names it."
-  (expand-file-name
-   (pcase scope
-     ('global "global")
-     (`(action . ,name)
-      (concat "actions/"
-              (replace-regexp-in-string "[^[:alnum:]_.-]+" "-"
-                                        (string-trim name))))
-     (_ (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))))
-   (magent-store--root)))
+  (magent-store-scope-directory scope))
 
 (defun magent-store-magent--initial-state (thread)
   "Return THREAD's materialized state as JSON text, or nil.
@@ -1149,13 +1141,11 @@ a check fails: magent's reader then reads that session itself."
 
 (defun magent-store-magent--schema7-headers ()
   "Return the store's schema-7 headers under the session root."
-  (let ((root (magent-store--root)) found)
-    (dolist (pattern '("global" "projects/*" "actions/*"))
-      (dolist (dir (file-expand-wildcards (expand-file-name pattern root)))
-        (when (file-directory-p dir)
-          (dolist (file (directory-files dir t "\\.json\\'"))
-            (when (eql (magent-store-magent--file-schema file) 7)
-              (push file found))))))
+  (let (found)
+    (dolist (dir (magent-store-scope-directory '*))
+      (dolist (file (directory-files dir t "\\.json\\'"))
+        (when (eql (magent-store-magent--file-schema file) 7)
+          (push file found))))
     (nreverse found)))
 
 (defun magent-store-magent--export-command ()

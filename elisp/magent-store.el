@@ -816,6 +816,31 @@ entries stay in Emacs and are sent again every %ss"
 
 ;;;; Sessions and batches
 
+(defun magent-store-scope-directory (scope &optional root)
+  "Return the directory holding the sessions of SCOPE under ROOT.
+SCOPE is `global' (or nil), a project root, or (action . NAME), as
+magent names it: `global/', `projects/' and the SHA-1 of the project
+root, or `actions/' and the action's name with each run of characters
+outside [[:alnum:]_.-] made one `-'.  ROOT defaults to the session root
+magent-store uses.  With SCOPE `*', return every directory of ROOT that
+holds sessions (a list), global's first."
+  (let ((root (file-name-as-directory (or root (magent-store--root)))))
+    (pcase scope
+      ('* (cl-loop for pattern in '("global" "projects/*" "actions/*")
+                   append (cl-remove-if-not
+                           #'file-directory-p
+                           (file-expand-wildcards (expand-file-name pattern root)))))
+      ((or 'nil 'global "global") (expand-file-name "global" root))
+      (`(action . ,name)
+       (expand-file-name
+        (concat "actions/" (replace-regexp-in-string
+                            "[^[:alnum:]_.-]+" "-" (string-trim (format "%s" name))))
+        root))
+      ((pred stringp)
+       (expand-file-name (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))
+                         root))
+      (_ (user-error "Invalid magent-store scope: %S" scope)))))
+
 (defun magent-store--scope-json (scope)
   "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
   (magent-store-json-encode

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import Events
 
+from conftest import Events
 from magent_store import fsck, layout, oldlayout
 from magent_store.errors import SessionLockedError, SimulatedCrash
 from magent_store.store import Scope, SessionFiles, Store
