@@ -22,6 +22,7 @@ from conftest import Events
 from magent_store import fsck, layout, oldlayout
 from magent_store.errors import SessionLockedError, SimulatedCrash
 from magent_store.store import Scope, SessionFiles, Store
+from serverkit import SCOPE, SERVE_ONLY, TIMEOUT, Backend, _call, _content, _serve_process, _thread_with_item
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 MACHINE_SUFFIXES = (".lock", ".producer", ".sums")
@@ -234,3 +235,31 @@ def test_another_machines_files_arriving_in_the_tree_are_left_alone_by_every_rea
     for rel, data in foreign.items():
         assert (root / rel).read_bytes() == data, rel
     assert machine_files(root).keys() == mine_before.keys()
+
+
+@SERVE_ONLY
+def test_a_backend_starting_on_an_old_tree_moves_it_and_keeps_its_batch_records(
+    tmp_path: Path, backend: Backend  # noqa: F811
+) -> None:
+    """Emacs sends again, after a restart, every batch it has no reply for: the record moved
+    with the tree says which the log holds already, so none is applied twice."""
+    assert backend.proc is not None
+    client = backend.client()
+    client.call_sync("open", [str(backend.root), SCOPE, "s1", ""], timeout=TIMEOUT)
+    batch1 = orjson.dumps([*_thread_with_item(), ["item-1", "hello ", False, 2.0]]).decode()
+    _call(client, "flush", "s1", batch1, [], ["p", 1])
+    _call(client, "close", "s1")
+    _call(client, "shutdown")
+    backend.proc.wait(TIMEOUT)
+    to_old_layout(backend.root)  # as an older backend left it
+    assert (backend.root / "global" / "s1.producer").exists()
+    with _serve_process(tmp_path / "again", XDG_STATE_HOME=str(backend.state)) as again:
+        client = again.client()
+        client.call_sync("open", [str(backend.root), SCOPE, "s1", ""], timeout=TIMEOUT)
+        assert not [p for p in backend.root.rglob("*") if p.name.endswith(MACHINE_SUFFIXES)]
+        _call(client, "flush", "s1", batch1, [], ["p", 1])  # sent again: already in the log
+        _call(client, "flush", "s1", orjson.dumps([["item-1", "world", False, 3.0]]).decode(), [], ["p", 2])
+        _call(client, "close", "s1")
+    assert _content(backend) == "hello world"
+    assert (layout.machine_directory(backend.root / "global") / "s1.producer").exists()
+    assert fsck.fsck(backend.root).findings == []
