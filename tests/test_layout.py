@@ -246,8 +246,9 @@ def test_a_backend_starting_on_an_old_tree_moves_it_and_keeps_its_batch_records(
     assert backend.proc is not None
     client = backend.client()
     client.call_sync("open", [str(backend.root), SCOPE, "s1", ""], timeout=TIMEOUT)
-    batch1 = orjson.dumps([*_thread_with_item(), ["item-1", "hello ", False, 2.0]]).decode()
-    _call(client, "flush", "s1", batch1, [], ["p", 1])
+    _call(client, "flush", "s1", orjson.dumps(_thread_with_item()).decode(), [], ["p", 1])
+    batch2 = orjson.dumps([["item-1", "hello ", False, 2.0]]).decode()
+    _call(client, "flush", "s1", batch2, [], ["p", 2])
     _call(client, "close", "s1")
     _call(client, "shutdown")
     backend.proc.wait(TIMEOUT)
@@ -257,8 +258,8 @@ def test_a_backend_starting_on_an_old_tree_moves_it_and_keeps_its_batch_records(
         client = again.client()
         client.call_sync("open", [str(backend.root), SCOPE, "s1", ""], timeout=TIMEOUT)
         assert not [p for p in backend.root.rglob("*") if p.name.endswith(MACHINE_SUFFIXES)]
-        _call(client, "flush", "s1", batch1, [], ["p", 1])  # sent again: already in the log
-        _call(client, "flush", "s1", orjson.dumps([["item-1", "world", False, 3.0]]).decode(), [], ["p", 2])
+        _call(client, "flush", "s1", batch2, [], ["p", 2])  # sent again: already in the log
+        _call(client, "flush", "s1", orjson.dumps([["item-1", "world", False, 3.0]]).decode(), [], ["p", 3])
         _call(client, "close", "s1")
     assert _content(backend) == "hello world"
     assert (layout.machine_directory(backend.root / "global") / "s1.producer").exists()
