@@ -398,7 +398,7 @@ def measure(root: Path, now: float | None = None) -> Usage:
         if scope_dir == "global":
             found = [("global", "global")] if _is_dir(f"{base}/global") else []
         else:
-            kind = "project" if scope_dir == "projects" else "action"
+            kind = "project" if scope_dir == layout.PROJECTS else "action"
             found = [(f"{scope_dir}/{name}", kind) for name in _names(f"{base}/{scope_dir}")
                      if _is_dir(f"{base}/{scope_dir}/{name}")]  # fmt: skip
         for relative, scope in found:
@@ -409,7 +409,7 @@ def measure(root: Path, now: float | None = None) -> Usage:
     other = 0
     for name in top:
         if name in SCOPE_DIRS or name == layout.OLD_SEARCH_DIRECTORY:
-            if name == "projects" or name == "actions":  # files beside the scope directories
+            if name in (layout.PROJECTS, layout.ACTIONS):  # files beside the scope directories
                 for inner in _names(f"{base}/{name}"):
                     st = _lstat(f"{base}/{name}/{inner}")
                     if st is not None and _is_file(st):

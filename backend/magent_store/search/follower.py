@@ -25,7 +25,7 @@ from typing import Final
 
 import orjson
 
-from magent_store import ledger, schema6
+from magent_store import layout, ledger, schema6
 from magent_store.ledger import Thread
 from magent_store.search import projection
 from magent_store.search.recorder import Recorder, disk_full
@@ -113,8 +113,8 @@ def headers(root: Path) -> list[Header]:
     """
     out: list[Header] = []
     top = str(root)
-    directories = [("global", f"{top}/global")]
-    for kind in ("projects", "actions"):
+    directories = [(layout.GLOBAL, f"{top}/{layout.GLOBAL}")]
+    for kind in (layout.PROJECTS, layout.ACTIONS):
         with contextlib.suppress(OSError), os.scandir(f"{top}/{kind}") as entries:
             directories += [(f"{kind}/{e.name}", e.path) for e in entries if e.is_dir()]
     for relative, directory in sorted(directories):
