@@ -95,12 +95,14 @@
 ;; Needs a tmpfs, so root.
 (ert-deftest magent-store-status-says-when-the-search-index-is-paused ()
   (skip-unless (and (zerop (user-uid)) (executable-find "mount")))
+  ;; The session root and the state directory (where the index is kept) on one small disk.
   (let* ((tmp (make-temp-file "magent-store-status-test-" t))
-         (magent-store-root (expand-file-name "root" tmp))
+         (disk (expand-file-name "disk" tmp))
+         (magent-store-root (expand-file-name "root" disk))
          (filler (expand-file-name "filler" magent-store-root))
          (magent-store-python (or magent-store-test-python magent-store-python))
          (process-environment
-          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" tmp))
+          (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" disk))
                 process-environment))
          (magent-store--sessions (make-hash-table :test #'equal))
          (magent-store--recent nil)
@@ -108,9 +110,10 @@
          (magent-store--last-error nil)
          (magent-store--flush-ms nil)
          (seq 0))
-    (make-directory magent-store-root)
+    (make-directory disk)
     (should (zerop (call-process "mount" nil nil nil "-t" "tmpfs" "-o" "size=4m,mode=0700"
-                                 "tmpfs" magent-store-root)))
+                                 "tmpfs" disk)))
+    (make-directory magent-store-root)
     (cl-flet ((save (type)
                 (magent-store-append-event
                  "s1" `((seq) (type . ,type) (thread-id . "thread-1") (turn-id) (item-id)
@@ -140,7 +143,7 @@
             (save "thread-status-changed")
             (should (shows "^Search index: +kept current$")))
         (ignore-errors (magent-store-stop))
-        (call-process "umount" nil nil nil "-l" magent-store-root)
+        (call-process "umount" nil nil nil "-l" disk)
         (delete-directory tmp t)))))
 
 (ert-deftest magent-store-percentile-interpolates-and-never-falls-below-the-median ()
