@@ -422,10 +422,12 @@ def two_writers(base: Path, chunks: int) -> Outcome:
     """Two Emacs stream into one session: the second waits for the lock, then saves all of its own."""
     outcome = Outcome("two writers, one session", chunks)
     root = base / "shared-root"
-    first = Run(base, "writer-1", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004)
+    # Two Emacs of one user on one machine: one state directory, where the session locks are.
+    state = base / "shared-state"
+    first = Run(base, "writer-1", root=root, state_home=state, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004)
     while first.chunks_sent() < 50 and first.proc.poll() is None:
         time.sleep(0.01)
-    second = Run(base, "writer-2", root=root, FAULT_CHUNKS=chunks // 4, FAULT_INTERVAL=0.004,
+    second = Run(base, "writer-2", root=root, state_home=state, FAULT_CHUNKS=chunks // 4, FAULT_INTERVAL=0.004,
                  FAULT_ASYNC_OPEN=1, FAULT_ITEM="item-2", FAULT_SETTLE=120)  # fmt: skip
     result = first.finish()
     judge(outcome, first, result)
