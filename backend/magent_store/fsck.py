@@ -32,6 +32,7 @@ Reading and writing go through `store`; values are decoded by `ledger`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shlex
@@ -115,6 +116,8 @@ STALE_LOCK_MESSAGE: Final = (
 
 # A session's files in this machine's directory for a session directory (see layout.py).
 _MACHINE_FILE_RE: Final = re.compile(r"(?P<id>.+?)\.(?P<ext>lock|producer|sums)(?P<aside>)")
+log = logging.getLogger("magent_store.store")
+
 # A remote project root (TRAMP's /method:host:path): not looked for on this machine.
 _REMOTE_ROOT_RE: Final = re.compile(r"\A/[^/:]+:")
 
@@ -257,7 +260,10 @@ class Fsck:
         self._projects: dict[Path, tuple[str, int]] = {}  # directory: its project root, sessions read
 
     def run(self) -> Check:
-        adopt_old_layout(self.root)
+        try:
+            adopt_old_layout(self.root)  # a tree laid out the old way: this machine's files moved out first
+        except OSError as exc:
+            log.warning("%s: cannot move this machine's files out of the tree yet: %s", self.root, exc)
         for directory in layout.scope_directories(self.root):
             if directory.is_dir():
                 self.check_directory(directory)
