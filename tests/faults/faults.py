@@ -430,8 +430,9 @@ def two_writers(base: Path, chunks: int) -> Outcome:
     second = Run(base, "writer-2", root=root, state_home=state, FAULT_CHUNKS=chunks // 4, FAULT_INTERVAL=0.004,
                  FAULT_ASYNC_OPEN=1, FAULT_ITEM="item-2", FAULT_SETTLE=120)  # fmt: skip
     result = first.finish()
-    judge(outcome, first, result)
     second_result = second.finish()
+    # Judged once both are done: they share the state directory (its log and spools).
+    judge(outcome, first, result)
     theirs = Outcome("second writer", chunks // 4)
     judge(theirs, second, second_result, item=1)
     outcome.problems.extend(f"second writer: {p}" for p in theirs.problems)
