@@ -43,6 +43,7 @@
 (require 'cl-lib)
 (require 'subr-x)
 (require 'magent-store)
+(require 'magent-store-layout)
 (require 'magent-store-search)
 (require 'magent-store-find)
 
@@ -57,10 +58,10 @@
   (when (and (stringp id) (string-match-p "\\`[A-Za-z0-9][A-Za-z0-9_.-]*\\'" id))
     (let ((root (file-name-as-directory (magent-store-session-root))))
       (when-let* ((header
-                   (cl-some (lambda (pattern)
-                              (car (file-expand-wildcards
-                                    (expand-file-name (concat pattern id ".json") root))))
-                            '("global/" "projects/*/" "actions/*/"))))
+                   (cl-some (lambda (directory)
+                              (let ((file (expand-file-name (concat id ".json") directory)))
+                                (and (file-exists-p file) file)))
+                            (magent-store-scope-directory '* root))))
         `((id . ,id) (header . ,header) (root . ,root))))))
 
 (defun magent-store-export--session-here ()

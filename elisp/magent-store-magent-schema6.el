@@ -360,13 +360,11 @@ a check fails: magent's reader then reads that session itself."
 
 (defun magent-store-magent--schema7-headers ()
   "Return the store's schema-7 headers under the session root."
-  (let ((root (magent-store-session-root)) found)
-    (dolist (pattern '("global" "projects/*" "actions/*"))
-      (dolist (dir (file-expand-wildcards (expand-file-name pattern root)))
-        (when (file-directory-p dir)
-          (dolist (file (directory-files dir t "\\.json\\'"))
-            (when (eql (magent-store-magent--file-schema file) 7)
-              (push file found))))))
+  (let (found)
+    (dolist (dir (magent-store-scope-directory '*))
+      (dolist (file (directory-files dir t "\\.json\\'"))
+        (when (eql (magent-store-magent--file-schema file) 7)
+          (push file found))))
     (nreverse found)))
 
 (defun magent-store-magent--export-command ()

@@ -52,6 +52,7 @@
 (require 'magent-store)
 (require 'magent-store-json)
 (require 'magent-store-idle)
+(require 'magent-store-layout)
 
 ;; Magent's schema-6 read side and writing back for its release live in
 ;; magent-store-magent-schema6.el, loaded at the end of this file.
@@ -556,15 +557,7 @@ faithful form JSON allows and noted for `magent-store-status'."
 
 (defun magent-store-magent--scope-directory (scope)
   "Return the directory of the store's sessions under SCOPE, as magent names it."
-  (expand-file-name
-   (pcase scope
-     ('global "global")
-     (`(action . ,name)
-      (concat "actions/"
-              (replace-regexp-in-string "[^[:alnum:]_.-]+" "-"
-                                        (string-trim name))))
-     (_ (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))))
-   (magent-store-session-root)))
+  (magent-store-scope-directory scope))
 
 (defun magent-store-magent--initial-state (thread)
   "Return THREAD's materialized state as JSON text, or nil.

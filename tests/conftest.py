@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -12,6 +15,12 @@ import pytest
 from serverkit import backend, here, ready, s1  # noqa: F401
 
 THREAD = "thread-1"
+
+# The tests' own state directory (what this machine keeps for each root: locks, checksums, the
+# search index), never the user's: each test's roots are its own, and so their directories there.
+_STATE_HOME = tempfile.mkdtemp(prefix="magent-store-tests-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 # What the tests that could not run were missing: one loud line each at the end.
 MISSING: set[str] = set()

@@ -145,8 +145,9 @@ def _server_logging() -> Iterator[None]:
 @contextlib.contextmanager
 def _serve_process(tmp_path: Path, **more_env: str) -> Iterator[Backend]:
     token = secrets.token_hex(32)
-    state = tmp_path / "state"
-    env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(state), **more_env)
+    env = dict(os.environ, MAGENT_STORE_TOKEN=token, XDG_STATE_HOME=str(tmp_path / "state"))
+    env.update(more_env)
+    state = Path(env["XDG_STATE_HOME"])
     proc = subprocess.Popen(
         [MAGENT_STORE, "serve"],
         stdin=subprocess.DEVNULL,
@@ -192,6 +193,8 @@ def _serve_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bac
 @pytest.fixture(params=["serve", "in-process"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     if request.param == "serve":
+        # The test reads what the backend keeps for the root in its state directory: the same one.
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
         with _serve_process(tmp_path) as b:
             yield b
     else:

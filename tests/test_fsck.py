@@ -14,7 +14,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fileio, fsck, ledger, logfile, migrate, store
+from magent_store import fileio, fsck, layout, ledger, logfile, migrate, store
 from magent_store.fsck import Check, Finding
 from magent_store.migrate import Migrator
 from magent_store.store import (
@@ -41,6 +41,13 @@ def tree(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     return tmp_path / "sessions"
+
+
+def mine(root: Path, relative: str) -> Path:
+    """This machine's file RELATIVE (as in the tree) for ROOT, outside the tree; its directory made."""
+    path = layout.machine_root(root) / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def make_session(root: Path, sid: str = "s1", scope: Scope | None = None, *, more: int = 4) -> SessionFiles:
@@ -263,7 +270,7 @@ def test_a_lock_left_by_a_crash_is_a_note_not_damage(root: Path) -> None:
     files.lock.write_text("4242\n")  # what a power loss or kill -9 leaves: nobody holds it
     done = cli("fsck", root)
     assert done.returncode == 0, done.stdout
-    assert "stale-lock: global/s1.lock: lock file left by a process that ended (a crash, say); " \
+    assert f"stale-lock: {files.lock}: lock file left by a process that ended (a crash, say); " \
         "nobody holds it and nothing is wrong" in done.stdout
     assert done.stdout.rstrip().endswith("0 problems found, 0 repaired, 0 remaining; 1 notes — healthy")
     check = fsck.fsck(root)
@@ -424,7 +431,7 @@ def test_an_interrupted_migration_is_a_note_and_its_leftovers_are_cleaned(root: 
 
     with pytest.raises(SimulatedCrash):
         Migrator(root, backup=False, crash=crash).run()
-    (root / "global/old.lock").write_text("4242\n")  # as a kill -9 would leave it
+    mine(root, "global/old.lock").write_text("4242\n")  # as a kill -9 would leave it
     check = fsck.fsck(root)
     assert sorted(kinds(check)) == [fsck.SCHEMA6, fsck.STALE_LOCK, fsck.STALE_TEMP]
     assert "interrupted migration" in only(check, fsck.SCHEMA6).message
@@ -508,7 +515,7 @@ def _damaged_tree(root: Path) -> None:
     (root / "global" / "bare.json").write_bytes(b'{"schema-version": 7, "id": "bare", "scope": "global"}')
     stale = make_session(root, "stale")
     stale.lock.write_text("4242\n")
-    (root / "global" / "lone.lock").write_text("4242\n")
+    mine(root, "global/lone.lock").write_text("4242\n")
     (root / "global" / ".stale.snapshot.tmp-999999").write_bytes(b"{")
     (root / "global" / ".junk.tmp-1").write_bytes(b"{")
     (root / "global" / ".odd.tmp-1.snapshot.tmp-9").write_bytes(b"{")
@@ -525,8 +532,8 @@ def _damaged_tree(root: Path) -> None:
     (root / "global" / "stale.lock.corrupt-1").write_bytes(b"x")
     old = schema6.session(random.Random(1), "old")
     old.write(root)
-    (root / "global" / "old.producer").write_bytes(b"{}\n")
-    (root / "global" / "gone.sums").write_bytes(b"")
+    mine(root, "global/old.producer").write_bytes(b"{}\n")
+    mine(root, "global/gone.sums").write_bytes(b"")
     mixed = schema6.session(random.Random(2), "mixed", scope="action")
     path = mixed.write(root)
     path.with_suffix(".jsonl").write_bytes(b"")
@@ -553,6 +560,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
     assert re.fullmatch(r"bytes \d+-\d+ \(lines 28-31\) do not match the checksum kept when they were "
                         r"written \(sums\.sums\): changed since; 4 lines from there to the end", checksum)
     g, a = "global/", "actions/review/"
+    m = f"{layout.machine_root(root)}/"  # this machine's files, outside the tree
     p1 = "projects/8cfb6a42bd7e556d1b97a73e46142afdbdba326b/p1"
     elsewhere = "projects/0000000000000000000000000000000000000000/p1"
     assert json_lines == [
@@ -565,19 +573,19 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         ("snapshot-invalid", g + "cutsnap.snapshot", "cutsnap", True, True, False, None),
         ("header-invalid", g + "emptyhdr.json", "emptyhdr", True, True, False, None),
         ("log-gap", g + "gap.jsonl", "gap", True, False, False, None),
-        ("stale-sums", g + "gone.sums", "gone", True, True, False, None),
+        ("stale-sums", m + g + "gone.sums", "gone", True, True, False, None),
         ("orphan", g + "headerless.json", "headerless", True, True, False, None),
         ("not-session", g + "list.json", "list", False, False, False, None),
-        ("stale-lock", g + "lone.lock", "lone", False, True, False, None),
+        ("stale-lock", m + g + "lone.lock", "lone", False, True, False, None),
         ("snapshot-missing", g + "lost.snapshot", "lost", True, False, False, None),
         ("header-invalid", g + "nohdr.json", "nohdr", True, False, False, None),
         ("snapshot-missing", g + "nohdr.snapshot", "nohdr", True, False, False, None),
         ("snapshot-missing", g + "nosnap.snapshot", "nosnap", True, True, False, None),
         ("not-session", g + "notes.json", "notes", False, False, False, None),
-        ("stale-producer", g + "old.producer", "old", True, True, False, None),
+        ("stale-producer", m + g + "old.producer", "old", True, True, False, None),
         ("schema-6", g + "old.json", "old", False, False, False, None),
         ("replay-error", g + "replay.jsonl", "replay", True, False, False, None),
-        ("stale-lock", g + "stale.lock", "stale", False, True, False, None),
+        ("stale-lock", m + g + "stale.lock", "stale", False, True, False, None),
         ("checksum", g + "sums.jsonl", "sums", True, True, False, 4),
         ("invalid-tail", g + "tail.jsonl", "tail", True, True, False, 1),
         ("torn-tail", g + "torn.jsonl", "torn", True, True, False, None),
@@ -590,7 +598,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         ("orphan", elsewhere + ".json", "p1", True, False, False, None),
         ("snapshot-missing", p1 + ".snapshot", "p1", True, False, False, None),
         ("orphan", p1 + ".json", "p1", True, False, False, None),
-        ("stale-sums", a + "copied.sums", "copied", True, True, False, None),
+        ("stale-sums", m + a + "copied.sums", "copied", True, True, False, None),
         ("schema-6", a + "mixed.json", "mixed", False, False, False, None),
         ("orphan", a + "moved.json", "moved", True, False, False, None),
     ]
@@ -613,10 +621,10 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         f"header-invalid: {g}emptyhdr.json: not valid JSON: Input is a zero-length, empty document: line 1 column 1 "
         "(char 0); rebuildable from the snapshot; the old one moved to emptyhdr.json.corrupt-1 [repaired]",
         f"log-gap: {g}gap.jsonl: line 28: seq 29 leaves a gap after the snapshot at seq 27",
-        f"stale-sums: {g}gone.sums: log's checksums left behind beside no session of the store's [repaired]",
+        f"stale-sums: {m}{g}gone.sums: log's checksums left behind beside no session of the store's [repaired]",
         f"orphan: {g}headerless.json: a log or snapshot without a header; rebuildable from the snapshot [repaired]",
         f"not-session: {g}list.json: not a session file; left alone",
-        f"stale-lock: {g}lone.lock: {stale_lock} [repaired]",
+        f"stale-lock: {m}{g}lone.lock: {stale_lock} [repaired]",
         f"snapshot-missing: {g}lost.snapshot: no snapshot; the log starts at seq 4: earlier events are gone",
         f"header-invalid: {g}nohdr.json: not valid JSON: Input is a zero-length, empty document: line 1 column 1 "
         "(char 0); no valid snapshot to rebuild it from",
@@ -624,10 +632,10 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         f"snapshot-missing: {g}nosnap.snapshot: no snapshot; rebuildable from the log, which starts at seq 1 "
         "[repaired]",
         f"not-session: {g}notes.json: not a session file; left alone",
-        f"stale-producer: {g}old.producer: batch record left behind beside no session of the store's [repaired]",
+        f"stale-producer: {m}{g}old.producer: batch record left behind beside no session of the store's [repaired]",
         f"schema-6: {g}old.json: a schema-6 session: run `magent-store migrate`",
         f"replay-error: {g}replay.jsonl: line 31: event.thread-id: 'x' is not this thread ('thread-replay')",
-        f"stale-lock: {g}stale.lock: {stale_lock} [repaired]",
+        f"stale-lock: {m}{g}stale.lock: {stale_lock} [repaired]",
         f"invalid-tail: {g}tail.jsonl: line 32: invalid from here to the end ({not_json}): what a power loss leaves "
         "of appends not yet synced; 1 lines from there to the end moved to tail.jsonl.tail-1 [repaired]",
         f"torn-tail: {g}torn.jsonl: a torn final line of 10 bytes [repaired]",
@@ -642,7 +650,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
         f"snapshot-missing: {p1}.snapshot: no snapshot; the log starts at seq 1 but the project root is unknown "
         "without a header",
         f"orphan: {p1}.json: a log or snapshot without a header, and no valid snapshot to rebuild it from",
-        f"stale-sums: {a}copied.sums: log's checksums left behind beside no session of the store's [repaired]",
+        f"stale-sums: {m}{a}copied.sums: log's checksums left behind beside no session of the store's [repaired]",
         f"schema-6: {a}mixed.json: a schema-6 session (an interrupted migration left new files beside it): run "
         "`magent-store migrate`",
         f"orphan: {a}moved.json: a log or snapshot without a header; the snapshot is of session 'copied'",
@@ -654,7 +662,7 @@ def test_every_finding_is_reported_whole_and_repaired_as_far_as_it_can_be(root: 
     # Before the repair: what can be repaired says so; a note does not; the messages are the same.
     lines = {f.path.name: f.line(root) for f in check.findings}
     assert lines["torn.jsonl"] == f"torn-tail: {g}torn.jsonl: a torn final line of 10 bytes [repairable]"
-    assert lines["stale.lock"] == f"stale-lock: {g}stale.lock: {stale_lock}"
+    assert lines["stale.lock"] == f"stale-lock: {m}{g}stale.lock: {stale_lock}"
     assert check.to_json()["findings"][0]["message"] == check.findings[0].message == (
         "a damaged file replaced by an earlier repair; inspect and delete by hand")
     assert orjson.loads((root / "global" / "headerless.json").read_bytes())["id"] == "headerless"
@@ -695,13 +703,13 @@ def test_a_session_open_for_writing_is_reported_and_its_files_left_alone(
         stale.unlink()
         check = fsck.fsck(root, repair=True)
         assert [f.line(root) for f in check.findings] == [
-            "in-use: global/s1.lock: open for writing by a running process; not checked"]
+            f"in-use: {files.lock}: open for writing by a running process; not checked"]
         assert check.findings[0].session == "s1" and check.healthy and check.sessions == 0
         # Taken between fsck's look and its own take of the lock: not repaired either.
         monkeypatch.setattr(fsck, "lock_is_held", lambda path: False)
         check = fsck.fsck(root, repair=True)
         assert [(f.line(root), f.session) for f in check.findings] == [
-            ("in-use: global/s1.lock: open for writing by a running process; not repaired", "s1")]
+            (f"in-use: {files.lock}: open for writing by a running process; not repaired", "s1")]
         assert tree(root) == before
 
 
@@ -746,9 +754,9 @@ def test_repairs_are_synced_unless_told_not_to(root: Path, monkeypatch: pytest.M
         files.log.write_bytes(data[:at] + b"7" + data[at + 1 :])
         synced.clear()
         assert only(fsck.Fsck(root / str(len(counts)), repair=True, **options).run(), fsck.CHECKSUM).repaired
-        counts.append(synced.count(files.directory))
-    # The lines set aside (a new file: synced either way), then the checksums rewritten.
-    assert counts == [2, 1]
+        counts.append((synced.count(files.directory), synced.count(files.machine_directory)))
+    # The lines set aside (a new file: synced either way), then the checksums rewritten (this machine's).
+    assert counts == [(1, 1), (1, 0)]
 
 
 def test_the_verdict_names_a_healthy_tree_and_a_repaired_one(root: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Events
-from magent_store import fsck
+from magent_store import fsck, layout
 from magent_store.store import Store
 
 # Ids that read like another session's side file.
@@ -37,7 +37,7 @@ def test_each_session_with_its_record_and_checksums_is_one_healthy_session(root:
     st = Store(root, fsync="never")
     for sid in LOOKALIKE_IDS:
         write_batch(st, sid)
-    names = {p.name for p in (root / "global").iterdir()}
+    names = {p.name for p in layout.machine_directory(root / "global").iterdir()}
     assert {f"{sid}.{ext}" for sid in LOOKALIKE_IDS for ext in ("producer", "sums")} <= names
     check = fsck.fsck(root)
     assert check.sessions == len(LOOKALIKE_IDS)
@@ -63,12 +63,13 @@ def test_a_side_file_beside_no_session_is_named_and_repair_removes_only_it(
     write_batch(st, "a.producer")
     for name in ("a.producer.json", "a.producer.jsonl", "a.producer.snapshot"):
         (root / "global" / name).unlink()
-    (root / "global" / f"a.producer.{'sums' if ext == 'producer' else 'producer'}").unlink()
+    mine = layout.machine_directory(root / "global")
+    (mine / f"a.producer.{'sums' if ext == 'producer' else 'producer'}").unlink()
     check = fsck.fsck(root)
     assert [(f.kind, f.path.name, f.session) for f in check.findings] == [(kind, f"a.producer.{ext}", "a.producer")]
     assert check.sessions == 1 and not check.healthy
     repaired = fsck.fsck(root, repair=True)
     assert [f.repaired for f in repaired.findings] == [True]
-    assert not (root / "global" / f"a.producer.{ext}").exists()
-    assert (root / "global/s1.producer").exists() and (root / "global/s1.sums").exists()
+    assert not (mine / f"a.producer.{ext}").exists()
+    assert (mine / "s1.producer").exists() and (mine / "s1.sums").exists()
     assert fsck.fsck(root).findings == []

@@ -71,7 +71,9 @@ def state(root: Path) -> dict[str, tuple[int, bytes]]:
 
 
 def sizes(files: SessionFiles) -> int:
-    return sum(p.stat().st_size for p in files.directory.iterdir() if p.name.startswith(files.id + "."))
+    """The bytes of the session's files: in the tree, and this machine's (its checksums, say) outside it."""
+    mine = [p for p in (files.producer, files.sums) if p.exists()]
+    return sum(p.stat().st_size for p in [*files.directory.iterdir(), *mine] if p.name.startswith(files.id + "."))
 
 
 def by_id(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -379,6 +381,7 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
 ) -> None:
     base = tmp_path / "run"
     base.mkdir()
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))  # this machine's files are recorded too
     recorder = fs.Recorder(base)
     for module in STORE_MODULES:
         monkeypatch.setattr(module, "os", recorder)

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import ledger, sessions, store
+from magent_store import layout, ledger, sessions, store
 from magent_store.registry import Registry
 from magent_store.store import Scope, Session, Store, StoreError
 
@@ -53,11 +53,13 @@ def test_a_moved_session_is_whole_at_the_new_place_and_gone_from_the_old(root: P
     session = played(st, events)
     before = thread_json(session.thread)
     files = names(root / "global")
-    assert files == ["s1.json", "s1.jsonl", "s1.lock", "s1.snapshot", "s1.sums"]
+    assert files == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    mine = names(layout.machine_directory(root / "global"))
+    assert mine == ["s1.lock", "s1.sums"]  # this machine's, outside the tree
     moved = sessions.move_session(st, session, Scope.project(PROJECT))
     new = Scope.project(PROJECT).directory(root)
-    assert names(root / "global") == []
-    assert names(new) == files
+    assert names(root / "global") == [] and names(layout.machine_directory(root / "global")) == []
+    assert names(new) == files and names(layout.machine_directory(new)) == mine
     header = orjson.loads((new / "s1.json").read_bytes())
     assert (header["scope"], header["project-root"], header["title"]) == ("project", PROJECT, "Two turns")
     assert thread_json(moved.thread) == before
@@ -97,7 +99,7 @@ def test_a_session_of_that_id_at_the_new_place_refuses_the_move(root: Path, even
     assert {p.name: p.read_bytes() for p in Scope.project(PROJECT).directory(root).iterdir()} == theirs
     assert [turn.id for turn in ours.thread.turns] == ["turn-0", "turn-1", "turn-ours"]
     ours.close()
-    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"]
+    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot"]
 
 
 def test_an_interrupted_moves_copy_is_overwritten_by_the_next_move(root: Path, events: Events) -> None:
@@ -107,7 +109,7 @@ def test_an_interrupted_moves_copy_is_overwritten_by_the_next_move(root: Path, e
     session.close()
     new = Scope.project(PROJECT).directory(root)
     new.mkdir(parents=True)
-    for name in ("s1.jsonl", "s1.sums", "s1.snapshot"):
+    for name in ("s1.jsonl", "s1.snapshot"):
         (new / name).write_bytes((root / "global" / name).read_bytes())
     header = orjson.loads((root / "global" / "s1.json").read_bytes())
     header.update(scope="project", **{"project-root": PROJECT})
@@ -142,7 +144,7 @@ def test_a_move_that_fails_leaves_the_session_open_where_it_was(
     assert thread_json(again.thread) == before
     again.append_event(events.turn("turn-queued", "turn-9", input="still here"))
     again.close()
-    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"]
+    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot"]
 
 
 def test_clearing_a_session_opened_where_its_header_is_removes_it_there(root: Path, events: Events) -> None:

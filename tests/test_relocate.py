@@ -19,7 +19,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fsck, ledger, relocate
+from magent_store import fsck, layout, ledger, relocate
 from magent_store.relocate import Relocator
 from magent_store.schema6 import loads_first_wins
 from magent_store.search import open_index
@@ -117,7 +117,7 @@ def populated(root: Path, old: str) -> dict[str, Any]:
     d = pdir(root, old)
     return {
         "a": values(d / "a.json"), "b": values(d / "b.json"), "c": values(d / "c.json"),
-        "m": values6(d / "m.json"), "tree": tree(root),
+        "m": values6(d / "m.json"), "tree": tree(root), "mine": tree(layout.machine_root(root)),
     }  # fmt: skip
 
 
@@ -143,13 +143,19 @@ def assert_moved(root: Path, old: str, new: str, before: dict[str, Any]) -> None
     assert values6(target / "m.json") == moved(before["m"], old, new)
     # Side files came along, byte for byte.
     assert (target / "c.jsonl.tail-1").read_bytes() == b"\x00\x00garbage\n"
-    for name in ("a.jsonl", "b.jsonl", "c.jsonl", "a.producer", "b.producer"):
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl"):
         assert (target / name).read_bytes() == before["tree"][f"{pdir(root, old).relative_to(root)}/{name}"]
-    for p in target.iterdir():
+    # This machine's own files of each session (outside the tree) came along too.
+    mine = layout.machine_directory(target)
+    for name in ("a.producer", "b.producer"):
+        assert (mine / name).read_bytes() == before["mine"][f"{pdir(root, old).relative_to(root)}/{name}"]
+    assert not layout.machine_directory(pdir(root, old)).exists() or not [
+        p for p in layout.machine_directory(pdir(root, old)).iterdir() if not p.name.endswith(".lock")]
+    for p in [*target.iterdir(), *mine.iterdir()]:
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
     # The log's checksums name the moved log (its inode), so they still guard it.
     for sid in ("a", "b", "c"):
-        (line,) = (target / f"{sid}.sums").read_bytes().splitlines()
+        (line,) = (mine / f"{sid}.sums").read_bytes().splitlines()
         assert orjson.loads(line)["ino"] == (target / f"{sid}.jsonl").stat().st_ino
     assert not [f for f in fsck.Fsck(root).run().findings if f.damage]
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
@@ -393,14 +399,16 @@ def test_a_crash_at_every_step_leaves_each_session_whole_and_a_rerun_finishes(
     points: list[str] = []
     Relocator(root, old, new, crash=points.append, backup=False).run()
     assert len(points) > 30, points
-    # Undo: start each time from the original tree.
+    # Undo: start each time from the original tree, and this machine's files for it.
+    mine = layout.machine_root(root)
     for n in range(1, len(points) + 1):
-        shutil.rmtree(root)
-        root.mkdir(mode=0o700)
-        for rel, data in before["tree"].items():
-            path = root / rel
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path.write_bytes(data)
+        for top, files in ((root, before["tree"]), (mine, before["mine"])):
+            shutil.rmtree(top)
+            top.mkdir(mode=0o700)
+            for rel, data in files.items():
+                path = top / rel
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                path.write_bytes(data)
         calls = [0]
 
         def crash(point: str, n: int = n, calls: list[int] = calls) -> None:

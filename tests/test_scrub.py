@@ -22,7 +22,7 @@ import pytest
 import leaky
 import schema6
 from conftest import Events
-from magent_store import scrub
+from magent_store import layout, scrub
 from magent_store.redact import Redactor
 from magent_store.store import Scope, SessionFiles, Store, load_session
 
@@ -53,7 +53,8 @@ def ordinary(tmp_path: Path) -> str:
     fixture = schema6.session(random.Random(5), "old")
     (root / fixture.relpath).write_bytes(fixture.data)
     cli("index", root)
-    return "".join(data.decode("utf-8", "replace") for data in leaky.tree(root).values()) + "in-progress"
+    files = [*leaky.tree(root).values(), *leaky.tree(layout.machine_root(root)).values()]
+    return "".join(data.decode("utf-8", "replace") for data in files) + "in-progress"
 
 
 def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the_originals(tmp_path: Path) -> None:
@@ -61,7 +62,9 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     made = planted_tree(root)
     assert cli("index", root).returncode == 0  # the index holds the secrets too
     before = leaky.tree(root)
-    assert leaky.remnants(before[".search/index.sqlite"])
+    mine = layout.machine_root(root)  # this machine's files for the root: the index, checksums
+    before_mine = leaky.tree(mine)
+    assert leaky.remnants(before_mine["search/index.sqlite"])
     clean = made["clean"]
     assert isinstance(clean, SessionFiles)
     clean_stat = {p: p.stat().st_mtime_ns for p in (clean.header, clean.log, clean.snapshot)}
@@ -77,7 +80,7 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     scan = cli("scan", "--redact-spec", "-", root, stdin=SPEC)
     assert scan.returncode == 0, scan.stdout + scan.stderr
     usual = ordinary(tmp_path)
-    after = leaky.tree(root, skip=backup.name)
+    after = {**leaky.tree(root, skip=backup.name), **{f"{mine}/{k}": v for k, v in leaky.tree(mine).items()}}
     for name, data in after.items():
         assert leaky.remnants(data, ordinary=usual) == [], name
     # The clean session is not touched, not even its times.
@@ -89,7 +92,7 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     assert set(saved) == {"global/leaky.json", "global/leaky.jsonl", "global/leaky.snapshot", "global/leaky.sums",
                           "global/old.json"}
     for name, data in saved.items():
-        assert data == before[name], name
+        assert data == {**before_mine, **before}[name], name
         assert stat.S_IMODE((backup / name).stat().st_mode) == 0o600
     assert stat.S_IMODE((backup / "global").stat().st_mode) == 0o700
 

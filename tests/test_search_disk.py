@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from conftest import Events, need
-from magent_store import search
+from magent_store import layout, search
 from magent_store.search import SearchIndex, open_index
 from magent_store.search import recorder as recording
 from magent_store.store import Store
@@ -31,13 +31,17 @@ DISK = "4m"
 
 @contextlib.contextmanager
 def small_disk(path: Path) -> Iterator[Path]:
-    """A 4 MB tmpfs at PATH (root only), unmounted afterwards."""
+    """A 4 MB tmpfs at PATH (root only), unmounted afterwards, holding the state directory too
+    (where this machine keeps the index: on the sessions' disk, as on most machines)."""
     need(os.geteuid() == 0 and shutil.which("mount"), "a tmpfs to fill", "run the tests as root")
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK},mode=0700", "tmpfs", str(path)], check=True)
+    state = os.environ["XDG_STATE_HOME"]
+    os.environ["XDG_STATE_HOME"] = str(path / "state")
     try:
         yield path
     finally:
+        os.environ["XDG_STATE_HOME"] = state
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
@@ -61,7 +65,7 @@ def fill(disk: Path, leave: int) -> Path:
 
 def index_bytes(root: Path) -> int:
     """The space the index's files take (the WAL included)."""
-    return sum(p.stat().st_blocks * 512 for p in (root / ".search").glob("index.sqlite*"))
+    return sum(p.stat().st_blocks * 512 for p in layout.search_directory(root).glob("index.sqlite*"))
 
 
 def test_below_the_floor_a_live_index_pauses_takes_no_space_and_says_so_once(
@@ -143,7 +147,7 @@ def test_below_the_floor_a_rebuild_is_refused_and_the_index_kept(tmp_path: Path)
         with pytest.raises(search.SearchError, match="not built: .* bytes free .* leaves the sessions"):
             index.rebuild()
         assert ids(index.search('"reply number 2"')) == ["s2"]  # the old one, whole
-        assert list((root / ".search").glob("*.build-*")) == []
+        assert list(layout.search_directory(root).glob("*.build-*")) == []
         index.close()
         filler.unlink()
 
@@ -158,7 +162,7 @@ def test_the_wal_stays_bounded_while_a_session_streams(tmp_path: Path) -> None:
     for n in range(600):
         s.append_content("a1", f"chunk {n} " + "w" * 1000, False, ev.now())
         w.flush(s)
-        wal = root / ".search" / "index.sqlite-wal"
+        wal = layout.search_directory(root) / "index.sqlite-wal"
         largest = max(largest, wal.stat().st_size if wal.exists() else 0)
     # One job's frames may pass the limit before the checkpoint cuts it back.
     assert largest <= search.WAL_LIMIT_BYTES + (search.WAL_PAGES // 2) * 4096
@@ -169,7 +173,8 @@ def test_the_wal_stays_bounded_while_a_session_streams(tmp_path: Path) -> None:
 def test_the_server_saves_every_chunk_while_its_index_is_paused_and_says_so_in_status(
     backend: Backend,  # noqa: F811
 ) -> None:
-    with small_disk(backend.root) as disk:
+    # The index lives in the backend's state directory: that is the disk that fills.
+    with small_disk(backend.state / "magent-store" / layout.ROOTS_DIRECTORY) as disk:
         client = backend.client()
         _open(client, backend)
         _start_item(client)

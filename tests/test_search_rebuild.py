@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from magent_store import search
+from magent_store import layout, search
 from magent_store.search import SearchIndex, follower
 from magent_store.search import rebuild as rebuilding
 from magent_store.search import recorder as recording
@@ -41,7 +41,7 @@ def test_rebuild_builds_aside_then_replaces_the_index(root: Path) -> None:
     w = Writer(root)
     w.reply("s1", "kept while rebuilding")
     w.index.close()
-    directory = root / search.INDEX_DIR
+    directory = layout.search_directory(root)
     killed = directory / f"{search.INDEX_NAME}.build-999999"  # left by a rebuild that was killed
     killed.write_bytes(b"half a build")
     reader = SearchIndex(root)

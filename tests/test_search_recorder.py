@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from magent_store import search
+from magent_store import layout, search
 from magent_store.search import SearchIndex, open_index
 from magent_store.search import recorder as recording
 from magent_store.search.recorder import IndexFile
@@ -118,7 +118,7 @@ def test_index_files_are_private(root: Path) -> None:
         w.reply("s1", "private")
     finally:
         os.umask(old)
-    directory = root / search.INDEX_DIR
+    directory = layout.search_directory(root)
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     files = list(directory.iterdir())
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)

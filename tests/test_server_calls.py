@@ -20,6 +20,7 @@ from epc.client import EPCClient
 from epc.handler import ReturnError
 from sexpdata import Symbol
 
+from magent_store import layout
 from magent_store.store import Store, read_header
 from serverkit import (
     SCOPE,
@@ -163,14 +164,14 @@ def test_a_session_is_indexed_for_search_unless_its_options_say_not(here: Backen
         _call(client, "flush", session_id, _chunks("findme"))
     _call(client, "shutdown")
     assert here.exited() == 0
-    assert (here.root / ".search").is_dir()
-    assert not (other / ".search").exists()
+    assert layout.search_directory(here.root).is_dir() and not (here.root / ".search").exists()
+    assert not layout.search_directory(other).exists()
 
 
 def test_a_search_index_that_cannot_open_costs_nothing_but_the_index(here: Backend) -> None:
     client = here.client()
-    here.root.mkdir()
-    (here.root / ".search").write_text("not a directory")
+    layout.search_directory(here.root).parent.mkdir(parents=True)
+    layout.search_directory(here.root).write_text("not a directory")
     assert _open(client, here) == 0
     _start_item(client)
     assert _call(client, "flush", "s1", _chunks("kept"))[:2] == [4, 4]

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sexpdata import Symbol
 
 from conftest import examples
-from magent_store import ledger, server
+from magent_store import layout, ledger, server
 from magent_store.stats import median, percentile
 from serverkit import (
     IN_PROCESS,
@@ -415,7 +415,7 @@ def test_a_batch_sent_again_under_its_number_is_applied_once(s1: tuple[Backend, 
     assert _refusal(client, "flush", "s1", "[", [], ["emacs-1", 3]).startswith("batch is not valid JSON")
     assert _call(client, "flush", "s1", _chunks("three"), [], ["emacs-1", 3])[:2] == [6, 6]
     assert _content(backend) == "onetwothree"
-    producer = backend.root / "global" / "s1.producer"
+    producer = layout.machine_directory(backend.root / "global") / "s1.producer"
     assert b"emacs-1" in producer.read_bytes()
 
 

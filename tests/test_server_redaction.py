@@ -123,7 +123,8 @@ def test_a_killed_backend_loses_and_duplicates_nothing_of_a_held_tail(tmp_path: 
     assert [_call(client, "tick", "s1", b, [], ["p", n])[5] for n, b in enumerate(batches, 1)] == [1, 1]
     backend.proc.send_signal(signal.SIGKILL)
     backend.proc.wait()
-    with _serve_process(tmp_path / "again") as again:
+    # The same machine's backend again: its state directory (the batch records) is the same.
+    with _serve_process(tmp_path / "again", XDG_STATE_HOME=str(backend.state)) as again:
         again_client = again.client()
         options = orjson.dumps({"redact": SPEC}).decode()
         again_client.call_sync("open", [str(backend.root), SCOPE, "s1", options], timeout=TIMEOUT)

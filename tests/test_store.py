@@ -19,13 +19,14 @@ import orjson
 import pytest
 
 from conftest import Events, need
-from magent_store import fileio, ledger, store
+from magent_store import fileio, layout, ledger, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
     CorruptSessionError,
     InvalidSessionId,
     Scope,
     Session,
+    SessionFiles,
     SessionLockedError,
     SimulatedCrash,
     Store,
@@ -69,7 +70,8 @@ def test_flush_then_load_gives_the_same_thread(root: Path, events: Events) -> No
         expected = state(s)
     assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
     files = st.files("s1", Scope.global_())
-    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"}
+    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot"}
+    assert files.sums.exists() and not files.sums.is_relative_to(root), "this machine's own, outside the tree"
 
 
 def test_store_assigns_seq_and_ignores_incoming(root: Path, events: Events) -> None:
@@ -539,7 +541,7 @@ def test_malformed_earlier_line_is_an_error_naming_file_and_line(root: Path, eve
     with pytest.raises(CorruptSessionError, match=rf"s1\.jsonl:{number}: "):
         st.load("s1")
     assert log_path.read_bytes() == before, "nothing is guessed or rewritten"
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
 
 
 def test_a_gap_in_seqs_is_corruption(root: Path, events: Events) -> None:
@@ -885,7 +887,7 @@ def test_second_writer_is_refused_with_the_session_named(root: Path) -> None:
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert other.returncode == 3 and "open for writing" in other.stdout
     s.close()
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
     st.open("s1").close()
 
 
@@ -895,7 +897,7 @@ def test_lock_is_released_when_the_writer_dies(root: Path) -> None:
         f"s = Store({str(root)!r}).open('s1'); os._exit(9)\n"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 9
-    assert (root / "global/s1.lock").exists()
+    assert SessionFiles(root / "global", "s1").lock.exists()
     Store(root).open("s1").close()
 
 
@@ -908,14 +910,14 @@ def test_files_0600_and_directories_0700_whatever_the_umask(root: Path, events: 
         s.flush()
         s.append_content("a0", "x", False, events.now())
         s.flush()
-        modes = {p.relative_to(root): stat.S_IMODE(p.stat().st_mode) for p in root.rglob("*")}
+        modes = {p: stat.S_IMODE(p.stat().st_mode) for top in (root, layout.machine_root(root)) for p in top.rglob("*")}
         s.close()
     finally:
         os.umask(old)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     assert any(name.name == "s1.lock" for name in modes)
     for path, mode in modes.items():
-        expected = 0o700 if (root / path).is_dir() else 0o600
+        expected = 0o700 if path.is_dir() else 0o600
         assert mode == expected, f"{path}: {oct(mode)}"
 
 
@@ -958,7 +960,7 @@ def test_a_flipped_digit_in_the_log_is_detected_at_open_naming_the_damaged_range
         r"when they were written \(s1\.sums\): changed since; run `magent-store fsck --repair`"
     )):
         st.open("s1")
-    assert log_path.read_bytes() == before and not (root / "global/s1.lock").exists()
+    assert log_path.read_bytes() == before and not SessionFiles(root / "global", "s1").lock.exists()
 
 
 def test_checksums_raise_no_alarm_through_compaction_a_torn_tail_and_reopening(root: Path, events: Events) -> None:
@@ -975,7 +977,7 @@ def test_checksums_raise_no_alarm_through_compaction_a_torn_tail_and_reopening(r
             f.write(b'{"seq":99,')
     _, thread = st.load("s1")
     assert thread.last_event_seq == s.last_seq
-    sums = (root / "global/s1.sums").read_bytes().splitlines()
+    sums = SessionFiles(root / "global", "s1").sums.read_bytes().splitlines()
     assert sums and all(orjson.loads(line)["ino"] == (root / "global/s1.jsonl").stat().st_ino for line in sums)
 
 
@@ -1019,7 +1021,7 @@ def test_a_link_at_the_log_is_refused_with_a_message(root: Path, events: Events,
     (root / "global/s1.jsonl").symlink_to(outside)
     with pytest.raises(StoreError, match=r"s1\.jsonl: a symbolic link; the store never follows one"):
         Store(root).open("s1")
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
 
 
 def test_a_session_directory_writable_by_others_is_made_0700(
@@ -1077,7 +1079,8 @@ def test_delete_removes_the_three_files(root: Path, events: Events) -> None:
         st.delete("s0")
     s.close()
     st.delete("s0")
-    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.sums"]
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert not SessionFiles(root / "global", "s0").sums.exists() and SessionFiles(root / "global", "s1").sums.exists()
     with pytest.raises(store.SessionNotFound):
         st.delete("s0")
 

@@ -27,7 +27,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fileio, ledger, sessions, store
+from magent_store import fileio, layout, ledger, sessions, store
 from magent_store.ledger import LedgerError
 from magent_store.store import (
     BatchOutOfOrder,
@@ -216,7 +216,7 @@ def test_compaction_is_due_exactly_when_the_log_has_grown_by_log_growth(
 def test_log_max_events_must_be_at_least_one(root: Path, events: Events) -> None:
     with pytest.raises(StoreError, match="log_max_events must be ≥ 1, got 0"):
         Store(root, log_max_events=0).open("s1")
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
     s = Store(root, log_max_events=1, log_growth=0.0).open("s1")
     fill(s, events)
     assert s.flush().compacted
@@ -364,7 +364,7 @@ def test_a_closed_session_refuses_everything_and_closes_twice_quietly(root: Path
                  lambda: s.put_header({}), lambda: s.begin_batch(P, 1)):  # fmt: skip
         with pytest.raises(StoreError, match="session 's1' is closed"):
             call()
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
 
 
 def test_abandon_drops_pending_events_and_leaves_the_lock_file_as_a_crash_would(
@@ -379,11 +379,11 @@ def test_abandon_drops_pending_events_and_leaves_the_lock_file_as_a_crash_would(
     assert s.pending_events == 0
     with pytest.raises(StoreError, match="closed"):
         s.append_content("a0", "x", False, events.now())
-    assert (root / "global/s1.lock").exists()
+    assert SessionFiles(root / "global", "s1").lock.exists()
     assert "lost" not in chunks_in_log(root)
     s = st.open("s1")
     s.abandon(remove_lock=True)
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
     st.open("s1").close()
 
 
@@ -421,7 +421,7 @@ def test_scopes_in_headers_and_snapshots(root: Path, events: Events) -> None:
     for sid, scope in (("g", Scope.global_()), ("p", Scope.project("/src/app")), ("a", Scope.action("review"))):
         with st.open(sid, scope) as s:
             s.append_event(events.thread_started())
-    project_dir = f"projects/{store.hashlib.sha1(b'/src/app').hexdigest()}"
+    project_dir = f"projects/{layout.project_directory_name('/src/app')}"
     headers = {sid: header_on_disk(root, f"{d}/{sid}.json")
                for sid, d in (("g", "global"), ("p", project_dir), ("a", "actions/review"))}  # fmt: skip
     assert headers["g"]["scope"] == "global" and "project-root" not in headers["g"] and "action" not in headers["g"]
@@ -569,7 +569,7 @@ def test_a_snapshot_without_its_header_is_left_to_fsck(root: Path, events: Event
     (root / "global/s1.json").unlink()
     with pytest.raises(CorruptSessionError, match=r"s1\.json: missing, but s1\.snapshot exists; run `magent-store fsck --repair`"):
         st.open("s1")
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
 
 
 def test_an_initial_state_must_be_the_sessions_own(root: Path) -> None:
@@ -578,7 +578,7 @@ def test_an_initial_state_must_be_the_sessions_own(root: Path) -> None:
         st.open("s1", None, ledger.new_thread("s2", "global", "thread-1"))
     with pytest.raises(StoreError, match="initial state of session 's1' is for session 's1'"):
         st.open("s1", None, ledger.new_thread("s1", "global"))  # no thread id yet
-    assert not (root / "global/s1.lock").exists()
+    assert not SessionFiles(root / "global", "s1").lock.exists()
     with st.open("s1", None, ledger.new_thread("s1", "global", "thread-1")) as s:
         assert s.thread.id == "thread-1"
 
@@ -642,7 +642,8 @@ def test_delete_removes_what_is_there_of_a_session(root: Path, events: Events) -
     with pytest.raises(SimulatedCrash):
         s.flush()
     s.abandon()
-    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.jsonl", "s1.lock"]
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.jsonl"]
+    assert SessionFiles(root / "global", "s1").lock.exists()
     st.delete("s1")  # only a log: a first flush cut short
     assert list((root / "global").iterdir()) == []
     s = st.open("s2")
@@ -861,7 +862,7 @@ def test_more_action_directory_names(name: str, directory: str) -> None:
 def test_a_session_is_named_by_its_header_path(root: Path) -> None:
     files = SessionFiles.from_header_path(root / "global/s1.json")
     assert (files.directory, files.id) == (root / "global", "s1")
-    assert files.producer == root / "global/s1.producer"
+    assert files.producer == SessionFiles(root / "global", "s1").producer
     with pytest.raises(StoreError, match=r"s1\.jsonl: a session is named by its header, <id>\.json"):
         SessionFiles.from_header_path(root / "global/s1.jsonl")
     with pytest.raises(InvalidSessionId, match="invalid session id '-x'"):
@@ -985,7 +986,7 @@ def test_every_kind_of_temp_file_an_interrupted_write_leaves_is_removed_at_open(
 
 def test_a_lock_held_by_a_writer_that_wrote_no_pid_says_so(root: Path) -> None:
     Store(root).open("s1").close()
-    lock = root / "global/s1.lock"
+    lock = SessionFiles(root / "global", "s1").lock
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -1001,9 +1002,9 @@ def test_a_lock_held_by_a_writer_that_wrote_no_pid_says_so(root: Path) -> None:
 def test_a_lock_file_someone_removed_does_not_stop_the_close(root: Path, events: Events) -> None:
     s = Store(root).open("s1")
     s.append_event(events.thread_started())
-    (root / "global/s1.lock").unlink()
+    SessionFiles(root / "global", "s1").lock.unlink()
     s.close()
-    assert (root / "global/s1.json").exists() and not (root / "global/s1.lock").exists()
+    assert (root / "global/s1.json").exists() and not SessionFiles(root / "global", "s1").lock.exists()
 
 
 def test_a_lock_file_removed_between_open_and_lock_is_made_again(
@@ -1012,7 +1013,7 @@ def test_a_lock_file_removed_between_open_and_lock_is_made_again(
     """The previous holder removes its lock file as it closes: the next writer
     must not hold a lock on a file nobody else can see."""
     Store(root).open("s1").close()
-    lock = root / "global/s1.lock"
+    lock = SessionFiles(root / "global", "s1").lock
     real = fcntl.flock
     calls = {"n": 0}
 
@@ -1055,7 +1056,7 @@ def test_events_flushed_outside_a_batch_are_kept_by_the_next_batch(
     send(s, 1, start(events))
     s.append_event(events.content("t1", "i1", "unnumbered"))
     s.flush()
-    assert orjson.loads((root / "global/s1.producer").read_bytes())["seq"] == s.last_seq
+    assert orjson.loads(SessionFiles(root / "global", "s1").producer.read_bytes())["seq"] == s.last_seq
     s.abandon()
     s = open_session(root)
     assert send(s, 2, [events.content("t1", "i1", "numbered")])
@@ -1103,7 +1104,7 @@ def test_a_failed_producer_record_forgets_the_batch_and_its_resend_applies_once(
     with pytest.raises(WriteFailed) as failed:
         send(s, 2, batch)
     assert str(failed.value).startswith(
-        f"{root}/global/s1.producer: cannot write (no space left on device: 256 bytes needed"
+        f"{SessionFiles(root / 'global', 's1').producer}: cannot write (no space left on device: 256 bytes needed"
     )
     assert str(failed.value).endswith("; the batch was not written: send it again")
     assert (root / "global/s1.jsonl").read_bytes() == log_before, "the log is cut back"
@@ -1113,7 +1114,7 @@ def test_a_failed_producer_record_forgets_the_batch_and_its_resend_applies_once(
     assert not send(s, 2, batch)
     s.close()
     assert chunks_in_log(root) == ["a", "b"]
-    assert orjson.loads((root / "global/s1.producer").read_bytes()) == {"producer": P, "batch": 2, "seq": 5}
+    assert orjson.loads(SessionFiles(root / "global", "s1").producer.read_bytes()) == {"producer": P, "batch": 2, "seq": 5}
 
 
 def test_a_full_disk_during_a_batch_says_the_batch_is_to_be_sent_again(
@@ -1133,7 +1134,7 @@ def test_a_full_disk_during_a_batch_says_the_batch_is_to_be_sent_again(
     assert s.pending_events == 0 and s.last_seq == 3
     monkeypatch.undo()
     assert s.flush().events_written == 0
-    assert orjson.loads((root / "global/s1.producer").read_bytes())["batch"] == 1
+    assert orjson.loads(SessionFiles(root / "global", "s1").producer.read_bytes())["batch"] == 1
     message = str(failed.value)
     assert message.startswith(f"{root}/global/s1.jsonl: cannot write (no space left on device: ")
     assert message.endswith(" free); the batch was not written: send it again"), "nothing said to be kept"
@@ -1199,14 +1200,14 @@ def test_an_unreadable_producer_record_starts_the_writer_afresh(
         s.begin_batch(P, 4)
     assert not s.begin_batch(P, 2), "the record says batch 2 is in"
     s.close()
-    (root / "global/s1.producer").write_bytes(record)
+    SessionFiles(root / "global", "s1").producer.write_bytes(record)
     s = open_session(root)
-    assert [m.split(": ", 1)[0] for m in messages(caplog)] == [f"{root}/global/s1.producer"]
+    assert [m.split(": ", 1)[0] for m in messages(caplog)] == [str(SessionFiles(root / "global", "s1").producer)]
     assert "the next writer starts afresh" in messages(caplog)[0]
     if record == b"not json":
         with pytest.raises(orjson.JSONDecodeError) as why:
             orjson.loads(record)
-        assert messages(caplog)[0] == f"{root}/global/s1.producer: unreadable ({why.value}); the next writer starts afresh"
+        assert messages(caplog)[0] == f"{SessionFiles(root / 'global', 's1').producer}: unreadable ({why.value}); the next writer starts afresh"
     assert s.begin_batch(P, 4), "no batch of it known"
     s.abort_batch()
     s.close()
@@ -1225,7 +1226,7 @@ def test_batch_numbers_and_producers_are_checked(root: Path, events: Events) -> 
     assert s.begin_batch(P, 1)
     s.abort_batch()
     s.flush()  # no batch any more: nothing committed
-    assert not (root / "global/s1.producer").exists()
+    assert not SessionFiles(root / "global", "s1").producer.exists()
     s.close()
 
 

@@ -38,7 +38,7 @@ import pytest
 import conftest
 from conftest import Events
 from crash import fs
-from magent_store import fileio, fsck, ledger, logfile, store
+from magent_store import fileio, fsck, layout, ledger, logfile, store
 from magent_store.store import Scope, SessionFiles, Store, StoreError
 
 SEED = 20261201
@@ -81,6 +81,7 @@ class Journal:
     """What the workload wrote and was told: each session's log lines and acknowledgements."""
 
     ops: list[fs.Op]
+    root: Path = Path()  # the session root the workload wrote to
     lines: dict[str, list[bytes]] = field(default_factory=dict)
     _states: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -111,6 +112,8 @@ STORE_MODULES = (store, fileio, logfile)
 def run_workload(base: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Journal:
     """Three sessions streaming through the real store, every file operation recorded."""
     base.mkdir()
+    # This machine's files for the root (locks, batch records, checksums) are recorded too.
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
     fake = FakeTime()
     recorder = fs.Recorder(base, fake.clock)
     for module in STORE_MODULES:
@@ -120,7 +123,7 @@ def run_workload(base: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Jour
         extra = {"clock": fake.clock, "start_timer": fake.start_timer}
     st = Store(base / "root", fsync=mode, fsync_interval_ms=INTERVAL_MS,  # type: ignore[arg-type]
                log_max_events=12, log_growth=0.0, **extra)  # fmt: skip
-    journal = Journal(recorder.ops)
+    journal = Journal(recorder.ops, base / "root")
     rng = random.Random(SEED)
     feeds = {}
     for sid, _ in SESSIONS:
@@ -183,10 +186,25 @@ def acknowledged(journal: Journal, sid: str, prefix: int) -> bool:
     return any(op.kind == "mark" and op.info["ack"] == sid for op in journal.ops[:prefix])
 
 
+def rekey_state(journal: Journal, where: Path) -> None:
+    """This machine's files of the crash state, found for the root WHERE/root as they were for the run's.
+
+    They live outside the tree, in a directory named from the root's path:
+    the state is written elsewhere, so that directory is renamed to match.
+    """
+    os.environ["XDG_STATE_HOME"] = str(where / "state")  # the test's monkeypatch puts it back
+    written = where / "state" / "magent-store" / layout.ROOTS_DIRECTORY / layout.root_key(journal.root)
+    if written.exists():
+        target = layout.machine_root(where / "root")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        written.rename(target)
+
+
 def check_state(journal: Journal, state: fs.CrashState, mode: str, where: Path) -> list[str]:
     """Every way STATE breaks MODE's promise (empty when it keeps it)."""
     fs.materialise(state, where)
     root = where / "root"
+    rekey_state(journal, where)
     problems: list[str] = []
     label = f"prefix {state.prefix}"
 
@@ -248,6 +266,10 @@ def test_every_crash_state_keeps_the_fsync_modes_promise(
 ) -> None:
     journal = run_workload(tmp_path / "run", mode, monkeypatch)
     assert sum(op.kind == "mark" for op in journal.ops) == 3 * 15
+    made = [op.path for op in journal.ops if op.kind == "create"]
+    # This machine's own files are made outside the tree, and their crash states are checked too.
+    assert not [p for p in made if p.startswith("root/") and p.endswith((".lock", ".producer", ".sums"))]
+    assert {Path(p).suffix for p in made if p.startswith("state/")} >= {".lock", ".sums"}
     verdict = Verdict()
     problems: list[str] = []
     # The states are written to memory where there is a tmpfs: a disk's closes and removals of

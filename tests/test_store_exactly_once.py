@@ -22,6 +22,7 @@ from magent_store.store import (
     BatchOutOfOrder,
     Scope,
     Session,
+    SessionFiles,
     SimulatedCrash,
     Store,
     StoreError,
@@ -252,7 +253,7 @@ def test_the_producer_record_is_private_and_magent_never_sees_it(root: Path, eve
     s = open_session(root)
     send(s, 1, start(events))
     s.close()
-    record = root / "global/s1.producer"
+    record = SessionFiles(root / "global", "s1").producer
     assert record.stat().st_mode & 0o777 == 0o600
     assert orjson.loads(record.read_bytes()) == {"producer": P, "batch": 1, "seq": 3}
     # The header and the log hold only magent's own fields.

@@ -279,8 +279,6 @@ def test_random_schedules_of_writes_partitions_and_heals(world: World) -> None:
             raise AssertionError(f"schedule {n} (seed {SEED}): {'; '.join(steps)}: {exc}") from None
 
 
-@pytest.mark.xfail(strict=True, reason="per-machine files (search index, locks, producer records, "
-                   "checksums) still sit in the session tree until they move to the state directory")  # fmt: skip
 def test_no_per_machine_file_travels(world: World, events: object) -> None:
     """With no .stignore at all, nothing one machine keeps for itself reaches the other's tree."""
     from conftest import Events

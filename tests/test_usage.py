@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import schema6
-from magent_store import cli, usage
+from magent_store import cli, layout, usage
 from magent_store.store import Scope, Store
 
 NOW = time.time()
@@ -51,7 +51,11 @@ def seven(root: Path, sid: str, scope: Scope, *, created: float, replies: int = 
 
 
 def files_of(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+    """The size of each file of ROOT, and of this machine's for it (its index as ``search/...``, a
+    session's batch record and checksums as in the tree), but for the few that say which root it is."""
+    mine = layout.machine_root(root)
+    return {str(p.relative_to(top)): p.stat().st_size for top in (root, mine) for p in sorted(top.rglob("*"))
+            if p.is_file() and not (top == mine and p.parent == mine) and not p.name.endswith(".lock")}
 
 
 def state(root: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -95,7 +99,7 @@ def test_every_file_is_counted_once_by_what_it_is(tree: Path) -> None:
     sizes = files_of(tree)
     got = du_json(tree)
     assert got["bytes"] == sum(sizes.values())
-    index = sum(v for k, v in sizes.items() if k.startswith(".search/"))
+    index = sum(v for k, v in sizes.items() if k.startswith("search/"))
     assert index > 0 and got["index"]["bytes"] == index
     assert got["index"]["share"] == "rows"
     assert sum(s["index"] for s in got["sessions"]) + got["index"]["unattributed"] == index
@@ -235,7 +239,7 @@ def test_a_file_that_vanishes_mid_walk_is_left_out(tmp_path: Path, monkeypatch: 
 
 def test_the_index_is_read_without_its_lock(tree: Path) -> None:
     # Another process holding the index exclusively neither blocks du nor is disturbed by it.
-    holder = sqlite3.connect(tree / ".search" / "index.sqlite")
+    holder = sqlite3.connect(layout.search_directory(tree) / "index.sqlite")
     try:
         holder.execute("PRAGMA locking_mode=EXCLUSIVE")
         holder.execute("BEGIN EXCLUSIVE")
@@ -252,8 +256,8 @@ def test_an_unreadable_index_is_shared_by_the_sessions_bytes(tmp_path: Path) -> 
     root = tmp_path / "sessions"
     seven(root, "a", Scope.global_(), created=NOW, replies=30, size=300)
     seven(root, "b", Scope.global_(), created=NOW, replies=3, size=300)
-    (root / ".search").mkdir(mode=0o700)
-    (root / ".search" / "index.sqlite").write_bytes(b"not a database" * 1000)
+    layout.search_directory(root).mkdir(mode=0o700, parents=True)
+    (layout.search_directory(root) / "index.sqlite").write_bytes(b"not a database" * 1000)
     got = du_json(root)
     assert got["index"]["share"] == "files"
     weight = {s["id"]: s["log"] + s["snapshot"] for s in got["sessions"]}

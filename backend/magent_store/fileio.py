@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -30,157 +31,31 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
+from magent_store.errors import BatchOutOfOrder as BatchOutOfOrder
+from magent_store.errors import CorruptSessionError as CorruptSessionError
+from magent_store.errors import InvalidSessionId as InvalidSessionId
+from magent_store.errors import SessionLockedError as SessionLockedError
+from magent_store.errors import SessionNotFound as SessionNotFound
+from magent_store.errors import SimulatedCrash as SimulatedCrash
+from magent_store.errors import StoreError as StoreError
+from magent_store.errors import WriteFailed as WriteFailed
+from magent_store.errors import check_session_id as check_session_id
+from magent_store.layout import CONFLICT_COPY_RE as CONFLICT_COPY_RE
+from magent_store.layout import (
+    ROOT_NAME_FILE,
+    SCOPE_GLOBS,
+    TEMP_NAME,
+    machine_directory,
+    machine_root,
+    session_root,
+)
+from magent_store.layout import SessionFiles as SessionFiles
+from magent_store.layout import conflict_copy_origin as conflict_copy_origin
 from magent_store.ledger import LedgerError
 from magent_store.metrics import state_directory
 
 # The store's logger: what the store's rooms log is the store's (the CLI quiets it when listing).
 log = logging.getLogger("magent_store.store")
-
-
-class StoreError(Exception):
-    """A session that cannot be opened, read or written; the message says why."""
-
-
-class InvalidSessionId(StoreError, ValueError):
-    """A session id (or action name) that must not name a file."""
-
-
-class SessionLockedError(StoreError):
-    """The session is open for writing elsewhere."""
-
-
-class CorruptSessionError(StoreError):
-    """A session file holds something that is not what the store wrote."""
-
-
-class SessionNotFound(StoreError, FileNotFoundError):
-    """No header where one was expected."""
-
-
-class WriteFailed(StoreError, OSError):
-    """A write the disk refused (full, say); the message names the file and the space needed."""
-
-
-class BatchOutOfOrder(StoreError):
-    """A numbered batch that arrived before the one it follows."""
-
-
-class SimulatedCrash(BaseException):
-    """Raised by test crash hooks; a BaseException so no handler swallows it."""
-
-
-def check_session_id(session_id: object, what: str = "session id") -> str:
-    """SESSION-ID if it may name a file (SPEC §2), else raise `InvalidSessionId`."""
-    if not ledger.valid_session_id(session_id):
-        raise InvalidSessionId(
-            f"invalid {what} {session_id!r:.80}: it must match [A-Za-z0-9][A-Za-z0-9_.-]*, "
-            f"be at most {ledger.SESSION_ID_MAX} characters and not be . or .."
-        )
-    assert isinstance(session_id, str)
-    return session_id
-
-
-
-# What a sync engine names its copy of a session's file when two machines
-# changed it: Syncthing's ``<id>.sync-conflict-YYYYMMDD-HHMMSS-<device>.<ext>``,
-# Dropbox's ``<id> (<machine>'s conflicted copy YYYY-MM-DD).<ext>``, Nextcloud's
-# ``<id> (conflicted copy YYYY-MM-DD HHMMSS).<ext>`` and ownCloud's
-# ``<id>_conflict-YYYYMMDD-HHMMSS.<ext>``.
-CONFLICT_COPY_RE: Final = re.compile(
-    r"(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*?)"
-    r"(?:\.sync-conflict-\d{8}-\d{6}-(?P<device>[A-Za-z0-9]+)"
-    r"| \((?:(?P<machine>.+?)'s )?conflicted copy[^)]*\)"
-    r"|_conflict-\d{8}-\d{6})"
-    r"\.(?P<ext>json|jsonl|snapshot)"
-)
-
-
-def conflict_copy_origin(match: re.Match[str]) -> str:
-    """Where a conflict copy named as MATCH says it came from: its device or machine, if the name says."""
-    return match["device"] or match["machine"] or "another machine"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionFiles:
-    """The paths of one session."""
-
-    directory: Path
-    id: str
-
-    @classmethod
-    def from_header_path(cls, path: Path) -> SessionFiles:
-        if path.suffix != ".json":
-            raise StoreError(f"{path}: a session is named by its header, <id>.json")
-        return cls(path.parent, check_session_id(path.stem))
-
-    @property
-    def header(self) -> Path:
-        return self.directory / f"{self.id}.json"
-
-    @property
-    def log(self) -> Path:
-        return self.directory / f"{self.id}.jsonl"
-
-    @property
-    def snapshot(self) -> Path:
-        return self.directory / f"{self.id}.snapshot"
-
-    @property
-    def lock(self) -> Path:
-        return self.directory / f"{self.id}.lock"
-
-    @property
-    def sums(self) -> Path:
-        """Checksums of the log's committed ranges (see `damaged_range`); magent never reads it."""
-        return self.directory / f"{self.id}.sums"
-
-    def side_file(self, kind: str) -> Path:
-        """A free ``<id>.jsonl.KIND-<n>`` beside the log, for lines set aside (never deleted)."""
-        n = 1
-        while (self.directory / f"{self.log.name}.{kind}-{n}").exists():
-            n += 1
-        return self.directory / f"{self.log.name}.{kind}-{n}"
-
-    @property
-    def producer(self) -> Path:
-        """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
-        return self.directory / f"{self.id}.producer"
-
-    def conflict_copies(self) -> list[tuple[Path, re.Match[str]]]:
-        """The copies a sync engine made of this session's files (`CONFLICT_COPY_RE`), by name.
-
-        Only names starting with the session's id are looked at, in its
-        own directory: never the whole root.
-        """
-        return self.beside()[1]
-
-    def beside(self) -> tuple[list[Path], list[tuple[Path, re.Match[str]]]]:
-        """What opening the session looks for beside its files, in one listing of its directory.
-
-        The temp files an interrupted atomic write of its files left
-        (``.<id>.<file>.tmp-<pid>``), and the copies a sync engine made of
-        them (`conflict_copies`), each sorted by name.
-        """
-        temps, found = [], []
-        temp_prefix = f".{self.id}."
-        try:
-            with os.scandir(self.directory) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if name.startswith(temp_prefix):
-                        rest = name[len(temp_prefix):]
-                        if (rest.split(".tmp-", 1)[0] in _TEMP_FILES and ".tmp-" in rest
-                                and is_temp_file(name)):  # fmt: skip
-                            temps.append(Path(entry.path))
-                    elif name.startswith(self.id) and len(name) > len(self.id) + 6:
-                        match = CONFLICT_COPY_RE.fullmatch(name)
-                        if (match is not None and match["id"] == self.id
-                                and entry.is_file(follow_symlinks=False)):  # fmt: skip
-                            found.append((Path(entry.path), match))
-        except FileNotFoundError:
-            return [], []
-        return sorted(temps), sorted(found, key=lambda pair: pair[0].name)
-
 
 
 # ---------------------------------------------------------------------------
@@ -205,6 +80,32 @@ def make_private_dirs(path: Path) -> list[Path]:
             os.chmod(d, 0o700)
             made.append(d)
     return made
+
+
+_prepared: set[Path] = set()
+
+
+def prepare_machine_directory(directory: Path) -> None:
+    """Make this machine's directory for the sessions of DIRECTORY (0700), and name its root there.
+
+    The root's directory of per-machine state holds a file naming the root
+    (`layout.ROOT_NAME_FILE`), so that a person or a tool can tell which
+    root it is for.
+    """
+    mine = machine_directory(directory)
+    if mine in _prepared and os.path.isdir(mine):
+        return
+    make_private_dirs(mine)
+    root, state = session_root(directory), machine_root(session_root(directory))
+    name_file = state / ROOT_NAME_FILE
+    if not name_file.exists():  # not synced: a line for people and tools, lost at worst
+        with contextlib.suppress(FileExistsError):
+            fd = open_private(name_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            try:
+                write_all(fd, f"{os.path.realpath(root)}\n".encode())
+            finally:
+                os.close(fd)
+    _prepared.add(mine)
 
 
 def _link_refused(path: Path) -> WriteFailed:
@@ -392,23 +293,37 @@ def loads(data: bytes) -> Any:
 
 
 
-_TEMP_RE: Final = re.compile(r"^\..*\.tmp-\d+$")
+def lock_is_held(path: Path) -> bool:
+    """True when a live process holds the lock at PATH (without creating it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link is nobody's lock: never followed
+            return False
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing also drops the lock we may have taken
+    return False
 
 
 def is_temp_file(name: str) -> bool:
     """True for the temp files an interrupted atomic write leaves behind."""
-    return _TEMP_RE.match(name) is not None
-
-
-# The files of a session an atomic write replaces: their temp files are ``.<id>.<file>.tmp-<pid>``.
-_TEMP_FILES: Final = ("json", "jsonl", "snapshot", "producer", "sums")
+    return TEMP_NAME.match(name) is not None
 
 
 def remove_stale_temps(files: SessionFiles, temps: list[Path] | None = None) -> None:
     """Remove what an interrupted atomic write of the session FILES name left behind.
 
-    TEMPS, when given, are those files as `SessionFiles.beside` found them.
-    Only for the holder of the session's lock: nobody else is writing these files then.
+    TEMPS, when given, are those files as `SessionFiles.beside` found them
+    (the batch record and checksums outside the tree are rewritten in
+    place, never through a temp file).  Only for the holder of the
+    session's lock: nobody else is writing these files then.
     """
     for path in files.beside()[0] if temps is None else temps:
         with contextlib.suppress(FileNotFoundError):
@@ -424,13 +339,12 @@ SIDE_FILE: Final = re.compile(
     r"^(?:\.(?P<owner>.+?)\.(?:json|jsonl|snapshot|producer|sums)\.tmp-\d+|\..+\.tmp-\d+"
     r"|(?P<kept>.+?)\.(?:json|jsonl|snapshot)\.(?:tail|corrupt)-\d+)$"
 )
-_SCOPE_DIRECTORIES: Final = ("global", "projects/*", "actions/*")
 
 
 def side_files(root: Path) -> list[Path]:
     """The temp and set-aside files in ROOT's session directories (`SIDE_FILE`), in order."""
     found: list[Path] = []
-    for pattern in _SCOPE_DIRECTORIES:
+    for pattern in SCOPE_GLOBS:
         for directory in sorted(root.glob(pattern)):
             with contextlib.suppress(OSError):
                 found += sorted(p for p in directory.iterdir() if SIDE_FILE.match(p.name) and p.is_file()

@@ -7,7 +7,10 @@ every log line (valid, seqs strictly increasing), that the log continues the
 snapshot, a torn final line or an invalid tail a power loss left, orphans
 (a log or snapshot without a header) and stale temp files of interrupted
 atomic writes, and that the log's committed bytes match their checksums
-(``<id>.sums``); a lock nobody holds is a note, not damage, and so are a
+(``<id>.sums``, kept with the session's lock and batch record in this
+machine's state directory, outside the tree: see layout.py; such a file
+found in the tree is another machine's, copied by a sync engine, and is
+left alone); a lock nobody holds is a note, not damage, and so are a
 temp file an interrupted write left (any tool, or the backend at the
 session's next open, removes it) and a project whose folder no longer
 exists (named with the command that moves its sessions: the project may
@@ -29,7 +32,7 @@ Reading and writing go through `store`; values are decoded by `ledger`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import logging
 import os
 import re
 import shlex
@@ -40,7 +43,7 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger, schema6
+from magent_store import layout, ledger, schema6
 from magent_store.fileio import (
     CONFLICT_COPY_RE,
     FileChanged,
@@ -49,6 +52,7 @@ from magent_store.fileio import (
     remove_if_unchanged,
 )
 from magent_store.ledger import LedgerError, Thread
+from magent_store.oldlayout import adopt_old_layout
 
 # Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
 from magent_store.store import CORRUPT_LINE as CORRUPT_LINE
@@ -110,10 +114,10 @@ STALE_LOCK_MESSAGE: Final = (
     "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
 )
 
-_SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer|sums)(?P<aside>\.(?:corrupt|tail)-\d+)?"
-)
-_SCOPE_GLOBS: Final = ("global", "projects/*", "actions/*")
+# A session's files in this machine's directory for a session directory (see layout.py).
+_MACHINE_FILE_RE: Final = re.compile(r"(?P<id>.+?)\.(?P<ext>lock|producer|sums)(?P<aside>)")
+log = logging.getLogger("magent_store.store")
+
 # A remote project root (TRAMP's /method:host:path): not looked for on this machine.
 _REMOTE_ROOT_RE: Final = re.compile(r"\A/[^/:]+:")
 
@@ -140,7 +144,7 @@ class Finding:
 
     def to_json(self, root: Path) -> dict[str, Any]:
         return {
-            "path": str(self.path.relative_to(root)),
+            "path": _shown(self.path, root),
             "session": self.session,
             "kind": self.kind,
             "damage": self.damage,
@@ -156,7 +160,7 @@ class Finding:
             state = " [repaired]"
         elif self.repairable and self.damage:
             state = " [repairable]"
-        return f"{self.kind}: {self.path.relative_to(root)}: {self.message}{state}"
+        return f"{self.kind}: {_shown(self.path, root)}: {self.message}{state}"
 
 
 @dataclass(slots=True)
@@ -221,21 +225,26 @@ def _set_aside(path: Path, sync: bool) -> Path:
     return aside
 
 
+def _shown(path: Path, root: Path) -> str:
+    """PATH as a finding names it: relative to ROOT, or whole for this machine's files outside the tree."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def _directory_scope(directory: Path, root: Path) -> Scope | None:
     """The scope a directory implies; None for a project (its root is only in the files)."""
-    relative = directory.relative_to(root).parts
-    if relative == ("global",):
+    kind = layout.directory_kind(directory, root)
+    if kind == (layout.GLOBAL, None):
         return Scope.global_()
-    if relative[0] == "actions":
+    if kind is not None and kind[0] == layout.ACTIONS and kind[1] is not None:
         with contextlib.suppress(InvalidSessionId):
-            return Scope.action(relative[1])
+            return Scope.action(kind[1])
     return None
 
 
 def _project_scope(directory: Path, thread: Thread) -> Scope | None:
     """The project scope of a snapshot found in DIRECTORY, if its root hashes to it."""
     root = thread.scope
-    if isinstance(root, str) and hashlib.sha1(root.encode()).hexdigest() == directory.name:
+    if isinstance(root, str) and layout.project_directory_name(root) == directory.name:
         return Scope.project(root)
     return None
 
@@ -251,10 +260,13 @@ class Fsck:
         self._projects: dict[Path, tuple[str, int]] = {}  # directory: its project root, sessions read
 
     def run(self) -> Check:
-        for pattern in _SCOPE_GLOBS:
-            for directory in sorted(self.root.glob(pattern)):
-                if directory.is_dir():
-                    self.check_directory(directory)
+        try:
+            adopt_old_layout(self.root)  # a tree laid out the old way: this machine's files moved out first
+        except OSError as exc:
+            log.warning("%s: cannot move this machine's files out of the tree yet: %s", self.root, exc)
+        for directory in layout.scope_directories(self.root):
+            if directory.is_dir():
+                self.check_directory(directory)
         self._missing_projects()
         return self.result
 
@@ -262,7 +274,7 @@ class Fsck:
         """Count a project session read in DIRECTORY, whose root the header names."""
         root = header.get("project-root")
         if (header.get("scope") != "project" or header.get("action") or not isinstance(root, str)
-                or hashlib.sha1(root.encode()).hexdigest() != directory.name):  # fmt: skip
+                or layout.project_directory_name(root) != directory.name):  # fmt: skip
             return
         self._projects[directory] = (root, self._projects.get(directory, (root, 0))[1] + 1)
 
@@ -297,10 +309,13 @@ class Fsck:
         temps: list[tuple[str | None, Path]] = []
         if self.repair:
             self._merge_conflict_copies(directory)
+        mine = layout.machine_directory(directory)
         for path in sorted(directory.iterdir()):
             name = path.name
             if not path.is_file():
                 continue
+            if layout.TREE_MACHINE_FILE_RE.fullmatch(name):
+                continue  # another machine's (see layout.py): never read, never removed
             conflict = CONFLICT_COPY_RE.fullmatch(name)
             if conflict is not None and (directory / f"{conflict['id']}.json").exists():
                 self._add(Finding(path, CONFLICT_UNMERGED if self.repair else CONFLICT_COPY, (
@@ -312,10 +327,11 @@ class Fsck:
                 continue
             if is_temp_file(name):
                 target = name[1 : name.rindex(".tmp-")]
-                match = _SESSION_FILE_RE.fullmatch(target)
+                match = (layout.SESSION_FILE_RE.fullmatch(target)
+                         or layout.TREE_MACHINE_FILE_RE.fullmatch(target))  # fmt: skip
                 temps.append((match["id"] if match else None, path))
                 continue
-            match = _SESSION_FILE_RE.fullmatch(name)
+            match = layout.SESSION_FILE_RE.fullmatch(name)
             if match is None:
                 continue
             if match["aside"]:
@@ -327,12 +343,22 @@ class Fsck:
                     self._add(Finding(path, SET_ASIDE, f"{why}; inspect and delete by hand", match["id"]))
                 continue
             sessions.setdefault(match["id"], {})[match["ext"]] = path
+        for path in sorted(mine.iterdir()) if mine.is_dir() else []:
+            if not path.is_file() or path.is_symlink():
+                continue
+            if is_temp_file(path.name):
+                match = _MACHINE_FILE_RE.fullmatch(path.name[1 : path.name.rindex(".tmp-")])
+                temps.append((match["id"] if match else None, path))
+                continue
+            match = _MACHINE_FILE_RE.fullmatch(path.name)
+            if match is not None:
+                sessions.setdefault(match["id"], {})[match["ext"]] = path
         in_use: set[str] = set()
-        for session_id, paths in sessions.items():
+        for session_id, paths in sorted(sessions.items()):
             if not self.check_session(directory, session_id, paths):
                 in_use.add(session_id)
         for owner, path in temps:
-            if owner is not None and (owner in in_use or lock_is_held(directory / f"{owner}.lock")):
+            if owner is not None and (owner in in_use or lock_is_held(SessionFiles(directory, owner).lock)):
                 continue  # a write in progress
             finding = self._add(Finding(path, STALE_TEMP, "temp file of an interrupted write",
                                         owner, repairable=True))  # fmt: skip

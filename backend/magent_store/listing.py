@@ -46,7 +46,7 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import schema6
+from magent_store import layout, schema6
 from magent_store.export import header_fields6, listed_damage
 from magent_store.ledger import LedgerError
 from magent_store.store import (
@@ -101,7 +101,7 @@ class Catalog:
 
 
 # Where sessions live under a root, as the store's `Store.headers` has it.
-_SCOPE_DIRECTORIES: Final = (("global",), ("projects", "*"), ("actions", "*"))
+_SCOPE_DIRECTORIES: Final = tuple(tuple(pattern.split("/")) for pattern in layout.SCOPE_GLOBS)
 
 
 def _directories(root: str) -> Iterator[str]:

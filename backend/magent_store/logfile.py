@@ -259,8 +259,7 @@ class LogSums:
         if not data and not self.path.exists():
             return
         try:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-            self._fd = open_private(self.path, flags)
+            self._fd = self._open(os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC)
             if data:
                 fileio.write_all(self._fd, sum_line(ino, 0, data))
         except OSError as exc:
@@ -272,11 +271,19 @@ class LogSums:
         """Keep the checksum of DATA, just written to the log (inode INO) at START."""
         try:
             if self._fd < 0:
-                self._fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                self._fd = self._open(os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             fileio.write_all(self._fd, sum_line(ino, start, data))
         except OSError as exc:
             log.warning("%s: cannot keep a checksum (%s); that part of the log is not checked",
                         self.path, exc.strerror)  # fmt: skip
+
+    def _open(self, flags: int) -> int:
+        """The checksums file opened with FLAGS, its directory (outside the tree) made if need be."""
+        try:
+            return open_private(self.path, flags)
+        except FileNotFoundError:
+            make_private_dirs(self.path.parent)
+            return open_private(self.path, flags)
 
     def close(self) -> None:
         if self._fd >= 0:

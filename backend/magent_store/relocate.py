@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import hashlib
 import json
 import os
 import posixpath
@@ -41,8 +40,9 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger, schema6
+from magent_store import layout, ledger, schema6
 from magent_store.fileio import FileChanged, FileSeen, default_root, keep_time, read_seen, remove_if_unchanged
+from magent_store.layout import project_directory
 from magent_store.ledger import LedgerError, Thread
 from magent_store.store import (
     SCHEMA_VERSION,
@@ -81,10 +81,6 @@ SAVED_MEANWHILE: Final = "saved-meanwhile"  # magent saved it while it was moved
 REFUSALS: Final = (LOCKED, EXISTS, UNREADABLE)
 OUTCOMES: Final = (MOVED, WOULD_MOVE, FINISHED, LOCKED, EXISTS, UNREADABLE, CHANGED, FAILED, SAVED_MEANWHILE)
 
-# The files of a session: the store's own, and lines or files an earlier repair set aside.
-_SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer|sums)(?P<aside>\.(?:corrupt|tail)-\d+)?"
-)
 # A remote root (TRAMP's /method:host:path): magent keeps it as written, resolving nothing.
 _REMOTE_RE: Final = re.compile(r"\A/[^/:]+:")
 
@@ -114,11 +110,6 @@ def magent_root(root: str, cwd: str | None = None) -> str:
     return os.path.realpath(text)
 
 
-def project_directory(root: Path, project_root: str) -> Path:
-    """Where magent keeps the sessions of PROJECT-ROOT (as keyed) under the session ROOT."""
-    return root / "projects" / hashlib.sha1(project_root.encode()).hexdigest()
-
-
 def _written_root(root: str) -> str:
     """ROOT as a user may have had it recorded: expanded and without a trailing slash, links kept."""
     expanded = os.path.expanduser(root)
@@ -128,14 +119,18 @@ def _written_root(root: str) -> str:
 
 
 def session_files(directory: Path) -> dict[str, list[Path]]:
-    """The files of each session id in DIRECTORY (temp files of interrupted writes left out)."""
+    """The files in the tree of each session id in DIRECTORY (temp files of interrupted writes left out).
+
+    This machine's own files of a session (its batch record and checksums)
+    live outside the tree (see layout.py); `Relocator` moves them itself.
+    """
     out: dict[str, list[Path]] = {}
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return out
     for name in names:
-        match = _SESSION_FILE_RE.fullmatch(name)
+        match = layout.SESSION_FILE_RE.fullmatch(name)
         if match is None or is_temp_file(name) or not ledger.valid_session_id(match["id"]):
             continue
         path = directory / name
@@ -557,13 +552,15 @@ class Relocator:
     @staticmethod
     def _remove_temps(plan: _Plan) -> None:
         """What an interrupted run left half-written at the new place (its lock is ours)."""
-        names = {f"{plan.new.id}.{ext}" for ext in ("json", "jsonl", "snapshot", "producer", "sums")}
+        names = {f"{plan.new.id}.{ext}" for ext in layout.SESSION_SUFFIXES}
         names.update(p.name for p in plan.paths)
-        for name in names:
-            for path in plan.new.directory.glob(f".{glob.escape(name)}.tmp-*"):
-                if is_temp_file(path.name):
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+        mine = {f"{plan.new.id}.{ext}" for ext in ("producer", "sums")}
+        for directory, kept in ((plan.new.directory, names), (plan.new.machine_directory, mine)):
+            for name in kept:
+                for path in directory.glob(f".{glob.escape(name)}.tmp-*"):
+                    if is_temp_file(path.name):
+                        with contextlib.suppress(FileNotFoundError):
+                            path.unlink()
 
     def _backup(self, plan: _Plan) -> None:
         if self.backup_path is None:
@@ -585,17 +582,17 @@ class Relocator:
         self._backup(plan)
         # Leftovers of an interrupted move at the new place are overwritten (and were just backed up).
         for path in session_files(new.directory).get(new.id, []):
-            if path.suffix != ".lock":
-                path.unlink()
+            path.unlink()
         for path in plan.paths:
-            if path in (old.header, old.lock, old.sums) or not path.exists():
+            if path == old.header or not path.exists():
                 continue
             if path == old.snapshot and plan.snapshot_bytes is not None:
                 continue  # written below, with the new root
             atomic_write(new.directory / path.name, read_file(path), sync=self.sync, crash=self._crash)
-        if old.sums in plan.paths and new.log.exists():
-            # The checksums name the log's inode: the copy's is new, its bytes checked in planning.
-            atomic_write(new.sums, sum_line(os.stat(new.log).st_ino, 0, read_file(new.log)), sync=self.sync)
+        # This machine's own files of the session go with it (written anew: the old ones may be ours).
+        with contextlib.suppress(FileNotFoundError):
+            new.producer.unlink()
+        self._move_machine_files(plan)
         if plan.snapshot_bytes is not None:
             atomic_write(new.snapshot, plan.snapshot_bytes, sync=self.sync, crash=self._crash)
         # The header makes it a session at the new place: after everything it needs.
@@ -603,7 +600,7 @@ class Relocator:
         # Each file keeps its time: the session keeps its place in magent's list and the finder's.
         for path in plan.paths:
             twin = new.directory / path.name
-            if path != old.lock and twin.exists():
+            if twin.exists():
                 mtime = plan.header_seen.mtime_ns if path == old.header and plan.header_seen else None
                 keep_time(twin, mtime or os.lstat(path).st_mtime_ns)
         found = self._verify(plan)
@@ -622,15 +619,23 @@ class Relocator:
             if plan.move.outcome != FINISHED:
                 return
         self._backup(plan)
+        self._move_machine_files(plan)
         self._remove_old(plan)
+
+    def _move_machine_files(self, plan: _Plan) -> None:
+        """This machine's files of the session (outside the tree) at the new place, as a move writes them."""
+        old, new = plan.old, plan.new
+        if old.producer.exists() and not new.producer.exists():
+            atomic_write(new.producer, read_file(old.producer), sync=self.sync)
+        if old.sums.exists() and new.log.exists():
+            # The checksums name the log's inode: the copy's is new, its bytes checked in planning.
+            atomic_write(new.sums, sum_line(os.stat(new.log).st_ino, 0, read_file(new.log)), sync=self.sync)
 
     def _check_leftovers(self, plan: _Plan) -> None:
         """Leftovers (no header) go only when the new place holds the same bytes (or more of the log)."""
         old, new = plan.old, plan.new
         for path in plan.paths:
             twin = new.directory / path.name
-            if path.suffix in (".lock", ".sums"):
-                continue
             try:
                 data, there = read_file(path), read_file(twin)
             except FileNotFoundError:
@@ -649,10 +654,13 @@ class Relocator:
     def _remove_old(self, plan: _Plan) -> None:
         """The old place's files, header first: from then on magent sees the session at the new place only."""
         old = plan.old
+        # This machine's files of the session first (they are at the new place too): once the
+        # session's files in the tree go, nothing names these any more.
+        for path in (old.producer, old.sums):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         order = sorted(plan.paths, key=lambda p: (p != old.header, p.name))
         for path in order:
-            if path == old.lock:
-                continue  # ours now: released (and removed) last
             if path == old.header and plan.header_seen is not None:
                 # magent may save it without a lock: removed only if it is still what was copied.
                 remove_if_unchanged(plan.header_seen, sync=self.sync, what="moved")
@@ -666,10 +674,9 @@ class Relocator:
 
     @staticmethod
     def _discard(files: SessionFiles) -> None:
-        for path in session_files(files.directory).get(files.id, []):
-            if path.suffix != ".lock":
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+        for path in [*session_files(files.directory).get(files.id, []), files.producer, files.sums]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def _remove_empty_source(self) -> None:
         """The old project's directory, once nothing is left in it."""

@@ -87,9 +87,9 @@ difference puts the original back.
 
 Unless --no-backup, each rewritten session's files are first copied to
 ROOT/scrub-backup-<time>/: that copy is then the one place the secrets remain,
-and the command prints how to delete it.  The search index (ROOT/.search) is
-built again from the rewritten files.  Sessions open in a running backend,
-damaged sessions (run `magent-store fsck` first) and sessions whose last batch
+and the command prints how to delete it.  The search index (this machine's,
+kept outside ROOT) is built again from the rewritten files.  Sessions open in a
+running backend, damaged sessions (run `magent-store fsck` first) and sessions whose last batch
 is still to be confirmed by Emacs are left alone and named.  Sessions without
 secrets are not touched.  Running it again changes nothing.
 

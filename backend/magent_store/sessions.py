@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from magent_store import migrate, schema6
+from magent_store.layout import SCOPE_GLOBS, session_root
 from magent_store.ledger import Thread
 from magent_store.store import (
     LOG_MAX_EVENTS,
@@ -68,8 +69,8 @@ def locate(store: Store, session_id: str, scope: Scope) -> Scope:
     files = store.files(session_id, scope)
     if any(path.exists() for path in (files.header, files.log, files.snapshot)):
         return scope
-    for pattern in ("global/{}.json", "projects/*/{}.json", "actions/*/{}.json"):
-        for header in sorted(store.root.glob(pattern.format(session_id))):
+    for pattern in SCOPE_GLOBS:
+        for header in sorted(store.root.glob(f"{pattern}/{session_id}.json")):
             try:
                 found = Scope.from_header(loads(read_file(header)))
             except (StoreError, ValueError, TypeError, AttributeError):
@@ -185,8 +186,7 @@ def open_header(
     backed up under the root the header lies in.
     """
     files = SessionFiles.from_header_path(header)
-    root = files.directory.parent if scope.kind == "global" else files.directory.parent.parent
-    take_over(files, root, sync=fsync != "never")
+    take_over(files, session_root(files.directory), sync=fsync != "never")
     return Session(files, scope, fsync=fsync, log_max_events=log_max_events)
 
 

@@ -2,9 +2,10 @@
 
 A session is three files in its scope's directory: ``<id>.json`` (the
 header), ``<id>.jsonl`` (the log, one event per line) and ``<id>.snapshot``
-(the materialized thread), plus ``<id>.lock`` while a writer holds it,
-``<id>.producer`` (the last batch logged) and ``<id>.sums`` (checksums of
-the log's committed ranges), which magent never reads.
+(the materialized thread).  This machine keeps, outside the tree (see
+layout.py), ``<id>.lock`` while a writer holds it, ``<id>.producer`` (the
+last batch logged) and ``<id>.sums`` (checksums of the log's committed
+ranges), which magent never reads.
 
 Appending buffers an encoded log line in memory (O(chunk)).  `Session.flush`
 writes every pending line in one ``write``, syncs as the fsync policy says,
@@ -32,14 +33,12 @@ import dataclasses
 import datetime as dt
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import re
 import socket
 import threading
 import time
-import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 import orjson
 
-from magent_store import branches, ledger
+from magent_store import branches, layout, ledger
 from magent_store.fileio import BatchOutOfOrder as BatchOutOfOrder
 from magent_store.fileio import CorruptSessionError as CorruptSessionError
 from magent_store.fileio import InvalidSessionId as InvalidSessionId
@@ -61,11 +60,12 @@ from magent_store.fileio import WriteFailed as WriteFailed
 from magent_store.fileio import atomic_write as atomic_write
 from magent_store.fileio import check_directory as check_directory
 from magent_store.fileio import check_session_id as check_session_id
-from magent_store.fileio import conflict_copy_origin
+from magent_store.fileio import conflict_copy_origin, prepare_machine_directory
 from magent_store.fileio import dumps as dumps
 from magent_store.fileio import free_bytes as free_bytes
 from magent_store.fileio import is_temp_file as is_temp_file
 from magent_store.fileio import loads as loads
+from magent_store.fileio import lock_is_held as lock_is_held
 from magent_store.fileio import make_private_dirs as make_private_dirs
 from magent_store.fileio import open_private as open_private
 from magent_store.fileio import read_file as read_file
@@ -73,6 +73,7 @@ from magent_store.fileio import remove_stale_temps as remove_stale_temps
 from magent_store.fileio import sync_directories as sync_directories
 from magent_store.fileio import truncate_file as truncate_file
 from magent_store.fileio import write_failed as write_failed
+from magent_store.layout import action_directory_name as action_directory_name
 from magent_store.ledger import Event, LedgerError, Thread
 from magent_store.logfile import CHANGED, GONE, IN_PLACE
 from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
@@ -92,6 +93,7 @@ from magent_store.logfile import read_log as read_log
 from magent_store.logfile import read_log_file as read_log_file
 from magent_store.logfile import scan_log as scan_log
 from magent_store.logfile import sum_line as sum_line
+from magent_store.oldlayout import adopt_old_layout
 from magent_store.redacting import SessionRedaction
 
 log = logging.getLogger(__name__)
@@ -138,39 +140,6 @@ def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], Non
 # Scopes and paths
 
 
-# Emacs's [[:alnum:]] outside ASCII: letters, marks and decimal or letter numbers.
-_ALNUM_CATEGORIES: Final = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl"})
-
-
-def action_directory_name(name: object) -> str:
-    """The directory magent keeps action NAME's sessions in (SPEC §2).
-
-    Like magent: trim spaces, tabs, CRs and newlines at both ends, then
-    replace each run of characters outside ``[[:alnum:]_.-]`` by ``-``.
-    A name that would leave the ``actions`` directory ("", "." or "..")
-    is refused.
-    """
-    if not isinstance(name, str) or not name:
-        raise InvalidSessionId(f"invalid action name {name!r:.80}: expected a non-empty string")
-    out: list[str] = []
-    in_run = False
-    for char in name.strip(" \t\n\r"):
-        if char in "_.-" or (
-            char.isalnum() if char.isascii() else unicodedata.category(char) in _ALNUM_CATEGORIES
-        ):
-            out.append(char)
-            in_run = False
-        elif not in_run:
-            out.append("-")
-            in_run = True
-    directory = "".join(out)
-    if directory in ("", ".", "..") or len(directory.encode()) > 255:
-        raise InvalidSessionId(
-            f"invalid action name {name!r:.80}: its directory {directory!r:.80} cannot hold sessions"
-        )
-    return directory
-
-
 @dataclass(frozen=True, slots=True)
 class Scope:
     """Where a session lives: ``global/``, ``projects/<sha1>/`` or ``actions/<name>/``."""
@@ -215,11 +184,11 @@ class Scope:
 
     def directory(self, root: Path) -> Path:
         if self.kind == "global":
-            return root / "global"
+            return layout.global_directory(root)
         assert self.value is not None
         if self.kind == "project":
-            return root / "projects" / hashlib.sha1(self.value.encode()).hexdigest()
-        return root / "actions" / action_directory_name(self.value)
+            return layout.project_directory(root, self.value)
+        return layout.action_directory(root, self.value)
 
     def to_json(self) -> Any:
         """The thread's ``scope`` value in a snapshot."""
@@ -450,6 +419,7 @@ class SessionLock:
     def __init__(self, files: SessionFiles) -> None:
         self.path = files.lock
         self._fd = -1
+        prepare_machine_directory(files.directory)
         while True:
             fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             try:
@@ -466,6 +436,17 @@ class SessionLock:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
+            if same and lock_is_held(files.old("lock")):
+                # A process that keeps its locks in the tree (an older backend) has the session open.
+                os.close(fd)
+                try:
+                    holder = read_file(files.old("lock"))[:32].decode(errors="replace").strip() or "unknown"
+                except OSError:
+                    holder = "unknown"
+                raise SessionLockedError(
+                    f"session {files.id!r} in {files.directory} is open for writing "
+                    f"by another process (pid {holder}); close it there first"
+                )
             if same:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -482,25 +463,6 @@ class SessionLock:
                 os.unlink(self.path)
         os.close(self._fd)
         self._fd = -1
-
-
-def lock_is_held(path: Path) -> bool:
-    """True when a live process holds the lock at PATH (without creating it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except (FileNotFoundError, IsADirectoryError):
-        return False
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a link is nobody's lock: never followed
-            return False
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing also drops the lock we may have taken
-    return False
 
 
 def sweep_stale_temps(directory: Path) -> None:
@@ -1912,7 +1874,6 @@ def fork_origin(header: dict[str, Any]) -> tuple[str, str] | None:
 
 # The version a session file declares first (magent and the store write it second).
 _SCHEMA_HEAD: Final = re.compile(rb'"schema-version"\s*:\s*(\d+)')
-_HEADER_GLOBS: Final = ("global/*.json", "projects/*/*.json", "actions/*/*.json")
 
 
 class Store:
@@ -1942,6 +1903,10 @@ class Store:
         self.log_max_events = log_max_events
         self.log_growth = log_growth
         self.crash = crash  # a test's fault hook, given to every session
+        try:
+            adopt_old_layout(self.root, crash=crash)
+        except OSError as exc:
+            log.warning("%s: cannot move this machine's files out of the tree yet: %s", self.root, exc)
 
     def files(self, session_id: str, scope: Scope) -> SessionFiles:
         return SessionFiles(scope.directory(self.root), check_session_id(session_id))
@@ -1954,6 +1919,8 @@ class Store:
         scope = scope or Scope.global_()
         files = self.files(session_id, scope)
         made = make_private_dirs(self.root)
+        if made:  # a root made just now holds nothing of the old layout: noted as moved
+            adopt_old_layout(self.root, crash=self.crash)
         self._refuse_schema6(files)
         return Session(
             files, scope, fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
@@ -1974,7 +1941,7 @@ class Store:
         return load_session(self.files(session_id, scope or Scope.global_()))
 
     def headers(self) -> Iterator[Path]:
-        for pattern in _HEADER_GLOBS:
+        for pattern in layout.HEADER_GLOBS:
             yield from sorted(self.root.glob(pattern))
 
     def list(self, *, turns: bool = False) -> list[SessionInfo]:

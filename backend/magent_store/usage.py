@@ -3,13 +3,13 @@
 Every file under the root is counted once, by what it is:
 
 - a session's files (schema 7): its header ``<id>.json``, its log
-  ``<id>.jsonl``, its snapshot ``<id>.snapshot`` and its side files (the
-  batch record ``.producer``, the log's checksums ``.sums``, its lock, lines
+  ``<id>.jsonl``, its snapshot ``<id>.snapshot`` and its side files (lines
   set aside as ``.tail-<n>`` or ``.corrupt-<n>``, the temp file of an
-  interrupted write); a session in magent's own format (schema 6) is its one
-  file;
-- the search index (``ROOT/.search/``), shared among the sessions it holds
-  in proportion to the bytes of text its rows hold for each (one pass over
+  interrupted write, and this machine's batch record and checksums, kept in
+  the state directory); a session in magent's own format (schema 6) is its
+  one file;
+- the search index (in this machine's state directory), shared among the
+  sessions it holds in proportion to the bytes of text its rows hold for each (one pass over
   its passage rows), or, when the index cannot be read, in proportion to
   each session's log, snapshot and schema-6 bytes;
 - everything else under the root (backups of a migration or an export, say).
@@ -31,7 +31,6 @@ left out.  This module declares the command's arguments beside its handler.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -44,7 +43,7 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger, schema6
+from magent_store import layout, ledger, schema6
 from magent_store.fileio import default_root
 from magent_store.store import SCHEMA_VERSION, is_temp_file
 
@@ -54,10 +53,11 @@ Add up every file under ROOT: by project (each project named by its root, plus
 global and each action) and by session, biggest first, each split into log,
 snapshot, header, side files (batch record, checksums, lock, lines set aside),
 schema-6 file (magent's own one-file format) and its share of the search index
-(ROOT/.search/, shared in proportion to the text the index holds for each
-session).  Then the growth in the last 30 days: the bytes of the sessions created
-in them, and the size of the logs older sessions wrote to in them (what they
-appended since their last compaction).  Nothing is written and no lock is taken.
+(kept for ROOT in $XDG_STATE_HOME/magent-store/roots/, shared in proportion to
+the text the index holds for each session).  Then the growth in the last 30
+days: the bytes of the sessions created in them, and the size of the logs
+older sessions wrote to in them (what they appended since their last
+compaction).  Nothing is written and no lock is taken.
 
 Sizes are shown in KiB, MiB, GiB (powers of 1024); --json gives exact bytes.
 Sessions are named by their title (the one magent shows), their project and id.
@@ -71,18 +71,14 @@ examples:
 """
 DEFAULT_LIMIT: Final = 20
 GROWTH_DAYS: Final = 30
-# Where the search index lives, as search names it (one tool does not import another).
-INDEX_DIR: Final = ".search"
+# The search index's file, as search names it (one tool does not import another).
 INDEX_NAME: Final = "index.sqlite"
 # Where sessions live under a root: global/, projects/<sha1 of the root>/, actions/<name>/.
-SCOPE_DIRS: Final = ("global", "projects", "actions")
+SCOPE_DIRS: Final = (layout.GLOBAL, layout.PROJECTS, layout.ACTIONS)
 PARTS: Final = ("log", "snapshot", "header", "side", "schema6", "index")
 # How far into a file its thread's creation time or project root is looked for.
 PREFIX_BYTES: Final = 16 << 10
 
-_SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|lock|producer|sums)(?P<aside>\.(?:corrupt|tail)-\d+)?"
-)
 _CREATED_RE: Final = re.compile(rb'"created-at"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 _ROOT_RE: Final = re.compile(rb'"project-root"\s*:\s*("(?:[^"\\]|\\.)*")')
 _SNAPSHOT_KEY: Final = b'"snapshot"'
@@ -285,7 +281,7 @@ def _project_root(path: str, hash_name: str) -> str | None:
         root = json.loads(found.group(1))
     except ValueError:
         return None
-    if isinstance(root, str) and hashlib.sha1(root.encode()).hexdigest() == hash_name:
+    if isinstance(root, str) and layout.project_directory_name(root) == hash_name:
         return root
     return None
 
@@ -301,14 +297,14 @@ def _walk_directory(root: str, relative: str, scope: str) -> tuple[DirectoryUsag
         owner = name
         if is_temp_file(name):
             owner = name[1 : name.rindex(".tmp-")]
-        match = _SESSION_FILE_RE.fullmatch(owner)
+        match = layout.SESSION_FILE_RE.fullmatch(owner) or layout.TREE_MACHINE_FILE_RE.fullmatch(owner)
         if match is None:
             here.other += st.st_size
             continue
         session = sessions.setdefault(match["id"], SessionUsage(relative, match["id"]))
         ext, sizes = match["ext"], session.sizes
         session.oldest = st.st_mtime if session.oldest is None else min(session.oldest, st.st_mtime)
-        if owner != name or match["aside"] or ext in ("lock", "producer", "sums"):
+        if owner != name or ext in layout.MACHINE_SUFFIXES or match["aside"]:
             sizes.side += st.st_size
         elif ext == "json":
             session.schema = schema6.file_schema(Path(path, name)) or SCHEMA_VERSION
@@ -321,7 +317,12 @@ def _walk_directory(root: str, relative: str, scope: str) -> tuple[DirectoryUsag
             session.log_mtime = st.st_mtime
         else:
             sizes.snapshot += st.st_size
+    mine = layout.machine_directory(Path(path))
     for session in sessions.values():
+        for suffix in ("producer", "sums"):  # this machine's files for it, kept outside the tree
+            st = _lstat(f"{mine}/{session.id}.{suffix}")
+            if st is not None and _is_file(st):
+                session.sizes.side += st.st_size
         session.created = _created(path, session)
         if session.created is None:
             session.created = session.oldest
@@ -397,7 +398,7 @@ def measure(root: Path, now: float | None = None) -> Usage:
         if scope_dir == "global":
             found = [("global", "global")] if _is_dir(f"{base}/global") else []
         else:
-            kind = "project" if scope_dir == "projects" else "action"
+            kind = "project" if scope_dir == layout.PROJECTS else "action"
             found = [(f"{scope_dir}/{name}", kind) for name in _names(f"{base}/{scope_dir}")
                      if _is_dir(f"{base}/{scope_dir}/{name}")]  # fmt: skip
         for relative, scope in found:
@@ -407,8 +408,8 @@ def measure(root: Path, now: float | None = None) -> Usage:
             sessions.extend(own)
     other = 0
     for name in top:
-        if name in SCOPE_DIRS or name == INDEX_DIR:
-            if name == "projects" or name == "actions":  # files beside the scope directories
+        if name in SCOPE_DIRS or name == layout.OLD_SEARCH_DIRECTORY:
+            if name in (layout.PROJECTS, layout.ACTIONS):  # files beside the scope directories
                 for inner in _names(f"{base}/{name}"):
                     st = _lstat(f"{base}/{name}/{inner}")
                     if st is not None and _is_file(st):
@@ -419,10 +420,11 @@ def measure(root: Path, now: float | None = None) -> Usage:
             continue
         other += _tree_bytes(f"{base}/{name}") if _is_dir(f"{base}/{name}") else (
             st.st_size if _is_file(st) else 0)  # fmt: skip
-    index_bytes = _tree_bytes(f"{base}/{INDEX_DIR}") if _is_dir(f"{base}/{INDEX_DIR}") else 0
+    index = str(layout.search_directory(root))
+    index_bytes = _tree_bytes(index) if _is_dir(index) else 0
     share, unattributed = "none", index_bytes
     if index_bytes:
-        rows = _index_rows(f"{base}/{INDEX_DIR}/{INDEX_NAME}")
+        rows = _index_rows(f"{index}/{INDEX_NAME}")
         if rows is not None and sum(rows.values()) > 0:
             share, weights = "rows", rows
         else:

@@ -35,6 +35,18 @@
   "Return the folder magent keeps PROJECT's sessions in."
   (expand-file-name (concat "projects/" (secure-hash 'sha1 project)) magent-store-root))
 
+(defun magent-store-relocate-test--lock (session project)
+  "Return the lock of SESSION of PROJECT, where this machine keeps it.
+That is outside the session root, in the backend's state directory: a
+folder named from the digest of the root's true name, laid out as the
+root is."
+  (let* ((root (file-truename (directory-file-name magent-store-root)))
+         (key (substring (secure-hash 'sha256 (encode-coding-string root 'utf-8)) 0 32)))
+    (expand-file-name (concat session ".lock")
+                      (expand-file-name (concat "magent-store/roots/" key "/projects/"
+                                                (secure-hash 'sha1 project))
+                                        (getenv "XDG_STATE_HOME")))))
+
 (defmacro magent-store-relocate-test--with-projects (&rest body)
   "Run BODY with a backend and folders OLD (gone), NEW and OTHER bound.
 Sessions s1 and s2 belong to OLD, s3 to OTHER (whose folder exists)."
@@ -115,7 +127,7 @@ Sessions s1 and s2 belong to OLD, s3 to OTHER (whose folder exists)."
 (ert-deftest magent-store-relocate-a-session-another-process-holds-moves-nothing-and-says-why ()
   "While another process holds one session, nothing moves; the message and buffer name it."
   (magent-store-relocate-test--with-projects
-    (let* ((lock (expand-file-name "s2.lock" (magent-store-relocate-test--directory old)))
+    (let* ((lock (magent-store-relocate-test--lock "s2" old))
            (holder (make-process :name "holder" :command (list "flock" lock "-c" "echo held; exec sleep 60")
                                  :buffer (generate-new-buffer " *holder*") :noquery t))
            (messages nil)

@@ -75,11 +75,18 @@
 ;; Needs a tmpfs, so root.
 (ert-deftest magent-store-status-says-when-the-search-index-is-paused ()
   (skip-unless (and (zerop (user-uid)) (executable-find "mount")))
-  (magent-store-test-with-backend ((filler (expand-file-name "filler" magent-store-root))
+  ;; The session root and the state directory (where the index is kept) on one small disk.
+  (magent-store-test-with-backend ((disk (expand-file-name "disk" tmp))
+                                   (magent-store-root (expand-file-name "root" disk))
+                                   (process-environment
+                                    (cons (concat "XDG_STATE_HOME=" (expand-file-name "state" disk))
+                                          process-environment))
+                                   (filler (expand-file-name "filler" magent-store-root))
                                    (seq 0))
-    (make-directory magent-store-root)
+    (make-directory disk)
     (should (zerop (call-process "mount" nil nil nil "-t" "tmpfs" "-o" "size=4m,mode=0700"
-                                 "tmpfs" magent-store-root)))
+                                 "tmpfs" disk)))
+    (make-directory magent-store-root)
     (cl-flet ((save (type)
                 (magent-store-append-event
                  "s1" `((seq) (type . ,type) (thread-id . "thread-1") (turn-id) (item-id)
@@ -109,7 +116,7 @@
             (save "thread-status-changed")
             (should (shows "^Search index: +kept current$")))
         (ignore-errors (magent-store-stop))
-        (call-process "umount" nil nil nil "-l" magent-store-root)))))
+        (call-process "umount" nil nil nil "-l" disk)))))
 
 (ert-deftest magent-store-percentile-interpolates-and-never-falls-below-the-median ()
   (should-not (magent-store-status--percentile nil 50))

@@ -15,6 +15,7 @@
 ;;; Code:
 
 (require 'magent-store-test)
+(require 'magent-store-layout)
 
 ;;;; Tests
 
@@ -42,6 +43,29 @@
     (should (equal (magent-store-test--content
                     (list :snapshot (magent-store-test--show "s-roundtrip")))
                    (apply #'concat magent-store-test--chunks)))))
+
+;; One function names a scope's directory, for every file of the package:
+;; where the backend writes a session of that scope.
+(ert-deftest magent-store-scope-directory-is-where-the-backend-writes-the-scope ()
+  "Each kind of scope's directory holds the session the backend wrote under it."
+  (magent-store-test--with-backend
+    (let ((scopes (list 'global "/src/app" '(action . "  review it: now! "))))
+      (dolist (scope scopes)
+        (should (equal (magent-store-open "s-here" scope) 0))
+        (magent-store-test--start-turn "s-here")
+        (magent-store-flush "s-here")
+        (magent-store-close "s-here")
+        (should (file-exists-p
+                 (expand-file-name "s-here.json" (magent-store-scope-directory scope))))
+        (delete-file (expand-file-name "s-here.json" (magent-store-scope-directory scope))))
+      (should (equal (magent-store-scope-directory '(action . "  review it: now! ") "/r/")
+                     "/r/actions/review-it-now-"))
+      (should (equal (magent-store-scope-directory nil "/r") "/r/global"))
+      ;; Every directory that holds sessions, global's first; nothing else of the root.
+      (make-directory (expand-file-name ".search" (magent-store--root)) t)
+      (should (equal (magent-store-scope-directory '*)
+                     (mapcar #'magent-store-scope-directory
+                             (list 'global "/src/app" '(action . "review it: now!"))))))))
 
 ;; The flush timers are taken from `run-at-time' and fired by the test:
 ;; what is asserted is the order of events (requests, timer, flush), on a

@@ -89,15 +89,17 @@ def ignore_sigpipe() -> None:
 class Run:
     """One Emacs running the driver, with its own root and state directory."""
 
-    def __init__(self, base: Path, name: str, root: Path | None = None, **env: Any) -> None:
+    def __init__(self, base: Path, name: str, root: Path | None = None, state_home: Path | None = None,
+                 **env: Any) -> None:  # fmt: skip
         self.dir = base / name
         self.dir.mkdir(parents=True)
         self.root = root or self.dir / "root"
-        self.state = self.dir / "state" / "magent-store"
+        self.state_home = state_home or self.dir / "state"
+        self.state = self.state_home / "magent-store"
         self.out = self.dir / "out.json"
         self.progress = self.dir / "progress"
         self.session = env.pop("session", "s-fault")
-        environ = {**os.environ, "XDG_STATE_HOME": str(self.dir / "state"),
+        environ = {**os.environ, "XDG_STATE_HOME": str(self.state_home),
                    "FAULT_ROOT": str(self.root), "FAULT_OUT": str(self.out),
                    "FAULT_PROGRESS": str(self.progress), "FAULT_PYTHON": str(BACKEND),
                    "FAULT_SESSION": self.session}  # fmt: skip
@@ -369,8 +371,11 @@ def index_on_a_small_disk(base: Path, chunks: int) -> Outcome:
     with tmpfs(base / "tmpfs-index", "4m") as disk:
         root = disk / "root"
         filler = disk / "filler"
-        run = Run(base, "indexdisk", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004,
-                  FAULT_FILLER=200, FAULT_LOG_MAX=300, FAULT_SETTLE=60)  # fmt: skip
+        # The state directory (where the index, the locks and the checksums are kept) on that
+        # disk too, as on a machine with one disk.
+        run = Run(base, "indexdisk", root=root, state_home=disk / "state", FAULT_CHUNKS=chunks,
+                  FAULT_INTERVAL=0.004, FAULT_FILLER=200, FAULT_LOG_MAX=300, FAULT_SETTLE=60)  # fmt: skip
+        tools = {**os.environ, "XDG_STATE_HOME": str(run.state_home)}
         while run.chunks_sent() < chunks // 8 and run.streaming():
             time.sleep(0.005)
         # Everything left, taken at once: the next write of either kind fails.
@@ -394,17 +399,18 @@ def index_on_a_small_disk(base: Path, chunks: int) -> Outcome:
         left = shutil.disk_usage(disk).free
         # The index leaves room to compact the session: on 4 MB it has none, more space brings it.
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
-        indexed = subprocess.run([str(BACKEND), "index", str(root)], capture_output=True, text=True, check=False)
+        indexed = subprocess.run([str(BACKEND), "index", str(root)], capture_output=True, text=True, check=False,
+                                 env=tools)  # fmt: skip
         if indexed.returncode != 0:
             outcome.problems.append(f"index: {indexed.stderr.strip()[-300:]}")
         last = f"<{chunks - 1}>"
         found = subprocess.run([str(BACKEND), "search", last, str(root), "--json"],
-                               capture_output=True, text=True, check=False)  # fmt: skip
+                               capture_output=True, text=True, check=False, env=tools)  # fmt: skip
         hits = json.loads(found.stdout)["hits"] if found.returncode == 0 else []
         if not any(last in e["text"] for h in hits for e in h["excerpts"]):
             outcome.problems.append(f"the index did not catch up: no hit for the last chunk {last} "
                                     f"({found.stderr.strip()[-300:]})")  # fmt: skip
-        sizes = {p.name: p.stat().st_size for p in (root / ".search").glob("index.sqlite*")}
+        sizes = {p.name: p.stat().st_size for p in run.state.glob("roots/*/search/index.sqlite*")}
         outcome.notes.append(f"{left} bytes free after the stream; index files after catching up: {sizes}")
         said = re.findall(r"search index paused[^\n]*", log.read_text(errors="replace"))
         if said:
@@ -416,14 +422,17 @@ def two_writers(base: Path, chunks: int) -> Outcome:
     """Two Emacs stream into one session: the second waits for the lock, then saves all of its own."""
     outcome = Outcome("two writers, one session", chunks)
     root = base / "shared-root"
-    first = Run(base, "writer-1", root=root, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004)
+    # Two Emacs of one user on one machine: one state directory, where the session locks are.
+    state = base / "shared-state"
+    first = Run(base, "writer-1", root=root, state_home=state, FAULT_CHUNKS=chunks, FAULT_INTERVAL=0.004)
     while first.chunks_sent() < 50 and first.proc.poll() is None:
         time.sleep(0.01)
-    second = Run(base, "writer-2", root=root, FAULT_CHUNKS=chunks // 4, FAULT_INTERVAL=0.004,
+    second = Run(base, "writer-2", root=root, state_home=state, FAULT_CHUNKS=chunks // 4, FAULT_INTERVAL=0.004,
                  FAULT_ASYNC_OPEN=1, FAULT_ITEM="item-2", FAULT_SETTLE=120)  # fmt: skip
     result = first.finish()
-    judge(outcome, first, result)
     second_result = second.finish()
+    # Judged once both are done: they share the state directory (its log and spools).
+    judge(outcome, first, result)
     theirs = Outcome("second writer", chunks // 4)
     judge(theirs, second, second_result, item=1)
     outcome.problems.extend(f"second writer: {p}" for p in theirs.problems)

@@ -44,19 +44,6 @@ FOLDER = "sessions"
 PLAIN = "plain"
 
 
-# The files that belong to one machine and still sit in the session tree: a
-# .stignore keeps Syncthing from carrying them.  When per-machine state moves
-# out of the session tree, set this to False (and then remove it): the test
-# `test_no_per_machine_file_travels` then passes without it.
-IGNORE_PER_MACHINE_FILES = True
-PER_MACHINE_PATTERNS = (".search", "*.lock", "*.producer", "*.sums")
-
-
-def stignore() -> str:
-    """The .stignore each machine's folder gets while `IGNORE_PER_MACHINE_FILES` is on ('' when off)."""
-    return "".join(f"{p}\n" for p in PER_MACHINE_PATTERNS) if IGNORE_PER_MACHINE_FILES else ""
-
-
 def per_machine(relative: Path) -> bool:
     """True when RELATIVE (a path in a session root) is a file one machine keeps for itself."""
     return (relative.parts[0] == ".search"
@@ -168,10 +155,6 @@ class Pair:
         root.mkdir(parents=True, mode=0o700)
         os.chmod(root.parent, 0o700)
         (root / ".stfolder").mkdir(mode=0o700)
-        ignores = stignore()
-        if ignores:
-            (root / ".stignore").write_text(ignores, encoding="utf-8")
-            os.chmod(root / ".stignore", 0o600)
         subprocess.run([SYNCTHING, "generate", f"--home={home}", "--no-default-folder", "--skip-port-probing"],
                        check=True, capture_output=True, timeout=WAIT_S)  # fmt: skip
         device = subprocess.run([SYNCTHING, "serve", f"--home={home}", "--device-id"], check=True,
@@ -241,16 +224,16 @@ class Pair:
             if done["completion"] != 100 or done["needItems"] != 0 or done.get("needDeletes"):
                 return False
         if folder == PLAIN:
-            return self.tree(self.a.plain, ignoring=False) == self.tree(self.b.plain, ignoring=False)
+            return self.tree(self.a.plain) == self.tree(self.b.plain)
         return self.tree(self.a.root) == self.tree(self.b.root)
 
     @staticmethod
-    def tree(root: Path, ignoring: bool = IGNORE_PER_MACHINE_FILES) -> dict[str, bytes]:
-        """The files Syncthing carries under ROOT, by relative path (IGNORING: not the per-machine ones)."""
+    def tree(root: Path) -> dict[str, bytes]:
+        """The files Syncthing carries under ROOT, by relative path."""
         out = {}
         for path in root.rglob("*"):
             rel = path.relative_to(root)
-            if path.is_file() and not syncthing_own(rel) and not (ignoring and per_machine(rel)):
+            if path.is_file() and not syncthing_own(rel):
                 out[str(rel)] = path.read_bytes()
         return out
 

@@ -1,7 +1,8 @@
 """Full-text search over every session under a root: the index and its queries.
 
 The index is derived data, never the source of truth: one SQLite database at
-``ROOT/.search/index.sqlite``, private like the sessions, holding *passages*
+``index.sqlite`` in this machine's state directory for the root (see
+layout.py), private like the sessions, holding *passages*
 of the items' text.  Its rooms, each with one job:
 
 * `projection`: what a thread or a run of logged events puts in the index
@@ -29,7 +30,6 @@ from magent_store.search.recorder import (
     DEFAULT_AUTOMERGE,
     FLOOR_MAX_BYTES,
     FLOOR_SHARE,
-    INDEX_DIR,
     INDEX_NAME,
     INDEX_VERSION,
     LOCK_NAME,
@@ -51,7 +51,7 @@ from magent_store.search.searcher import (
 )
 
 __all__ = [
-    "DEFAULT_AUTOMERGE", "FIELDS", "FLOOR_MAX_BYTES", "FLOOR_SHARE", "INDEX_DIR",
+    "DEFAULT_AUTOMERGE", "FIELDS", "FLOOR_MAX_BYTES", "FLOOR_SHARE",
     "INDEX_NAME", "INDEX_VERSION", "LOCK_NAME", "OVERLAP_CHARS", "PASSAGE_CHARS", "ROLES",
     "WAL_LIMIT_BYTES", "WAL_PAGES", "WRITE_MARGIN_BYTES",
     "CatchUp", "Excerpt", "Hit", "Query", "QueryError", "ScopeFilter", "SearchError", "SearchIndex",

@@ -25,8 +25,7 @@ from typing import Final
 
 import orjson
 
-from magent_store import ledger, schema6
-from magent_store.fileio import CONFLICT_COPY_RE
+from magent_store import layout, ledger, schema6
 from magent_store.ledger import Thread
 from magent_store.search import projection
 from magent_store.search.recorder import Recorder, disk_full
@@ -124,16 +123,16 @@ def headers(root: Path) -> list[Header]:
     """
     out: list[Header] = []
     top = str(root)
-    directories = [("global", f"{top}/global")]
-    for kind in ("projects", "actions"):
+    directories = [(layout.GLOBAL, f"{top}/{layout.GLOBAL}")]
+    for kind in (layout.PROJECTS, layout.ACTIONS):
         with contextlib.suppress(OSError), os.scandir(f"{top}/{kind}") as entries:
             directories += [(f"{kind}/{e.name}", e.path) for e in entries if e.is_dir()]
     for relative, directory in sorted(directories):
         try:
             with os.scandir(directory) as entries:
                 # A sync engine's copy of a header is no session: opening the session merges it.
-                names = sorted(e.name for e in entries
-                               if e.name.endswith(".json") and CONFLICT_COPY_RE.fullmatch(e.name) is None)
+                copy = layout.CONFLICT_COPY_RE.fullmatch
+                names = sorted(e.name for e in entries if e.name.endswith(".json") and copy(e.name) is None)
         except OSError:
             continue
         out += [(f"{relative}/{name}", directory, name[:-5]) for name in names]

@@ -1,9 +1,9 @@
 """The recorder: the index's SQLite database, and every write to it.
 
 One database (FTS5, ``trigram`` tokenizer, so any substring of any script is
-findable, case-insensitively where the script has case) at
-``ROOT/.search/index.sqlite``, private like the sessions: its schema, its
-lock, opening it (a corrupt one, or one written by another version, is
+findable, case-insensitively where the script has case): ``index.sqlite``
+in this machine's state directory for ROOT (see layout.py), private like
+the sessions: its schema, its lock, opening it (a corrupt one, or one written by another version, is
 deleted and rebuilt), following it when another process puts a new file in
 its place, and the rows it holds: one per session (how far it is indexed)
 and its passages.  `Build` fills a new file from nothing for a rebuild.
@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
+from magent_store.layout import search_directory
 from magent_store.search.errors import SearchError
 from magent_store.search.projection import PASSAGE_CHARS, Changes, Passage, pieces, scope_row
 from magent_store.store import Scope, make_private_dirs
@@ -39,7 +40,6 @@ INDEX_VERSION: Final = 3  # 3: a prompt the turn's input alone holds is indexed
 # passages hold it: several times smaller and faster to build, and each
 # candidate passage is then checked for the words themselves).
 DETAIL: Final[str] = "none"
-INDEX_DIR: Final = ".search"
 INDEX_NAME: Final = "index.sqlite"
 # Held while a process creates, opens, removes or replaces the index file.
 LOCK_NAME: Final = "lock"
@@ -104,7 +104,8 @@ PRAGMA user_version = {INDEX_VERSION};
 
 
 def index_path(root: Path) -> Path:
-    return root / INDEX_DIR / INDEX_NAME
+    """The index of ROOT, kept by this machine outside the tree (see layout.py)."""
+    return search_directory(root) / INDEX_NAME
 
 
 def no_room(directory: Path, need: int, compaction: int = 0) -> str | None:

@@ -1,0 +1,70 @@
+;;; magent-store-layout.el --- Where a session root keeps each scope's sessions  -*- lexical-binding: t; -*-
+
+;; Copyright (C) 2026 The magent-store authors
+;; SPDX-License-Identifier: GPL-3.0-or-later
+
+;; Author: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Maintainer: Seed 2a926889 maintainers <maintainers@users.noreply.a-seed-2a926889.example>
+;; Keywords: tools, convenience
+;; URL: https://github.com/jamie-cui/magent
+
+;; This file is not part of GNU Emacs.
+
+;; This program is free software: you can redistribute it and/or modify
+;; it under the terms of the GNU General Public License as published by
+;; the Free Software Foundation, either version 3 of the License, or
+;; (at your option) any later version.
+
+;; This program is distributed in the hope that it will be useful,
+;; but WITHOUT ANY WARRANTY; without even the implied warranty of
+;; MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.  See the
+;; GNU General Public License for more details.
+
+;; You should have received a copy of the GNU General Public License
+;; along with this program.  If not, see <https://www.gnu.org/licenses/>.
+
+;;; Commentary:
+
+;; A session root holds one directory per scope, as magent names them:
+;; `global/', `projects/' and the SHA-1 of the project's root, and
+;; `actions/' and the action's name.  This is the one place on the Emacs
+;; side that knows it (the backend's is layout.py); the adapter and the
+;; export commands ask here.
+
+;;; Change Log:
+
+;; 0.1.0: first release.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'subr-x)
+(require 'magent-store)
+
+(defun magent-store-scope-directory (scope &optional root)
+  "Return the directory holding the sessions of SCOPE under ROOT.
+SCOPE is `global' (or nil), a project root, or (action . NAME), as
+magent names it: `global/', `projects/' and the SHA-1 of the project
+root, or `actions/' and the action's name with each run of characters
+outside [[:alnum:]_.-] made one `-'.  ROOT defaults to the session root
+magent-store uses.  With SCOPE `*', return every directory of ROOT that
+holds sessions (a list), global's first."
+  (let ((root (file-name-as-directory (or root (magent-store-session-root)))))
+    (pcase scope
+      ('* (cl-loop for pattern in '("global" "projects/*" "actions/*")
+                   append (cl-remove-if-not
+                           #'file-directory-p
+                           (file-expand-wildcards (expand-file-name pattern root)))))
+      ((or 'nil 'global "global") (expand-file-name "global" root))
+      (`(action . ,name)
+       (expand-file-name
+        (concat "actions/" (replace-regexp-in-string
+                            "[^[:alnum:]_.-]+" "-" (string-trim (format "%s" name))))
+        root))
+      ((pred stringp)
+       (expand-file-name (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))
+                         root))
+      (_ (user-error "Invalid magent-store scope: %S" scope)))))
+
+(provide 'magent-store-layout)
+;;; magent-store-layout.el ends here
