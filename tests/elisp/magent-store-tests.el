@@ -62,7 +62,7 @@
                      "/r/actions/review-it-now-"))
       (should (equal (magent-store-scope-directory nil "/r") "/r/global"))
       ;; Every directory that holds sessions, global's first; nothing else of the root.
-      (make-directory (expand-file-name ".search" (magent-store--root)) t)
+      (make-directory (expand-file-name ".search" (magent-store-session-root)) t)
       (should (equal (magent-store-scope-directory '*)
                      (mapcar #'magent-store-scope-directory
                              (list 'global "/src/app" '(action . "review it: now!"))))))))
