@@ -137,8 +137,7 @@ a crash of Emacs or the backend does not)."
 
 (defun magent-store--new-producer ()
   "Return a fresh writer name, unique to this Emacs: its pid and randomness."
-  (format "%x-%x-%x" (emacs-pid) (random most-positive-fixnum)
-          (truncate (float-time))))
+  (format "%x-%x-%x" (emacs-pid) (random most-positive-fixnum) (truncate (float-time))))
 
 (cl-defstruct (magent-store--session (:constructor magent-store--session-make)
                                      (:copier nil))
@@ -158,18 +157,17 @@ refused batches again, REFUSAL what the backend last said of one.
 WRITTEN-SEQ is the last seq the backend wrote to the log file (it
 survives a crash of the backend); DURABLE-SEQ the last one fsync covers.
 DEADLINE is when the scheduled flush is due (a float), nil when none is;
-TIMER the timer that sends it if no chunk or reply does first.
-INITIAL is nil or the JSON text of the thread a session starts from
-when the backend has no files for it (no event carries that state).
-WRITES-AS is the id of the fork it went on as, when another machine
-continued it meanwhile: the backend knows it by that id from then on."
+TIMER the timer that sends it if no chunk or reply does first.  INITIAL,
+nil or the JSON text of the thread a session starts from when the
+backend has no files for it; WRITES-AS: `magent-store-session-wire-id'."
   id scope batch (fill 0) (queued-chars 0) inflight (durable-seq 0)
   (written-seq 0) timer (flushes 0) header opened deadline initial
   (producer (magent-store--new-producer)) (number 0) opening retry refusal
   held writes-as)
 
 (defsubst magent-store-session-wire-id (session)
-  "Return the id the backend knows SESSION by: its own, or its fork's."
+  "Return the id the backend knows SESSION by: its own, or its fork's.
+When another machine went on with it meanwhile, it went on as a fork."
   (or (magent-store--session-writes-as session) (magent-store--session-id session)))
 
 (defvar magent-store--sessions (make-hash-table :test #'equal)
@@ -810,9 +808,8 @@ What a tool over the session files (relocate, scrub) needs first: the
 backend then holds none of them.  Streaming opens again what it needs
 \(magent's next event or chunk).  Never signals; return how many
 sessions were closed."
-  (let ((ids nil) (closed 0))
-    (maphash (lambda (id _session) (push id ids)) magent-store--sessions)
-    (dolist (id ids closed)
+  (let ((closed 0))
+    (dolist (id (hash-table-keys magent-store--sessions) closed)
       (condition-case err
           (progn (magent-store-close id)
                  (setq closed (1+ closed)))
@@ -881,9 +878,7 @@ scheduled.  A flush that fails is said in a message, never signalled."
 (defun magent-store-unsaved-count ()
   "Return how many entries of all sessions the backend has not saved."
   (let ((unsaved 0))
-    (maphash (lambda (_id session)
-               (cl-incf unsaved (magent-store--unsaved session)))
-             magent-store--sessions)
+    (maphash (lambda (_id s) (cl-incf unsaved (magent-store--unsaved s))) magent-store--sessions)
     unsaved))
 
 (defun magent-store-forget-all ()
@@ -898,8 +893,7 @@ scheduled.  A flush that fails is said in a message, never signalled."
     (maphash (lambda (id _session)
                (condition-case err
                    (magent-store-flush id)
-                 (error (message "magent-store: %s"
-                                 (error-message-string err)))))
+                 (error (message "magent-store: %s" (error-message-string err)))))
              magent-store--sessions)))
 
 (provide 'magent-store)
