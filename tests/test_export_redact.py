@@ -73,3 +73,12 @@ def test_redact_goes_with_a_document_not_with_schema_6(tmp_path: Path) -> None:
     leaky.seven(tmp_path / "sessions")
     out = export(tmp_path / "sessions", "--schema", "6", "--redact")
     assert out.returncode == 2 and "go with --format" in out.stderr
+
+
+def test_a_pattern_that_breaks_the_conversation_is_an_error_that_says_so(tmp_path: Path) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    before = leaky.tree(tmp_path / "sessions")
+    out = export(files.header, "--format", "org", "--redact", "--pattern", "word=completed")
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"{files.header}: redacted, it is no longer a conversation: snapshot.turns[0]: " in out.stderr
+    assert leaky.tree(tmp_path / "sessions") == before
