@@ -82,3 +82,20 @@ def test_a_pattern_that_breaks_the_conversation_is_an_error_that_says_so(tmp_pat
     assert out.returncode == 1 and out.stdout == ""
     assert f"{files.header}: redacted, it is no longer a conversation: snapshot.turns[0]: " in out.stderr
     assert leaky.tree(tmp_path / "sessions") == before
+
+
+@pytest.mark.parametrize(("arguments", "says"), [
+    (["--pattern", "=T-[0-9]+"], "--pattern '=T-[0-9]+': give KIND=REGEXP"),
+    (["--pattern", "ticket="], "--pattern 'ticket=': give KIND=REGEXP"),
+    (["--pattern", "ticket"], "--pattern 'ticket': give KIND=REGEXP"),
+    (["--pattern", "t=T-1", "--pattern", "t=T-2"], "--pattern: kind 't' is given twice"),
+    (["--redact-spec", "{absent}"], "--redact-spec {absent}: cannot read: No such file or directory"),
+])  # fmt: skip
+def test_each_bad_redaction_option_is_named_exactly(tmp_path: Path, arguments: list[str], says: str) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    before = leaky.tree(tmp_path / "sessions")
+    absent = str(tmp_path / "absent.json")
+    out = export(files.header, "--format", "org", "--redact", *(a.format(absent=absent) for a in arguments))
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == f"magent-store: error: {says.format(absent=absent)}\n"
+    assert leaky.tree(tmp_path / "sessions") == before
