@@ -99,3 +99,13 @@ def test_each_bad_redaction_option_is_named_exactly(tmp_path: Path, arguments: l
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == f"magent-store: error: {says.format(absent=absent)}\n"
     assert leaky.tree(tmp_path / "sessions") == before
+
+
+@pytest.mark.parametrize("extra", [[], ["--pattern", "t=T-2"]])
+def test_a_spec_whose_patterns_are_no_object_is_refused_even_with_pattern(tmp_path: Path, extra: list[str]) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    out = export(files.header, "--format", "org", "--redact", "--redact-spec", "-", *extra,
+                 stdin=json.dumps({"patterns": "T-[0-9]+"}))  # fmt: skip
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == ("magent-store: error: --redact-spec -: the redaction spec's patterns: an object "
+                          "from kind name to regular expression\n")  # fmt: skip
