@@ -8,6 +8,7 @@ document names each by its kind, and without --redact it is as it always was.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,14 @@ def test_a_spec_whose_patterns_are_no_object_is_refused_even_with_pattern(tmp_pa
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == ("magent-store: error: --redact-spec -: the redaction spec's patterns: an object "
                           "from kind name to regular expression\n")  # fmt: skip
+
+
+def test_help_says_what_pattern_and_redact_spec_take() -> None:
+    out = subprocess.run([*MAGENT_STORE, "export", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "1000"})  # fmt: skip
+    assert out.returncode == 0
+    assert ("  --pattern KIND=REGEXP\n                        also treat what REGEXP (Python syntax) matches "
+            "as a secret of kind KIND (repeatable)\n") in out.stdout  # fmt: skip
+    assert ('  --redact-spec FILE    read what to look for from FILE (- for standard input): a JSON object '
+            '{"rules": true|false, "patterns": {KIND: REGEXP}, "literals": [SECRET, ...]}; literal secrets '
+            "are given this way only\n") in out.stdout  # fmt: skip
