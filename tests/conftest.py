@@ -46,17 +46,20 @@ def need(present: object, what: str, how: str) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: Any) -> Any:
     """Under `make mutation`: the functions the commands this test started ran count as reached
-    by it (tests/mutation/hook/sitecustomize.py writes them), before mutmut files them."""
+    by it (tests/mutation/hook/sitecustomize.py writes them as each command exits; a backend
+    a fixture started exits in this teardown)."""
+    yield
     hits = os.environ.get("MAGENT_STORE_MUTATION_HITS")
     if hits and os.environ.get("MUTANT_UNDER_TEST") == "stats":
         import importlib
         from pathlib import Path
 
-        reached = importlib.import_module("mutmut.state").state()._stats
+        tests = importlib.import_module("mutmut.state").state().tests_by_mangled_function_name
+        name = item.nodeid.removeprefix("mutants/")
         for path in Path(hits).glob("*.hits"):
-            reached.update(path.read_text().split())
+            for function in path.read_text().split():
+                tests[function].add(name)
             path.unlink()
-    yield
 
 
 @pytest.hookimpl(trylast=True)

@@ -6,7 +6,8 @@ mutated module, and mutmut's MUTANT_UNDER_TEST (inherited) picks the mutant
 in it as in the test's own process.  While mutmut learns which tests reach
 which function (MUTANT_UNDER_TEST=stats), the command writes the functions
 it ran to a file in MAGENT_STORE_MUTATION_HITS when it exits; the tests'
-conftest.py adds them to the test that started it.  Outside a mutation run
+conftest.py files them under the test that started it, once its fixtures are
+torn down (a backend a fixture started exits then).  Outside a mutation run
 this file is never on the path, and does nothing.
 """
 
