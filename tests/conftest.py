@@ -52,6 +52,25 @@ def need(present: object, what: str, how: str) -> None:
     pytest.skip(message)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: Any) -> Any:
+    """Under `make mutation`: the functions the commands this test started ran count as reached
+    by it (tests/mutation/hook/sitecustomize.py writes them as each command exits; a backend
+    a fixture started exits in this teardown)."""
+    yield
+    hits = os.environ.get("MAGENT_STORE_MUTATION_HITS")
+    if hits and os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        import importlib
+        from pathlib import Path
+
+        tests = importlib.import_module("mutmut.state").state().tests_by_mangled_function_name
+        name = item.nodeid.removeprefix("mutants/")
+        for path in Path(hits).glob("*.hits"):
+            for function in path.read_text().split():
+                tests[function].add(name)
+            path.unlink()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for line in REPORT:

@@ -8,6 +8,7 @@ document names each by its kind, and without --redact it is as it always was.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,50 @@ def test_redact_goes_with_a_document_not_with_schema_6(tmp_path: Path) -> None:
     leaky.seven(tmp_path / "sessions")
     out = export(tmp_path / "sessions", "--schema", "6", "--redact")
     assert out.returncode == 2 and "go with --format" in out.stderr
+
+
+def test_a_pattern_that_breaks_the_conversation_is_an_error_that_says_so(tmp_path: Path) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    before = leaky.tree(tmp_path / "sessions")
+    out = export(files.header, "--format", "org", "--redact", "--pattern", "word=completed")
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"{files.header}: redacted, it is no longer a conversation: snapshot.turns[0]: " in out.stderr
+    assert leaky.tree(tmp_path / "sessions") == before
+
+
+@pytest.mark.parametrize(("arguments", "says"), [
+    (["--pattern", "=T-[0-9]+"], "--pattern '=T-[0-9]+': give KIND=REGEXP"),
+    (["--pattern", "ticket="], "--pattern 'ticket=': give KIND=REGEXP"),
+    (["--pattern", "ticket"], "--pattern 'ticket': give KIND=REGEXP"),
+    (["--pattern", "t=T-1", "--pattern", "t=T-2"], "--pattern: kind 't' is given twice"),
+    (["--redact-spec", "{absent}"], "--redact-spec {absent}: cannot read: No such file or directory"),
+])  # fmt: skip
+def test_each_bad_redaction_option_is_named_exactly(tmp_path: Path, arguments: list[str], says: str) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    before = leaky.tree(tmp_path / "sessions")
+    absent = str(tmp_path / "absent.json")
+    out = export(files.header, "--format", "org", "--redact", *(a.format(absent=absent) for a in arguments))
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == f"magent-store: error: {says.format(absent=absent)}\n"
+    assert leaky.tree(tmp_path / "sessions") == before
+
+
+@pytest.mark.parametrize("extra", [[], ["--pattern", "t=T-2"]])
+def test_a_spec_whose_patterns_are_no_object_is_refused_even_with_pattern(tmp_path: Path, extra: list[str]) -> None:
+    files = leaky.seven(tmp_path / "sessions")
+    out = export(files.header, "--format", "org", "--redact", "--redact-spec", "-", *extra,
+                 stdin=json.dumps({"patterns": "T-[0-9]+"}))  # fmt: skip
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == ("magent-store: error: --redact-spec -: the redaction spec's patterns: an object "
+                          "from kind name to regular expression\n")  # fmt: skip
+
+
+def test_help_says_what_pattern_and_redact_spec_take() -> None:
+    out = subprocess.run([*MAGENT_STORE, "export", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "1000"})  # fmt: skip
+    assert out.returncode == 0
+    assert ("  --pattern KIND=REGEXP\n                        also treat what REGEXP (Python syntax) matches "
+            "as a secret of kind KIND (repeatable)\n") in out.stdout  # fmt: skip
+    assert ('  --redact-spec FILE    read what to look for from FILE (- for standard input): a JSON object '
+            '{"rules": true|false, "patterns": {KIND: REGEXP}, "literals": [SECRET, ...]}; literal secrets '
+            "are given this way only\n") in out.stdout  # fmt: skip

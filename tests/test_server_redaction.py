@@ -135,3 +135,35 @@ def test_a_killed_backend_loses_and_duplicates_nothing_of_a_held_tail(tmp_path: 
         assert not _found(GH, _everything(again))
     assert _content(backend) == "a [redacted:github-pat] b"
     assert not _found(GH, _everything(backend))
+
+
+def test_a_new_sessions_initial_state_a_prompt_and_an_error_are_redacted(backend: Backend) -> None:
+    client = backend.client()
+    now = 1764400000.5
+    item = {"id": "item-0", "turn-id": "turn-0", "type": "message", "status": "completed", "role": "user",
+            "content": f"my key {GH}", "name": None, "call-id": None, "input": None, "output": None,
+            "error": None, "phase": None, "metadata": None, "created-at": now, "updated-at": now,
+            "completed-at": now}  # fmt: skip
+    turn0 = {"id": "turn-0", "thread-id": "thread-1", "op-id": None, "status": "completed",
+             "input": f"keep {LITERALS[0]} safe", "items": [item], "error": None, "usage": None,
+             "metadata": None, "queued-at": now, "started-at": now, "completed-at": now, "duration-ms": 1}  # fmt: skip
+    initial = {"id": "thread-1", "session-id": "s1", "scope": "global", "status": "idle", "created-at": now,
+               "updated-at": now, "preview": f"my key {GH}", "metadata": {"note": SLACK}, "turns": [turn0],
+               "snapshot-created-at": now, "last-event-seq": 0}  # fmt: skip
+    options = orjson.dumps({"redact": SPEC}).decode()
+    args = [str(backend.root), SCOPE, "s1", options, orjson.dumps(initial).decode()]
+    assert client.call_sync("open", args, timeout=TIMEOUT) == 0
+    turn = {**_thread_with_item(2.0)[1], "turn-id": "turn-1"}
+    turn["payload"] = {"turn": {**turn["payload"]["turn"], "input": f"deploy with {SLACK}",  # type: ignore[index]
+                                "items": [{**item, "id": "item-9", "turn-id": "turn-1"}]}}  # fmt: skip
+    failed = {**turn, "type": "turn-failed", "payload": {"error": f"refused: {GH}"}, "created-at": 3.0}
+    assert _call(client, "flush", "s1", _batch(turn, failed), [], ["p", 1])[4] == []
+    _call(client, "close", "s1")
+    data = _everything(backend)
+    assert not _found(GH, data) and not _found(LITERALS[0], data)
+    text = data.decode("utf-8", "replace")
+    # The Slack token's digit runs match times and ports by chance four at a time: eight, never.
+    assert not {SLACK[i : i + 8] for i in range(len(SLACK) - 7)} & {text[i : i + 8] for i in range(len(text) - 7)}
+    for kept in ("keep [redacted:", "deploy with [redacted:slack-bot-token]", "refused: [redacted:github-pat]",
+                 "my key [redacted:github-pat]"):  # fmt: skip
+        assert kept in text, kept

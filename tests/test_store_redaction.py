@@ -237,3 +237,17 @@ def test_a_title_cut_short_inside_a_secret_keeps_no_piece_of_it(root: Path, even
     assert header["title"] == "deploy with…"
     assert header["summary-title"] == "use…"
     assert not leaked(GH[:9], every_byte(root))
+
+
+def test_both_tails_held_at_an_items_end_are_written_before_it_each_once(root: Path, events: Events) -> None:
+    s = open_session(root)
+    send(s, 1, start(events))
+    assert send(s, 2, [chunk("see " + GH), chunk("out " + GH, output=True)]) == 1
+    assert send(s, 3, [events.item_end("item-completed", "t1", "i1")]) == 3
+    lines = [orjson.loads(line) for line in (root / "global/s1.jsonl").read_bytes().splitlines()]
+    tails = [(e["type"], e["payload"]["output"], e["payload"]["chunk"]) for e in lines[-3:-1]]
+    assert tails == [("item-content-appended", False, "[redacted:github-pat]"),
+                     ("item-content-appended", True, "[redacted:github-pat]")]  # fmt: skip
+    assert lines[-1]["type"] == "item-completed"
+    assert not s.redaction.holding  # type: ignore[union-attr]
+    s.abandon()

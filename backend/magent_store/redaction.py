@@ -72,9 +72,7 @@ def redactor(args: argparse.Namespace, *, key: bytes | None = None) -> Redactor:
     spec = read_spec(args.redact_spec) if args.redact_spec else {}
     extra = patterns(args.pattern)
     given = spec.get("patterns", {})
-    if extra:
-        if not isinstance(given, dict):
-            given = {}  # refused below, by redactor_from_spec, with what is wrong
+    if extra and isinstance(given, dict):  # patterns that are no object: refused below, as they are
         both = sorted(set(given) & set(extra))
         if both:
             raise RedactError(f"kind {both[0]!r} is both in --redact-spec and --pattern")

@@ -9,7 +9,8 @@
 set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
-for module in ${MODULES:-ledger store logfile fileio server registry spool arguments search export fsck migrate}; do
+for module in ${MODULES:-ledger store logfile fileio server registry spool arguments search export fsck migrate
+    redact redacting redaction scrub relocate idle scan usage}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_ledger_validation.py" ;;
     store|logfile|fileio) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py tests/test_store_logfile.py" ;;
@@ -19,6 +20,16 @@ for module in ${MODULES:-ledger store logfile fileio server registry spool argum
     search) selection="tests/test_search.py tests/test_search_live.py tests/test_search_follower.py
       tests/test_search_rebuild.py tests/test_search_recorder.py tests/test_search_searcher.py
       tests/test_search_projection.py" ;;
+    # Redaction is met where secrets arrive: the rules themselves, the store and
+    # the server that redact what they write, and export.
+    redact|redacting) selection="tests/test_redact.py tests/test_store_redaction.py
+      tests/test_server_redaction.py tests/test_export_redact.py" ;;
+    # The commands' redaction: what export, scan and scrub are given to look for.
+    redaction) selection="tests/test_export_redact.py tests/test_scan.py tests/test_scrub.py tests/test_redact.py" ;;
+    scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py" ;;
+    scan) selection="tests/test_scan.py tests/test_side_file_secrets.py" ;;
+    relocate) selection="tests/test_relocate.py tests/test_move.py" ;;
+    idle) selection="tests/test_idle.py tests/test_maintenance_keeps_time.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
   # A module that is a package (search) has every file in it mutated.
@@ -29,12 +40,19 @@ for module in ${MODULES:-ledger store logfile fileio server registry spool argum
   mkdir -p "$dir"
   cp -r backend "$dir/src"
   cp -r tests "$dir/tests"
+  # Some tests read the user-facing text and the Lisp (no secret in them, say).
+  cp -r README.md TROUBLESHOOTING.org docs elisp "$dir/"
   rm -rf "$dir"/src/*.egg-info
   selection=$(for f in $selection; do printf '    %s\n' "$f"; done)
   cat > "$dir/setup.cfg" <<CFG
 [mutmut]
 source_paths=src/magent_store
 only_mutate=$target
+also_copy=
+    README.md
+    TROUBLESHOOTING.org
+    docs
+    elisp
 pytest_add_cli_args_test_selection=
 $selection
 pytest_add_cli_args=
@@ -44,7 +62,11 @@ pytest_add_cli_args=
     -x
 CFG
   echo "mutation: $module.py against" $selection "(in $dir)"
-  (cd "$dir" && MAGENT_STORE_MUTATION=1 "$mutmut" run --max-children "${JOBS:-1}" >run.log 2>&1 || true
+  # A command a test starts (python -m magent_store) runs the mutant too, and
+  # says which functions it reached (tests/mutation/hook/sitecustomize.py).
+  mkdir -p "$dir/hits"
+  (cd "$dir" && MAGENT_STORE_MUTATION=1 MAGENT_STORE_MUTATION_HITS="$top/$dir/hits" \
+     PYTHONPATH="$top/$dir/mutants/src:$top/tests/mutation/hook${PYTHONPATH:+:$PYTHONPATH}" "$mutmut" run --max-children "${JOBS:-1}" >run.log 2>&1 || true
    "$mutmut" results >survivors.txt 2>&1 || true
    "$mutmut" export-cicd-stats >/dev/null 2>&1 || true
    cp mutants/mutmut-cicd-stats.json score.json 2>/dev/null || true)
