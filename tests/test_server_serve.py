@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -375,6 +376,10 @@ def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
         (dead / "load-1.json").write_text("{}")
     fresh = tmp_path / "spool-new"  # being created by a server starting right now
     fresh.mkdir()
+    making = tmp_path / f"spool-{os.getpid()}-abc"  # being made by a live server: no lock yet
+    making.mkdir()
+    gone = tmp_path / f"spool-{_dead_pid()}-abc"  # its server was killed before it made its lock
+    gone.mkdir()
     old = tmp_path / "spool-old"  # a server's from before spool locks
     old.mkdir()
     (old / "batch-2").write_text("[]")
@@ -385,14 +390,22 @@ def test_only_dead_servers_spools_are_removed(tmp_path: Path) -> None:
     (tmp_path / "unrelated").mkdir()
     try:
         remove_stale_spools(tmp_path)
-        assert sorted(p.name for p in tmp_path.iterdir()) == [
-            "spool-file", "spool-live", "spool-live2", "spool-new", "unrelated"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
+            "spool-file", "spool-live", "spool-live2", "spool-new", making.name, "unrelated"])
         assert (live / "batch-1").exists()
     finally:
         os.close(fd)
         os.close(fd2)
     remove_stale_spools(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool-file", "spool-new", "unrelated"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["spool-file", "spool-new", making.name,
+                                                                 "unrelated"])  # fmt: skip
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been waited for)."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           check=True, capture_output=True, text=True)  # fmt: skip
+    return int(child.stdout)
 
 
 # -- a backend killed inside a flush -------------------------------------------

@@ -5,7 +5,9 @@ Emacs writes a batch too large for a comfortable EPC frame to a file
 and removes it, whatever it held.  `load` and `render` leave their output
 here for Emacs to read and delete.  A live backend holds the spool's lock
 (`SPOOL_LOCK`) while it runs; a spool whose lock nobody holds is a killed
-backend's, removed at the next start (`remove_stale_spools`).
+backend's, removed at the next start (`remove_stale_spools`).  Its name
+holds its backend's pid (``spool-<pid>-*``): one killed before it could
+make its lock file is known as dead by its pid, not only after a while.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ log = logging.getLogger("magent_store.server")
 
 SPOOL_LOCK = ".lock"
 SPOOL_GRACE_S = 60.0
+_SPOOL_PID = re.compile(r"spool-(\d+)-")
 
 
 class Spool:
@@ -40,7 +44,7 @@ class Spool:
     @classmethod
     def create(cls, parent: Path) -> tuple[Spool, int]:
         """A fresh spool in PARENT (0700), and the descriptor holding its lock."""
-        directory = Path(tempfile.mkdtemp(prefix="spool-", dir=parent))
+        directory = Path(tempfile.mkdtemp(prefix=f"spool-{os.getpid()}-", dir=parent))
         os.chmod(directory, 0o700)
         return cls(directory), lock_spool(directory)
 
@@ -100,6 +104,20 @@ def lock_spool(spool: Path) -> int:
     return fd
 
 
+def _maker_gone(spool: Path) -> bool:
+    """True when SPOOL's name gives the pid of its server and no such process runs."""
+    match = _SPOOL_PID.match(spool.name)
+    if match is None:
+        return False
+    try:
+        os.kill(int(match[1]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):
+        pass
+    return False
+
+
 def _remove_spool(spool: Path) -> None:
     for leftover in spool.iterdir():
         leftover.unlink(missing_ok=True)
@@ -112,9 +130,10 @@ def remove_stale_spools(directory: Path) -> None:
         try:
             fd = os.open(spool / SPOOL_LOCK, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
-            # Being created right now, or left by a server without spool locks.
+            # Being made right now, by a server killed before it made its
+            # lock, or left by a server without spool locks.
             with contextlib.suppress(OSError):
-                if time.time() - spool.stat().st_mtime > SPOOL_GRACE_S:
+                if _maker_gone(spool) or time.time() - spool.stat().st_mtime > SPOOL_GRACE_S:
                     _remove_spool(spool)
                     log.info("removed stale spool %s", spool.name)
             continue
