@@ -33,7 +33,7 @@ from epc.client import EPCClient
 from epc.handler import ReturnError, encode_message
 from sexpdata import Symbol
 
-from magent_store import ledger, server
+from magent_store import ledger, server, service
 from magent_store.store import SessionFiles, StoreError, load_session
 from magent_store.store import dumps as store_dumps
 
@@ -173,10 +173,10 @@ def _serve_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bac
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     token = secrets.token_hex(32)
     with _server_logging():
-        directory = server.state_dir()
+        directory = service.state_dir()
         server.setup_logging(directory, "INFO")
         spool = Path(tempfile.mkdtemp(prefix="spool-", dir=directory))
-        srv = server.Server(token, server.Service(spool))
+        srv = server.Server(token, service.Service(spool))
         thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
         backend = Backend(srv.server_address[1], token, tmp_path / "root", state, srv=srv, thread=thread)

@@ -13,7 +13,7 @@ import orjson
 from conftest import Events
 from magent_store.machine import MACHINE_FILE, Machine
 from magent_store.registry import Registry
-from magent_store.server import Service
+from magent_store.service import Service
 from test_store_sync import apart
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sexpdata import Symbol
 
 from conftest import examples
-from magent_store import layout, ledger, server
+from magent_store import layout, ledger, server, service
 from magent_store.stats import median, percentile
 from serverkit import (
     IN_PROCESS,
@@ -232,18 +232,18 @@ def test_a_batch_applies_exactly_its_good_entries(entries: list[tuple[str, str]]
     with tempfile.TemporaryDirectory() as tmp:
         spool = Path(tmp) / "state" / "spool"
         spool.mkdir(parents=True)
-        service = server.Service(spool)
+        svc = service.Service(spool)
         turns = {}
         for session_id, batch in (("mixed", entries), ("clean", [e for e in entries if e[0] in GOOD])):
-            service.open(str(Path(tmp) / "root"), SCOPE, session_id, '{"fsync": "never", "search-index": false}')
-            service.append_events(session_id, orjson.dumps(_thread_with_item()).decode())
-            durable, last, _bytes, _ms, rejected, _released = service.flush(
+            svc.open(str(Path(tmp) / "root"), SCOPE, session_id, '{"fsync": "never", "search-index": false}')
+            svc.append_events(session_id, orjson.dumps(_thread_with_item()).decode())
+            durable, last, _bytes, _ms, rejected, _released = svc.flush(
                 session_id, orjson.dumps([_entry(*e) for e in batch]).decode())
             assert durable == last == 3 + sum(e[0] in GOOD for e in entries)
             assert [r.split(":")[0] for r in rejected] == [
                 f"entry {i}" for i, e in enumerate(batch) if e[0] not in GOOD]
-            turns[session_id] = orjson.loads(service._session(session_id).snapshot_bytes())["turns"]
-        service.close_all()
+            turns[session_id] = orjson.loads(svc._session(session_id).snapshot_bytes())["turns"]
+        svc.close_all()
         assert turns["mixed"] == turns["clean"]
 
 

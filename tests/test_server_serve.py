@@ -30,7 +30,7 @@ import pytest
 from epc.client import EPCClient
 from sexpdata import Symbol
 
-from magent_store import server
+from magent_store import server, service
 from magent_store.spool import SPOOL_GRACE_S, SPOOL_LOCK, lock_spool, remove_stale_spools
 from magent_store.store import SessionFiles, Store, load_session
 from serverkit import (
@@ -332,13 +332,13 @@ def test_serve_needs_a_long_enough_token_from_the_environment_or_stdin(monkeypat
 def test_the_state_directory_defaults_to_the_users_local_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert server.state_dir() == tmp_path / ".local" / "state" / "magent-store"
+    assert service.state_dir() == tmp_path / ".local" / "state" / "magent-store"
     monkeypatch.setenv("XDG_STATE_HOME", "")
-    path = server.state_dir()
+    path = service.state_dir()
     assert path == tmp_path / ".local" / "state" / "magent-store" and stat.S_IMODE(path.stat().st_mode) == 0o700
     path.chmod(0o755)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / ".local" / "state"))
-    assert stat.S_IMODE(server.state_dir().stat().st_mode) == 0o700
+    assert stat.S_IMODE(service.state_dir().stat().st_mode) == 0o700
 
 
 # -- the spools of dead backends -----------------------------------------------
@@ -441,10 +441,10 @@ def test_a_first_batch_whose_backend_was_killed_before_its_commit_is_saved_once(
 
 def test_the_fault_tests_pause_hook_stops_once_where_it_is_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    monkeypatch.delenv(server.PAUSE_ENV, raising=False)
-    assert server._pause_hook() is None
-    monkeypatch.setenv(server.PAUSE_ENV, "log-written")
-    pause = server._pause_hook()
+    monkeypatch.delenv(service.PAUSE_ENV, raising=False)
+    assert service._pause_hook() is None
+    monkeypatch.setenv(service.PAUSE_ENV, "log-written")
+    pause = service._pause_hook()
     assert pause is not None
     flag = tmp_path / "magent-store" / "paused-log-written"
 
@@ -467,7 +467,7 @@ def test_the_fault_tests_pause_hook_stops_once_where_it_is_told(tmp_path: Path, 
     assert not paused.is_alive()
     passes(pause, "log-written")  # once only
     assert not flag.exists()
-    again = server._pause_hook()
+    again = service._pause_hook()
     assert again is not None
     (tmp_path / "magent-store" / "pause-off").touch()
     passes(again, "log-written")

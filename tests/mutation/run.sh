@@ -9,14 +9,14 @@
 set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
-for module in ${MODULES:-ledger store logfile fileio server registry spool arguments search export fsck migrate
+for module in ${MODULES:-ledger store logfile fileio server service registry spool arguments search export fsck migrate
     redact redacting redaction scrub relocate idle scan usage}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_ledger_validation.py" ;;
     store|logfile|fileio) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py tests/test_store_logfile.py" ;;
     # The server's rooms (the open sessions, the spool, a call's arguments) are
     # tested through the server, as Emacs meets them.
-    server|registry|spool|arguments) selection="tests/test_server_wire.py tests/test_server_flush.py tests/test_server_calls.py tests/test_server_serve.py tests/test_server_hostile.py" ;;
+    server|service|registry|spool|arguments) selection="tests/test_server_wire.py tests/test_server_flush.py tests/test_server_calls.py tests/test_server_serve.py tests/test_server_hostile.py" ;;
     search) selection="tests/test_search.py tests/test_search_live.py tests/test_search_follower.py
       tests/test_search_rebuild.py tests/test_search_recorder.py tests/test_search_searcher.py
       tests/test_search_projection.py" ;;
