@@ -29,7 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search_bench import dir_size, generate  # noqa: E402
 
 from magent_store import idle, ledger  # noqa: E402
-from magent_store.store import Scope, SessionFiles, dumps, read_header, read_log  # noqa: E402
+from magent_store.fileio import dumps
+from magent_store.layout import SessionFiles
+from magent_store.logfile import read_log
+from magent_store.store import Scope, read_header
 
 
 def cpu() -> float:

@@ -33,10 +33,12 @@ from typing import Any
 
 import orjson
 
+from magent_store.fileio import atomic_write, make_private_dirs
+from magent_store.logfile import FsyncMode
 from magent_store.redact import redactor_from_spec
 from magent_store.redacting import SessionRedaction
 from magent_store.stats import percentile
-from magent_store.store import FsyncMode, Scope, Session, Store, atomic_write, make_private_dirs
+from magent_store.store import Scope, Session, Store
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results" / "store.json"

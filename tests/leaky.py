@@ -20,7 +20,8 @@ from typing import Any
 
 import schema6
 from conftest import Events
-from magent_store.store import Scope, SessionFiles, Store
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, Store
 from planted import LITERALS, PATTERNS, plants, traces
 
 SECRETS = {p.kind: p.secret for p in plants()}

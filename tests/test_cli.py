@@ -231,7 +231,8 @@ def test_search_counts_one_matching_passage_in_the_singular(tmp_path: Path, even
 def test_compact_says_why_it_leaves_a_batch_its_writer_has_not_confirmed(tmp_path: Path, events: Events) -> None:
     """Lines a killed backend wrote but never committed are sent again by
     their writer: a snapshot must not take them in, and the tool says so."""
-    from magent_store.store import Scope, Session, SimulatedCrash, Store
+    from magent_store.errors import SimulatedCrash
+    from magent_store.store import Scope, Session, Store
 
     root = tmp_path / "root"
     header = root / "global" / "s1.json"

@@ -19,7 +19,8 @@ import pytest
 
 from conftest import Events, need
 from magent_store import document, ledger
-from magent_store.store import Scope, SessionFiles, Store
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, Store
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 EMACS = shutil.which("emacs")

@@ -16,7 +16,9 @@ import pytest
 from conftest import Events
 from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store
 from magent_store.export import Exporter, render, salvage
-from magent_store.store import Scope, SessionFiles, SessionLock, Store, dumps, load_session, read_header
+from magent_store.fileio import dumps
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, SessionLock, Store, load_session, read_header
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 PROJECT = "/home/u/src/proj"

@@ -15,17 +15,11 @@ import pytest
 import schema6
 from conftest import Events
 from magent_store import fileio, fsck, layout, ledger, logfile, migrate, store
+from magent_store.errors import SimulatedCrash
 from magent_store.fsck import Check, Finding
+from magent_store.layout import SessionFiles
 from magent_store.migrate import Migrator
-from magent_store.store import (
-    Scope,
-    SessionFiles,
-    SessionLock,
-    SimulatedCrash,
-    Store,
-    load_session,
-    read_header,
-)
+from magent_store.store import Scope, SessionLock, Store, load_session, read_header
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 

@@ -21,7 +21,8 @@ from conftest import Events
 from crash import fs
 from magent_store import fileio, idle, ledger, logfile, store
 from magent_store import schema6 as magent_schema6
-from magent_store.store import Scope, SessionFiles, Store, load_session
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, Store, load_session
 
 DAY = 86400.0
 NOW = time.time()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,3 +66,12 @@ def test_an_import_against_the_floors_fails_lint_naming_it(backend: Path, module
     done = lint_imports(backend)
     assert done.returncode == 1, done.stdout + done.stderr
     assert broken in " ".join(done.stdout.split())  # its report wraps long names
+
+
+def test_the_store_is_no_facade() -> None:
+    """Callers import the single files, the log file, the layout and the errors
+    from their own modules: store.py passes none of their names on."""
+    text = (REPO / "backend" / "magent_store" / "store.py").read_text()
+    passed_on = re.findall(r"^from magent_store\.\w+ import (\w+) as \1$", text, re.M)
+    assert passed_on == [], f"store.py re-exports {passed_on}"
+    assert "__all__" not in text

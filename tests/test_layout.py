@@ -21,7 +21,8 @@ import pytest
 from conftest import Events
 from magent_store import fsck, layout, oldlayout
 from magent_store.errors import SessionLockedError, SimulatedCrash
-from magent_store.store import Scope, SessionFiles, Store
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, Store
 from serverkit import SCOPE, SERVE_ONLY, TIMEOUT, Backend, _call, _content, _serve_process, _thread_with_item
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]

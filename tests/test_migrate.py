@@ -24,19 +24,13 @@ from hypothesis import strategies as st
 import schema6
 from conftest import examples
 from magent_store import fileio, ledger, logfile, migrate, store
+from magent_store.errors import SimulatedCrash
+from magent_store.layout import SessionFiles
+from magent_store.logfile import scan_log
 from magent_store.migrate import Migrator
 from magent_store.schema6 import loads_first_wins
 from magent_store.sessions import open_session
-from magent_store.store import (
-    Scope,
-    SessionFiles,
-    SessionLock,
-    SimulatedCrash,
-    Store,
-    load_session,
-    read_header,
-    scan_log,
-)
+from magent_store.store import Scope, SessionLock, Store, load_session, read_header
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 

@@ -13,8 +13,9 @@ import pytest
 
 import schema6
 from magent_store import scan
+from magent_store.layout import SessionFiles
 from magent_store.redact import Redactor
-from magent_store.store import Scope, SessionFiles, Store
+from magent_store.store import Scope, Store
 from planted import plants
 
 SECRETS = {p.kind: p for p in plants()}

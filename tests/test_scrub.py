@@ -23,8 +23,9 @@ import leaky
 import schema6
 from conftest import Events
 from magent_store import layout, scrub
+from magent_store.layout import SessionFiles
 from magent_store.redact import Redactor
-from magent_store.store import Scope, SessionFiles, Store, load_session
+from magent_store.store import Scope, Store, load_session
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 SPEC = json.dumps(leaky.SPEC)

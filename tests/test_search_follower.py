@@ -10,8 +10,9 @@ import pytest
 
 from conftest import Events
 from magent_store import search
+from magent_store.errors import SimulatedCrash
 from magent_store.search import SearchIndex, open_index
-from magent_store.store import SimulatedCrash, Store
+from magent_store.store import Store
 from test_search import Writer, consistent, find, ids, streaming
 
 

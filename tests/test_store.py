@@ -20,18 +20,16 @@ import pytest
 
 from conftest import Events, need
 from magent_store import fileio, layout, ledger, store
-from magent_store.ledger import LedgerError
-from magent_store.store import (
+from magent_store.errors import (
     CorruptSessionError,
     InvalidSessionId,
-    Scope,
-    Session,
-    SessionFiles,
     SessionLockedError,
     SimulatedCrash,
-    Store,
     StoreError,
 )
+from magent_store.layout import SessionFiles
+from magent_store.ledger import LedgerError
+from magent_store.store import Scope, Session, Store
 
 
 @pytest.fixture
@@ -880,7 +878,7 @@ def test_second_writer_is_refused_with_the_session_named(root: Path) -> None:
     with pytest.raises(SessionLockedError, match=rf"'s1'.*pid {os.getpid()}"):
         st.open("s1")
     code = (
-        "import sys; from magent_store.store import Store, SessionLockedError\n"
+        "import sys; from magent_store.store import Store; from magent_store.errors import SessionLockedError\n"
         f"try: Store({str(root)!r}).open('s1')\n"
         "except SessionLockedError as e: print(e); sys.exit(3)\n"
     )

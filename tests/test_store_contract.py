@@ -28,20 +28,18 @@ import pytest
 import schema6
 from conftest import Events
 from magent_store import fileio, layout, ledger, sessions, store
-from magent_store.ledger import LedgerError
-from magent_store.store import (
+from magent_store.errors import (
     BatchOutOfOrder,
     CorruptSessionError,
     InvalidSessionId,
-    Scope,
-    Session,
-    SessionFiles,
     SessionLockedError,
     SimulatedCrash,
-    Store,
     StoreError,
     WriteFailed,
 )
+from magent_store.layout import SessionFiles
+from magent_store.ledger import LedgerError
+from magent_store.store import Scope, Session, Store
 from test_store_exactly_once import send
 
 P = "emacs-1"
@@ -949,7 +947,7 @@ def test_a_full_disk_names_the_space_needed_and_free(root: Path, monkeypatch: py
     path = root / "s1.json"
     root.mkdir()
     error = store.write_failed(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 1234, "; tail")
-    free = store.free_bytes(root)
+    free = fileio.free_bytes(root)
     assert isinstance(free, int) and free >= 0
     # Whole bytes, as free a moment ago (other writers move it).
     assert re.fullmatch(rf"{re.escape(str(path))}: cannot write \(no space left on device: 1234 bytes needed, \d+ free\); tail",
@@ -958,7 +956,7 @@ def test_a_full_disk_names_the_space_needed_and_free(root: Path, monkeypatch: py
     quota = store.write_failed(path, OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), 5)
     assert str(quota).startswith(f"{path}: cannot write (no space left on device: 5 bytes needed, ")
     gone = root / "missing/s1.json"
-    assert store.free_bytes(gone.parent) is None
+    assert fileio.free_bytes(gone.parent) is None
     error = store.write_failed(gone, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 7)
     assert str(error) == f"{gone}: cannot write (no space left on device: 7 bytes needed)"
     other = store.write_failed(path, OSError(errno.EROFS, os.strerror(errno.EROFS)), 7)

@@ -39,7 +39,9 @@ import conftest
 from conftest import Events
 from crash import fs
 from magent_store import fileio, fsck, layout, ledger, logfile, store
-from magent_store.store import Scope, SessionFiles, Store, StoreError
+from magent_store.errors import StoreError
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, Store
 
 SEED = 20261201
 STATES_PER_MODE = 1000

@@ -18,16 +18,9 @@ import pytest
 
 from conftest import Events
 from magent_store import fileio, store
-from magent_store.store import (
-    BatchOutOfOrder,
-    Scope,
-    Session,
-    SessionFiles,
-    SimulatedCrash,
-    Store,
-    StoreError,
-    WriteFailed,
-)
+from magent_store.errors import BatchOutOfOrder, SimulatedCrash, StoreError, WriteFailed
+from magent_store.layout import SessionFiles
+from magent_store.store import Scope, Session, Store
 
 P = "emacs-1"
 

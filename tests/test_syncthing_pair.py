@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -115,10 +116,15 @@ def world() -> Iterator[World]:
         lisp = upstream_lisp(work)
         need(lisp, "upstream magent", "the pinned copy in ../shared/upstream/, or MAGENT_LISP")
         assert lisp is not None
-        # The backend Emacs starts: the checkout's, else the installed command (an unpacked sdist's run).
+        # The backend Emacs starts: the checkout's, else the installed command, else (an
+        # unpacked sdist's own run, with no virtualenv beside it) this Python running the package.
         python = COMMAND[0] if len(COMMAND) == 1 else shutil.which("magent-store")
-        need(python, "the magent-store command", "pip install the package, or make install")
-        assert python is not None
+        if python is None:
+            wrapper = work / "magent-store"
+            command = " ".join(shlex.quote(c) for c in COMMAND)
+            wrapper.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+            wrapper.chmod(0o700)
+            python = str(wrapper)
         with syncthing.pair(work) as pair:
             a = Machine("laptop", work, pair.a.root, lisp, python)
             b = Machine("desk", work, pair.b.root, lisp, python)

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 
 from magent_store import ledger
-from magent_store.store import Session, StoreError
+from magent_store.errors import StoreError
+from magent_store.store import Session
 
 # What a batch costs is the server's to tell: its log says it under its name.
 log = logging.getLogger("magent_store.server")

@@ -41,25 +41,24 @@ from magent_store import (
     sessions,
     usage,
 )
+from magent_store.errors import StoreError
 from magent_store.fileio import atomic_write, default_root, open_private, write_all
+from magent_store.fileio import dumps as store_dumps
+from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.listing import BriefCatalog, brief_entries
+from magent_store.logfile import FSYNC_MODES, scan_log
 from magent_store.metrics import state_directory
 from magent_store.migrate import FileReport
 from magent_store.store import (
-    FSYNC_MODES,
     LOG_MAX_EVENTS,
     SCHEMA_VERSION,
     Scope,
-    SessionFiles,
     SessionInfo,
     Store,
-    StoreError,
     load_session,
     read_header,
-    scan_log,
 )
-from magent_store.store import dumps as store_dumps
 
 EPILOG = """\
 A session is three files in its scope's directory under the session root

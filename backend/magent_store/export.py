@@ -31,26 +31,29 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, newest_mtime_ns, read_file, read_seen, replace_if_unchanged
-from magent_store.ledger import LedgerError, Thread
-from magent_store.store import (
-    CorruptSessionError,
-    Scope,
-    SessionFiles,
-    SessionLock,
-    SessionLockedError,
-    Store,
-    StoreError,
+from magent_store.errors import CorruptSessionError, SessionLockedError, StoreError
+from magent_store.fileio import (
+    FileChanged,
     atomic_write,
     dumps,
     loads,
     lock_is_held,
     make_private_dirs,
+    newest_mtime_ns,
+    read_file,
+    read_seen,
+    replace_if_unchanged,
+)
+from magent_store.layout import SessionFiles
+from magent_store.ledger import LedgerError, Thread
+from magent_store.logfile import read_log_file, scan_log
+from magent_store.store import (
+    Scope,
+    SessionLock,
+    Store,
     new_backup_path,
     read_header,
-    read_log_file,
     replay_session,
-    scan_log,
     sweep_stale_temps,
 )
 

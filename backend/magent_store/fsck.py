@@ -44,45 +44,38 @@ from typing import Any, Final
 import orjson
 
 from magent_store import layout, ledger, schema6
+from magent_store.errors import CorruptSessionError, InvalidSessionId, SessionLockedError, StoreError
 from magent_store.fileio import (
     CONFLICT_COPY_RE,
     FileChanged,
-    create_if_absent,
-    read_seen,
-    remove_if_unchanged,
-)
-from magent_store.ledger import LedgerError, Thread
-from magent_store.oldlayout import adopt_old_layout
-
-# Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
-from magent_store.store import CORRUPT_LINE as CORRUPT_LINE
-from magent_store.store import INVALID_TAIL as INVALID_TAIL
-from magent_store.store import SEQ_ORDER as SEQ_ORDER
-from magent_store.store import (
-    CorruptSessionError,
-    InvalidSessionId,
-    LogScan,
-    Scope,
-    SessionFiles,
-    SessionLock,
-    SessionLockedError,
-    Store,
-    StoreError,
     atomic_write,
-    damage_message,
-    damaged_range,
-    default_header,
+    create_if_absent,
     dumps,
     is_temp_file,
     lock_is_held,
-    read_header,
-    read_log_file,
-    replay_session,
-    sum_line,
-    summary_title,
+    read_seen,
+    remove_if_unchanged,
     truncate_file,
 )
-from magent_store.store import loads as store_loads
+from magent_store.fileio import loads as store_loads
+from magent_store.layout import SessionFiles
+from magent_store.ledger import LedgerError, Thread
+
+# Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
+from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
+from magent_store.logfile import INVALID_TAIL as INVALID_TAIL
+from magent_store.logfile import SEQ_ORDER as SEQ_ORDER
+from magent_store.logfile import LogScan, damage_message, damaged_range, read_log_file, sum_line
+from magent_store.oldlayout import adopt_old_layout
+from magent_store.store import (
+    Scope,
+    SessionLock,
+    Store,
+    default_header,
+    read_header,
+    replay_session,
+    summary_title,
+)
 
 # Kinds of finding.  Damage makes fsck fail until repaired; notes do not.
 HEADER_INVALID: Final = "header-invalid"

@@ -50,31 +50,32 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, keep_time, newest_mtime_ns, read_seen, replace_if_unchanged
+from magent_store.errors import CorruptSessionError, SessionLockedError, StoreError
+from magent_store.fileio import (
+    FileChanged,
+    atomic_write,
+    dumps,
+    keep_time,
+    lock_is_held,
+    newest_mtime_ns,
+    read_file,
+    read_seen,
+    replace_if_unchanged,
+    sync_directories,
+)
+from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread
+from magent_store.logfile import LogScan, damage_message, damaged_range, read_log
 from magent_store.store import (
     SCHEMA_VERSION,
-    CorruptSessionError,
-    LogScan,
     ProducerRecord,
     Scope,
-    SessionFiles,
     SessionLock,
-    SessionLockedError,
     Store,
-    StoreError,
-    atomic_write,
-    damage_message,
-    damaged_range,
-    dumps,
     header_schema,
-    lock_is_held,
-    read_file,
     read_header,
-    read_log,
     replay_session,
     sweep_stale_temps,
-    sync_directories,
 )
 
 DAY: Final = 86400.0

@@ -18,7 +18,8 @@ from typing import Final
 
 import orjson
 
-from magent_store.store import StoreError, atomic_write, read_file
+from magent_store.errors import StoreError
+from magent_store.fileio import atomic_write, read_file
 
 log = logging.getLogger("magent_store.server")
 

@@ -33,29 +33,34 @@ from pathlib import Path
 from typing import Any, Final
 
 from magent_store import ledger, schema6
-from magent_store.fileio import FileChanged, FileSeen, keep_time, read_file, read_seen, replace_if_unchanged
+from magent_store.errors import CorruptSessionError, SessionLockedError, StoreError
+from magent_store.fileio import (
+    FileChanged,
+    FileSeen,
+    atomic_write,
+    dumps,
+    keep_time,
+    loads,
+    lock_is_held,
+    make_private_dirs,
+    read_file,
+    read_seen,
+    replace_if_unchanged,
+)
+from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError
+from magent_store.logfile import scan_log
 from magent_store.schema6 import ALREADY_7 as ALREADY_7  # what happened to one file, as decoding says
 from magent_store.schema6 import CHANGED as CHANGED
 from magent_store.schema6 import INVALID as INVALID
 from magent_store.schema6 import NOT_SESSION as NOT_SESSION
 from magent_store.store import (
-    CorruptSessionError,
     Scope,
-    SessionFiles,
     SessionLock,
-    SessionLockedError,
     Store,
-    StoreError,
-    atomic_write,
-    dumps,
-    loads,
-    lock_is_held,
-    make_private_dirs,
     new_backup_path,
     normalize_header,
     replay_session,
-    scan_log,
     sweep_stale_temps,
 )
 

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from magent_store.arguments import CallError, JsonDict
+from magent_store.errors import SessionNotFound, StoreError
 from magent_store.fileio import note_root
+from magent_store.layout import SessionFiles
 from magent_store.ledger import Thread
 from magent_store.redacting import SessionRedaction
 from magent_store.sessions import MoveFailed, move_session, open_session
-from magent_store.store import Scope, Session, SessionFiles, SessionNotFound, Store, StoreError
+from magent_store.store import Scope, Session, Store
 
 if TYPE_CHECKING:  # imported at the first index opened: the backend starts without it
     from magent_store.search import SearchIndex

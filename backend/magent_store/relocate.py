@@ -41,31 +41,28 @@ from typing import Any, Final
 import orjson
 
 from magent_store import layout, ledger, schema6
-from magent_store.fileio import FileChanged, FileSeen, default_root, keep_time, read_seen, remove_if_unchanged
-from magent_store.layout import project_directory
-from magent_store.ledger import LedgerError, Thread
-from magent_store.store import (
-    SCHEMA_VERSION,
-    SessionFiles,
-    SessionLock,
-    SessionLockedError,
-    StoreError,
+from magent_store.errors import SessionLockedError, StoreError
+from magent_store.fileio import (
+    FileChanged,
+    FileSeen,
     atomic_write,
-    damaged_range,
+    default_root,
     dumps,
     is_temp_file,
-    load_session,
+    keep_time,
     loads,
     lock_is_held,
     make_private_dirs,
-    new_backup_path,
     read_file,
-    read_header,
+    read_seen,
+    remove_if_unchanged,
     remove_stale_temps,
-    scan_log,
-    sum_line,
     sync_directories,
 )
+from magent_store.layout import SessionFiles, project_directory
+from magent_store.ledger import LedgerError, Thread
+from magent_store.logfile import damaged_range, scan_log, sum_line
+from magent_store.store import SCHEMA_VERSION, SessionLock, load_session, new_backup_path, read_header
 
 # What happened to one session.
 MOVED: Final = "moved"

@@ -28,21 +28,13 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
-from magent_store.fileio import default_root, side_file_kind, side_file_owner, side_files
+from magent_store.errors import StoreError
+from magent_store.fileio import default_root, read_file, side_file_kind, side_file_owner, side_files
+from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError
+from magent_store.logfile import LogScan, read_log, scan_log
 from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
-from magent_store.store import (
-    LogScan,
-    Scope,
-    SessionFiles,
-    Store,
-    StoreError,
-    read_file,
-    read_header,
-    read_log,
-    replay_session,
-    scan_log,
-)
+from magent_store.store import Scope, Store, read_header, replay_session
 
 HELP: Final = "list the secrets saved in sessions (where and what kind, never the secret)"
 DESCRIPTION: Final = """\

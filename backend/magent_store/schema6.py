@@ -20,20 +20,17 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
-from magent_store.ledger import Event, LedgerError, Text, Thread
-from magent_store.store import (
-    SCHEMA_VERSION,
+from magent_store.errors import (
     CorruptSessionError,
     InvalidSessionId,
-    Scope,
-    SessionFiles,
     SessionNotFound,
     StoreError,
     check_session_id,
-    dumps,
-    normalize_header,
-    read_header,
 )
+from magent_store.fileio import dumps
+from magent_store.layout import SessionFiles
+from magent_store.ledger import Event, LedgerError, Text, Thread
+from magent_store.store import SCHEMA_VERSION, Scope, normalize_header, read_header
 
 SCHEMA6: Final = 6
 FORMAT_LABEL: Final = "magent's own format (schema 6)"

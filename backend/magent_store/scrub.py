@@ -37,10 +37,15 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, redaction, schema6
+from magent_store.errors import CorruptSessionError, SessionLockedError, StoreError
 from magent_store.fileio import (
     FileChanged,
+    atomic_write,
     default_root,
+    dumps,
     keep_time,
+    lock_is_held,
+    make_private_dirs,
     newest_mtime_ns,
     read_file,
     read_seen,
@@ -48,29 +53,21 @@ from magent_store.fileio import (
     side_file_kind,
     side_file_owner,
     side_files,
+    sync_directories,
 )
+from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread
+from magent_store.logfile import damaged_range, scan_log
 from magent_store.redact import RedactError, Redactor
 from magent_store.store import (
-    CorruptSessionError,
     ProducerRecord,
     Scope,
-    SessionFiles,
     SessionLock,
-    SessionLockedError,
     Store,
-    StoreError,
-    atomic_write,
-    damaged_range,
-    dumps,
-    lock_is_held,
-    make_private_dirs,
     new_backup_path,
     read_header,
     replay_session,
-    scan_log,
     sweep_stale_temps,
-    sync_directories,
 )
 
 HELP: Final = "rewrite the sessions that hold secrets with each secret redacted, keeping a backup"

@@ -49,11 +49,9 @@ from sexpdata import Symbol
 
 from magent_store import __version__
 from magent_store.arguments import CallError, decode_utf8
+from magent_store.errors import StoreError
 from magent_store.service import Service, state_dir
 from magent_store.spool import Spool, remove_stale_spools
-from magent_store.store import (
-    StoreError,
-)
 
 # Starting costs what serving a save needs, no more: the tools (export for
 # magent's reader, the listing for its picker) are imported at their first call.

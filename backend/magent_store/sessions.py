@@ -21,27 +21,20 @@ import os
 from pathlib import Path
 
 from magent_store import migrate, schema6
-from magent_store.layout import SCOPE_GLOBS, session_root
-from magent_store.ledger import Thread
-from magent_store.store import (
-    LOG_MAX_EVENTS,
-    FsyncMode,
-    Scope,
-    Session,
-    SessionFiles,
-    SessionLock,
-    Store,
-    StoreError,
+from magent_store.errors import StoreError
+from magent_store.fileio import (
     atomic_write,
     check_directory,
     dumps,
-    header_schema,
     loads,
     make_private_dirs,
     read_file,
-    read_header,
     sync_directories,
 )
+from magent_store.layout import SCOPE_GLOBS, SessionFiles, session_root
+from magent_store.ledger import Thread
+from magent_store.logfile import FsyncMode
+from magent_store.store import LOG_MAX_EVENTS, Scope, Session, SessionLock, Store, header_schema, read_header
 
 log = logging.getLogger(__name__)
 

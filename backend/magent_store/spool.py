@@ -25,7 +25,7 @@ from typing import Any
 import sexpdata
 
 from magent_store.arguments import CallError, decode_utf8, text
-from magent_store.store import write_failed
+from magent_store.fileio import write_failed
 
 # The spool's messages are the server's: its log names them so.
 log = logging.getLogger("magent_store.server")

@@ -48,51 +48,47 @@ from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 import orjson
 
 from magent_store import branches, layout, ledger
-from magent_store.fileio import BatchOutOfOrder as BatchOutOfOrder
-from magent_store.fileio import CorruptSessionError as CorruptSessionError
-from magent_store.fileio import InvalidSessionId as InvalidSessionId
-from magent_store.fileio import SessionFiles as SessionFiles
-from magent_store.fileio import SessionLockedError as SessionLockedError
-from magent_store.fileio import SessionNotFound as SessionNotFound
-from magent_store.fileio import SimulatedCrash as SimulatedCrash
-from magent_store.fileio import StoreError as StoreError
-from magent_store.fileio import WriteFailed as WriteFailed
-from magent_store.fileio import atomic_write as atomic_write
-from magent_store.fileio import check_directory as check_directory
-from magent_store.fileio import check_session_id as check_session_id
-from magent_store.fileio import conflict_copy_origin, prepare_machine_directory
-from magent_store.fileio import dumps as dumps
-from magent_store.fileio import free_bytes as free_bytes
-from magent_store.fileio import is_temp_file as is_temp_file
-from magent_store.fileio import loads as loads
-from magent_store.fileio import lock_is_held as lock_is_held
-from magent_store.fileio import make_private_dirs as make_private_dirs
-from magent_store.fileio import open_private as open_private
-from magent_store.fileio import read_file as read_file
-from magent_store.fileio import remove_stale_temps as remove_stale_temps
-from magent_store.fileio import sync_directories as sync_directories
-from magent_store.fileio import truncate_file as truncate_file
-from magent_store.fileio import write_failed as write_failed
-from magent_store.layout import action_directory_name as action_directory_name
+from magent_store.fileio import (
+    BatchOutOfOrder,
+    CorruptSessionError,
+    InvalidSessionId,
+    SessionFiles,
+    SessionLockedError,
+    SessionNotFound,
+    StoreError,
+    WriteFailed,
+    atomic_write,
+    check_directory,
+    check_session_id,
+    conflict_copy_origin,
+    dumps,
+    is_temp_file,
+    loads,
+    lock_is_held,
+    make_private_dirs,
+    open_private,
+    prepare_machine_directory,
+    read_file,
+    remove_stale_temps,
+    sync_directories,
+    truncate_file,
+    write_failed,
+)
+from magent_store.layout import action_directory_name
 from magent_store.ledger import Event, LedgerError, Thread
-from magent_store.logfile import CHANGED, GONE, IN_PLACE
-from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
-from magent_store.logfile import FSYNC_MODES as FSYNC_MODES
-from magent_store.logfile import INVALID_TAIL as INVALID_TAIL
-from magent_store.logfile import SEQ_ORDER as SEQ_ORDER
-from magent_store.logfile import CorruptionReporter as CorruptionReporter
-from magent_store.logfile import FsyncMode as FsyncMode
-from magent_store.logfile import LogScan as LogScan
-from magent_store.logfile import LogSums as LogSums
-from magent_store.logfile import LogWriter as LogWriter
-from magent_store.logfile import StartTimer as StartTimer
-from magent_store.logfile import crash_tail as crash_tail
-from magent_store.logfile import damage_message as damage_message
-from magent_store.logfile import damaged_range as damaged_range
-from magent_store.logfile import read_log as read_log
-from magent_store.logfile import read_log_file as read_log_file
-from magent_store.logfile import scan_log as scan_log
-from magent_store.logfile import sum_line as sum_line
+from magent_store.logfile import (
+    CHANGED,
+    FSYNC_MODES,
+    GONE,
+    IN_PLACE,
+    INVALID_TAIL,
+    FsyncMode,
+    LogScan,
+    LogWriter,
+    StartTimer,
+    read_log,
+    scan_log,
+)
 from magent_store.oldlayout import adopt_old_layout
 from magent_store.redacting import SessionRedaction
 

@@ -44,8 +44,8 @@ from typing import Any, Final
 import orjson
 
 from magent_store import layout, ledger, schema6
-from magent_store.fileio import default_root
-from magent_store.store import SCHEMA_VERSION, is_temp_file
+from magent_store.fileio import default_root, is_temp_file
+from magent_store.store import SCHEMA_VERSION
 
 HELP: Final = "what your history weighs: size by project and by session, and its growth"
 DESCRIPTION: Final = """\

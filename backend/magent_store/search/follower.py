@@ -26,18 +26,13 @@ from typing import Final
 import orjson
 
 from magent_store import layout, ledger, schema6
+from magent_store.errors import StoreError
+from magent_store.layout import SessionFiles
 from magent_store.ledger import Thread
+from magent_store.logfile import LogScan, scan_log
 from magent_store.search import projection
 from magent_store.search.recorder import Recorder, disk_full
-from magent_store.store import (
-    LogScan,
-    Scope,
-    SessionFiles,
-    StoreError,
-    read_header,
-    replay_session,
-    scan_log,
-)
+from magent_store.store import Scope, read_header, replay_session
 
 log = logging.getLogger(__name__)
 
