@@ -322,3 +322,24 @@ def test_a_tail_held_across_a_rolled_back_batch_keeps_its_chunks_time(root: Path
     assert (tail["type"], tail["payload"]["chunk"]) == ("item-content-appended", "[redacted:github-pat]")
     assert tail["created-at"] == 1_700_000_100.0
     s.abandon()
+
+
+@pytest.mark.parametrize("field", ["content", "output"])
+def test_an_update_that_sets_an_items_text_whole_ends_that_fields_stream_first(
+    root: Path, events: Events, field: str
+) -> None:
+    s = open_session(root)
+    send(s, 1, start(events))
+    assert send(s, 2, [chunk("see " + GH), chunk("out " + GH, output=True)]) == 1  # both tails held
+    update = events.make("item-updated", "t1", "i1", {"item": {"id": "i1", field: "rewritten"}})
+    assert send(s, 3, [update]) == 1  # the other field's tail is still held
+    lines = [orjson.loads(line) for line in (root / "global/s1.jsonl").read_bytes().splitlines()]
+    tail = lines[-2]
+    assert (tail["type"], tail["payload"]["output"], tail["payload"]["chunk"]) == (
+        "item-content-appended", field == "output", "[redacted:github-pat]")  # fmt: skip
+    assert lines[-1]["type"] == "item-updated"
+    assert send(s, 4, [events.item_end("item-completed", "t1", "i1")]) == 4
+    s.close()
+    other = "output" if field == "content" else "content"
+    assert content(root, field) == "rewritten"
+    assert content(root, other) == ("out " if other == "output" else "see ") + "[redacted:github-pat]"
