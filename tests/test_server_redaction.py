@@ -25,6 +25,8 @@ from serverkit import (
     _content,
     _refusal,
     _serve_process,
+    _show,
+    _status,
     _thread_with_item,
 )
 
@@ -167,3 +169,23 @@ def test_a_new_sessions_initial_state_a_prompt_and_an_error_are_redacted(backend
     for kept in ("keep [redacted:", "deploy with [redacted:slack-bot-token]", "refused: [redacted:github-pat]",
                  "my key [redacted:github-pat]"):  # fmt: skip
         assert kept in text, kept
+    # The turn-started event's items are kept, redacted: none is dropped with its secret.
+    items = [(i["id"], i["content"]) for t in _show(backend)["turns"] for i in t["items"]]
+    assert items == [("item-0", "my key [redacted:github-pat]"), ("item-9", "my key [redacted:github-pat]")]
+
+
+def test_an_initial_state_that_is_no_json_object_is_left_out_and_the_redacted_session_opens(
+    backend: Backend,
+) -> None:
+    client = backend.client()
+    options = orjson.dumps({"redact": SPEC}).decode()
+    for n, initial in enumerate(([f"my key {GH}"], f"my key {GH}", 7), 1):
+        args = [str(backend.root), SCOPE, f"s{n}", options, orjson.dumps(initial).decode()]
+        assert client.call_sync("open", args, timeout=TIMEOUT) == 0
+        error = _status(client)["last-error"]
+        assert error == f"session 's{n}': initial state left out: initial state: expected a JSON object, got " + (
+            "list", "str", "int")[n - 1]
+    assert _call(client, "flush", "s1", _batch(*_thread_with_item()), [], ["p", 1])[4] == []
+    for n in (1, 2, 3):
+        _call(client, "close", f"s{n}")
+    assert not _found(GH, _everything(backend))

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import fileio
+from magent_store import fileio, ledger
 from magent_store.errors import SimulatedCrash, WriteFailed
 from magent_store.redact import redactor_from_spec
 from magent_store.redacting import SessionRedaction
@@ -252,3 +252,95 @@ def test_both_tails_held_at_an_items_end_are_written_before_it_each_once(root: P
     assert lines[-1]["type"] == "item-completed"
     assert not s.redaction.holding  # type: ignore[union-attr]
     s.abandon()
+
+
+class WriteBroke(Exception):
+    """A write that fails after a chunk's text was released (nothing input can cause: made here)."""
+
+
+def break_next_chunk_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next item-content-appended event the session journals fails; later ones succeed."""
+    real = ledger.apply
+    armed = [True]
+
+    def apply(thread: Any, event: Any) -> Any:
+        if armed[0] and event.type == "item-content-appended":
+            armed[0] = False
+            raise WriteBroke("the write of a chunk failed")
+        return real(thread, event)
+
+    monkeypatch.setattr(ledger, "apply", apply)
+
+
+@pytest.mark.parametrize(
+    ("before", "run", "after", "expected"),
+    [
+        # No text held before the run, none after it.
+        ("", "plain words ", "end\n", "plain words end\n"),
+        # No text held before the run; its end (a token begun) is held after it.
+        ("", "abc " + GH[:10], GH[10:] + " z\n", "abc [redacted:github-pat] z\n"),
+        # A token begun is held before the run; the run ends it and begins another.
+        ("x " + GH[:10], GH[10:] + " y " + OPENAI[:9], OPENAI[9:] + " z\n",
+         "x [redacted:github-pat] y [redacted:openai-api-key] z\n"),
+    ],
+    ids=["nothing-held", "held-after", "held-before"],
+)
+def test_a_run_whose_write_failed_leaves_its_stream_as_before_and_is_redacted_whole_when_sent_again(
+    root: Path, events: Events, monkeypatch: pytest.MonkeyPatch, before: str, run: str, after: str, expected: str
+) -> None:
+    s = open_session(root)
+    send(s, 1, start(events))
+    number = 2
+    if before:
+        assert send(s, number, [chunk(before)]) == 1  # its token held back
+        number += 1
+    break_next_chunk_write(monkeypatch)
+    assert s.begin_batch(P, number)
+    s.append_content(*chunk(run))
+    with pytest.raises(WriteBroke):
+        # Another item's start ends the run: its released text is written, and that fails.
+        s.append_event(events.item_started("t1", "i2"))
+    # The server refuses that entry and goes on; the run is sent again.
+    s.append_content(*chunk(run))
+    s.append_content(*chunk(after))
+    s.flush(finish=True)
+    s.close()
+    assert content(root) == expected
+    assert not leaked(GH, every_byte(root)) and not leaked(OPENAI, every_byte(root))
+
+
+def test_a_tail_held_across_a_rolled_back_batch_keeps_its_chunks_time(root: Path, events: Events) -> None:
+    s = open_session(root)
+    send(s, 1, start(events))
+    assert send(s, 2, [chunk("see " + GH)]) == 1  # the token may go on: held, with batch 2's time
+    assert s.begin_batch(P, 3)
+    s.append_content("i1", " more", False, 1_700_000_900.0)
+    s.abort_batch()  # the batch failed: its sender keeps it
+    end = events.item_end("item-completed", "t1", "i1")
+    assert send(s, 3, [end]) == 3
+    lines = [orjson.loads(line) for line in (root / "global/s1.jsonl").read_bytes().splitlines()]
+    tail = lines[-2]
+    assert (tail["type"], tail["payload"]["chunk"]) == ("item-content-appended", "[redacted:github-pat]")
+    assert tail["created-at"] == 1_700_000_100.0
+    s.abandon()
+
+
+@pytest.mark.parametrize("field", ["content", "output"])
+def test_an_update_that_sets_an_items_text_whole_ends_that_fields_stream_first(
+    root: Path, events: Events, field: str
+) -> None:
+    s = open_session(root)
+    send(s, 1, start(events))
+    assert send(s, 2, [chunk("see " + GH), chunk("out " + GH, output=True)]) == 1  # both tails held
+    update = events.make("item-updated", "t1", "i1", {"item": {"id": "i1", field: "rewritten"}})
+    assert send(s, 3, [update]) == 1  # the other field's tail is still held
+    lines = [orjson.loads(line) for line in (root / "global/s1.jsonl").read_bytes().splitlines()]
+    tail = lines[-2]
+    assert (tail["type"], tail["payload"]["output"], tail["payload"]["chunk"]) == (
+        "item-content-appended", field == "output", "[redacted:github-pat]")  # fmt: skip
+    assert lines[-1]["type"] == "item-updated"
+    assert send(s, 4, [events.item_end("item-completed", "t1", "i1")]) == 4
+    s.close()
+    other = "output" if field == "content" else "content"
+    assert content(root, field) == "rewritten"
+    assert content(root, other) == ("out " if other == "output" else "see ") + "[redacted:github-pat]"
