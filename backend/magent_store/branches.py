@@ -108,6 +108,13 @@ def fork_id(session_id: str, machine: str, taken: Callable[[str], bool]) -> str:
         n += 1
 
 
+def fork_origin(header: dict[str, Any]) -> tuple[str, str] | None:
+    """(PARENT, MACHINE) of a fork a store made (its header names both), None for any other session."""
+    parent, metadata = header.get("parent-session-id"), header.get("metadata")
+    machine = metadata.get("continued-on") if isinstance(metadata, dict) else None
+    return (parent, machine) if isinstance(parent, str) and isinstance(machine, str) else None
+
+
 def conflict_origin_name(origin: str) -> str:
     """The name a fork gives the machine a conflict copy came from (its Syncthing device, say)."""
     if origin.isalnum() and origin.isupper():  # a Syncthing device id's first characters

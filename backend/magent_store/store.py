@@ -1006,9 +1006,9 @@ class Session:
         events and header still carry the parent's thread and title.
         """
         header = self._header.header
-        parent, metadata = header.get("parent-session-id"), header.get("metadata")
-        if not (isinstance(parent, str) and isinstance(metadata, dict) and "continued-on" in metadata):
+        if branches.fork_origin(header) is None:
             return
+        parent, metadata = header["parent-session-id"], header["metadata"]
         parent_thread = metadata.get("parent-thread-id", parent)
         self._forked_from = (parent, parent_thread if isinstance(parent_thread, str) else parent)
         self._fork_fields = {
@@ -1861,13 +1861,6 @@ class SessionInfo:
         }
 
 
-def fork_origin(header: dict[str, Any]) -> tuple[str, str] | None:
-    """(PARENT, MACHINE) of a fork this store made (see `Session._fork`), None for any other session."""
-    parent, metadata = header.get("parent-session-id"), header.get("metadata")
-    machine = metadata.get("continued-on") if isinstance(metadata, dict) else None
-    return (parent, machine) if isinstance(parent, str) and isinstance(machine, str) else None
-
-
 # The version a session file declares first (magent and the store write it second).
 _SCHEMA_HEAD: Final = re.compile(rb'"schema-version"\s*:\s*(\d+)')
 
@@ -1968,7 +1961,8 @@ class Store:
                 SessionInfo(
                     id=header["id"], scope=Scope.from_header(header).label(),
                     title=header["summary-title"] or header["title"], status=header["status"],
-                    header_path=path, bytes=size, updated=updated, turns=count, fork_of=fork_origin(header),
+                    header_path=path, bytes=size, updated=updated, turns=count,
+                    fork_of=branches.fork_origin(header),
                 )  # fmt: skip
             )
         return out
