@@ -33,15 +33,9 @@
 ;; else: it forwards, buffers and schedules.  It holds each session's
 ;; queue, what is sent again after the backend stopped, and the public
 ;; functions, and knows only sessions, events, chunks and flushes.  The
-;; rest of the package has rooms of its own: the connection to the
-;; backend (magent-store-connection.el, under this file), the adapter to
-;; magent and `magent-store-mode'
-;; (magent-store-magent.el, loaded when the mode is first turned on), the
-;; status buffer (magent-store-status.el), finding and installing the
-;; backend (magent-store-program.el, magent-store-install.el), JSON and
-;; printing (magent-store-json.el, magent-store-print.el), search and
-;; timing (magent-store-search.el, magent-store-timing.el), and which
-;; secrets are kept out of the files (magent-store-redact.el).
+;; connection to the backend is magent-store-connection.el, under this
+;; file; `magent-store-mode' and the adapter to magent are in
+;; magent-store-magent.el, loaded when the mode is first turned on.
 ;;
 ;; The hot path is cheap by construction: appending a chunk stores four
 ;; references in a reused per-session vector (it allocates nothing) and,
@@ -56,15 +50,10 @@
 ;;   1. Install epc.el from MELPA (M-x package-install RET epc RET), or
 ;;      your distribution's package (Debian: elpa-epc).
 ;;   2. (require 'magent-store) (magent-store-mode 1)
-;;   3. M-x magent-store-install-backend, once: it installs the backend
-;;      that comes with this package into a private virtualenv under
-;;      `user-emacs-directory' (`magent-store-start' offers it too).
-;;      A backend installed with pip, or a checkout's .venv after
-;;      `make install', is found without it.
+;;   3. M-x magent-store-install-backend, once, into a private virtualenv
+;;      (a backend installed with pip, or a checkout's .venv, is found).
 ;;
-;; magent-store has no repository of its own yet: the URL above is
-;; magent's, the agent whose sessions it stores.
-;;
+;; The URL above is magent's: magent-store has no repository of its own.
 ;; `magent-store-status' shows the backend's state; the backend logs to
 ;; $XDG_STATE_HOME/magent-store/server.log (~/.local/state/...).
 
@@ -184,8 +173,10 @@ When another machine went on with it meanwhile, it went on as a fork."
 magent-store-timing sets it, so that its records ride the flush.")
 
 (defvar magent-store-flushed-function nil
-  "Nil, or a function called with (SENT RECORD REPLY) after each flush.
-magent-store-timing sets it to record the round trip as a session save.")
+  "Nil, or a function called with (SENT NUMBERED REPLY) after each flush.
+SENT is when the batch was sent, NUMBERED the batch with its number,
+\(NUMBER BATCH FILL LARGE), and REPLY the backend's reply.
+magent-store-timing sets it to time the round trip as a session save.")
 
 (defcustom magent-store-retry-interval 5
   "Seconds between attempts to send again a batch the backend refused.
@@ -209,7 +200,12 @@ A refused batch (a full disk, say) stays in Emacs until it is saved."
            magent-store--sessions))
 
 (defun magent-store--reopen-all ()
-  "Open every session the backend, which just took our token, does not hold."
+  "Open every session the backend, which just took our token, does not hold.
+With none, have it make the root's store ready, not in magent's first save."
+  (when (hash-table-empty-p magent-store--sessions)
+    (magent-store-send "prepare" (list (magent-store-json-text (magent-store-session-root))
+                                       (magent-store--store-options-json))
+                       nil #'ignore))
   (maphash (lambda (_id session)
              (unless (or (magent-store--session-opened session)
                          (magent-store--session-opening session))
@@ -287,8 +283,8 @@ a refusal do batches go again."
           (sort (append held (magent-store--session-inflight session))
                 (lambda (a b) (< (car a) (car b))))
           (magent-store--session-held session) nil))
-  (dolist (record (magent-store--session-inflight session))
-    (magent-store--send-batch session record t))
+  (dolist (numbered (magent-store--session-inflight session))
+    (magent-store--send-batch session numbered t))
   (if (> (magent-store--session-fill session) 0)
       (magent-store--flush-now session t)
     (magent-store--maybe-recovered)))
@@ -350,13 +346,17 @@ entries stay in Emacs and are sent again every %ss"
      (`(action . ,name) `((action . ,(format "%s" name))))
      (_ (user-error "Invalid magent-store scope: %S" scope)))))
 
+(defun magent-store--store-options-json ()
+  "Return the options that choose a root's store, as JSON text."
+  (magent-store-json-encode
+   `((fsync . ,(symbol-name magent-store-fsync))
+     (log-max-events . ,magent-store-log-max-events))))
+
 (defun magent-store--options-json ()
   "Return the store options as JSON text.
 With `magent-store-redact' on, they hold the redaction spec, secrets
 included: the options are never logged."
-  (let ((options (magent-store-json-encode
-                  `((fsync . ,(symbol-name magent-store-fsync))
-                    (log-max-events . ,magent-store-log-max-events))))
+  (let ((options (magent-store--store-options-json))
         (spec (magent-store-redact-spec-json)))
     (if spec
         (concat (substring options 0 -1) ",\"redact\":" spec "}")
@@ -461,7 +461,7 @@ stopped."
 (defun magent-store--unsaved (session)
   "Return the number of entries of SESSION the backend has not saved."
   (/ (+ (magent-store--session-fill session)
-        (apply #'+ (mapcar (lambda (record) (nth 2 record))
+        (apply #'+ (mapcar (lambda (numbered) (nth 2 numbered))
                            (append (magent-store--session-held session)
                                    (magent-store--session-inflight session)))))
      magent-store-entry-slots))
@@ -483,7 +483,7 @@ TIME is a float, seconds since the epoch.  Schedule SESSION's flush."
   "Schedule SESSION's flush one interval after NOW.
 A chunk after the deadline sends it.  Should the stream stop, a timer
 sends it, a little after the deadline; but while a batch of SESSION
-awaits its reply, that reply comes within a second (the backend holds
+awaits its reply, that reply comes within a second (the backend delays
 a tick's reply at most that long) and sends what queued meanwhile
 \(`magent-store--after-reply'): no timer is pending while chunks
 stream.  A pending timer is not free: Emacs copies and decodes every
@@ -513,7 +513,7 @@ reply, that reply will come and call this again."
 
 (defun magent-store--tick (session)
   "Send SESSION's queued entries: the flush timer's function.
-The backend may hold the reply back and send it with later ones
+The backend may delay the reply and send it with later ones
 \(the batch is already on disk; every reply wakes Emacs up)."
   (when-let ((timer (magent-store--session-timer session)))
     (cancel-timer timer)
@@ -535,7 +535,7 @@ refused batch waits for its retry: batches never overtake each other."
 Chunks travel as (ITEM-ID CHUNK OUTPUT-P TIME) lists and events as their
 JSON text, printed straight from the batch vector into the message: no
 per-chunk JSON, no list built.  With TICK, send it as a tick, whose
-reply the backend may hold back.  The batch gets the session's next
+reply the backend may delay.  The batch gets the session's next
 number and stays in INFLIGHT until the backend says it is in the log;
 an empty batch still flushes (the header, say).  While the session
 cannot send, its entries stay queued."
@@ -544,7 +544,7 @@ cannot send, its entries stay queued."
            (batch (and (> fill 0) (magent-store--session-batch session)))
            (large (> (magent-store--session-queued-chars session)
                      magent-store-file-threshold))
-           (record (list (cl-incf (magent-store--session-number session))
+           (numbered (list (cl-incf (magent-store--session-number session))
                          batch fill large)))
       (when batch
         (setf (magent-store--session-batch session)
@@ -552,57 +552,57 @@ cannot send, its entries stay queued."
       (setf (magent-store--session-fill session) 0
             (magent-store--session-queued-chars session) 0)
       (setf (magent-store--session-inflight session)
-            (nconc (magent-store--session-inflight session) (list record)))
+            (nconc (magent-store--session-inflight session) (list numbered)))
       (cl-incf (magent-store--session-flushes session))
       (magent-store--send-batch
-       session record tick
+       session numbered tick
        (and magent-store-flush-extra-args-function
             (funcall magent-store-flush-extra-args-function))))))
 
-(defun magent-store--send-batch (session record tick &optional extra)
-  "Send the batch RECORD, (NUMBER BATCH FILL LARGE), of SESSION.
+(defun magent-store--send-batch (session numbered tick &optional extra)
+  "Send the batch NUMBERED, (NUMBER BATCH FILL LARGE), of SESSION.
 With TICK as a tick; EXTRA is the list of extra arguments (timing
 records).  A LARGE batch travels as a file, or in the message when
 the file cannot be written (a full disk) or redaction is on (the file
 would be an unredacted copy on disk)."
   (let* ((backend magent-store-current-backend)
          (id (magent-store-session-wire-id session))
-         (ident (list (magent-store--session-producer session) (car record)))
+         (ident (list (magent-store--session-producer session) (car numbered)))
          (sent (float-time))
-         (file (and (nth 3 record)
+         (file (and (nth 3 numbered)
                     (not magent-store-redact)
                     (ignore-errors
                       (magent-store-spool-file backend #'magent-store-print-batch
-                                               (nth 1 record) (nth 2 record))))))
+                                               (nth 1 numbered) (nth 2 numbered))))))
     (condition-case nil
         (if file
             (magent-store-send (if tick "tick-file" "flush-file")
                                 (list id file (car extra) ident)
-                                (magent-store--on-flushed session record sent)
-                                (magent-store--on-refused session record))
+                                (magent-store--on-flushed session numbered sent)
+                                (magent-store--on-refused session numbered))
           (magent-store-send (if tick "tick" "flush")
-                              (list id record (car extra) ident)
-                              (magent-store--on-flushed session record sent)
-                              (magent-store--on-refused session record)
+                              (list id numbered (car extra) ident)
+                              (magent-store--on-flushed session numbered sent)
+                              (magent-store--on-refused session numbered)
                               #'magent-store-print-flush-args))
       ;; The connection is gone: the sentinel restarts and resends.
       (error nil))))
 
-(defun magent-store--on-flushed (session record sent)
-  "Return the reply handler of the batch RECORD of SESSION sent at SENT."
+(defun magent-store--on-flushed (session numbered sent)
+  "Return the reply handler of the batch NUMBERED of SESSION sent at SENT."
   (lambda (reply)
     ;; A batch sent again may be answered twice: the first answer counts.
-    (when (memq record (magent-store--session-inflight session))
+    (when (memq numbered (magent-store--session-inflight session))
       (setf (magent-store--session-inflight session)
-            (delq record (magent-store--session-inflight session))
+            (delq numbered (magent-store--session-inflight session))
             (magent-store--session-durable-seq session) (nth 0 reply)
             (magent-store--session-written-seq session) (nth 1 reply))
-      (magent-store--release session record (or (nth 5 reply) (car record)))
+      (magent-store--release session numbered (or (nth 5 reply) (car numbered)))
       (push (* 1000 (- (float-time) sent)) magent-store-flush-ms)
       (when (nthcdr 256 magent-store-flush-ms)
         (setcdr (nthcdr 127 magent-store-flush-ms) nil))
       (when magent-store-flushed-function
-        (funcall magent-store-flushed-function sent record reply))
+        (funcall magent-store-flushed-function sent numbered reply))
       (dolist (notice (nth 6 reply))
         (message "magent-store: %s" notice))
       (when-let ((fork (nth 7 reply)))  ; it went on as a fork: called so from now on
@@ -621,27 +621,27 @@ would be an unredacted copy on disk)."
         (magent-store--maybe-recovered))
       (magent-store--after-reply session))))
 
-(defun magent-store--release (session record released)
-  "Forget SESSION's batches up to number RELEASED; keep RECORD if it is after.
-RECORD was just acknowledged; the backend still holds back some text of
+(defun magent-store--release (session numbered released)
+  "Forget SESSION's batches up to number RELEASED; keep NUMBERED if it is after.
+NUMBERED was just acknowledged; the backend still holds back some text of
 the batches after RELEASED (redaction waits for the end of a word), and
 sends them again, should it stop, only if Emacs still has them."
   (let ((held (magent-store--session-held session)))
-    (when (> (car record) released)
-      (setq held (nconc held (list record))))
+    (when (> (car numbered) released)
+      (setq held (nconc held (list numbered))))
     (while (and held (<= (car (car held)) released))
-      (unless (eq (car held) record)
+      (unless (eq (car held) numbered)
         (magent-store--recycle (nth 1 (car held))))
       (setq held (cdr held)))
-    (when (<= (car record) released)
-      (magent-store--recycle (nth 1 record)))
+    (when (<= (car numbered) released)
+      (magent-store--recycle (nth 1 numbered)))
     (setf (magent-store--session-held session) held)))
 
-(defun magent-store--on-refused (session record)
-  "Return the error handler of the batch RECORD of SESSION."
+(defun magent-store--on-refused (session numbered)
+  "Return the error handler of the batch NUMBERED of SESSION."
   (lambda (why)
     ;; The backend has none of it: keep it and send it again.
-    (when (memq record (magent-store--session-inflight session))
+    (when (memq numbered (magent-store--session-inflight session))
       (magent-store--refused session why))))
 
 (defun magent-store--scope-arg (scope)
@@ -744,8 +744,8 @@ entries stay in Emacs and are sent again)."
         ;; JUST-THIS-ONE an integer: no timers run while we wait.
         (accept-process-output process 0.05 nil 1)
         ;; The session may just have been opened or reopened, its queue
-        ;; and its batches sent as ticks, whose replies the backend holds
-        ;; back up to a second: a flush sent after them has it answer them
+        ;; and its batches sent as ticks, whose replies the backend delays
+        ;; up to a second: a flush sent after them has it answer them
         ;; at once, and write what redaction holds back.
         (when (and (magent-store--sendable-p session)
                    (or (> (magent-store--session-fill session) 0)

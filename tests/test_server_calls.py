@@ -168,6 +168,37 @@ def test_a_session_is_indexed_for_search_unless_its_options_say_not(here: Backen
     assert not layout.search_directory(other).exists()
 
 
+def test_prepare_makes_the_roots_store_and_index_so_the_first_open_makes_neither(
+    here: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What Emacs asks for when the backend is ready, long before magent's first save.
+    import magent_store.search as search
+
+    made: list[Path] = []
+    real = search.SearchIndex
+    monkeypatch.setattr(search, "SearchIndex", lambda root, **kw: made.append(root) or real(root, **kw))
+    client = here.client()
+    options = '{"fsync": "always", "log-max-events": 2000}'
+    assert _call(client, "prepare", str(here.root), options) is True
+    assert made == [here.root] and layout.search_directory(here.root).is_dir()
+    assert _status(client)["open-sessions"] == []
+    assert _call(client, "open", str(here.root), SCOPE, "s1", options) == 0
+    assert _call(client, "prepare", str(here.root), options) is True
+    assert made == [here.root]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["relative/root", ""], "root must be an absolute directory, got 'relative/root'"),
+    (["ROOT", '{"fsync": "sometimes"}'], "options.fsync must be always, interval or never, got 'sometimes'"),
+    (["ROOT", "[1]"], "options must be a JSON object"),
+])  # fmt: skip
+def test_prepare_refuses_bad_arguments_by_name_and_makes_nothing(here: Backend, args: list[Any], message: str) -> None:
+    client = here.client()
+    args = [str(here.root) if a == "ROOT" else a for a in args]
+    assert _refusal(client, "prepare", *args).startswith(message)
+    assert not layout.search_directory(here.root).exists() and not here.root.exists()
+
+
 def test_a_search_index_that_cannot_open_costs_nothing_but_the_index(here: Backend) -> None:
     client = here.client()
     layout.search_directory(here.root).parent.mkdir(parents=True)

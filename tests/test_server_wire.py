@@ -179,7 +179,7 @@ def test_wrong_arity_is_a_clear_error(ready: tuple[Backend, EPCClient]) -> None:
 def test_unknown_method_names_every_method_there_is(s1: tuple[Backend, EPCClient]) -> None:
     backend, client = s1
     known = ("append, append-content, append-events, brief, close, delete, flush, flush-file, list, listing, "
-             "load, move, open, put-header, record-timings, render, status, tick, tick-file")  # fmt: skip
+             "load, move, open, prepare, put-header, record-timings, render, status, tick, tick-file")  # fmt: skip
     assert _refusal(client, "frobnicate", 1) == f"unknown method 'frobnicate'; known: {known}"
     assert f"call failed: unknown method 'frobnicate'; known: {known}" in _logged(backend)
     # A long error is cut short where it is kept.

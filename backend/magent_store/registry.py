@@ -103,6 +103,11 @@ class Registry:
                 return None
         return index.record_flush
 
+    def prepare(self, root: str, options: JsonDict) -> None:
+        """Make ROOT's store for OPTIONS and its search index, as a first open would."""
+        self.store(root, options)
+        self._search_index(root, options)
+
     def session(self, session_id: Any) -> Session:
         """The open session SESSION_ID; refused by name when it is not open here."""
         entry = self._open.get(session_id) if isinstance(session_id, str) else None

@@ -132,6 +132,7 @@ class Service:
         """Return the wire name -> implementation table."""
         return {
             "open": self.open,
+            "prepare": self.prepare,
             "append": self.append,
             "append-events": self.append_events,
             "append-content": self.append_content,
@@ -199,6 +200,22 @@ class Service:
                                      self._initial(initial, session_id, redaction), redaction)  # fmt: skip
         self.stats.count_sync(session.take_sync_counts())
         return session.last_seq
+
+    def prepare(self, root: Any, options: Any = None) -> bool:
+        """Make ROOT's store for OPTIONS and its search index ready; True.
+
+        What the first session opened under a root would otherwise make
+        during magent's first save: the shim asks for it when the backend
+        is ready, long before magent saves.  Options are checked as `open`
+        checks them; a root that cannot be used yet is no error here, as
+        the session's own open will say what is wrong with it.
+        """
+        root = text(root, "root")
+        opts = json_text(options, "options") if options else {}
+        if not isinstance(opts, dict):
+            raise CallError("options must be a JSON object")
+        self.sessions.prepare(root, opts)
+        return True
 
     def _initial(self, initial: Any, session_id: str, redaction: SessionRedaction | None) -> Thread | None:
         if not initial:

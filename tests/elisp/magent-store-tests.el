@@ -44,6 +44,21 @@
                     (list :snapshot (magent-store-test--show "s-roundtrip")))
                    (apply #'concat magent-store-test--chunks)))))
 
+(ert-deftest magent-store-a-ready-backend-has-made-the-roots-store-before-any-session ()
+  "Once the backend is ready, it makes the root's store and search index.
+The first session's open then finds them made: magent's first save does
+not wait while the backend makes them."
+  (magent-store-test--with-backend
+    (magent-store-start)
+    ;; A connection's calls are answered in order: the shim's prepare,
+    ;; sent when the backend took the token, came before this one.
+    (let ((status (json-parse-string (magent-store-call "status" nil))))
+      (should (equal (gethash "open-sessions" status) [])))
+    (should (file-expand-wildcards
+             (expand-file-name "state/magent-store/roots/*/search" tmp)))
+    (should-not (file-expand-wildcards
+                 (expand-file-name "global/*" magent-store-root)))))
+
 ;; One function names a scope's directory, for every file of the package:
 ;; where the backend writes a session of that scope.
 (ert-deftest magent-store-scope-directory-is-where-the-backend-writes-the-scope ()
