@@ -139,13 +139,14 @@ Bytes in strings are turned into text as by `magent-store-print'."
     (magent-store-print--unescape-bytes start)))
 
 (defun magent-store-print-flush-args (args)
-  "Print ARGS, (SESSION-ID RECORD . EXTRA), as a flush's arguments at point."
+  "Print ARGS, (SESSION-ID NUMBERED . EXTRA), as a flush's arguments at point.
+NUMBERED is a batch with its number, (NUMBER BATCH FILL LARGE)."
   (let ((buffer (current-buffer))
-        (record (nth 1 args)))
+        (numbered (nth 1 args)))
     (insert "(")
     (prin1 (car args) buffer)
     (insert " ")
-    (magent-store-print-batch (nth 1 record) (nth 2 record))
+    (magent-store-print-batch (nth 1 numbered) (nth 2 numbered))
     (dolist (arg (nthcdr 2 args))
       (insert " ")
       (magent-store-print arg))

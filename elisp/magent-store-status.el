@@ -110,11 +110,11 @@ P never gives less."
                               (magent-store-status--ms (alist-get 'flush-ms-p50 status))
                               (magent-store-status--ms (alist-get 'flush-ms-p99 status)))
                     "Flush (backend):    no flush yet\n")
-                  ;; Replies to the flushes the timer sends are held back up
-                  ;; to a second to save Emacs wakeups: not a latency.
+                  ;; Replies to the flushes the timer sends (ticks) are delayed
+                  ;; up to a second to save Emacs wakeups: not a latency.
                   (if ms
                       (format "Acknowledged after: last %s, median %s, p99 %s ms \
-\(timed flushes are acknowledged within 1 s, together)\n"
+\(the timer's flushes are acknowledged within 1 s, together)\n"
                               (magent-store-status--ms (car ms))
                               (magent-store-status--ms (magent-store-status--percentile ms 50))
                               (magent-store-status--ms (magent-store-status--percentile ms 99)))

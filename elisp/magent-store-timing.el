@@ -239,12 +239,13 @@ flush message being sent."
           ((and last (<= (nth 1 last) time (+ (nth 2 last) 2.0)))
            (car last)))))
 
-(defun magent-store-timing--flushed (sent record reply)
-  "Record the session save of flush RECORD sent at SENT, answered by REPLY.
+(defun magent-store-timing--flushed (sent numbered reply)
+  "Record the session save of the batch NUMBERED sent at SENT.
+REPLY is the backend's answer to it.
 This is `magent-store-flushed-function'.  The save's duration is the
 backend's own (apply and write, REPLY's milliseconds), placed from SENT:
-the round trip is no measure, as the backend may hold a tick's reply
-back.  A save belongs to the turn in progress, or to the turn that ended
+the round trip is no measure, as the backend may delay a tick's reply.
+A save belongs to the turn in progress, or to the turn that ended
 less than two seconds before it (the save that ends a turn); other
 saves are not recorded.  Which turn is decided by SENT: a tick's reply
 may come after the next turn began."
@@ -255,7 +256,7 @@ may come after the next turn began."
        'session-save turn (+ sent (/ ms 1000.0))
        (magent-store-timing--props
         (list :duration-ms ms
-              :items (/ (nth 2 record) magent-store-entry-slots)
+              :items (/ (nth 2 numbered) magent-store-entry-slots)
               :bytes (nth 2 reply)))))))
 
 ;;;; magent's lifecycle events and provider events

@@ -279,7 +279,7 @@ REAL_TIMER = threading.Timer
 
 
 class DrivenTimer:
-    """Stands in for a connection's timers (held replies, auth deadline): they fire when the test says."""
+    """Stands in for a connection's timers (delayed replies, auth deadline): they fire when the test says."""
 
     made: list[DrivenTimer] = []
 
@@ -295,7 +295,7 @@ class DrivenTimer:
         return REAL_TIMER(interval, function)
 
     @staticmethod
-    def holds() -> list[DrivenTimer]:
+    def delays() -> list[DrivenTimer]:
         return [t for t in DrivenTimer.made if t.interval == server.ACK_DELAY_S]
 
     def start(self) -> None:

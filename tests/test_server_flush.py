@@ -72,8 +72,8 @@ def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
                               for i in range(3)))  # fmt: skip
         # Each tick is flushed at once...
         _until(lambda: "2," in (_show(backend)["turns"][0]["items"][0]["content"] or ""), "ticks not flushed")
-        _until(lambda: bool(DrivenTimer.holds()), "no reply was held")
-        [timer] = DrivenTimer.holds()
+        _until(lambda: bool(DrivenTimer.delays()), "no reply was delayed")
+        [timer] = DrivenTimer.delays()
         assert timer.started and timer.daemon and timer.interval == server.ACK_DELAY_S
         # ...and no reply has left: only the timer or another call sends them.
         assert _nothing_to_read(sock)
@@ -94,13 +94,13 @@ def test_tick_is_on_disk_at_once_and_its_reply_is_held_then_sent_in_order(
         reply = sexpdata.loads(_read_reply(sock).decode())
         assert reply[1] == 21 and reply[2][:2] == [7, 7]
         # Once it has fired, the next ticks get a timer of their own, which sends them together.
-        before = len(DrivenTimer.holds())
+        before = len(DrivenTimer.delays())
         sock.sendall(b"".join(_call_frame(22 + i, "tick", "s1", orjson.dumps([["item-1", f"{4 + i},", False, 1.0]]).decode())
                               for i in range(2)))  # fmt: skip
-        _until(lambda: len(DrivenTimer.holds()) == before + 1, "no new timer for the next ticks")
-        timer = DrivenTimer.holds()[before]
+        _until(lambda: len(DrivenTimer.delays()) == before + 1, "no new timer for the next ticks")
+        timer = DrivenTimer.delays()[before]
         connection = timer.function.__self__  # type: ignore[attr-defined]
-        _until(lambda: len(connection._held) == 2, "the ticks were not both held")
+        _until(lambda: len(connection._delayed) == 2, "the ticks' replies were not both delayed")
         assert _nothing_to_read(sock)
         timer.fire()
         replies = [sexpdata.loads(_read_reply(sock).decode()) for _ in range(2)]

@@ -72,12 +72,12 @@ PREAUTH_MAX_CONNECTIONS = 16
 OWNER_TIMEOUT_S = 60.0
 # An EPC frame length has 6 hex digits: nothing larger can be framed at all.
 MAX_FRAME = 0xFFFFFF
-# Replies to `tick` (a flush the shim sends from its timer) are held back up to
+# Replies to `tick` (a flush the shim sends from its timer) are delayed up to
 # this long and written together, or at once ahead of any other reply: every
 # reply wakes Emacs up, and a tick's reply only lets Emacs forget a batch that
 # is already on disk.  The flush itself is never delayed.  For the tests that
 # a synchronous save never waits on them, MAGENT_STORE_TEST_ACK_DELAY=SECONDS
-# holds them that long instead (unset, always, outside tests).
+# delays them that long instead (unset, always, outside tests).
 ACK_DELAY_ENV = "MAGENT_STORE_TEST_ACK_DELAY"
 ACK_DELAY_S = float(os.environ.get(ACK_DELAY_ENV) or 1.0)
 LAZY_METHODS = frozenset({"tick", "tick-file"})
@@ -188,8 +188,8 @@ class Connection(socketserver.StreamRequestHandler):
         super().setup()
         self.connection.settimeout(PREAUTH_TIMEOUT_S)
         self._write_lock = threading.Lock()
-        self._held: list[bytes] = []  # replies to ticks, not yet written
-        self._held_timer: threading.Timer | None = None
+        self._delayed: list[bytes] = []  # replies to ticks, not yet written
+        self._delay_timer: threading.Timer | None = None
         self._admitted = self.server.admit()
         # A deadline for the whole first frame, not per read: a peer
         # trickling a byte at a time is cut off all the same.
@@ -212,27 +212,27 @@ class Connection(socketserver.StreamRequestHandler):
     def _send(self, *message: Any) -> None:
         data = encode_message(*message)
         with self._write_lock:
-            # Held replies go first: replies stay in call order.
-            self.wfile.write(b"".join([*self._held, data]))
-            self._held.clear()
+            # Delayed replies go first: replies stay in call order.
+            self.wfile.write(b"".join([*self._delayed, data]))
+            self._delayed.clear()
             self.wfile.flush()
 
-    def _hold(self, *message: Any) -> None:
+    def _delay(self, *message: Any) -> None:
         """Queue a tick's reply; it is written within ACK_DELAY_S, with others."""
         data = encode_message(*message)
         with self._write_lock:
-            self._held.append(data)
-            if self._held_timer is None:
-                self._held_timer = threading.Timer(ACK_DELAY_S, self._release_held)
-                self._held_timer.daemon = True
-                self._held_timer.start()
+            self._delayed.append(data)
+            if self._delay_timer is None:
+                self._delay_timer = threading.Timer(ACK_DELAY_S, self._send_delayed)
+                self._delay_timer.daemon = True
+                self._delay_timer.start()
 
-    def _release_held(self) -> None:
+    def _send_delayed(self) -> None:
         with contextlib.suppress(OSError, ValueError), self._write_lock:
-            self._held_timer = None
-            if self._held:
-                self.wfile.write(b"".join(self._held))
-                self._held.clear()
+            self._delay_timer = None
+            if self._delayed:
+                self.wfile.write(b"".join(self._delayed))
+                self._delayed.clear()
                 self.wfile.flush()
 
     def _frames(self, rfile: Any) -> Any:
@@ -308,7 +308,7 @@ class Connection(socketserver.StreamRequestHandler):
                 return self._authenticate(uid, name, call_args)
             value = self.server.dispatch(self, name, call_args)
             if name in LAZY_METHODS:
-                self._hold("return", uid, value)
+                self._delay("return", uid, value)
             else:
                 self._send("return", uid, value)
         except (CallError, StoreError, ValueError) as err:

@@ -63,7 +63,7 @@ the list a chunk used to be queued as was 80 bytes by itself."
 (ert-deftest magent-store-alloc-no-timer-is-pending-while-chunks-stream ()
   "While a batch awaits its reply, no flush timer is pending.
 Emacs copies and decodes every pending timer each time it wakes up;
-the reply, held a second at most, sends what queued meanwhile."
+the reply, delayed a second at most, sends what queued meanwhile."
   (magent-store-test--with-backend
     (magent-store-open "s-timer")
     (magent-store-test--start-turn "s-timer")

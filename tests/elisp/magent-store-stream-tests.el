@@ -45,7 +45,7 @@
                         (magent-store-append-item-content "s-long" "item-1" chunk)
                         (magent-store-request-flush "s-long")))))
            (magent-store-flushed-function
-            (lambda (_sent _record _reply)
+            (lambda (_sent _numbered _reply)
               (cl-incf replies)
               (when (> (magent-store--session-fill session) 0)
                 (cl-incf crossed)))))

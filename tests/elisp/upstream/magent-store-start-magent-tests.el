@@ -6,8 +6,8 @@
 
 ;; The first save of a new session, through upstream magent's own
 ;; `magent-session-save-for-session', with a real backend: it waits only
-;; for its own flush, never for a reply the backend holds back.  The
-;; backend is started with its held replies kept for an hour (its test
+;; for its own flush, never for a reply the backend delays.  The
+;; backend is started with its delayed replies kept for an hour (its test
 ;; hook MAGENT_STORE_TEST_ACK_DELAY): a save that waited on one would
 ;; time out instead of returning, whatever the speed of the machine.
 ;;
@@ -46,12 +46,12 @@
                        (magent-store-magent--scope-directory 'global)))
     (split-string (buffer-string) "\n" t)))
 
-(ert-deftest magent-store-magent-a-new-sessions-first-save-waits-for-no-held-reply ()
+(ert-deftest magent-store-magent-a-new-sessions-first-save-waits-for-no-delayed-reply ()
   "A new session's first save returns durable with tick replies held for an hour."
   (magent-store-magent-test--use-magent 6)
   (let ((process-environment (cons "MAGENT_STORE_TEST_ACK_DELAY=3600"
                                    process-environment))
-        ;; Waiting on a held reply would end here, with an error.
+        ;; Waiting on a delayed reply would end here, with an error.
         (magent-store-call-timeout 3))
     (magent-store-magent-test--with-store
       (magent-store-start)
