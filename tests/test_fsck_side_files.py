@@ -12,6 +12,7 @@ import pytest
 
 from conftest import Events
 from magent_store import fsck, layout
+from magent_store.batches import Batches
 from magent_store.store import Store
 
 # Ids that read like another session's side file.
@@ -22,10 +23,11 @@ def write_batch(st: Store, sid: str) -> None:
     """A session written as the backend writes it: one numbered batch, so a producer record too."""
     events = Events(thread_id=f"thread-{sid}")
     with st.open(sid) as s:
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         for obj in events.conversation(turns=1, chunks=2):
             s.append_event(obj)
-        s.flush()
+        batches.flush()
 
 
 @pytest.fixture
