@@ -2,7 +2,10 @@
 
 Emacs numbers the batches it sends of a session and keeps each until a
 reply releases it; after a crash of either side it sends again every
-batch it holds.  `Batches` is one open session's half of that protocol:
+batch it holds (its half: `magent-store--session-batch`, numbered by
+`magent-store--session-number` under `magent-store--session-producer`,
+kept in `magent-store--session-held` until released).  `Batches` is one
+open session's half of that protocol:
 
 - admit (`admit`): a batch older than the last one applied is in the
   log already and skipped, the next one is applied, a later one is
