@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from magent_store.batches import Batches
 from magent_store.fileio import atomic_write, make_private_dirs
 from magent_store.logfile import FsyncMode
 from magent_store.redact import redactor_from_spec
@@ -175,8 +176,9 @@ class Conversation:
     ITEM_OVERHEAD = 420  # JSON bytes of an item's keys, ids and timestamps
     TURN_OVERHEAD = 450
 
-    def __init__(self, session: Session, corpus: Corpus) -> None:
+    def __init__(self, session: Session, corpus: Corpus, writer: Session | Batches | None = None) -> None:
         self.session = session
+        self.writer = writer or session  # what the events go through: the session, or its batches
         self.corpus = corpus
         self.rng = corpus.rng
         self.thread_id = session.thread.id or f"thread-{session.id}"
@@ -196,7 +198,7 @@ class Conversation:
         return f"{kind}-{self.prefix}-{self.counter}"
 
     def event(self, kind: str, turn: str | None = None, item: str | None = None, payload: Any = None) -> None:
-        self.session.append_event({
+        self.writer.append_event({
             "type": kind, "thread-id": self.thread_id, "turn-id": turn, "item-id": item,
             "payload": payload, "created-at": self.now(),
         })  # fmt: skip
@@ -230,7 +232,7 @@ class Conversation:
         done = 0
         while done < chars:
             text = self.corpus.take(self.rng.randint(*chunk))
-            self.session.append_content(item, text, output, self.now())
+            self.writer.append_content(item, text, output, self.now())
             done += len(text)
         self.bytes += done
 
@@ -303,16 +305,18 @@ def build_session(root: Path, session_id: str, target: int, corpus: Corpus) -> S
 class Stream:
     """An in-progress assistant message to stream pregenerated chunks into."""
 
-    def __init__(self, session: Session, corpus: Corpus, chunk_pool: int = 4096) -> None:
+    def __init__(self, session: Session, corpus: Corpus, chunk_pool: int = 4096,
+                 writer: Session | Batches | None = None) -> None:  # fmt: skip
         self.session = session
-        self.conversation = Conversation(session, corpus)
+        self.writer = writer or session  # what the chunks go through: the session, or its batches
+        self.conversation = Conversation(session, corpus, writer)
         self.chunks = corpus.chunks(chunk_pool)
         self.index = 0
         self.turn = self.conversation.start_turn(corpus.take(200))
         self.item = self.conversation.start_item(self.turn, type="message", role="assistant")
 
     def append(self, count: int) -> None:
-        session, item, chunks, conv = self.session, self.item, self.chunks, self.conversation
+        session, item, chunks, conv = self.writer, self.item, self.chunks, self.conversation
         n = len(chunks)
         for _ in range(count):
             session.append_content(item, chunks[self.index % n], False, conv.now())
@@ -664,11 +668,12 @@ class Bench:
             for mode in self.mode_order(block):
                 for kind, chunk in kinds.items():
                     store = Store(self.root / f"redaction-{mode}-{block}", fsync=mode)
-                    sessions = {on: store.open(f"redacted-{len(kind)}-{on}") for on in (False, True)}
-                    sessions[True].redaction = SessionRedaction(redactor_from_spec(
+                    redaction = SessionRedaction(redactor_from_spec(
                         {"rules": True, "literals": ["s3same-ouvre-toi"], "patterns": {}}))  # fmt: skip
+                    sessions = {on: Batches(store.open(f"redacted-{len(kind)}-{on}"), redaction if on else None)
+                                for on in (False, True)}  # fmt: skip
                     pool = [chunk() for _ in range(4096)]
-                    streams = {on: Stream(s, self.corpus) for on, s in sessions.items()}
+                    streams = {on: Stream(b.session, self.corpus, writer=b) for on, b in sessions.items()}
                     for on, s in sessions.items():
                         streams[on].chunks = pool
                         s.flush()

@@ -231,26 +231,28 @@ def test_search_counts_one_matching_passage_in_the_singular(tmp_path: Path, even
 def test_compact_says_why_it_leaves_a_batch_its_writer_has_not_confirmed(tmp_path: Path, events: Events) -> None:
     """Lines a killed backend wrote but never committed are sent again by
     their writer: a snapshot must not take them in, and the tool says so."""
+    from magent_store.batches import Batches
     from magent_store.errors import SimulatedCrash
     from magent_store.store import Scope, Session, Store
 
     root = tmp_path / "root"
     header = root / "global" / "s1.json"
     s = Session(Store(root).files("s1", Scope.global_()), Scope.global_())
-    s.begin_batch("emacs-1", 1)
+    batches = Batches(s)
+    batches.begin_batch("emacs-1", 1)
     for obj in [events.thread_started(), events.turn("turn-started", "t1"), events.item_started("t1", "i1")]:
         s.append_event(obj)
-    s.flush()
+    batches.flush()
 
     def killed(point: str) -> None:
         if point == "log-written":
             raise SimulatedCrash(point)
 
     s._crash = killed
-    s.begin_batch("emacs-1", 2)
+    batches.begin_batch("emacs-1", 2)
     s.append_event(events.content("t1", "i1", "unconfirmed"))
     with pytest.raises(SimulatedCrash):
-        s.flush()
+        batches.flush()
     s.abandon()
     snapshot = (root / "global/s1.snapshot").read_bytes()
     compacted = cli("compact", header)

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import Events
 from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store
+from magent_store.batches import Batches
 from magent_store.export import Exporter, render, salvage
 from magent_store.fileio import dumps
 from magent_store.layout import SessionFiles
@@ -236,9 +237,10 @@ def test_export_removes_the_stores_side_files_and_fsck_knows_them(tmp_path: Path
     root = tmp_path / "root"
     files = make_session(root, events, "g1")
     with Store(root).open("g1", Scope.global_()) as s:  # what a backend leaves: its batch record
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         s.append_event(events.content("turn-1", "a1", " more"))
-        s.flush()
+        batches.flush()
     assert files.producer.exists()
     assert fsck.fsck(root).findings == []  # beside a schema-7 session: the store's own, fine
     result = Exporter(root).run()

@@ -1,4 +1,4 @@
-"""fsck and the store's side files: the producer record, the checksums, a set-aside tail.
+"""fsck and the store's side files: the batch record, the checksums, a set-aside tail.
 
 Each file is named after the session it belongs to, whatever that session's
 id looks like (an id may itself end in ``.producer`` or ``.jsonl.tail-1``).
@@ -12,6 +12,7 @@ import pytest
 
 from conftest import Events
 from magent_store import fsck, layout
+from magent_store.batches import Batches
 from magent_store.store import Store
 
 # Ids that read like another session's side file.
@@ -19,13 +20,14 @@ LOOKALIKE_IDS = ("s1", "a.producer", "b.sums", "c.jsonl.tail-1", "d.lock", "e.js
 
 
 def write_batch(st: Store, sid: str) -> None:
-    """A session written as the backend writes it: one numbered batch, so a producer record too."""
+    """A session written as the backend writes it: one numbered batch, so a batch record too."""
     events = Events(thread_id=f"thread-{sid}")
     with st.open(sid) as s:
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         for obj in events.conversation(turns=1, chunks=2):
             s.append_event(obj)
-        s.flush()
+        batches.flush()
 
 
 @pytest.fixture

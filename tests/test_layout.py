@@ -20,6 +20,7 @@ import pytest
 
 from conftest import Events
 from magent_store import fsck, layout, oldlayout
+from magent_store.batches import Batches
 from magent_store.errors import SessionLockedError, SimulatedCrash
 from magent_store.layout import SessionFiles
 from magent_store.store import Scope, Store
@@ -37,11 +38,12 @@ def write_batch(st: Store, sid: str, scope: Scope | None = None, *, text: str = 
     """A session written as the backend writes it: one numbered batch, so a batch record too."""
     events = Events(thread_id=f"thread-{sid}")
     with st.open(sid, scope) as s:
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         for obj in events.conversation(turns=1, chunks=2):
             s.append_event(obj)
         s.append_content("a0", f" {text}", False, events.now())
-        s.flush()
+        batches.flush()
 
 
 def tree(top: Path) -> dict[str, bytes]:
@@ -131,7 +133,7 @@ def test_a_tree_laid_out_the_old_way_is_moved_over_at_its_first_open_with_nothin
     assert (layout.machine_root(root) / oldlayout.MOVED_FILE).exists()
     # The batch record came along: the batch the log holds is not applied again.
     with st.open("s1") as s:
-        assert not s.begin_batch("emacs-1", 1)
+        assert not Batches(s).begin_batch("emacs-1", 1)
     # The checksums came along: a byte changed in the log is still found.
     files = SessionFiles(root / "global", "s1")
     data = files.log.read_bytes()
@@ -230,7 +232,7 @@ def test_another_machines_files_arriving_in_the_tree_are_left_alone_by_every_rea
     out = cli("fsck", root)
     assert out.returncode == 0 and "damaged" not in out.stdout, out.stdout
     with Store(root).open("s1") as s:
-        assert s.begin_batch("emacs-1", 2), "this machine's record, not the copy's batch 7"
+        assert Batches(s).begin_batch("emacs-1", 2), "this machine's record, not the copy's batch 7"
     found = cli("search", "words", root)
     assert found.returncode == 0 and "s1" in found.stdout, found.stdout + found.stderr
     for rel, data in foreign.items():

@@ -20,6 +20,7 @@ import pytest
 import schema6
 from conftest import Events
 from magent_store import fsck, layout, ledger, relocate
+from magent_store.batches import Batches
 from magent_store.errors import SimulatedCrash
 from magent_store.layout import SessionFiles
 from magent_store.relocate import Relocator
@@ -51,11 +52,12 @@ def make7(root: Path, project: str, session_id: str, *, turns: int = 2, compact:
     initial.created_at = 1_700_000_000.0
     store = Store(root, log_max_events=5 if compact else 10**6)
     with store.open(session_id, Scope.project(project), initial) as s:
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         for event in ev.conversation(turns=turns, chunks=3):
             s.append_event(event)
         s.put_header({**s.header, "title": f"work on {session_id}", "metadata": {"model": "m", "n": 2**70}})
-        s.flush()
+        batches.flush()
     files = SessionFiles(pdir(root, project), session_id)
     if compact:
         assert files.snapshot.exists()

@@ -23,6 +23,7 @@ import leaky
 import schema6
 from conftest import Events
 from magent_store import layout, scrub
+from magent_store.batches import Batches
 from magent_store.layout import SessionFiles
 from magent_store.redact import Redactor
 from magent_store.store import Scope, Store, load_session
@@ -284,11 +285,12 @@ def test_a_session_whose_producer_record_is_up_to_date_is_scrubbed(tmp_path: Pat
     root = tmp_path / "sessions"
     events = Events(thread_id="th-emacs")
     with Store(root).open("emacs", Scope.global_()) as s:
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         for event in events.conversation(turns=1, chunks=2):
             s.append_event(event)
         s.append_event(events.turn("turn-queued", "t9", input=f"the key {leaky.GH}"))
-        s.flush()
+        batches.flush()
     files = SessionFiles(root / "global", "emacs")
     record = json.loads(files.producer.read_bytes())
     assert record["producer"] == "emacs-1" and record["seq"] == load_session(files)[1].last_event_seq

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sexpdata import Symbol
 
 from conftest import examples
-from magent_store import layout, ledger, server, service
+from magent_store import arguments, layout, ledger, server, service, store
 from magent_store.stats import median, percentile
 from serverkit import (
     IN_PROCESS,
@@ -290,6 +290,33 @@ def test_a_batch_from_emacs_is_a_list_with_integer_milliseconds_and_nil_for_fals
     # From JSON text an integer is seconds.
     assert _call(client, "flush", "s1", orjson.dumps([["item-1", "!", False, 1_700_000_002]]).decode())[4] == []
     assert orjson.loads((backend.root / "global" / "s1.jsonl").read_bytes().splitlines()[-1])["created-at"] == 1_700_000_002
+
+
+@pytest.mark.parametrize("redact", [False, True], ids=["plain", "redacted"])
+def test_a_chunk_from_emacs_is_checked_once_on_its_way_down(
+    here: Backend, monkeypatch: pytest.MonkeyPatch, redact: bool
+) -> None:
+    # Decoded and checked where the wire is read (arguments); the batch protocol and the store take it as checked.
+    checked = {"arguments": 0, "store": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def check(*args: Any, **kwargs: Any) -> Any:
+            checked[name] += 1
+            return real(*args, **kwargs)
+        return check
+
+    monkeypatch.setattr(arguments, "chunk_args", counted("arguments", arguments.chunk_args))
+    monkeypatch.setattr(store, "check_content", counted("store", store.check_content))
+    client = here.client()
+    options = orjson.dumps({"redact": {"rules": True}}).decode() if redact else ""
+    client.call_sync("open", [str(here.root), SCOPE, "s1", options], timeout=TIMEOUT)
+    _start_item(client)
+    batch = [["item-1", "one ", [], 1_700_000_000_250], ["item-1", "two ", [], 1_700_000_000_500],
+             ["item-1", "three", Symbol("t"), 1_700_000_001.5]]  # fmt: skip
+    assert _call(client, "flush", "s1", batch)[4] == []
+    assert checked == {"arguments": 3, "store": 0}
+    item = _show(here)["turns"][0]["items"][0]
+    assert (item["content"], item["output"]) == ("one two ", "three")
 
 
 @pytest.mark.parametrize(("entry", "message"), [

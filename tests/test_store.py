@@ -20,6 +20,7 @@ import pytest
 
 from conftest import Events, need
 from magent_store import fileio, layout, ledger, store
+from magent_store.batches import Batches
 from magent_store.errors import (
     CorruptSessionError,
     InvalidSessionId,
@@ -685,12 +686,13 @@ def test_files_gone_and_not_writable_again_refuse_the_flush_naming_the_path(root
         s.flush()
     assert s.pending_events == 1, "the events stay for the next flush"
     # A numbered batch is refused too, and the session is not read back from the empty place.
-    assert s.begin_batch("emacs-1", 1)
+    batches = Batches(s)
+    assert batches.begin_batch("emacs-1", 1)
     s.append_content("a0", "batch", False, events.now())
     with pytest.raises(store.WriteFailed):
-        s.flush()
+        batches.flush()
     with pytest.raises(StoreError, match="gone"):
-        s.abort_batch()
+        batches.abort_batch()
     assert (root / "global").read_bytes() == b"a file where the directory was"
 
 
@@ -991,9 +993,10 @@ def test_a_link_planted_in_a_session_directory_is_never_followed(
     outside.chmod(0o644)
     st = Store(root, log_max_events=10_000)
     with st.open("s1") as s:  # a session with all its files
-        assert s.begin_batch("emacs-1", 1)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 1)
         fill(s, events, turns=1)
-        s.flush()
+        batches.flush()
     directory = root / "global"
     if name == "temp":
         name = f".s1.json.tmp-{os.getpid()}"
@@ -1004,10 +1007,11 @@ def test_a_link_planted_in_a_session_directory_is_never_followed(
         if name.startswith("."):
             (directory / name).unlink(missing_ok=True)  # planted again after the open's cleanup
             (directory / name).symlink_to(outside)
-        assert s.begin_batch("emacs-1", 2)
+        batches = Batches(s)
+        assert batches.begin_batch("emacs-1", 2)
         s.append_content("a0", "more", False, events.now())
         s.put_header({"title": "changed"})
-        s.compact()
+        batches.flush(compact=True)
     assert outside.read_bytes() == b"precious"
     assert stat.S_IMODE(outside.stat().st_mode) == 0o644
 

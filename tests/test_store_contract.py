@@ -28,6 +28,7 @@ import pytest
 import schema6
 from conftest import Events
 from magent_store import fileio, layout, ledger, sessions, store
+from magent_store.batches import Batches
 from magent_store.errors import (
     BatchOutOfOrder,
     CorruptSessionError,
@@ -359,7 +360,7 @@ def test_a_closed_session_refuses_everything_and_closes_twice_quietly(root: Path
     s.close()
     s.close()
     for call in (lambda: s.append_event(events.thread_started()), s.flush, s.sync,
-                 lambda: s.put_header({}), lambda: s.begin_batch(P, 1)):  # fmt: skip
+                 lambda: s.put_header({}), lambda: Batches(s).begin_batch(P, 1)):  # fmt: skip
         with pytest.raises(StoreError, match="session 's1' is closed"):
             call()
     assert not SessionFiles(root / "global", "s1").lock.exists()
@@ -645,9 +646,10 @@ def test_delete_removes_what_is_there_of_a_session(root: Path, events: Events) -
     st.delete("s1")  # only a log: a first flush cut short
     assert list((root / "global").iterdir()) == []
     s = st.open("s2")
-    assert s.begin_batch(P, 1)
+    batches = Batches(s)
+    assert batches.begin_batch(P, 1)
     fill(s, events)
-    s.close()
+    batches.close()
     (root / "global/s2.snapshot").unlink()
     st.delete("s2")
     assert list((root / "global").iterdir()) == [], "the producer record goes too"
@@ -892,8 +894,10 @@ def test_files_and_directories_are_never_open_to_others_even_for_an_instant(
     old = os.umask(0)
     try:
         with Store(root).open("s1", Scope.action("review")) as s:
-            assert s.begin_batch(P, 1)
+            batches = Batches(s)
+            assert batches.begin_batch(P, 1)
             fill(s, events)
+            batches.close()
     finally:
         os.umask(old)
     assert {Path(p).name for p, _ in seen} >= {"sessions", "actions", "review", "s1.lock", "s1.jsonl", "s1.producer"}
@@ -1125,13 +1129,14 @@ def test_a_full_disk_during_a_batch_says_the_batch_is_to_be_sent_again(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(fileio, "write_all", enospc)
-    assert s.begin_batch(P, 2)
+    batches = Batches(s)
+    assert batches.begin_batch(P, 2)
     s.append_event(events.content("t1", "i1", "x"))
     with pytest.raises(WriteFailed) as failed:
-        s.flush()  # the batch is forgotten: no abort needed
+        batches.flush()  # the batch is forgotten: no abort needed
     assert s.pending_events == 0 and s.last_seq == 3
     monkeypatch.undo()
-    assert s.flush().events_written == 0
+    assert batches.flush().events_written == 0
     assert orjson.loads(SessionFiles(root / "global", "s1").producer.read_bytes())["batch"] == 1
     message = str(failed.value)
     assert message.startswith(f"{root}/global/s1.jsonl: cannot write (no space left on device: ")
@@ -1195,8 +1200,8 @@ def test_an_unreadable_producer_record_starts_the_writer_afresh(
     s.close()
     s = open_session(root)
     with pytest.raises(BatchOutOfOrder):
-        s.begin_batch(P, 4)
-    assert not s.begin_batch(P, 2), "the record says batch 2 is in"
+        Batches(s).begin_batch(P, 4)
+    assert not Batches(s).begin_batch(P, 2), "the record says batch 2 is in"
     s.close()
     SessionFiles(root / "global", "s1").producer.write_bytes(record)
     s = open_session(root)
@@ -1206,24 +1211,26 @@ def test_an_unreadable_producer_record_starts_the_writer_afresh(
         with pytest.raises(orjson.JSONDecodeError) as why:
             orjson.loads(record)
         assert messages(caplog)[0] == f"{SessionFiles(root / 'global', 's1').producer}: unreadable ({why.value}); the next writer starts afresh"
-    assert s.begin_batch(P, 4), "no batch of it known"
-    s.abort_batch()
+    batches = Batches(s)
+    assert batches.begin_batch(P, 4), "no batch of it known"
+    batches.abort_batch()
     s.close()
 
 
 def test_batch_numbers_and_producers_are_checked(root: Path, events: Events) -> None:
     s = open_session(root)
+    batches = Batches(s)
     for producer in (5, "", "x" * 65, "a b", None):
         with pytest.raises(StoreError, match="batch producer must be 1 to 64 letters, digits, - or _"):
-            s.begin_batch(producer, 1)
+            batches.begin_batch(producer, 1)
     for batch in (0, -1, True, "1", 1.0, ledger.INT_MAX + 1):
         with pytest.raises(StoreError, match="batch number must be a positive 64-bit integer"):
-            s.begin_batch("x" * 64, batch)
-    assert s.begin_batch("a_B-9", ledger.INT_MAX)
-    s.abort_batch()
-    assert s.begin_batch(P, 1)
-    s.abort_batch()
-    s.flush()  # no batch any more: nothing committed
+            batches.begin_batch("x" * 64, batch)
+    assert batches.begin_batch("a_B-9", ledger.INT_MAX)
+    batches.abort_batch()
+    assert batches.begin_batch(P, 1)
+    batches.abort_batch()
+    batches.flush()  # no batch any more: nothing committed
     assert not SessionFiles(root / "global", "s1").producer.exists()
     s.close()
 
@@ -1232,10 +1239,11 @@ def test_an_out_of_order_batch_names_the_one_expected(root: Path, events: Events
     s = open_session(root)
     send(s, 1, start(events))
     send(s, 2, [events.content("t1", "i1", "a")])
+    batches = Batches(s)
     with pytest.raises(BatchOutOfOrder, match="session 's1': batch 4 came before batch 3; send again from batch 3"):
-        s.begin_batch(P, 4)
-    assert s.begin_batch(P, 3)
-    s.abort_batch()
+        batches.begin_batch(P, 4)
+    assert batches.begin_batch(P, 3)
+    batches.abort_batch()
     s.close()
 
 
@@ -1332,9 +1340,10 @@ def test_the_kept_tail_holds_up_to_exactly_its_byte_bound(root: Path, events: Ev
         s.close()
         s = st.open("s1")
     else:  # a refused batch: the session is read back from disk
-        assert s.begin_batch(P, 1)
+        batches = Batches(s)
+        assert batches.begin_batch(P, 1)
         s.append_content("a0", "refused", False, events.now())
-        s.abort_batch()
+        batches.abort_batch()
     # One more line brings the log to exactly the bound: a compaction keeps it all.
     s.append_content("a0", "b" * (store.LOG_TAIL_BYTES - _log_size(root) - line + 1), False, events.now())
     s.compact()

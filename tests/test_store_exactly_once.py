@@ -18,6 +18,7 @@ import pytest
 
 from conftest import Events
 from magent_store import fileio, store
+from magent_store.batches import Batches
 from magent_store.errors import BatchOutOfOrder, SimulatedCrash, StoreError, WriteFailed
 from magent_store.layout import SessionFiles
 from magent_store.store import Scope, Session, Store
@@ -37,14 +38,15 @@ def open_session(root: Path, crash: Any = None, **kw: Any) -> Session:
 
 def send(s: Session, number: int, objs: list[dict[str, Any]], producer: str = P) -> bool:
     """What the server does with a numbered flush."""
-    apply = s.begin_batch(producer, number)
+    batches = Batches(s)
+    apply = batches.begin_batch(producer, number)
     try:
         if apply:
             for obj in objs:
-                s.append_event(obj)
-        s.flush()
+                batches.append_event(obj)
+        batches.flush()
     except BaseException:
-        s.abort_batch()
+        batches.abort_batch()
         raise
     return apply
 
@@ -85,10 +87,11 @@ def test_lines_a_killed_backend_never_committed_are_replaced_by_the_resend(
     s2 = s
     s2._crash = killed
     with pytest.raises(SimulatedCrash):
-        s2.begin_batch(P, 2)
+        batches = Batches(s2)
+        batches.begin_batch(P, 2)
         for chunk in "xyz":
-            s2.append_event(events.content("t1", "i1", chunk))
-        s2.flush()
+            batches.append_event(events.content("t1", "i1", chunk))
+        batches.flush()
     s2.abandon()
     # The lines are on disk, uncommitted: a reader sees them...
     assert log_chunks(root) == ["x", "y", "z"]
@@ -142,7 +145,7 @@ def _killed_at_log_written(point: str) -> None:
 def test_a_writers_first_batch_killed_before_its_commit_is_applied_once(
     root: Path, events: Events, before: str
 ) -> None:
-    """The first batch of a writer the producer record does not name yet:
+    """The first batch of a writer the batch record does not name yet:
     its lines reach the log, the backend is killed before the record says
     whose they are, and the writer sends the batch again."""
     first = start(events)

@@ -1,9 +1,9 @@
 """Write-time redaction in a session: nothing of a secret reaches the disk, and every batch lands once.
 
-A session given a `SessionRedaction` redacts events, the header and
-streamed chunks before it keeps them.  A chunk's text that could still
+A session written through `Batches` with a `SessionRedaction` redacts
+events, the header and streamed chunks before it keeps them.  A chunk's text that could still
 become a secret is held back in memory, so a batch is confirmed to its
-writer (the producer record, `Session.released`) only once none of its
+writer (the batch record, `Batches.released`) only once none of its
 text is held: after a crash the writer sends again every batch past it.
 A crash is simulated as in tests/test_store_exactly_once.py: a hook
 raising `SimulatedCrash` at a named point, then `abandon`.
@@ -21,6 +21,7 @@ import pytest
 
 from conftest import Events
 from magent_store import fileio, ledger
+from magent_store.batches import Batches
 from magent_store.errors import SimulatedCrash, WriteFailed
 from magent_store.redact import redactor_from_spec
 from magent_store.redacting import SessionRedaction
@@ -38,7 +39,7 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "sessions"
 
 
-def open_session(root: Path, crash: Any = None, *, patterns: bool = False) -> Session:
+def open_session(root: Path, crash: Any = None, *, patterns: bool = False) -> Batches:
     """Session s1 redacted by the vendored rules and the planted literal (PATTERNS: and the user's pattern).
 
     A user's pattern holds back every chunk's last word (it may match any
@@ -47,11 +48,10 @@ def open_session(root: Path, crash: Any = None, *, patterns: bool = False) -> Se
     files = Store(root).files("s1", Scope.global_())
     session = Session(files, Scope.global_(), crash=crash)
     spec = {"literals": LITERALS, "patterns": PATTERNS if patterns else {}}
-    session.redaction = SessionRedaction(redactor_from_spec(spec))
-    return session
+    return Batches(session, SessionRedaction(redactor_from_spec(spec)))
 
 
-def send(s: Session, number: int, objs: list[Any], *, finish: bool = False) -> int:
+def send(s: Batches, number: int, objs: list[Any], *, finish: bool = False) -> int:
     """What the server does with a numbered tick (FINISH: a flush); the batch number it may forget up to."""
     apply = s.begin_batch(P, number)
     try:
@@ -175,7 +175,7 @@ def test_a_crash_after_the_held_batch_was_overtaken_resends_from_the_released_on
         if point == "log-written":
             raise SimulatedCrash(point)
 
-    s._crash = killed
+    s.session._crash = killed
     with pytest.raises(SimulatedCrash):
         send(s, 5, [chunk(OPENAI[9:] + " c\n")])
     s.abandon()
@@ -222,7 +222,7 @@ def test_no_compaction_takes_in_text_of_a_batch_not_released(root: Path, events:
     s = open_session(root)
     send(s, 1, start(events))
     assert send(s, 2, [chunk("z " + GH[:10])]) == 1
-    assert s.unconfirmed_events == 1  # "z " is past the record: a crash cuts it, and the resend brings it back
+    assert s.session.unconfirmed_events == 1  # "z " is past the record: a crash cuts it, and the resend brings it back
     assert not s.flush(compact=True).compacted
     s.abandon()
 

@@ -3,25 +3,22 @@
 What Emacs sends over the wire arrives as JSON text, as s-expressions read
 into lists, or as bytes that are not always UTF-8.  This module turns them
 into what the store takes, and refuses what it cannot read with a
-`CallError` whose message names what was wrong.  A batch is applied entry
-by entry (`apply_batch`): a bad entry is rejected alone.
+`CallError` whose message names what was wrong.  A batch's entries are
+decoded one by one (`entries`) for `batches` to apply: a bad entry is
+rejected alone.  Nothing here changes a session.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
 from magent_store import ledger
-from magent_store.errors import StoreError
-from magent_store.store import Session
-
-# What a batch costs is the server's to tell: its log says it under its name.
-log = logging.getLogger("magent_store.server")
+from magent_store.batches import Chunk, Entry, Unreadable
 
 JsonDict = dict[str, Any]
 
@@ -94,7 +91,7 @@ def text(value: Any, what: str) -> str:
     return value
 
 
-def chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, float]:
+def chunk_args(entry: list[Any], *, millis: bool) -> Chunk:
     if len(entry) != 4:
         raise CallError("a chunk is [item-id, chunk, output, created-at]")
     item_id, chunk, output, created_at = entry
@@ -111,7 +108,8 @@ def chunk_args(entry: list[Any], *, millis: bool) -> tuple[str, str, bool, float
     # From Emacs an integer is milliseconds (cheap to print), a float seconds
     # exactly as magent recorded them.
     millis = millis and isinstance(created_at, int)
-    return item_id, chunk, output, ledger.check_timestamp(created_at, "chunk created-at", millis=millis)
+    created_at = ledger.check_timestamp(created_at, "chunk created-at", millis=millis)
+    return Chunk(item_id, chunk, output, created_at)
 
 
 # What Emacs's printer writes for a character UTF-8 has no room for, one
@@ -131,67 +129,41 @@ def decode_utf8(data: bytes) -> str:
         return _NOT_UNICODE.sub("\ufffd".encode(), data).decode("utf-8", "replace")
 
 
-def apply_batch(session: Session, batch: Any, *, allow: str) -> list[str]:
-    """Apply BATCH's entries in order; return the rejected ones' errors.
+def entries(batch: Any, *, allow: str) -> tuple[int, Iterator[Entry]]:
+    """BATCH's entries, decoded one by one as they are taken, and how many there are.
 
     BATCH is JSON text (an array) or, from Emacs, an s-expression list.
     An entry is an event (a JSON object, or JSON text of one) or a
-    content chunk ``[item-id, chunk, output, created-at]``.  Emacs sends
-    the batch as a list, a chunk's output as ``t`` or ``nil`` and its
+    content chunk ``[item-id, chunk, output, created-at]``; ALLOW says
+    which it may be ("any", "events" or "content").  Emacs sends the
+    batch as a list, a chunk's output as ``t`` or ``nil`` and its
     created-at as float seconds (the time magent gave the item, to the
     last digit) or integer milliseconds (cheaper to print, for callers
-    with no time of their own), so chunks need no JSON at all.
-    A rejected entry changes nothing and does not stop the others: losing
-    one bad event beats losing the batch.
+    with no time of their own), so chunks need no JSON at all.  An entry
+    that cannot be read comes as `Unreadable`, saying why: the others are
+    applied all the same (see `batches.Batches.apply`).
     """
     what = {"any": "batch", "events": "events", "content": "chunks"}[allow]
     from_json = isinstance(batch, str)
-    entries = json_text(batch, what) if from_json else batch
-    if not isinstance(entries, list):
+    items = json_text(batch, what) if from_json else batch
+    if not isinstance(items, list):
         raise CallError(f"{what} must be a JSON array or a list")
-    rejected: list[str] = []
-    clamped: list[str] = []
-    with ledger.clamped_times() as times:
-        for index, entry in enumerate(entries):
-            error = _apply_entry(session, entry, allow, millis=not from_json)
-            if error is not None:
-                rejected.append(f"entry {index}: {error}")
-            elif times:
-                clamped += (f"entry {index}: {where}" for where in times)
-            times.clear()  # a rejected entry's clamps came to nothing
-    if clamped:
-        log.warning("session %r: %d times outside 1970 .. 9999 clamped (%s)",
-                    session.id, len(clamped), clamped[0])  # fmt: skip
-    if rejected:
-        log.warning("session %r: rejected %d of %d entries: %s",
-                    session.id, len(rejected), len(entries), rejected[0])  # fmt: skip
-    return rejected
+    return len(items), (_entry(entry, allow, millis=not from_json) for entry in items)
 
 
-def _apply_entry(session: Session, entry: Any, allow: str, *, millis: bool) -> str | None:
-    """Apply one entry of a batch; None, or why it was rejected (it then changed nothing)."""
+def _entry(entry: Any, allow: str, *, millis: bool) -> Entry:
+    """One entry of a batch, decoded and checked; else `Unreadable`, saying why."""
     try:
         if isinstance(entry, str) and allow in ("any", "events"):
             entry = json_text(entry, "event")
         if isinstance(entry, dict) and allow in ("any", "events"):
-            session.append_event(entry)
-        elif isinstance(entry, list) and allow in ("any", "content"):
-            session.append_content(*chunk_args(entry, millis=millis))
-        else:
-            kinds = {"any": "an event object or a chunk array",
-                     "events": "an event object", "content": "a chunk array"}  # fmt: skip
-            raise CallError(f"must be {kinds[allow]}")
+            return entry
+        if isinstance(entry, list) and allow in ("any", "content"):
+            return chunk_args(entry, millis=millis)
+        kinds = {"any": "an event object or a chunk array",
+                 "events": "an event object", "content": "a chunk array"}  # fmt: skip
+        raise CallError(f"must be {kinds[allow]}")
     except (CallError, ValueError, TypeError) as err:
-        # ValueError covers LedgerError; messages name fields, and quote at
-        # most a short value, redacted when the session is.
-        return str(err) if session.redaction is None else session.redaction.message(str(err))
-    except StoreError:
-        raise  # the session, not the entry: the batch stays with its sender
-    except Exception as err:
-        # One entry that breaks the backend must not stop the session.
-        if session.redaction is None:
-            log.exception("session %r: entry failed", session.id)
-        else:  # a traceback may quote what was sent
-            log.error("session %r: entry failed: %s", session.id, type(err).__name__)
-        return f"unexpected {type(err).__name__} (see the backend log)"
-    return None
+        return Unreadable(err)
+    except Exception as err:  # one entry that breaks the backend must not stop the others
+        return Unreadable(err, expected=False)

@@ -264,7 +264,7 @@ class SessionFiles:
 
     @property
     def producer(self) -> Path:
-        """Which batch of which writer the log holds last (see `Session.begin_batch`)."""
+        """Which batch of which writer the log holds last (see `batches.Batches.begin_batch`)."""
         return self.machine_directory / f"{self.id}.producer"
 
     def old(self, suffix: str) -> Path:

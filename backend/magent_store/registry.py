@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from magent_store.arguments import CallError, JsonDict
+from magent_store.batches import Batches
 from magent_store.errors import SessionNotFound, StoreError
 from magent_store.fileio import note_root
 from magent_store.layout import SessionFiles
@@ -39,12 +40,16 @@ CrashHook = Callable[[], Callable[[str], None] | None]
 
 @dataclass(slots=True)
 class OpenSession:
-    """A session this server holds open, with where it came from."""
+    """A session this server holds open, written in batches, with where it came from."""
 
-    session: Session
+    batches: Batches
     root: str
     scope: Any
     store: Store
+
+    @property
+    def session(self) -> Session:
+        return self.batches.session
 
 
 class Registry:
@@ -110,10 +115,14 @@ class Registry:
 
     def session(self, session_id: Any) -> Session:
         """The open session SESSION_ID; refused by name when it is not open here."""
+        return self.batches(session_id).session
+
+    def batches(self, session_id: Any) -> Batches:
+        """The open session SESSION_ID as its writer sends it; refused by name when it is not open here."""
         entry = self._open.get(session_id) if isinstance(session_id, str) else None
         if entry is None:
             raise CallError(f"session {session_id!r} is not open here: call open first")
-        return entry.session
+        return entry.batches
 
     def already_open(self, session_id: str, root: str, scope_json: Any) -> Session | None:
         """SESSION_ID if it is open here under ROOT and SCOPE_JSON; None if not open at all."""
@@ -132,9 +141,8 @@ class Registry:
         """
         store = self.store(root, options)
         session = open_session(store, session_id, scope, initial)
-        session.redaction = redaction
         session.after_flush = self._search_index(root, options)
-        self._open[session_id] = OpenSession(session, root, scope_json, store)
+        self._open[session_id] = OpenSession(Batches(session, redaction), root, scope_json, store)
         log.info("opened session %s (last seq %d)", session_id, session.last_seq)
         return session
 
@@ -150,7 +158,7 @@ class Registry:
             raise CallError(f"session {session_id!r} is not open here under {root!r:.200}: call open first")
         session = entry.session
         try:
-            moved = move_session(entry.store, session, scope)
+            moved = move_session(entry.store, session, scope, close=entry.batches.close)
         except MoveFailed as err:
             moved = err.session
             self._reattach(entry, moved, entry.scope)
@@ -160,10 +168,11 @@ class Registry:
 
     def _reattach(self, entry: OpenSession, session: Session, scope_json: Any) -> None:
         """Hold SESSION, ENTRY's session opened again, under SCOPE_JSON, as ENTRY's was held."""
+        batches = entry.batches
         if session is not entry.session:
-            session.redaction = entry.session.redaction
             session.after_flush = entry.session.after_flush
-        self._open[session.id] = OpenSession(session, entry.root, scope_json, entry.store)
+            batches = Batches(session, entry.batches.redaction)
+        self._open[session.id] = OpenSession(batches, entry.root, scope_json, entry.store)
 
     def alias(self, session_id: str, writes_as: str) -> None:
         """Hold SESSION_ID, which went on as the fork WRITES_AS, under that id too.
@@ -186,7 +195,7 @@ class Registry:
         entry = self._open.get(session_id) if isinstance(session_id, str) else None
         if entry is not None:
             self._forget(entry)
-            entry.session.close()
+            entry.batches.close()
             log.info("closed session %s", session_id)
 
     def delete(self, root: str, scope: Scope, session_id: str) -> bool:
@@ -194,7 +203,7 @@ class Registry:
         entry = self._open.get(session_id)
         if entry is not None:
             self._forget(entry)
-            entry.session.abandon(remove_lock=True)
+            entry.batches.abandon(remove_lock=True)
             if Scope.from_json(entry.scope) == scope:
                 scope = entry.session.scope  # where it was opened: where its header was
         try:
@@ -212,9 +221,10 @@ class Registry:
         """
         view = None
         header = files.header.resolve()
-        for session in self.sessions():
+        for batches in self._all_batches():
+            session = batches.session
             if session.files.id == files.id and session.files.header.resolve() == header:
-                session.flush()
+                batches.flush()
                 view = (session.current_header(), session.thread)
         return view
 
@@ -225,12 +235,13 @@ class Registry:
         be flushed is left out: its files speak for it.
         """
         headers: dict[str, JsonDict] = {}
-        for session in self.sessions():
+        for batches in self._all_batches():
+            session = batches.session
             try:
                 header = session.files.header.resolve()
                 if not header.is_relative_to(root):
                     continue
-                session.flush()
+                batches.flush()
             except (StoreError, OSError) as err:
                 log.warning("listing %s from its files: %s", session.id, err)
                 continue
@@ -239,7 +250,11 @@ class Registry:
 
     def sessions(self) -> Iterator[Session]:
         """The sessions open here, each once (a fork is also held under the id it came from)."""
-        return iter({id(entry): entry.session for entry in list(self._open.values())}.values())
+        return (batches.session for batches in self._all_batches())
+
+    def _all_batches(self) -> Iterator[Batches]:
+        """The sessions open here as their writers send them, each once."""
+        return iter({id(entry): entry.batches for entry in list(self._open.values())}.values())
 
     def ids(self) -> list[str]:
         """The ids of the sessions open here, sorted."""

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from magent_store.arguments import CallError, apply_batch, json_text, text
+from magent_store import arguments
+from magent_store.arguments import CallError, json_text, text
+from magent_store.batches import Batches
 from magent_store.errors import StoreError
 from magent_store.fileio import dumps, make_private_dirs
 from magent_store.layout import SessionFiles
@@ -235,32 +237,34 @@ class Service:
             log.warning("%s", message[:500])
             return None
 
-    def _apply(self, session: Session, batch: Any, *, allow: str) -> list[str]:
-        rejected = apply_batch(session, batch, allow=allow)
+    def _apply(self, batches: Batches, batch: Any, *, allow: str) -> list[str]:
+        count, entries = arguments.entries(batch, allow=allow)
+        rejected = batches.apply(entries, count)
         self.stats.rejected += len(rejected)
         return rejected
 
     def append(self, session_id: Any, batch: Any) -> list[Any]:
         """Apply a mixed batch without flushing; return ``(last-seq rejected)``."""
-        session = self._session(session_id)
-        rejected = self._apply(session, batch, allow="any")
-        return [session.last_seq, rejected]
+        batches = self.sessions.batches(session_id)
+        rejected = self._apply(batches, batch, allow="any")
+        return [batches.session.last_seq, rejected]
 
     def append_events(self, session_id: Any, events: Any) -> list[Any]:
         """Apply a batch of events; return ``(last-seq rejected)``."""
-        session = self._session(session_id)
-        rejected = self._apply(session, events, allow="events")
-        return [session.last_seq, rejected]
+        batches = self.sessions.batches(session_id)
+        rejected = self._apply(batches, events, allow="events")
+        return [batches.session.last_seq, rejected]
 
     def append_content(self, session_id: Any, chunks: Any) -> list[Any]:
         """Apply a batch of ``[item-id, chunk, output, created-at]``; return as `append`."""
-        session = self._session(session_id)
-        rejected = self._apply(session, chunks, allow="content")
-        return [session.last_seq, rejected]
+        batches = self.sessions.batches(session_id)
+        rejected = self._apply(batches, chunks, allow="content")
+        return [batches.session.last_seq, rejected]
 
     def put_header(self, session_id: Any, header: Any) -> bool:
         """Replace the session's header (written at the next flush if changed)."""
-        session = self._session(session_id)
+        batches = self.sessions.batches(session_id)
+        session = batches.session
         obj = json_text(header, "header")
         if not isinstance(obj, dict):
             raise CallError("header must be a JSON object")
@@ -273,12 +277,12 @@ class Service:
                 session_id, " and ".join(changed), session.scope.kind,
             )
         try:
-            session.put_header(obj)
+            batches.put_header(obj)
         except ValueError as err:
-            if session.redaction is None:
+            if batches.redaction is None:
                 raise
             # The message may quote what was sent: only its redaction leaves.
-            raise CallError(session.redaction.message(str(err))) from None
+            raise CallError(batches.message(str(err))) from None
         return True
 
     def flush(
@@ -302,7 +306,7 @@ class Service:
         `record_timings`); they never make the flush fail.  IDENT, when given,
         is ``(PRODUCER NUMBER)``: the batch's identity, which makes sending
         it again harmless (a batch already in the log is not applied twice;
-        see `Session.begin_batch`).
+        see `Batches.begin_batch`).
         """
         return self._flush(session_id, batch, timings, ident, finish=True)
 
@@ -315,20 +319,21 @@ class Service:
     def _flush(self, session_id: Any, batch: Any, timings: Any, ident: Any, *, finish: bool) -> list[Any]:
         if timings:
             self._record_timings(timings)
-        session = self._session(session_id)
+        batches = self.sessions.batches(session_id)
+        session = batches.session
         rejected: list[str] = []
         apply = True
         if ident:
             if not isinstance(ident, list) or len(ident) != 2:
                 raise CallError("a batch identity is (PRODUCER NUMBER)")
-            apply = session.begin_batch(*ident)
+            apply = batches.begin_batch(*ident)
         try:
             if batch and apply:
-                rejected = self._apply(session, batch, allow="any")
-            result = session.flush(finish=finish)
+                rejected = self._apply(batches, batch, allow="any")
+            result = batches.flush(finish=finish)
         except BaseException:
             if ident:
-                session.abort_batch()
+                batches.abort_batch()
             raise
         self.stats.count_flush(result)
         self.stats.count_sync(session.take_sync_counts())
@@ -339,7 +344,7 @@ class Service:
             result.bytes_written,
             round(result.seconds * 1000.0, 3),
             rejected,
-            session.released(ident[0]) if ident else 0,
+            batches.released(ident[0]) if ident else 0,
             *([notices] if notices else []),
         ]
         if session.id != session_id:  # it went on as a fork: Emacs is to call it by its own id

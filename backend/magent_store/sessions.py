@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from magent_store import migrate, schema6
@@ -78,7 +79,8 @@ def locate(store: Store, session_id: str, scope: Scope) -> Scope:
 _MOVED_FILES = ("log", "sums", "producer", "snapshot")
 
 
-def move_session(store: Store, session: Session, scope: Scope) -> Session:
+def move_session(store: Store, session: Session, scope: Scope,
+                 close: Callable[[], None] | None = None) -> Session:  # fmt: skip
     """Move SESSION, open in STORE, to SCOPE's directory; return it open there.
 
     What magent does when it saves a session under another scope: it
@@ -90,6 +92,8 @@ def move_session(store: Store, session: Session, scope: Scope) -> Session:
     of that id already at the new place, other than such a copy, refuses
     the move, and so does one open for writing elsewhere: nothing changes.
     A failure once SESSION is closed leaves it open again where it was.
+    CLOSE closes it (`Session.close` unless given: its writer's, that
+    writes the text it holds back too).
     """
     old = session.files
     new = store.files(old.id, scope)
@@ -105,7 +109,7 @@ def move_session(store: Store, session: Session, scope: Scope) -> Session:
         raise
     initial, was = session.initial, session.scope
     try:
-        session.close()
+        (close or session.close)()
         _copy_files(old, new, scope, made)
     except Exception as err:
         _discard(new, ("header", *_MOVED_FILES))

@@ -17,11 +17,12 @@ any point leaves the state of the last completed flush or later.
 Its rooms: `fileio` (the store's errors and single files: private,
 never through a link, replaced atomically), `logfile` (the log's one
 reader `read_log`, its checksums, and `LogWriter`, which owns the open
-log and its syncs), and here the producer record, the header, the
+log and its syncs), and here the batch record, the header, the
 compactor, the lock, and `Session`, which coordinates them.  The tools
 above (fsck, migrate, export, search) read every log with `read_log` and
 write through `atomic_write`; taking over a session magent wrote is
-decided above them all (sessions.py).
+decided above them all (sessions.py), and the batch protocol Emacs's
+queue speaks, redaction included, one floor above the store (batches.py).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ import orjson
 
 from magent_store import branches, layout, ledger
 from magent_store.fileio import (
-    BatchOutOfOrder,
     CorruptSessionError,
     InvalidSessionId,
     SessionFiles,
@@ -90,7 +90,6 @@ from magent_store.logfile import (
     scan_log,
 )
 from magent_store.oldlayout import adopt_old_layout
-from magent_store.redacting import SessionRedaction
 
 log = logging.getLogger(__name__)
 
@@ -508,6 +507,8 @@ class ProducerRecord:
     applied but not recorded: APPLIED is the last batch applied, NUMBER
     the last one all of whose text is in the log (its writer keeps every
     batch after it, and sends them again should this process die).
+    Which batch comes next, and whether it is recorded or held, is the
+    batch protocol's to decide (batches.py); this is the file.
     """
 
     def __init__(self, path: Path, written_seq: int) -> None:
@@ -535,7 +536,7 @@ class ProducerRecord:
             self.producer, self.number, self.seq = obj["producer"], obj["batch"], obj["seq"]
             self.applied = self.number
         else:
-            log.warning("%s: not a producer record; the next writer starts afresh", path)
+            log.warning("%s: not a batch record; the next writer starts afresh", path)
 
     def write(self, producer: str, number: int, seq: int) -> None:
         """Record batch NUMBER of PRODUCER as in the log up to SEQ (unchanged if the write fails)."""
@@ -560,26 +561,6 @@ class ProducerRecord:
         if producer != self.producer:
             self.name_writer(producer, number, seq)
         self.applied = number
-
-    def admit(self, producer: Any, number: Any, session_id: str) -> bool:
-        """True for a batch to apply: NUMBER of PRODUCER is new; False: the log holds it already.
-
-        A batch older than the last one logged for PRODUCER is skipped; a
-        later one than the next is refused, so batches never change order.
-        """
-        if not isinstance(producer, str) or PRODUCER_RE.fullmatch(producer) is None:
-            raise StoreError(f"batch producer must be 1 to 64 letters, digits, - or _, got {producer!r:.80}")
-        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= ledger.INT_MAX:
-            raise StoreError(f"batch number must be a positive 64-bit integer, got {number!r:.80}")
-        if producer == self.producer:
-            if number <= self.applied:
-                return False
-            if number > self.applied + 1:
-                raise BatchOutOfOrder(
-                    f"session {session_id!r}: batch {number} came before batch {self.applied + 1}; "
-                    f"send again from batch {self.applied + 1}"
-                )
-        return True
 
     def name_writer(self, producer: str, number: int, seq: int) -> None:
         """Name PRODUCER (up to its batch before batch NUMBER, at SEQ) before its lines reach the log.
@@ -619,6 +600,28 @@ class FlushResult:
     header_written: bool
     compacted: bool
     seconds: float
+
+
+# What became of a batch a flush was given (`BatchWrite.outcome`).
+WRITTEN: Final = "written"  # its lines and the batch record are in the log
+CUT: Final = "cut"  # its write failed: the log is cut back, the batch forgotten (its sender sends it again)
+
+
+@dataclass(slots=True)
+class BatchWrite:
+    """Batch NUMBER of PRODUCER, for a flush to commit in the batch record (batches.py decides how).
+
+    NAME-WRITER names PRODUCER in the record before the batch's lines
+    reach the log (a writer the record does not name); HOLD counts the
+    batch applied, not recorded (some of its text is held back).  The
+    flush sets OUTCOME once it wrote the batch or cut it back.
+    """
+
+    producer: str
+    number: int
+    name_writer: bool = False
+    hold: bool = False
+    outcome: str | None = None
 
 
 _P = ParamSpec("_P")
@@ -876,18 +879,22 @@ class Compactor:
 
 
 # Session is longer than a room should be: what is left in it is the
-# protocol between its rooms (which room acts first in a flush, a batch, a
-# reload, files written again), and each of those steps reads and changes
-# the state of several of them at once.
+# protocol between its rooms (which room acts first in a flush, a reload,
+# files written again, another writer's changes taken in), and each of
+# those steps reads and changes the state of several of them at once.
+# The batch protocol (which batch comes next, redaction's held text) is
+# batches.py's.
 class Session:
     """One session open for writing: it holds the lock and the ledger state, and coordinates its rooms.
 
     The log writer (`LogWriter`) owns the log file and its syncs, the
-    producer record (`ProducerRecord`) which batch the log holds last, the
+    batch record (`ProducerRecord`) which batch the log holds last, the
     compactor (`Compactor`) when and how the log is cut, and the header
     (`SessionHeader`) what the header file holds.  The session turns what
     it is given into events, keeps those not yet written, and decides what
-    each flush does.
+    each flush does, in crash order: the log lines, the batch it is given
+    committed in the batch record right after them, the header, then
+    the compaction.
     """
 
     def __init__(
@@ -930,19 +937,9 @@ class Session:
         self._io_lock = threading.RLock()
         # Told what each flush wrote (the search index); must never raise.
         self.after_flush: Callable[[Session, list[bytes]], None] | None = None
-        # Set by whoever opens the session with a redaction spec: then every
-        # text is redacted before it is kept (see `SessionRedaction`).
-        self.redaction: SessionRedaction | None = None
-        self._checkpoint: Any = None  # the streams as a batch found them, for `abort_batch`
-        # Chunks of one item's field in a row, checked, fed to its stream at
-        # once: one scan of the run and one event, not one per chunk.
-        self._run: list[str] = []
-        self._run_event: Event | None = None
         self._pending: list[bytes] = []
         self._pending_first_seq = 0
         self._closed = False
-        self._next_batch: tuple[str, int] | None = None
-        self._new_writer = False  # the next batch's writer is not the one the record names
         self._rewriting = False
         self.machine = machine or machine_name()
         # What the user is to be told, once, of what a flush did (a fork made): taken by the server.
@@ -1034,46 +1031,16 @@ class Session:
         self._load(copy.deepcopy(self._initial))
         self._header.header, self._header.given = header, given
 
-    # -- batches: exactly once across crashes (see `ProducerRecord`) ---------
+    # -- batches: exactly once across crashes (decided in batches.py) -------
 
     @_locked
-    def begin_batch(self, producer: Any, number: Any) -> bool:
-        """Get ready for batch number NUMBER of writer PRODUCER; False: it is in the log already.
-
-        The next `flush` commits the batch.  A batch older than the last one
-        logged for PRODUCER is skipped; the next one is applied (after
-        dropping its own log lines that a killed backend wrote but never
-        committed); a later one is refused, so batches never change order.
-        """
-        self._check_open()
-        record = self._record
-        if not record.admit(producer, number, self.files.id):
-            return False
-        # Lines past the record while every batch applied is recorded were
-        # written by a killed backend (past a batch applied here but held
-        # back in part, they are that batch's released text).
-        if (producer == record.producer and record.applied == record.number
-                and self.thread.last_event_seq > record.seq and not self._pending):  # fmt: skip
-            self._drop_uncommitted()
-        self._new_writer = producer != record.producer and not self._pending
-        self._next_batch = (producer, number)
-        if self.redaction is not None:
-            self._checkpoint = self.redaction.checkpoint()
-        return True
-
-    @_locked
-    def abort_batch(self) -> None:
-        """Forget a batch begun but not flushed: the sender keeps it and sends it again."""
-        self._next_batch = None
-        self._new_writer = False
-        self._run, self._run_event = [], None
+    def discard_pending(self) -> None:
+        """Forget the events not yet written (a batch aborted): read the session back from disk."""
         if self._pending:
             self._reload()
-        if self.redaction is not None and self._checkpoint is not None:
-            self.redaction.rollback(self._checkpoint)
-        self._checkpoint = None
 
-    def _drop_uncommitted(self) -> None:
+    @_locked
+    def drop_uncommitted(self) -> None:
         """Cut the log back to the last committed seq: its writer is sending those lines again."""
         scan = scan_log(self.files.log)
         offset = 0
@@ -1085,9 +1052,6 @@ class Session:
         truncate_file(self.files.log, offset)
         self._log.know_file()  # cut by us: no other writer's change
         self._reload()
-        if self.redaction is not None:
-            # The record is written only while nothing is held: at its seq no stream held anything.
-            self.redaction.reset()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
     # -- state ------------------------------------------------------------
@@ -1095,6 +1059,15 @@ class Session:
     @property
     def id(self) -> str:
         return self.files.id
+
+    @property
+    def record(self) -> ProducerRecord:
+        """Which batch of which writer the log holds last (read by batches.py)."""
+        return self._record
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def initial(self) -> Thread | None:
@@ -1135,17 +1108,13 @@ class Session:
     def pending_events(self) -> int:
         return len(self._pending)
 
-    def released(self, producer: Any) -> int:
-        """The last batch of PRODUCER none of whose text is held back (its writer may forget it)."""
-        return self._record.released(producer)
-
     def header_bytes(self) -> bytes:
         return self._header.bytes(self.thread)
 
     def snapshot_bytes(self) -> bytes:
         return dumps(ledger.thread_to_json(self.thread))
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise StoreError(f"session {self.files.id!r} is closed")
 
@@ -1153,88 +1122,36 @@ class Session:
 
     def append(self, event: Event) -> int:
         """Journal EVENT (validated) under the next seq; return that seq."""
-        self._check_open()
+        self.check_open()
         event.seq = self.thread.last_event_seq + 1
         line = dumps(ledger.event_to_json(event)) + b"\n"
         ledger.apply(self.thread, event)
         self._queue(line, event.seq)
         return event.seq
 
-    def append_event(self, obj: Any) -> int:
-        """Validate OBJ (an event in magent's JSON shape; its seq is ignored) and journal it."""
+    def event_from(self, obj: Any) -> Event:
+        """OBJ, an event in magent's JSON shape (its seq ignored), as this session journals it (validated)."""
         if isinstance(obj, dict) and "seq" in obj:
             obj = {k: (None if k == "seq" else v) for k, v in obj.items()}
         forked = self._forked_from
         if forked is not None and isinstance(obj, dict) and obj.get("thread-id") == forked[1]:
             obj = {**obj, "thread-id": self.thread.id}  # its writer still has the parent's thread
-        if self.redaction is not None:
-            return self._append_redacted(self.redaction, ledger.event_from_json(self.redaction.event(obj)))
-        return self.append(ledger.event_from_json(obj))
+        return ledger.event_from_json(obj)
 
-    def _append_redacted(self, redaction: SessionRedaction, event: Event) -> int:
-        """Journal EVENT, its text redacted: streamed text through its item's stream, tails it ends first."""
-        self._check_open()
-        if event.type == "item-content-appended":
-            return self._append_stream(event)
-        self._feed_run()
-        for tail in redaction.finishing(event):
-            self._append_tail(tail)
-        return self.append(event)
-
-    def _append_stream(self, event: Event) -> int:
-        """Take EVENT's chunk (checked) into its item's run, fed to the item's stream at the run's end."""
-        assert event.payload is not None and event.item_id is not None
-        ledger.check_applicable(self.thread, event)
-        last = self._run_event
-        field = (event.item_id, event.payload["output"])
-        if last is not None and (last.item_id, last.payload["output"]) != field:  # type: ignore[index]
-            self._feed_run()
-        self._run.append(event.payload["chunk"])
-        self._run_event = event
-        return self.thread.last_event_seq
-
-    def _feed_run(self) -> None:
-        """Feed the run of chunks to its item's stream; journal what it releases (nothing: no event)."""
-        event, redaction = self._run_event, self.redaction
-        if event is None or redaction is None:
-            return
-        text = "".join(self._run)
-        self._run, self._run_event = [], None
-        assert event.payload is not None and event.item_id is not None
-        output = bool(event.payload["output"])
-        state = redaction.state(event.item_id, output)
-        released = redaction.feed(event.item_id, output, text, event.created_at)
-        if not released:
-            return
-        event.payload = {**event.payload, "chunk": released}
-        try:
-            self.append(event)
-        except BaseException:
-            redaction.unfeed(event.item_id, output, state)
-            raise
-
-    def _append_tail(self, tail: tuple[str, bool, str, float]) -> None:
-        """Journal a stream's held tail, released by its end."""
-        item_id, output, text, created_at = tail
-        try:
-            self.append(content_event(self.thread, self.files.id, item_id, text, output, created_at))
-        except LedgerError as err:  # its item was accepted: nothing should refuse its text
-            log.warning("%s: the held text of an item could not be written: %s", self.files.log, err)
-
-    def finish_streams(self) -> None:
-        """Journal every held tail: the text streamed so far is all in the next flush."""
-        if self.redaction is not None:
-            self._feed_run()
-            for tail in self.redaction.finish_all():
-                self._append_tail(tail)
+    def append_event(self, obj: Any) -> int:
+        """Validate OBJ (an event in magent's JSON shape; its seq is ignored) and journal it."""
+        return self.append(self.event_from(obj))
 
     def append_content(self, item_id: str, chunk: str, output: bool, created_at: float) -> int:
-        """Journal an item-content-appended event: the hot path of a streaming reply."""
-        self._check_open()
+        """Journal an item-content-appended event, its arguments checked first."""
+        check_content(chunk, output, created_at)
+        return self.append_chunk(item_id, chunk, output, created_at)
+
+    def append_chunk(self, item_id: str, chunk: str, output: bool, created_at: float) -> int:
+        """Journal a chunk whose arguments its caller checked: the hot path of a streaming reply."""
+        self.check_open()
         thread = self.thread
         event = content_event(thread, self.files.id, item_id, chunk, output, created_at)
-        if self.redaction is not None:
-            return self._append_stream(event)
         line = dumps(ledger.event_to_json(event)) + b"\n"
         ledger.apply(thread, event)
         assert event.seq is not None
@@ -1249,7 +1166,11 @@ class Session:
 
     def put_header(self, header: Any) -> None:
         """Replace the header (validated; written at the next flush if it changed)."""
-        self._check_open()
+        self.check_open()
+        self._header.put(self.own_header(header), self.files.id, self.scope)
+
+    def own_header(self, header: Any) -> Any:
+        """HEADER as this session keeps it: a fork's own id, title and origin (the fork's header as is)."""
         if (self._forked_from is not None and isinstance(header, dict)
                 and header.get("id") in (None, self._forked_from[0])):  # fmt: skip
             # Its writer still has the parent session: the fork keeps its own id, title and origin.
@@ -1257,9 +1178,7 @@ class Session:
             fields = {**self._fork_fields, "metadata": {**(metadata if isinstance(metadata, dict) else {}),
                                                         **self._fork_fields["metadata"]}}  # fmt: skip
             header = {**header, **fields, "id": self.files.id}
-        if self.redaction is not None:
-            header = self.redaction.header(header)
-        self._header.put(header, self.files.id, self.scope)
+        return header
 
     def current_header(self) -> dict[str, Any]:
         """The header as the next flush writes it."""
@@ -1268,22 +1187,19 @@ class Session:
     # -- flushing ---------------------------------------------------------
 
     @_locked
-    def flush(self, *, compact: bool | None = None, finish: bool = False) -> FlushResult:
+    def flush(self, *, compact: bool | None = None, batch: BatchWrite | None = None) -> FlushResult:
         """Write pending events, then the header if it changed, then compact if due.
 
         COMPACT forces (True) or prevents (False) compaction; None means "when due".
-        FINISH writes the text redaction holds back too (a synchronous flush,
-        a close), as does a flush of events that are no numbered batch.
+        BATCH, when given, is the numbered batch the pending events are: it
+        is committed in the batch record right after its lines.
         On a write error (a full disk, say) the log is cut back to its last
-        complete line.  A batch begun with `begin_batch` is then forgotten
-        whole (its sender sends it again); other pending events stay pending
-        for the next flush.  Nothing is lost either way.
+        complete line.  BATCH is then forgotten whole (its sender sends it
+        again); other pending events stay pending for the next flush.
+        Nothing is lost either way.
         """
-        self._check_open()
+        self.check_open()
         started = time.perf_counter()
-        self._feed_run()
-        if self.redaction is not None and (finish or (self._pending and self._next_batch is None)):
-            self.finish_streams()
         resent = 0
         theirs: list[bytes] = []
         place = self._log.place()
@@ -1300,7 +1216,7 @@ class Session:
         events_written = len(self._pending)
         # Lines written before are not news to `after_flush`; another writer's are.
         written = [*theirs, *self._pending[resent:]]
-        bytes_written = self._write_events()
+        bytes_written = self._write_events(batch)
         header_written = self._header.write_if_changed(
             self.files.header, self.thread, sync=self._log.fsync != "never", crash=self._crash
         )
@@ -1323,12 +1239,11 @@ class Session:
             seconds=time.perf_counter() - started,
         )
 
-    def _write_events(self) -> int:
-        """Write the pending events, committing them in the producer record; return the bytes written."""
-        named = self._next_batch
-        if named is None:
+    def _write_events(self, batch: BatchWrite | None) -> int:
+        """Write the pending events, committing them in the batch record; return the bytes written."""
+        if batch is None:
             events_written = len(self._pending)
-            bytes_written = self._write_pending()
+            bytes_written = self._write_pending(kept=True)
             # Only what this flush wrote is committed here.  With nothing
             # written, log lines past the committed seq are a batch that a
             # killed backend wrote and never committed: its writer sends it
@@ -1338,28 +1253,27 @@ class Session:
                 self._record.commit(self._log.written_seq)
             return bytes_written
         size = self._log.end()
+        named = batch.producer, batch.number
         try:
-            if self._new_writer and self._pending:
+            if batch.name_writer and self._pending:
                 self._record.name_writer(*named, self._log.written_seq)
-            self._new_writer = False
-            bytes_written = self._write_pending()
-            self._next_batch = None
-            if self.redaction is not None and self.redaction.holding:
+            bytes_written = self._write_pending(kept=False)
+            if batch.hold:
                 self._record.hold(*named, self._log.written_seq)
             else:
                 self._record.write(*named, self._log.written_seq)
-            self._checkpoint = None
+            batch.outcome = WRITTEN
         except OSError as exc:
-            self._next_batch = None
+            batch.outcome = CUT
             self._log.cut(size)
             self._reload()
             raise WriteFailed(f"{exc}; the batch was not written: send it again") from None
         return bytes_written
 
-    def _write_pending(self) -> int:
-        kept = (f"; {len(self._pending)} events kept in memory for the next flush"
-                if self._next_batch is None else "")  # fmt: skip
-        bytes_written = self._log.write(self._pending, self._pending_first_seq, kept)
+    def _write_pending(self, *, kept: bool) -> int:
+        """Write the pending events; KEPT: a failed write keeps them for the next flush (no batch)."""
+        note = f"; {len(self._pending)} events kept in memory for the next flush" if kept else ""
+        bytes_written = self._log.write(self._pending, self._pending_first_seq, note)
         for line in self._pending:
             self._compactor.remember(line)
         self._pending = []
@@ -1369,7 +1283,7 @@ class Session:
     @_locked
     def sync(self) -> None:
         """Fsync the log now (for ``interval`` mode's timer and for close)."""
-        self._check_open()
+        self.check_open()
         self._log.sync()
 
     def compact(self) -> FlushResult:
@@ -1764,12 +1678,12 @@ class Session:
     # -- closing ----------------------------------------------------------
 
     @_locked
-    def close(self) -> None:
-        """Flush everything, sync, release the lock.  Safe to call twice."""
+    def close(self, *, flush: Callable[[], object] | None = None) -> None:
+        """Flush everything (by FLUSH if given: its writer's), sync, release the lock.  Safe to call twice."""
         if self._closed:
             return
         try:
-            self.flush(finish=True)
+            (flush or self.flush)()
             self.sync()
         finally:
             self._log.stop_idle_sync()
@@ -1789,9 +1703,6 @@ class Session:
         self._log.stop_idle_sync()
         self._closed = True
         self._pending = []
-        self._run, self._run_event = [], None
-        if self.redaction is not None:
-            self.redaction.reset()
         self._log.close()
         self._record.close()
         self._close_watches()
@@ -1808,15 +1719,23 @@ class Session:
         self.close()
 
 
-def content_event(thread: Thread, session_id: str, item_id: str, chunk: str, output: bool,
-                  created_at: float) -> Event:  # fmt: skip
-    """The item-content-appended event of CHUNK for item ITEM-ID of THREAD, under its next seq (checked)."""
+def check_content(chunk: Any, output: Any, created_at: Any) -> None:
+    """Refuse, naming the field, a chunk's arguments of the wrong type (the wire's are checked as decoded)."""
     if not isinstance(chunk, str) or not chunk:
         raise LedgerError(f"chunk: expected a non-empty string, got {chunk!r:.80}")
     if not isinstance(output, bool):
         raise LedgerError(f"output: expected true or false, got {output!r:.80}")
     if isinstance(created_at, bool) or not isinstance(created_at, int | float):
         raise LedgerError(f"created-at: expected a number, got {created_at!r:.80}")
+
+
+def content_event(thread: Thread, session_id: str, item_id: str, chunk: str, output: bool,
+                  created_at: float) -> Event:  # fmt: skip
+    """The item-content-appended event of CHUNK for item ITEM-ID of THREAD, under its next seq.
+
+    Its arguments are checked already (`check_content`, or as the wire's
+    are decoded); only its item is looked up here.
+    """
     item = thread.item_index.get(item_id) if isinstance(item_id, str) else None
     if item is None or thread.id is None:
         raise LedgerError(f"item-id: no item {item_id!r:.80} in session {session_id!r}")
