@@ -14,7 +14,7 @@ import pytest
 import schema6
 from magent_store import scan
 from magent_store.layout import SessionFiles
-from magent_store.redact import Redactor
+from magent_store.redaction.matcher import Redactor
 from magent_store.store import Scope, Store
 from planted import plants
 
@@ -166,7 +166,7 @@ def test_a_redaction_spec_on_stdin_brings_literals_and_can_leave_the_rules_out(t
 
 
 def redaction_spec_redactor(spec: dict[str, object]) -> Redactor:
-    from magent_store.redact import redactor_from_spec
+    from magent_store.redaction.matcher import redactor_from_spec
 
     return redactor_from_spec(spec, key=b"k")
 

@@ -24,7 +24,7 @@ import schema6
 from conftest import Events
 from magent_store import layout, scrub
 from magent_store.layout import SessionFiles
-from magent_store.redact import Redactor
+from magent_store.redaction.matcher import Redactor
 from magent_store.store import Scope, Store, load_session
 
 MAGENT_STORE = [sys.executable, "-m", "magent_store"]

@@ -22,8 +22,8 @@ import pytest
 from conftest import Events
 from magent_store import fileio, ledger
 from magent_store.errors import SimulatedCrash, WriteFailed
-from magent_store.redact import redactor_from_spec
-from magent_store.redacting import SessionRedaction
+from magent_store.redaction.matcher import redactor_from_spec
+from magent_store.redaction.session import SessionRedaction
 from magent_store.store import Scope, Session, Store, load_session
 from plantcheck import every_byte, leaked
 from planted import LITERALS, PATTERNS, plants, secrets

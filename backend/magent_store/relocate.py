@@ -25,20 +25,16 @@ refuses the whole move, and nothing changes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import json
 import os
 import posixpath
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
-
-import orjson
 
 from magent_store import layout, ledger, schema6
 from magent_store.errors import SessionLockedError, StoreError
@@ -46,7 +42,6 @@ from magent_store.fileio import (
     FileChanged,
     FileSeen,
     atomic_write,
-    default_root,
     dumps,
     is_temp_file,
     keep_time,
@@ -698,77 +693,3 @@ def relocate(root: Path | str, old: str, new: str, *, dry_run: bool = False, bac
     """Move the sessions of project OLD to where magent looks for NEW; see the module docstring."""
     return Relocator(root, old, new, dry_run=dry_run, backup=backup, sync=sync).run()
 
-
-# ---------------------------------------------------------------------------
-# The command
-
-
-HELP: Final = "move a project's sessions to where magent looks for its new root"
-DESCRIPTION: Final = (
-    "Move every session of the project at OLD-ROOT (a folder since renamed or moved) to\n"
-    "where magent looks for the sessions of NEW-ROOT (projects/<sha1 of the root>/ under\n"
-    "SESSION-ROOT), rewriting the root in each header and snapshot.  NEW-ROOT is keyed as\n"
-    "magent keys it (expanded, no trailing slash, symbolic links resolved); it need not\n"
-    "exist yet.  Both schema-7 sessions (header, log, snapshot and side files) and\n"
-    "magent's own one-file sessions (schema 6) move.\n\n"
-    "Each session is copied first to SESSION-ROOT/relocate-backup-<time>/ (unless\n"
-    "--no-backup), written at the new place, read back and compared value by value\n"
-    "with the original (equal but for the root), and only then removed from the old\n"
-    "place.  Nothing moves when any session is open in a running backend, when the new\n"
-    "place already holds a session of the same id, or when a session cannot be read.\n"
-    "An interrupted run leaves each session whole; run it again to finish.  Running it\n"
-    "again after it finished says there is nothing to move.\n\n"
-    "Exit status: 0 moved (or nothing to move); 1 refused or a session not moved;\n"
-    "2 usage error.\n\n"
-    "examples:\n"
-    "  magent-store relocate --dry-run ~/src/old-name ~/src/new-name\n"
-    "  magent-store relocate ~/src/old-name ~/src/new-name\n"
-    "  magent-store relocate --json /old/place/proj /new/place/proj ~/.emacs.d/magent/sessions"
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's arguments, and this module's `run` as its handler."""
-    parser.add_argument("old", metavar="OLD-ROOT", help="the project's root as it was")
-    parser.add_argument("new", metavar="NEW-ROOT", help="the project's root now (or to be)")
-    root = default_root()
-    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="SESSION-ROOT",
-                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
-                        "else magent's)")  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true", help="change nothing; list what would move")
-    parser.add_argument("--no-backup", action="store_true", help="do not copy the sessions first")
-    parser.add_argument("--json", action="store_true",
-                        help="print {root, old-root, new-root, from, to, dry-run, refused, backup, summary, "
-                        "sessions: [{id, schema, outcome, reason, files}]}")  # fmt: skip
-    parser.set_defaults(func=run)
-
-
-Reindex = Callable[[Path], None]
-
-
-def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
-    """The command: 0 moved or nothing to move, 1 refused or not all moved, 2 usage error.
-
-    REINDEX, when given, brings the search index up to the moved sessions.
-    """
-    try:
-        relocator = Relocator(args.root, args.old, args.new, dry_run=args.dry_run, backup=not args.no_backup)
-    except RelocateError as exc:
-        print(f"magent-store: error: {exc}", file=sys.stderr)
-        return 2
-    result = relocator.run()
-    moved = result.count(MOVED) + result.count(FINISHED)
-    if moved and reindex is not None:
-        reindex(result.root)
-    if args.json:
-        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
-    else:
-        for move in result.moves:
-            if args.dry_run or move.outcome not in (MOVED, FINISHED) or result.refused:
-                print(move.line())
-        if result.backup is not None:
-            print(f"originals copied to {result.backup}")
-        print(result.summary())
-    if result.refused:
-        print(f"magent-store: error: {result.summary()}", file=sys.stderr)
-    return 0 if result.ok else 1

@@ -90,7 +90,7 @@ from magent_store.logfile import (
     scan_log,
 )
 from magent_store.oldlayout import adopt_old_layout
-from magent_store.redacting import SessionRedaction
+from magent_store.redaction.session import SessionRedaction
 
 log = logging.getLogger(__name__)
 
