@@ -45,10 +45,9 @@ from magent_store.errors import StoreError
 from magent_store.fileio import (
     atomic_write,
     default_root,
-    open_private,
     side_file_owner,
     side_files,
-    write_all,
+    write_new_private,
 )
 from magent_store.fileio import dumps as store_dumps
 from magent_store.layout import SessionFiles
@@ -693,18 +692,9 @@ def _export_document(args: argparse.Namespace) -> int:
         atomic_write(out, data, sync=True)
         return 0
     try:
-        fd = open_private(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        write_new_private(out, data, sync=True)
     except FileExistsError:
         raise CliError(f"{out}: already exists; --force replaces it") from None
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        out.unlink(missing_ok=True)
-        raise
     print(f"magent-store: {path.name} written to {out} ({args.format})", file=sys.stderr)
     return 0
 

@@ -43,6 +43,7 @@ from magent_store.fileio import (
     read_file,
     read_seen,
     replace_if_unchanged,
+    write_new_private,
 )
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread
@@ -273,13 +274,7 @@ def render(
     body = dumps(schema6_object(header, thread, events, files, hollow=hollow))
     directory = Path(tempfile.mkdtemp(prefix="render-", dir=spool))
     path = directory / f"{files.id}.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+    write_new_private(path, body, sync=False)
     return str(path), damage
 
 
