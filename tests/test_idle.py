@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 import schema6
+from clitools import cli
 from conftest import Events
 from crash import fs
 from magent_store import fileio, idle, ledger, logfile, store
@@ -31,7 +32,7 @@ PROJECT = "/home/someone/src/the-project"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "magent_store", "compact", *args], capture_output=True, text=True)
+    return cli("compact", *args)
 
 
 def run_json(root: Path, *args: str, status: int = 0) -> dict[str, Any]:

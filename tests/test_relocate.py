@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 import schema6
+from clitools import cli, tree
 from conftest import Events
 from magent_store import fsck, layout, ledger, relocate
 from magent_store.errors import SimulatedCrash
@@ -26,17 +27,6 @@ from magent_store.relocate import Relocator
 from magent_store.schema6 import loads_first_wins
 from magent_store.search import open_index
 from magent_store.store import Scope, SessionLock, Store, load_session
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
-
-
-def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)  # fmt: skip
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def pdir(root: Path, project: str) -> Path:

@@ -33,11 +33,6 @@ GH = secrets()["github-pat"]
 OPENAI = secrets()["openai-api-key"]
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 def open_session(root: Path, crash: Any = None, *, patterns: bool = False) -> Session:
     """Session s1 redacted by the vendored rules and the planted literal (PATTERNS: and the user's pattern).
 
