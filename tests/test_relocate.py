@@ -169,7 +169,7 @@ def test_sessions_of_both_schemas_move_with_their_side_files_and_the_root_rewrit
 ) -> None:
     before = populated(root, old)
     result = Relocator(root, old, new).run()
-    assert result.ok and result.count(relocate.MOVED) == 4, result.moves
+    assert result.ok and result.count(relocate.MOVED) == 4, result.reports
     assert_moved(root, old, new, before)
     # The store opens a moved session at its new place and goes on writing it.
     with Store(root).open("a", Scope.project(new)) as s:
@@ -405,9 +405,9 @@ def test_a_crash_at_every_step_leaves_each_session_whole_and_a_rerun_finishes(
             Relocator(root, old, new, crash=crash).run()
         assert_whole_somewhere(root, old, new, before, points[n - 1])
         rerun = Relocator(root, old, new).run()
-        assert rerun.ok, (points[n - 1], [m.line() for m in rerun.moves])
+        assert rerun.ok, (points[n - 1], [m.line() for m in rerun.reports])
         assert_moved(root, old, new, before)
-        assert Relocator(root, old, new).run().moves == []
+        assert Relocator(root, old, new).run().reports == []
 
 
 def assert_whole_somewhere(root: Path, old: str, new: str, before: dict[str, Any], point: str) -> None:

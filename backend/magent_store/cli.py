@@ -439,7 +439,7 @@ def _compact_idle(args: argparse.Namespace) -> int:
     shown = {idle.COMPACTED: "compacted", idle.WOULD_COMPACT: "would compact", idle.OPEN: "skipped (open)",
              idle.UNCOMMITTED: "skipped", idle.KEPT: "left as it is", idle.DAMAGED: "damaged",
              idle.CHANGED: "not compacted", idle.FAILED: "failed", idle.LEFT: "left"}  # fmt: skip
-    for report in result.sessions:
+    for report in result.reports:
         if report.outcome in shown:
             saved = f", {_human_size(report.bytes_saved)} saved" if report.bytes_saved else ""
             reason = f": {report.reason}" if report.reason else ""
@@ -1102,7 +1102,7 @@ def cmd_relocate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
     else:
-        for move in result.moves:
+        for move in result.reports:
             if args.dry_run or move.outcome not in (relocate.MOVED, relocate.FINISHED) or result.refused:
                 print(move.line())
         if result.backup is not None:

@@ -57,6 +57,7 @@ from magent_store.fileio import (
 from magent_store.layout import SessionFiles, project_directory
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import damaged_range, scan_log, sum_line
+from magent_store.runreport import RunReport
 from magent_store.store import SCHEMA_VERSION, SessionLock, load_session, new_backup_path, read_header
 
 # What happened to one session.
@@ -151,46 +152,34 @@ class Move:
         return f"{self.outcome}: {self.id}{reason}"
 
 
-@dataclass(slots=True)
-class Relocation:
-    """What a run found and did."""
+@dataclass(slots=True, kw_only=True)
+class Relocation(RunReport[Move]):
+    """What a run found and did: a report (a `Move`) per session of the old root."""
 
-    root: Path
     old: str  # the old root as the sessions hold it
     new: str  # the new root as magent keys it
     source: Path
     target: Path
-    dry_run: bool
-    moves: list[Move] = field(default_factory=list)
-    backup: Path | None = None
     refused: bool = False  # a session could not be moved: nothing was
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for m in self.moves if m.outcome == outcome)
 
     @property
     def ok(self) -> bool:
-        return not any(m.outcome in (*REFUSALS, CHANGED, FAILED, SAVED_MEANWHILE) for m in self.moves)
+        return not self.having((*REFUSALS, CHANGED, FAILED, SAVED_MEANWHILE))
 
     def summary(self) -> str:
-        if not self.moves:
+        if not self.reports:
             return f"no sessions of {self.old} under {self.root}: nothing to move"
         if self.refused:
-            bad = [m for m in self.moves if m.outcome in REFUSALS]
-            return (f"nothing moved: {len(bad)} of {len(self.moves)} sessions of {self.old} cannot be "
+            bad = self.having(REFUSALS)
+            return (f"nothing moved: {len(bad)} of {len(self.reports)} sessions of {self.old} cannot be "
                     "moved (listed above)")  # fmt: skip
         done = self.count(WOULD_MOVE) if self.dry_run else self.count(MOVED) + self.count(FINISHED)
         verb = "would move (dry run)" if self.dry_run else "moved and verified"
         parts = [f"{done} session{'' if done == 1 else 's'} {verb} from {self.old} to {self.new}"]
-        if self.count(FINISHED):
-            parts.append(f"{self.count(FINISHED)} of them finishing an interrupted move")
-        for outcome in (CHANGED, FAILED, LOCKED):
-            if self.count(outcome):
-                parts.append(f"{self.count(outcome)} {outcome} (left where they were)")
-        if self.count(SAVED_MEANWHILE):
-            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left where they were: "
-                         "run relocate again)")  # fmt: skip
-        return ", ".join(parts)
+        noted = ((FINISHED, "of them finishing an interrupted move"),
+                 *((outcome, f"{outcome} (left where they were)") for outcome in (CHANGED, FAILED, LOCKED)),
+                 (SAVED_MEANWHILE, "saved by magent meanwhile (left where they were: run relocate again)"))
+        return self.closing(parts, noted)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -201,9 +190,9 @@ class Relocation:
             "to": str(self.target.relative_to(self.root)),
             "dry-run": self.dry_run,
             "refused": self.refused,
-            "backup": None if self.backup is None else str(self.backup),
-            "summary": {outcome: self.count(outcome) for outcome in OUTCOMES},
-            "sessions": [m.to_json() for m in self.moves],
+            "backup": self.backup_json(),
+            "summary": self.counts(OUTCOMES),
+            "sessions": [m.to_json() for m in self.reports],
         }
 
 
@@ -371,7 +360,8 @@ class Relocator:
         self.sync = sync
         self._crash = crash
         self.backup_path = None if dry_run or not backup else new_backup_path(self.root, "relocate")
-        self.result = Relocation(self.root, self.old, self.new, self.source, self.target, dry_run)
+        self.result = Relocation(root=self.root, dry_run=dry_run, old=self.old, new=self.new,
+                                 source=self.source, target=self.target)  # fmt: skip
 
     def _find_old(self, old: str) -> str:
         """The old root as its sessions hold it: as given (expanded), or normalised as magent does."""
@@ -493,7 +483,7 @@ class Relocator:
     def run(self) -> Relocation:
         plans = self.plan()
         result = self.result
-        result.moves = [p.move for p in plans]
+        result.reports = [p.move for p in plans]
         if any(p.move.outcome in REFUSALS for p in plans):
             result.refused = True
             return result

@@ -54,6 +54,7 @@ from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import damaged_range, scan_log
 from magent_store.redaction import saved
 from magent_store.redaction.matcher import Redactor
+from magent_store.runreport import RunReport
 from magent_store.store import (
     ProducerRecord,
     Scope,
@@ -101,21 +102,14 @@ class ScrubReport:
 
 
 @dataclass(slots=True)
-class Scrub:
-    """What a run did: one report per session, and the backup (if one was made)."""
+class Scrub(RunReport[ScrubReport]):
+    """What a run did: one report per session, the files beside them, and the backup (if one was made)."""
 
-    root: Path
-    dry_run: bool
-    reports: list[ScrubReport] = field(default_factory=list)
-    backup: Path | None = None
     files: list[ScrubReport] = field(default_factory=list)  # side files that held secrets (`scan.side_files`)
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for r in self.reports if r.outcome == outcome)
 
     @property
     def rewritten(self) -> list[ScrubReport]:
-        return [r for r in self.reports if r.outcome == SCRUBBED]
+        return self.having((SCRUBBED,))
 
     @property
     def ok(self) -> bool:
@@ -132,28 +126,26 @@ class Scrub:
         verb = "hold secrets (dry run: nothing written)" if self.dry_run else "scrubbed and verified"
         parts = [f"{len(self.reports)} sessions seen", f"{done} {verb}",
                  f"{self.count(CLEAN)} without secrets"]  # fmt: skip
-        for outcome, what in ((LOCKED, "open in a running backend (left alone)"),
-                              (DAMAGED, "damaged (left alone: run magent-store fsck)"),
-                              (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
-                              (CHANGED, "did not read back as redacted (original put back)"),
-                              (FAILED, "failed (original put back)"),
-                              (SAVED_MEANWHILE, "saved by magent while scrubbed (left as magent saved it: "
-                                                "run scrub again)")):  # fmt: skip
-            if self.count(outcome):
-                parts.append(f"{self.count(outcome)} {what}")
+        noted = ((LOCKED, "open in a running backend (left alone)"),
+                 (DAMAGED, "damaged (left alone: run magent-store fsck)"),
+                 (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
+                 (CHANGED, "did not read back as redacted (original put back)"),
+                 (FAILED, "failed (original put back)"),
+                 (SAVED_MEANWHILE, "saved by magent while scrubbed (left as magent saved it: "
+                                   "run scrub again)"))  # fmt: skip
+        line = self.closing(parts, noted)
         if self.files:
             done_files = sum(1 for r in self.files if r.outcome in (WOULD_SCRUB, SCRUBBED))
             verb = "hold secrets" if self.dry_run else "scrubbed"
             left = sum(1 for r in self.files if r.outcome in LEFT and r.outcome != WOULD_SCRUB)
-            parts.append(f"{done_files} file(s) beside them (temp or set aside) {verb}"
-                         + (f", {left} left (being written)" if left else ""))  # fmt: skip
-        return ", ".join(parts)
+            line += (f", {done_files} file(s) beside them (temp or set aside) {verb}"
+                     + (f", {left} left (being written)" if left else ""))  # fmt: skip
+        return line
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "root": str(self.root), "dry-run": self.dry_run,
-            "backup": None if self.backup is None else str(self.backup),
-            "summary": {"sessions": len(self.reports), **{o: self.count(o) for o in OUTCOMES}},
+            "root": str(self.root), "dry-run": self.dry_run, "backup": self.backup_json(),
+            "summary": {"sessions": len(self.reports), **self.counts(OUTCOMES)},
             "sessions": [r.to_json(self.root) for r in self.reports],
             "files": [r.to_json(self.root) for r in self.files],
         }  # fmt: skip
