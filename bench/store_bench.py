@@ -36,8 +36,8 @@ import orjson
 from magent_store.batches import Batches
 from magent_store.fileio import atomic_write, make_private_dirs
 from magent_store.logfile import FsyncMode
-from magent_store.redact import redactor_from_spec
-from magent_store.redacting import SessionRedaction
+from magent_store.redaction.matcher import redactor_from_spec
+from magent_store.redaction.session import SessionRedaction
 from magent_store.stats import percentile
 from magent_store.store import Scope, Session, Store
 

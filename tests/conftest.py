@@ -7,6 +7,7 @@ import itertools
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,3 +164,9 @@ class Events:
 @pytest.fixture
 def events() -> Events:
     return Events()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A session root, not made yet (the store makes it); tests that need it made first define their own."""
+    return tmp_path / "sessions"

@@ -11,10 +11,8 @@ and journal.  The secrets are built at run time (`planted`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import schema6
 from conftest import Events
 from magent_store.layout import SessionFiles
 from magent_store.store import Scope, Store
-from planted import LITERALS, PATTERNS, plants, traces
+from planted import LITERALS, PATTERNS, plants
 
 SECRETS = {p.kind: p.secret for p in plants()}
 AWS = SECRETS["aws-access-token"]
@@ -102,34 +100,3 @@ def six(root: Path, sid: str = "old") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
-
-
-def tree(root: Path, *, skip: str | None = None) -> dict[str, bytes]:
-    """Every file under ROOT (relative path -> bytes), but those under SKIP."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not (skip and str(p.relative_to(root)).startswith(skip))}  # fmt: skip
-
-
-def remnants(data: bytes, secrets: tuple[str, ...] = PLANTED, ordinary: str = "") -> list[str]:
-    """The runs of 4 characters of a planted secret in DATA (read as UTF-8, JSON escapes undone too).
-
-    A ``[redacted:KIND]`` marker does not count: its kind's name is not the
-    secret; nor does a run that ORDINARY (the same thing made without
-    secrets) holds, such as the ``-pro`` of ``in-progress``; nor a run
-    that any file holds by chance (`planted.traces`: hex digits, digits and
-    the characters of dates, ``7846`` of a Slack token in a timestamp of
-    the index), unless it is 16 characters long.
-    """
-    text = data.decode("utf-8", "replace")
-    decoded = []
-    for line in [text, *text.splitlines()]:
-        with contextlib.suppress(ValueError):
-            decoded.append(json.dumps(json.loads(line), ensure_ascii=False).replace("\\n", "\n"))
-    bare = re.sub(r"\[redacted:[a-z0-9-]+\]", "\0", "\0".join([text, *decoded]))
-    found = []
-    for secret in secrets:
-        for run in traces(secret):
-            if run in bare and run not in ordinary:
-                found.append(run)
-                break
-    return found

@@ -10,7 +10,11 @@ the ordinary text planted around the secrets (a curl command's
 index's database, the backend's log) a trace is 8 characters: their own
 words (``INTEGER PRIMARY KEY``, ``magent_store``) share 4 with the fixed
 prefixes of some secrets, and their lowercase names (``sqlite_autoindex_sessions``)
-are left out.
+are left out.  A run that ORDINARY holds (the same files made without the
+secrets: the ``-pro`` of ``in-progress``) is no trace either.
+
+This is the one trace finder of the tests: `leaked` for one secret,
+`traces_in` for several, `leaks` for the files under some directories.
 
 Also a command, for the Emacs tests: ``python tests/plantcheck.py plants``
 prints the plants as JSON; ``python tests/plantcheck.py leaks DIR...``
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
@@ -34,14 +39,19 @@ SESSION_FILES = frozenset({".json", ".jsonl", ".snapshot"})
 ORDINARY = " ".join(plant.text.replace(plant.secret, " ") for plant in plants())
 
 
-def leaked(secret: str, data: bytes, run: int = 4) -> list[str]:
-    """The runs of RUN characters of SECRET found in DATA (see the module's docstring)."""
+def leaked(secret: str, data: bytes, run: int = 4, ordinary: str = "") -> list[str]:
+    """The runs of RUN characters of SECRET found in DATA, but those ORDINARY holds (see the module's docstring)."""
     text = re.sub(r"\[redacted:[a-z0-9-]+\](#\d+)?", "", data.decode("utf-8", "replace"))
     text = re.sub(r'"[a-z-]+"', "", text)
     if run > 4:
         text = re.sub(r"[a-z_]{8,}", "", text)  # the database's and the log's own names
-    return sorted(g for g in traces(secret, run) if g not in ORDINARY
+    return sorted(g for g in traces(secret, run) if g not in ORDINARY and g not in ordinary
                   and (g in text or orjson.dumps(g)[1:-1].decode() in text))  # fmt: skip
+
+
+def traces_in(data: bytes, secrets: Iterable[str], run: int = 4, ordinary: str = "") -> dict[str, list[str]]:
+    """SECRET -> the runs found, for each of SECRETS with a trace in DATA (`leaked`)."""
+    return {secret: runs for secret in secrets if (runs := leaked(secret, data, run, ordinary))}
 
 
 def every_byte(*dirs: Path) -> bytes:

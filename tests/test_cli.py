@@ -14,50 +14,41 @@ import orjson
 import pytest
 
 import schema6
+from clitools import MAGENT_STORE, cli_bytes, tree
 from conftest import Events, need
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
-
-
-def cli(*args: str | Path, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=input, capture_output=True, timeout=60)
 
 
 def jsonl(objs: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(o) + b"\n" for o in objs)
 
 
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def test_apply_show_ls_compact_round_trip(tmp_path: Path, events: Events) -> None:
     root = tmp_path / "root"
     header = root / "global" / "s1.json"
     conversation = events.conversation()
-    done = cli("apply", header, input=jsonl(conversation))
+    done = cli_bytes("apply", header, input=jsonl(conversation))
     assert done.returncode == 0, done.stderr
     assert f"applied {len(conversation)} events".encode() in done.stderr
     assert done.stdout == b""
 
-    shown = orjson.loads(cli("show", header).stdout)
+    shown = orjson.loads(cli_bytes("show", header).stdout)
     assert shown["session-id"] == "s1" and len(shown["turns"]) == 2
     assert shown["turns"][1]["items"][1]["content"] == "".join(f"part {c} of answer 1\n" for c in range(5))
-    assert orjson.loads(cli("show", header, "--header").stdout)["summary-title"] == "question 0"
-    logged = [orjson.loads(line) for line in cli("show", header, "--log").stdout.splitlines()]
+    assert orjson.loads(cli_bytes("show", header, "--header").stdout)["summary-title"] == "question 0"
+    logged = [orjson.loads(line) for line in cli_bytes("show", header, "--log").stdout.splitlines()]
     assert [e["seq"] for e in logged] == list(range(1, len(conversation) + 1))
 
     events_file = tmp_path / "more.jsonl"
     events_file.write_bytes(jsonl([events.content("turn-1", "a1", "tail")]))
-    assert cli("apply", header, events_file).returncode == 0
-    assert orjson.loads(cli("show", header).stdout)["turns"][1]["items"][1]["content"].endswith("tail")
+    assert cli_bytes("apply", header, events_file).returncode == 0
+    assert orjson.loads(cli_bytes("show", header).stdout)["turns"][1]["items"][1]["content"].endswith("tail")
 
-    listing = cli("ls", root)
+    listing = cli_bytes("ls", root)
     assert listing.returncode == 0 and listing.stdout.startswith(b"s1\tglobal\t")
-    (entry,) = orjson.loads(cli("ls", root, "--json", "--turns").stdout)
+    (entry,) = orjson.loads(cli_bytes("ls", root, "--json", "--turns").stdout)
     assert entry["id"] == "s1" and entry["turns"] == 2 and entry["title"] == "question 0"
 
-    compacted = cli("compact", header)
+    compacted = cli_bytes("compact", header)
     assert compacted.returncode == 0 and b"compacted at seq" in compacted.stderr
     snapshot = orjson.loads((root / "global/s1.snapshot").read_bytes())
     assert snapshot["last-event-seq"] == len(conversation) + 1
@@ -72,12 +63,12 @@ def test_apply_and_compact_take_over_a_session_magent_wrote_as_the_backend_does(
     thread_id = json.loads(original)["snapshot"]["id"]
     queued = {"seq": None, "type": "turn-queued", "thread-id": thread_id, "turn-id": "new-turn", "item-id": None,
               "payload": {"turn": {"id": "new-turn", "input": "and now?"}}, "created-at": 1_800_000_000.0}
-    done = cli(command, header, input=jsonl([queued]) if command == "apply" else None)
+    done = cli_bytes(command, header, input=jsonl([queued]) if command == "apply" else None)
     assert done.returncode == 0, done.stderr
     [backup] = root.glob("schema6-backup-*")
     assert (backup / fixture.relpath).read_bytes() == original
-    assert orjson.loads(cli("show", header, "--header").stdout)["schema-version"] == 7
-    shown = orjson.loads(cli("show", header).stdout)
+    assert orjson.loads(cli_bytes("show", header, "--header").stdout)["schema-version"] == 7
+    shown = orjson.loads(cli_bytes("show", header).stdout)
     assert [t["id"] for t in shown["turns"]][: len(fixture.expected["turns"])] == [
         t["id"] for t in fixture.expected["turns"]
     ]
@@ -86,7 +77,7 @@ def test_apply_and_compact_take_over_a_session_magent_wrote_as_the_backend_does(
 
 def test_apply_creates_a_project_session(tmp_path: Path, events: Events) -> None:
     header = tmp_path / "projects" / "abc" / "p1.json"
-    done = cli("apply", header, "--project-root", "/src/app", input=jsonl([events.thread_started()]))
+    done = cli_bytes("apply", header, "--project-root", "/src/app", input=jsonl([events.thread_started()]))
     assert done.returncode == 0, done.stderr
     written = orjson.loads(header.read_bytes())
     assert written["scope"] == "project" and written["project-root"] == "/src/app"
@@ -94,14 +85,14 @@ def test_apply_creates_a_project_session(tmp_path: Path, events: Events) -> None
 
 def test_refused_line_changes_nothing_on_disk(tmp_path: Path, events: Events) -> None:
     header = tmp_path / "global" / "s1.json"
-    assert cli("apply", header, input=jsonl(events.conversation(turns=1))).returncode == 0
+    assert cli_bytes("apply", header, input=jsonl(events.conversation(turns=1))).returncode == 0
     before = tree(tmp_path)
     bad = jsonl([events.content("turn-0", "a0", "fine"), {**events.thread_started(), "type": "nope"}])
-    done = cli("apply", header, input=bad)
+    done = cli_bytes("apply", header, input=bad)
     assert done.returncode == 1
     assert done.stderr.decode().startswith("magent-store: error: <stdin>:2: event.type: unknown event type")
     assert tree(tmp_path) == before
-    done = cli("apply", header, input=b'{"type": \n')
+    done = cli_bytes("apply", header, input=b'{"type": \n')
     assert done.returncode == 1 and b"<stdin>:1: not valid JSON" in done.stderr
     assert tree(tmp_path) == before
 
@@ -124,14 +115,14 @@ def test_errors_go_to_stderr_with_exit_1(tmp_path: Path, args: tuple[str, ...], 
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
-    assert cli("apply").returncode == 2
-    assert cli("frobnicate").returncode == 2
-    assert cli("compact", tmp_path / "s.json", "--fsync", "sometimes").returncode == 2
+    assert cli_bytes("apply").returncode == 2
+    assert cli_bytes("frobnicate").returncode == 2
+    assert cli_bytes("compact", tmp_path / "s.json", "--fsync", "sometimes").returncode == 2
 
 
 @pytest.mark.parametrize("command", ["apply", "show", "ls", "compact", "serve"])
 def test_every_subcommand_has_help_that_teaches(command: str) -> None:
-    done = cli(command, "--help")
+    done = cli_bytes(command, "--help")
     assert done.returncode == 0
     text = done.stdout.decode()
     assert text.startswith("usage: magent-store " + command)
@@ -167,14 +158,14 @@ def _stats(root: Path) -> dict[str, tuple[int, int, bytes]]:
 def test_ls_lists_schema6_sessions_as_they_are_and_says_their_format(tmp_path: Path) -> None:
     root, fixture, path = _schema6_root(tmp_path)
     before = _stats(root)
-    listing = cli("ls", root)
+    listing = cli_bytes("ls", root)
     assert listing.returncode == 0, listing.stderr
     (line,) = listing.stdout.decode().splitlines()
     fields = line.split("\t")
     assert fields[0] == "old-global" and fields[1] == "global"
     assert "schema 6" in fields, fields
     assert listing.stderr == b""  # nothing said of a session that was listed
-    (entry,) = orjson.loads(cli("ls", root, "--json", "--turns").stdout)
+    (entry,) = orjson.loads(cli_bytes("ls", root, "--json", "--turns").stdout)
     assert entry["id"] == "old-global" and entry["schema"] == 6 and entry["path"] == str(path)
     assert entry["turns"] == len(fixture.expected["turns"])
     assert _stats(root) == before  # nothing migrated, nothing written
@@ -182,7 +173,7 @@ def test_ls_lists_schema6_sessions_as_they_are_and_says_their_format(tmp_path: P
 
 def test_ls_of_a_root_without_sessions_says_so(tmp_path: Path) -> None:
     (tmp_path / "global").mkdir()
-    listing = cli("ls", tmp_path)
+    listing = cli_bytes("ls", tmp_path)
     assert listing.returncode == 0 and listing.stdout == b""
     assert b"no sessions under" in listing.stderr
 
@@ -190,14 +181,14 @@ def test_ls_of_a_root_without_sessions_says_so(tmp_path: Path) -> None:
 def test_show_reads_a_schema6_session_as_it_is(tmp_path: Path) -> None:
     root, fixture, path = _schema6_root(tmp_path)
     before = _stats(root)
-    shown = cli("show", path)
+    shown = cli_bytes("show", path)
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout) == fixture.expected
     assert b"magent's own format (schema 6)" in shown.stderr
-    header = orjson.loads(cli("show", path, "--header").stdout)
+    header = orjson.loads(cli_bytes("show", path, "--header").stdout)
     assert {k: header[k] for k in fixture.header} == fixture.header
     assert header["schema-version"] == 6
-    logged = [orjson.loads(line) for line in cli("show", path, "--log").stdout.splitlines()]
+    logged = [orjson.loads(line) for line in cli_bytes("show", path, "--log").stdout.splitlines()]
     assert len(logged) == fixture.events and [e["seq"] for e in logged] == sorted(e["seq"] for e in logged)
     assert _stats(root) == before
 
@@ -207,13 +198,13 @@ def test_search_finds_words_of_a_schema6_session_and_says_its_format(tmp_path: P
     before = _stats(root)
     word = next(w for turn in fixture.expected["turns"] for item in turn["items"]
                 for w in str(item.get("content") or "").split() if w.isascii() and w.isalpha() and len(w) > 4)  # fmt: skip
-    found = cli("search", word, root, "--json")
+    found = cli_bytes("search", word, root, "--json")
     assert found.returncode == 0, found.stderr
     reply = orjson.loads(found.stdout)
     assert not any("cannot be read" in n for n in reply["notices"]), reply["notices"]
     (hit,) = reply["hits"]
     assert hit["id"] == "old-global" and hit["header"] == str(path) and hit["schema"] == 6
-    text = cli("search", word, root)
+    text = cli_bytes("search", word, root)
     assert b"schema 6" in text.stdout
     assert _stats(root) == before
 
@@ -222,8 +213,8 @@ def test_search_counts_one_matching_passage_in_the_singular(tmp_path: Path, even
     header = tmp_path / "root" / "global" / "s1.json"
     said = [events.thread_started(), events.turn("turn-started", "turn-1", input="hello"),
             events.item_started("turn-1", "a1"), events.content("turn-1", "a1", "zanzibar once")]  # fmt: skip
-    assert cli("apply", header, input=jsonl(said)).returncode == 0
-    found = cli("search", "zanzibar", tmp_path / "root")
+    assert cli_bytes("apply", header, input=jsonl(said)).returncode == 0
+    found = cli_bytes("search", "zanzibar", tmp_path / "root")
     assert found.returncode == 0, found.stderr
     assert b"  1 matching passage  id s1" in found.stdout, found.stdout
 
@@ -255,7 +246,7 @@ def test_compact_says_why_it_leaves_a_batch_its_writer_has_not_confirmed(tmp_pat
         batches.flush()
     s.abandon()
     snapshot = (root / "global/s1.snapshot").read_bytes()
-    compacted = cli("compact", header)
+    compacted = cli_bytes("compact", header)
     assert compacted.returncode == 1
     assert b"not compacted" in compacted.stderr and b"1 event" in compacted.stderr
     assert (root / "global/s1.snapshot").read_bytes() == snapshot

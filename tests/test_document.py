@@ -11,18 +11,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clitools import MAGENT_STORE, cli
 from conftest import Events, need
 from magent_store import document, ledger
 from magent_store.layout import SessionFiles
 from magent_store.store import Scope, Store
 
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 EMACS = shutil.which("emacs")
 PROJECT = "/home/u/src/プロジェクト"
 
@@ -385,10 +384,6 @@ def test_markdown_wraps_only_what_would_be_read_as_structure() -> None:
 
 
 # --- the command line -------------------------------------------------------------
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
 def test_export_format_prints_the_document(tmp_path: Path) -> None:

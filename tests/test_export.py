@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from clitools import cli, tree
 from conftest import Events
 from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store
 from magent_store.batches import Batches
@@ -21,16 +20,7 @@ from magent_store.fileio import dumps
 from magent_store.layout import SessionFiles
 from magent_store.store import Scope, SessionLock, Store, load_session, read_header
 
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 PROJECT = "/home/u/src/proj"
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def magent_thread(session_id: str) -> dict[str, Any]:

@@ -10,35 +10,34 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import leaky
+from clitools import MAGENT_STORE, cli, tree
 from magent_store import document
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
+from plantcheck import traces_in
 
 
 def export(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, "export", *map(str, args)], input=stdin, capture_output=True, text=True)
+    return cli("export", *args, input=stdin)
 
 
 @pytest.mark.parametrize("fmt", document.FORMATS)
 def test_the_redacted_document_holds_no_planted_secret_and_names_each_kind(tmp_path: Path, fmt: str) -> None:
     files = leaky.seven(tmp_path / "sessions")
     ordinary = export(leaky.clean(tmp_path / "sessions").header, "--format", fmt).stdout + "in-progress"
-    before = leaky.tree(tmp_path / "sessions")
+    before = tree(tmp_path / "sessions")
     out = export(files.header, "--format", fmt, "--redact", "--redact-spec", "-", "--pattern",
                  "ticket=TICKET-[0-9]{6}", stdin=json.dumps({"literals": [leaky.PASSWORD]}))
     assert out.returncode == 0, out.stderr
-    assert leaky.remnants(out.stdout.encode(), ordinary=ordinary) == []
+    assert traces_in(out.stdout.encode(), leaky.PLANTED, ordinary=ordinary) == {}
     for kind in ("github-pat", "auth-source", "aws-access-token", "private-key",
                  "slack-bot-token", "jwt", "huggingface-access-token", "ticket"):
         assert f"[redacted:{kind}]" in out.stdout, kind
     assert "Your key: [redacted:aws-access-token] — ключ ✓" in out.stdout  # the text around stays
-    assert leaky.tree(tmp_path / "sessions") == before  # the session is not changed
+    assert tree(tmp_path / "sessions") == before  # the session is not changed
 
 
 def test_without_redact_the_document_is_as_before(tmp_path: Path) -> None:
@@ -54,7 +53,7 @@ def test_a_schema6_session_is_redacted_too(tmp_path: Path) -> None:
     path = leaky.six(tmp_path / "sessions")
     out = export(path, "--format", "markdown", "--redact")
     assert out.returncode == 0, out.stderr
-    assert leaky.remnants(out.stdout.encode(), (leaky.AWS, leaky.GH, leaky.SLACK)) == []
+    assert traces_in(out.stdout.encode(), (leaky.AWS, leaky.GH, leaky.SLACK)) == {}
     assert "[redacted:aws-access-token]" in out.stdout and "[redacted:slack-bot-token]" in out.stdout
 
 
@@ -78,11 +77,11 @@ def test_redact_goes_with_a_document_not_with_schema_6(tmp_path: Path) -> None:
 
 def test_a_pattern_that_breaks_the_conversation_is_an_error_that_says_so(tmp_path: Path) -> None:
     files = leaky.seven(tmp_path / "sessions")
-    before = leaky.tree(tmp_path / "sessions")
+    before = tree(tmp_path / "sessions")
     out = export(files.header, "--format", "org", "--redact", "--pattern", "word=completed")
     assert out.returncode == 1 and out.stdout == ""
     assert f"{files.header}: redacted, it is no longer a conversation: snapshot.turns[0]: " in out.stderr
-    assert leaky.tree(tmp_path / "sessions") == before
+    assert tree(tmp_path / "sessions") == before
 
 
 @pytest.mark.parametrize(("arguments", "says"), [
@@ -94,12 +93,12 @@ def test_a_pattern_that_breaks_the_conversation_is_an_error_that_says_so(tmp_pat
 ])  # fmt: skip
 def test_each_bad_redaction_option_is_named_exactly(tmp_path: Path, arguments: list[str], says: str) -> None:
     files = leaky.seven(tmp_path / "sessions")
-    before = leaky.tree(tmp_path / "sessions")
+    before = tree(tmp_path / "sessions")
     absent = str(tmp_path / "absent.json")
     out = export(files.header, "--format", "org", "--redact", *(a.format(absent=absent) for a in arguments))
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == f"magent-store: error: {says.format(absent=absent)}\n"
-    assert leaky.tree(tmp_path / "sessions") == before
+    assert tree(tmp_path / "sessions") == before
 
 
 @pytest.mark.parametrize("extra", [[], ["--pattern", "t=T-2"]])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import orjson
 import pytest
 
 import schema6
+from clitools import cli, tree
 from conftest import Events
 from magent_store import fileio, fsck, layout, ledger, logfile, migrate, store
 from magent_store.errors import SimulatedCrash
@@ -20,21 +19,6 @@ from magent_store.fsck import Check, Finding
 from magent_store.layout import SessionFiles
 from magent_store.migrate import Migrator
 from magent_store.store import Scope, SessionLock, Store, load_session, read_header
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=60)
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
 
 
 def mine(root: Path, relative: str) -> Path:

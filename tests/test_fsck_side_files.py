@@ -30,11 +30,6 @@ def write_batch(st: Store, sid: str) -> None:
         batches.flush()
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 def test_each_session_with_its_record_and_checksums_is_one_healthy_session(root: Path) -> None:
     st = Store(root, fsync="never")
     for sid in LOOKALIKE_IDS:

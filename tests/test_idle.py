@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 import schema6
+from clitools import cli
 from conftest import Events
 from crash import fs
 from magent_store import fileio, idle, ledger, logfile, store
@@ -31,7 +32,7 @@ PROJECT = "/home/someone/src/the-project"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "magent_store", "compact", *args], capture_output=True, text=True)
+    return cli("compact", *args)
 
 
 def run_json(root: Path, *args: str, status: int = 0) -> dict[str, Any]:
@@ -350,8 +351,8 @@ def test_a_full_disk_leaves_every_session_as_it_was(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(fileio, "write_all", full)  # every replace in the file-I/O floor writes through it
     result = idle.compact_idle(root, 30)
-    assert {r.path.stem: r.outcome for r in result.sessions} == {"old": "failed", "six": "failed"}
-    assert all("no space left on device" in (r.reason or "") for r in result.sessions)
+    assert {r.path.stem: r.outcome for r in result.reports} == {"old": "failed", "six": "failed"}
+    assert all("no space left on device" in (r.reason or "") for r in result.reports)
     assert not result.ok and result.bytes_saved == 0
     assert state(root) == before
 
@@ -397,7 +398,7 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
     start = len(recorder.ops)
     later = lambda: NOW + 100 * DAY  # noqa: E731
     result = idle.compact_idle(root, 30, now=later)
-    assert [r.outcome for r in result.sessions] == ["compacted", "compacted", "compacted"]
+    assert [r.outcome for r in result.reports] == ["compacted", "compacted", "compacted"]
     for module in STORE_MODULES:
         monkeypatch.setattr(module, "os", recorder._os)
     ops = recorder.ops
@@ -416,7 +417,7 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
             six_there = magent_schema6.read(where / "root" / "global" / "six.json")
             assert ledger.thread_to_json(six_there.thread) == six_before, f"prefix {prefix} {how}: six"
             again = idle.compact_idle(where / "root", 30, now=later)
-            assert {r.outcome for r in again.sessions} <= {"compacted", "no-log"}, (prefix, how)
+            assert {r.outcome for r in again.reports} <= {"compacted", "no-log"}, (prefix, how)
             for sid, scope in sessions.items():
                 there = Store(where / "root").files(sid, scope)
                 assert not there.log.exists() and thread_json(there) == before[sid]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from clitools import cli, tree
 from conftest import Events
 from magent_store import fsck, layout, oldlayout
 from magent_store.batches import Batches
@@ -26,12 +25,7 @@ from magent_store.layout import SessionFiles
 from magent_store.store import Scope, Store
 from serverkit import SCOPE, SERVE_ONLY, TIMEOUT, Backend, _call, _content, _serve_process, _thread_with_item
 
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 MACHINE_SUFFIXES = (".lock", ".producer", ".sums")
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 def write_batch(st: Store, sid: str, scope: Scope | None = None, *, text: str = "words") -> None:
@@ -44,10 +38,6 @@ def write_batch(st: Store, sid: str, scope: Scope | None = None, *, text: str = 
             s.append_event(obj)
         s.append_content("a0", f" {text}", False, events.now())
         batches.flush()
-
-
-def tree(top: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
 
 
 def machine_files(root: Path) -> dict[str, bytes]:
@@ -67,11 +57,6 @@ def to_old_layout(root: Path) -> None:
         os.rename(layout.search_directory(root), root / ".search")
     (layout.machine_root(root) / oldlayout.MOVED_FILE).unlink(missing_ok=True)
     oldlayout._adopted.clear()  # this process's memory of the move, as a new process has none
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
 
 
 def test_the_tree_holds_only_what_magent_reads_and_this_machine_keeps_the_rest(root: Path) -> None:

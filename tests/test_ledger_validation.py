@@ -23,12 +23,6 @@ from magent_store.fsck import fsck
 from magent_store.ledger import LedgerError
 from magent_store.store import Store, load_session
 
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 BAD_TIMESTAMPS: list[Any] = [
     math.inf, -math.inf, math.nan, 1.7e308, -1.0, ledger.TIMESTAMP_MAX + 1, 1e17,
     10**400, 2**63, True, "1700000000",

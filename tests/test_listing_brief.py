@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,11 @@ import orjson
 import pytest
 
 import schema6
+from clitools import MAGENT_STORE
 from conftest import Events
 from magent_store import listing
 from magent_store.store import Scope
 from test_export import PROJECT, make_session, tree
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 
 
 def _tree(tmp_path: Path, events: Events) -> Path:

@@ -12,25 +12,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import leaky
+from clitools import cli
 from magent_store.listing import brief_entries
 from magent_store.store import Scope, Store
 from test_relocate import make6, make7
 
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 DAY_NS = 86_400 * 10**9
 # Long ago, a day apart, in a shuffled order: the newest first is none of the ways they were made.
 AGES = {"leaky": 40, "old": 45, "clean": 41, "p7": 44, "p6": 42, "busy": 43}
-
-
-def cli(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=stdin, capture_output=True, text=True)
 
 
 def finder(root: Path) -> list[tuple[str, float]]:
@@ -85,7 +79,7 @@ def test_the_finder_and_magent_list_sessions_in_the_same_order_after_a_tool(tmp_
         "export": ("export", "--schema", "6", "--no-backup", root),
     }
     files = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    out = cli(*argv[tool], stdin=json.dumps(leaky.SPEC))
+    out = cli(*argv[tool], input=json.dumps(leaky.SPEC))
     assert out.returncode == 0, out.stdout + out.stderr
     assert {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} != files
     assert finder(root) == before, out.stdout

@@ -10,7 +10,6 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schema6
+from clitools import MAGENT_STORE, cli, tree
 from conftest import examples
 from magent_store import fileio, ledger, logfile, migrate, store
 from magent_store.errors import SimulatedCrash
@@ -31,16 +31,6 @@ from magent_store.migrate import Migrator
 from magent_store.schema6 import loads_first_wins
 from magent_store.sessions import open_session
 from magent_store.store import Scope, SessionLock, Store, load_session, read_header
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def write(root: Path, fixtures: list[schema6.Fixture]) -> dict[str, schema6.Fixture]:
@@ -65,11 +55,6 @@ def assert_migrated(root: Path, fixture: schema6.Fixture) -> None:
     logged = scan_log(path.with_suffix(".jsonl")).events
     assert len(logged) == fixture.events <= schema6.SCHEMA6_JOURNAL_MAX
     assert logged[-1].seq == fixture.expected["last-event-seq"]
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,6 @@ from magent_store.store import Scope, Session, Store
 PROJECT = "/home/u/src/project"
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 def names(directory: Path, session_id: str = "s1") -> list[str]:
     """The files of SESSION_ID in DIRECTORY, sorted."""
     if not directory.exists():

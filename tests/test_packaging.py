@@ -70,7 +70,7 @@ def test_the_wheel_carries_the_elisp_files_the_license_and_the_metadata(
         metadata = zf.read(metadata_name).decode()
     assert {f"magent_store/elisp/{name}" for name in ELISP} <= names
     assert "magent_store/py.typed" in names
-    assert "magent_store/secret-rules.toml" in names  # redaction's patterns
+    assert "magent_store/redaction/secret-rules.toml" in names  # redaction's patterns
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: GPL-3.0-or-later" in metadata
     assert "Classifier: License ::" not in metadata  # deprecated next to an SPDX expression

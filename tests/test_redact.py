@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from magent_store import redact
+from magent_store.redaction import matcher, streams
+from magent_store.redaction import rules as redaction_rules
 from planted import LITERALS, PATTERNS, Plant, plants
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,8 +20,8 @@ UPSTREAM = REPO.parent / "shared" / "upstream"
 PLANTS = plants()
 
 
-def redactor() -> redact.Redactor:
-    return redact.Redactor(patterns=PATTERNS, literals=LITERALS, key=b"test key")
+def redactor() -> matcher.Redactor:
+    return matcher.Redactor(patterns=PATTERNS, literals=LITERALS, key=b"test key")
 
 
 def pieces(secret: str) -> set[str]:
@@ -38,9 +39,9 @@ def assert_gone(out: str, plant: Plant) -> None:
 
 
 def test_every_vendored_rule_compiles_and_names_its_source() -> None:
-    rules = redact.load_rules()
+    rules = redaction_rules.load_rules()
     assert re.fullmatch(r"[0-9a-f]{40}", rules.source_commit)
-    text = redact.RULES_FILE.read_text()
+    text = redaction_rules.RULES_FILE.read_text()
     assert "MIT License" in text and rules.source_commit in text
     kinds = {r.kind for r in rules.rules}
     for needed in ("aws-access-token", "github-pat", "gitlab-pat", "slack-bot-token", "private-key", "jwt",
@@ -55,18 +56,18 @@ def test_every_vendored_rule_compiles_and_names_its_source() -> None:
 def test_no_vendored_rule_matches_text_shorter_than_the_shortest_tried() -> None:
     from re import _parser  # type: ignore[attr-defined]
 
-    for rule in redact.load_rules().rules:
+    for rule in redaction_rules.load_rules().rules:
         shortest = _parser.parse(rule.regex.pattern, rule.regex.flags).getwidth()[0]
-        assert shortest >= redact.SHORTEST_MATCH, (rule.kind, shortest)
+        assert shortest >= redaction_rules.SHORTEST_MATCH, (rule.kind, shortest)
 
 
 def test_re2_flag_groups_and_end_of_text_are_converted_for_python() -> None:
     # RE2 applies a late (?i) to the rest of its group, each alternative included.
-    py = redact.python_regex(r"""x(?:"(?i)ab"|'cd')\z""")
+    py = redaction_rules.python_regex(r"""x(?:"(?i)ab"|'cd')\z""")
     rx = re.compile(py, re.ASCII)
     assert rx.fullmatch('x"AB"') and rx.fullmatch("x'CD'") and not rx.fullmatch("X'cd'")
     assert py.endswith(r"\Z")
-    assert redact.python_regex(r"[(?i)]a") == r"[(?i)]a"  # inside a class: literal characters
+    assert redaction_rules.python_regex(r"[(?i)]a") == r"[(?i)]a"  # inside a class: literal characters
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
@@ -89,7 +90,7 @@ def test_a_secret_split_at_any_offset_across_two_chunks_is_redacted(plant: Plant
     r = redactor()
     whole, _ = r.redact(plant.text)
     for at in range(len(plant.text) + 1):
-        stream = redact.StreamRedactor(r)
+        stream = streams.StreamRedactor(r)
         first = stream.feed(plant.text[:at])
         out = first + stream.feed(plant.text[at:]) + stream.finish()
         assert out == whole, (plant.kind, at)
@@ -101,11 +102,11 @@ def test_a_secret_split_at_any_offset_across_two_chunks_is_redacted(plant: Plant
 def test_a_secret_fed_one_character_or_random_pieces_at_a_time_is_redacted(plant: Plant) -> None:
     r = redactor()
     whole, _ = r.redact(plant.text)
-    stream = redact.StreamRedactor(r)
+    stream = streams.StreamRedactor(r)
     assert "".join(stream.feed(c) for c in plant.text) + stream.finish() == whole
     rng = random.Random(plant.kind)
     for _ in range(20):
-        stream = redact.StreamRedactor(r)
+        stream = streams.StreamRedactor(r)
         text, out = plant.text * 2, []
         while text:
             n = rng.randint(1, 12)
@@ -150,26 +151,26 @@ def test_one_secret_has_one_fingerprint_wherever_it_is() -> None:
     secret = PLANTS[0].secret
     f1 = r.find(f"a {secret} b")[0].fingerprint
     f2 = r.find(f"x: {secret}\n")[0].fingerprint
-    other = redact.Redactor(key=b"another key").find(f"a {secret} b")[0].fingerprint
+    other = matcher.Redactor(key=b"another key").find(f"a {secret} b")[0].fingerprint
     assert f1 == f2 != other
 
 
 def test_bad_patterns_kinds_and_literals_are_refused_by_name() -> None:
-    with pytest.raises(redact.RedactError, match="kind 'ticket'.*not a regular expression"):
-        redact.Redactor(patterns={"ticket": "TICKET-("})
-    with pytest.raises(redact.RedactError, match="kind 'Bad Kind'"):
-        redact.Redactor(patterns={"Bad Kind": "x+"})
-    with pytest.raises(redact.RedactError, match="matches empty text"):
-        redact.Redactor(patterns={"empty": "x*"})
-    with pytest.raises(redact.RedactError, match="secret 2 of 2: 4 characters or more"):
-        redact.Redactor(literals=["long-enough", "abc"])
+    with pytest.raises(redaction_rules.RedactError, match="kind 'ticket'.*not a regular expression"):
+        matcher.Redactor(patterns={"ticket": "TICKET-("})
+    with pytest.raises(redaction_rules.RedactError, match="kind 'Bad Kind'"):
+        matcher.Redactor(patterns={"Bad Kind": "x+"})
+    with pytest.raises(redaction_rules.RedactError, match="matches empty text"):
+        matcher.Redactor(patterns={"empty": "x*"})
+    with pytest.raises(redaction_rules.RedactError, match="secret 2 of 2: 4 characters or more"):
+        matcher.Redactor(literals=["long-enough", "abc"])
 
 
 def test_ordinary_text_streams_through_unchanged_holding_back_little() -> None:
-    r = redact.Redactor(key=b"k")
+    r = matcher.Redactor(key=b"k")
     text = (REPO / "README.md").read_text()
     rng = random.Random(5)
-    stream, out, held = redact.StreamRedactor(r), [], []
+    stream, out, held = streams.StreamRedactor(r), [], []
     at = 0
     while at < len(text):
         n = rng.randint(20, 600)
@@ -187,14 +188,14 @@ def test_ordinary_text_streams_through_unchanged_holding_back_little() -> None:
 
 
 def test_rules_are_tried_only_at_their_anchors_and_find_what_a_full_search_finds(tmp_path: Path) -> None:
-    r = redact.Redactor(key=b"k")
+    r = matcher.Redactor(key=b"k")
     texts = [p.text for p in PLANTS] + [p.text * 3 for p in PLANTS]
     texts += [p.read_text() for p in _corpus(tmp_path)[:80] if p.suffix in (".py", ".el", ".md", ".org")]
     for rule in r.rules:
         for text in texts:
-            found: list[redact._Span] = []
-            r._anchored(rule, text, text.translate(redact._ASCII_LOWER), found)
-            full: list[redact._Span] = []
+            found: list[matcher.Span] = []
+            r._anchored(rule, text, text.translate(matcher._ASCII_LOWER), found)
+            full: list[matcher.Span] = []
             for m in rule.regex.finditer(text):
                 r._take(rule, m, text, full)
             assert [(s.start, s.end) for s in found] == [(s.start, s.end) for s in full], rule.kind
@@ -219,7 +220,7 @@ def _corpus(tmp_path: Path) -> list[Path]:
 
 
 def test_no_false_positives_on_this_project_and_upstream_magent(tmp_path: Path) -> None:
-    r = redact.Redactor(key=b"k")  # the vendored rules: the user's own are theirs to choose
+    r = matcher.Redactor(key=b"k")  # the vendored rules: the user's own are theirs to choose
     found, chars = [], 0
     files = _corpus(tmp_path)
     for path in files:
@@ -236,12 +237,12 @@ def test_no_false_positives_on_this_project_and_upstream_magent(tmp_path: Path) 
 
 def test_a_spec_builds_the_redactor_it_names() -> None:
     aws = "AKIA" + "Z7Q3" + "X5RTNWLM2KJP"  # built, never stored whole
-    full = redact.redactor_from_spec({"patterns": {"ticket": r"TICKET-[0-9]{6}"}, "literals": ["hunter2-pw"]})
+    full = matcher.redactor_from_spec({"patterns": {"ticket": r"TICKET-[0-9]{6}"}, "literals": ["hunter2-pw"]})
     text = f"key {aws} ticket TICKET-123456 pass hunter2-pw"
     out, found = full.redact(text)
     assert {f.kind for f in found} == {"aws-access-token", "ticket", "auth-source"}
     assert aws not in out and "TICKET-123456" not in out and "hunter2-pw" not in out
-    bare = redact.redactor_from_spec({"rules": False, "literals": ["hunter2-pw"]})
+    bare = matcher.redactor_from_spec({"rules": False, "literals": ["hunter2-pw"]})
     out, found = bare.redact(text)
     assert aws in out and "TICKET-123456" in out and [f.kind for f in found] == ["auth-source"]
 
@@ -260,20 +261,20 @@ def test_a_spec_builds_the_redactor_it_names() -> None:
     ],
 )
 def test_a_bad_spec_is_refused_naming_what_is_wrong(spec: object, named: str) -> None:
-    with pytest.raises(redact.RedactError, match=re.escape(named)):
-        redact.redactor_from_spec(spec)
+    with pytest.raises(redaction_rules.RedactError, match=re.escape(named)):
+        matcher.redactor_from_spec(spec)
 
 
 @pytest.mark.parametrize("rules", [True, False], ids=["rules", "no-rules"])
 def test_a_literal_of_the_shortest_length_is_redacted_whole_and_streamed(rules: bool) -> None:
     shortest = "Kø9§"  # the documented minimum, 4 characters
-    assert len(shortest) == redact.LITERAL_MIN
-    r = redact.redactor_from_spec({"rules": rules, "literals": [shortest]})
+    assert len(shortest) == redaction_rules.LITERAL_MIN
+    r = matcher.redactor_from_spec({"rules": rules, "literals": [shortest]})
     text = f"le code {shortest} puis {shortest}."
     whole, found = r.redact(text)
     assert whole == "le code [redacted:auth-source] puis [redacted:auth-source]."
     assert [f.kind for f in found] == ["auth-source", "auth-source"]
-    stream = redact.StreamRedactor(r)
+    stream = streams.StreamRedactor(r)
     assert "".join(stream.feed(c) for c in text) + stream.finish() == whole
 
 
@@ -282,9 +283,9 @@ def test_a_literal_of_the_shortest_length_is_redacted_whole_and_streamed(rules: 
 def test_a_literal_streamed_one_character_at_a_time_is_never_released_in_clear(rules: bool, literal: str) -> None:
     # No rule's keyword near: only the literal's own hold keeps it back, up to its last
     # character, which arrives alone; the text may end there, or go on.
-    r = redact.redactor_from_spec({"rules": rules, "literals": [literal]})
+    r = matcher.redactor_from_spec({"rules": rules, "literals": [literal]})
     for text in (f"ok {literal}", f"{literal} ok", f"«{literal}»", literal):
-        stream = redact.StreamRedactor(r)
+        stream = streams.StreamRedactor(r)
         released = []
         for c in text:
             released.append(stream.feed(c))

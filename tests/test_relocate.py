@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 import schema6
+from clitools import cli, tree
 from conftest import Events
 from magent_store import fsck, layout, ledger, relocate
 from magent_store.batches import Batches
@@ -27,17 +28,6 @@ from magent_store.relocate import Relocator
 from magent_store.schema6 import loads_first_wins
 from magent_store.search import open_index
 from magent_store.store import Scope, SessionLock, Store, load_session
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
-
-
-def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)  # fmt: skip
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def pdir(root: Path, project: str) -> Path:
@@ -181,7 +171,7 @@ def test_sessions_of_both_schemas_move_with_their_side_files_and_the_root_rewrit
 ) -> None:
     before = populated(root, old)
     result = Relocator(root, old, new).run()
-    assert result.ok and result.count(relocate.MOVED) == 4, result.moves
+    assert result.ok and result.count(relocate.MOVED) == 4, result.reports
     assert_moved(root, old, new, before)
     # The store opens a moved session at its new place and goes on writing it.
     with Store(root).open("a", Scope.project(new)) as s:
@@ -417,9 +407,9 @@ def test_a_crash_at_every_step_leaves_each_session_whole_and_a_rerun_finishes(
             Relocator(root, old, new, crash=crash).run()
         assert_whole_somewhere(root, old, new, before, points[n - 1])
         rerun = Relocator(root, old, new).run()
-        assert rerun.ok, (points[n - 1], [m.line() for m in rerun.moves])
+        assert rerun.ok, (points[n - 1], [m.line() for m in rerun.reports])
         assert_moved(root, old, new, before)
-        assert Relocator(root, old, new).run().moves == []
+        assert Relocator(root, old, new).run().reports == []
 
 
 def assert_whole_somewhere(root: Path, old: str, new: str, before: dict[str, Any], point: str) -> None:

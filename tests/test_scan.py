@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import schema6
+from clitools import cli, tree
 from magent_store import scan
 from magent_store.layout import SessionFiles
-from magent_store.redact import Redactor
+from magent_store.redaction.matcher import Redactor
 from magent_store.store import Scope, Store
 from planted import plants
 
@@ -25,11 +26,7 @@ PEM = SECRETS["private-key"].secret
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "magent_store", "scan", *args], capture_output=True, text=True)
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return cli("scan", *args)
 
 
 def seven(root: Path, sid: str, chunks: list[str], title: str = "a chat", command: str = "ls -la") -> None:
@@ -166,7 +163,7 @@ def test_a_redaction_spec_on_stdin_brings_literals_and_can_leave_the_rules_out(t
 
 
 def redaction_spec_redactor(spec: dict[str, object]) -> Redactor:
-    from magent_store.redact import redactor_from_spec
+    from magent_store.redaction.matcher import redactor_from_spec
 
     return redactor_from_spec(spec, key=b"k")
 

@@ -21,23 +21,20 @@ import pytest
 
 import leaky
 import schema6
+from clitools import cli, tree
 from conftest import Events
 from magent_store import layout, scrub
 from magent_store.batches import Batches
 from magent_store.layout import SessionFiles
-from magent_store.redact import Redactor
+from magent_store.redaction.matcher import Redactor
 from magent_store.store import Scope, Store, load_session
+from plantcheck import leaked, traces_in
 
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 SPEC = json.dumps(leaky.SPEC)
 
 
-def cli(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=stdin, capture_output=True, text=True)
-
-
 def scrub_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return cli("scrub", "--redact-spec", "-", *args, root, stdin=SPEC)
+    return cli("scrub", "--redact-spec", "-", *args, root, input=SPEC)
 
 
 def backups(root: Path) -> list[Path]:
@@ -55,7 +52,7 @@ def ordinary(tmp_path: Path) -> str:
     fixture = schema6.session(random.Random(5), "old")
     (root / fixture.relpath).write_bytes(fixture.data)
     cli("index", root)
-    files = [*leaky.tree(root).values(), *leaky.tree(layout.machine_root(root)).values()]
+    files = [*tree(root).values(), *tree(layout.machine_root(root)).values()]
     return "".join(data.decode("utf-8", "replace") for data in files) + "in-progress"
 
 
@@ -63,10 +60,10 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     root = tmp_path / "sessions"
     made = planted_tree(root)
     assert cli("index", root).returncode == 0  # the index holds the secrets too
-    before = leaky.tree(root)
+    before = tree(root)
     mine = layout.machine_root(root)  # this machine's files for the root: the index, checksums
-    before_mine = leaky.tree(mine)
-    assert leaky.remnants(before_mine["search/index.sqlite"])
+    before_mine = tree(mine)
+    assert traces_in(before_mine["search/index.sqlite"], leaky.PLANTED)
     clean = made["clean"]
     assert isinstance(clean, SessionFiles)
     clean_stat = {p: p.stat().st_mtime_ns for p in (clean.header, clean.log, clean.snapshot)}
@@ -79,18 +76,18 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     (backup,) = backups(root)
     assert "the one place the secrets remain" in out.stderr and f"rm -rf -- {backup}" in out.stderr
 
-    scan = cli("scan", "--redact-spec", "-", root, stdin=SPEC)
+    scan = cli("scan", "--redact-spec", "-", root, input=SPEC)
     assert scan.returncode == 0, scan.stdout + scan.stderr
     usual = ordinary(tmp_path)
-    after = {**leaky.tree(root, skip=backup.name), **{f"{mine}/{k}": v for k, v in leaky.tree(mine).items()}}
+    after = {**tree(root, skip=backup.name), **{f"{mine}/{k}": v for k, v in tree(mine).items()}}
     for name, data in after.items():
-        assert leaky.remnants(data, ordinary=usual) == [], name
+        assert traces_in(data, leaky.PLANTED, ordinary=usual) == {}, name
     # The clean session is not touched, not even its times.
     for p, mtime in clean_stat.items():
         assert p.read_bytes() == before[str(p.relative_to(root))] and p.stat().st_mtime_ns == mtime
     # The backup: private, and the originals byte for byte.
     assert stat.S_IMODE(backup.stat().st_mode) == 0o700
-    saved = leaky.tree(backup)
+    saved = tree(backup)
     assert set(saved) == {"global/leaky.json", "global/leaky.jsonl", "global/leaky.snapshot", "global/leaky.sums",
                           "global/old.json"}
     for name, data in saved.items():
@@ -130,16 +127,16 @@ def test_the_rewritten_sessions_hold_the_redacted_conversation_and_go_on_being_w
 def test_a_second_run_changes_nothing_and_a_dry_run_writes_nothing(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     planted_tree(root)
-    before = leaky.tree(root)
+    before = tree(root)
     dry = scrub_cli(root, "--dry-run")
     assert dry.returncode == 1
     assert "would-scrub: global/leaky.json" in dry.stdout and "would-scrub: global/old.json" in dry.stdout
-    assert leaky.tree(root) == before and not backups(root)
+    assert tree(root) == before and not backups(root)
     assert scrub_cli(root).returncode == 0
-    once = leaky.tree(root)
+    once = tree(root)
     again = scrub_cli(root)
     assert again.returncode == 0 and "0 scrubbed" in again.stdout and "3 without secrets" in again.stdout
-    assert leaky.tree(root) == once and len(backups(root)) == 1
+    assert tree(root) == once and len(backups(root)) == 1
     assert "rm -rf" not in again.stderr
 
 
@@ -180,9 +177,9 @@ def test_a_session_open_in_a_running_backend_is_left_alone_and_named(tmp_path: P
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
-        before = leaky.tree(root)
+        before = tree(root)
         out = scrub_cli(root)
-        after = leaky.tree(root)
+        after = tree(root)
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -200,29 +197,29 @@ def test_a_damaged_session_is_left_alone_with_fsck_named(tmp_path: Path) -> None
     files = leaky.seven(root)
     with files.log.open("ab") as f:
         f.write(b'{"seq": 99, "type": "turn-st')  # a torn final line
-    before = leaky.tree(root)
+    before = tree(root)
     out = scrub_cli(root)
     assert out.returncode == 1 and "damaged: global/leaky.json" in out.stdout and "fsck" in out.stdout
-    assert leaky.tree(root) == before and not backups(root)
+    assert tree(root) == before and not backups(root)
 
 
 def test_a_log_ending_in_a_batch_emacs_sends_again_is_left_alone(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     files = leaky.seven(root)
     files.producer.write_bytes(json.dumps({"producer": "emacs-1", "batch": 3, "seq": 2}).encode().ljust(255) + b"\n")
-    before = leaky.tree(root)
+    before = tree(root)
     out = scrub_cli(root)
     assert out.returncode == 1 and "unconfirmed: global/leaky.json" in out.stdout
-    assert leaky.tree(root) == before
+    assert tree(root) == before
 
 
 def test_a_bad_redaction_spec_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     leaky.seven(root)
-    before = leaky.tree(root)
-    out = cli("scrub", "--redact-spec", "-", root, stdin='{"literals": ["abc"]}')
+    before = tree(root)
+    out = cli("scrub", "--redact-spec", "-", root, input='{"literals": ["abc"]}')
     assert out.returncode == 2 and "4 characters or more" in out.stderr and "abc" not in out.stderr
-    assert leaky.tree(root) == before
+    assert tree(root) == before
     missing = cli("scrub", tmp_path / "nowhere")
     assert missing.returncode == 2 and "no such directory" in missing.stderr
 
@@ -232,7 +229,7 @@ def test_a_failed_write_puts_the_original_back(tmp_path: Path, monkeypatch: obje
 
     root = tmp_path / "sessions"
     files = leaky.seven(root)
-    before = leaky.tree(root)
+    before = tree(root)
     calls = []
 
     def failing(path: Path, data: bytes, *, sync: bool, crash: object = None) -> None:
@@ -251,7 +248,7 @@ def test_a_failed_write_puts_the_original_back(tmp_path: Path, monkeypatch: obje
     finally:
         mp.undo()
     assert [(r.outcome, r.reason) for r in result.reports] == [(scrub.FAILED, "No space left on device")]
-    assert {k: v for k, v in leaky.tree(root).items() if not k.endswith(".lock")} == before
+    assert {k: v for k, v in tree(root).items() if not k.endswith(".lock")} == before
     assert os.path.exists(files.snapshot)
 
 
@@ -297,4 +294,4 @@ def test_a_session_whose_producer_record_is_up_to_date_is_scrubbed(tmp_path: Pat
     out = scrub_cli(root, "--no-backup")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "scrubbed: global/emacs.json" in out.stdout, out.stdout
-    assert leaky.remnants(b"".join(leaky.tree(root).values()), (leaky.GH,)) == []
+    assert not leaked(leaky.GH, b"".join(tree(root).values()))

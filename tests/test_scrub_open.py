@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import leaky
+from clitools import MAGENT_STORE, tree
 from magent_store.store import SessionLock
-
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 
 
 def test_a_dry_run_reports_the_secrets_of_an_open_session(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     files = leaky.seven(root)
     clean = leaky.clean(root)
-    before = leaky.tree(root)
+    before = tree(root)
     locks = [SessionLock(files), SessionLock(clean)]  # a running backend holds both
     try:
         out = subprocess.run([*MAGENT_STORE, "scrub", "--redact-spec", "-", "--dry-run", str(root)],
@@ -34,5 +32,5 @@ def test_a_dry_run_reports_the_secrets_of_an_open_session(tmp_path: Path) -> Non
     assert "2 sessions seen, 1 hold secrets (dry run: nothing written), 1 without secrets" in out.stdout
     # The run itself leaves an open session alone, and says so.
     assert real.returncode == 1 and "locked: global/leaky.json" in real.stdout
-    assert {k: v for k, v in leaky.tree(root).items() if not k.endswith(".lock")} == {
+    assert {k: v for k, v in tree(root).items() if not k.endswith(".lock")} == {
         k: v for k, v in before.items() if not k.endswith(".lock")}

@@ -7,8 +7,6 @@ follower, rebuild, recorder, searcher); the disk floor's in test_search_disk.py.
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from clitools import cli_bytes
 from conftest import Events
 from magent_store import search
 from magent_store.search import SearchIndex, open_index
@@ -118,12 +117,8 @@ def corpus(root: Path) -> Path:
 # --- the command line ---------------------------------------------------------
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "magent_store", *args], capture_output=True, timeout=60)
-
-
 def test_cli_search_json_names_what_opens_the_session(corpus: Path) -> None:
-    out = cli("search", "parse_query", str(corpus), "--json")
+    out = cli_bytes("search", "parse_query", str(corpus), "--json")
     assert out.returncode == 0, out.stderr
     body = orjson.loads(out.stdout)
     [hit] = body["hits"]
@@ -134,24 +129,24 @@ def test_cli_search_json_names_what_opens_the_session(corpus: Path) -> None:
 
 
 def test_cli_text_output_and_bad_queries(corpus: Path) -> None:
-    out = cli("search", "models.py", str(corpus))
+    out = cli_bytes("search", "models.py", str(corpus))
     assert out.returncode == 0 and b"[models.py]" in out.stdout and b"id path" in out.stdout
-    bad = cli("search", '"open', str(corpus))
+    bad = cli_bytes("search", '"open', str(corpus))
     assert bad.returncode == 2 and b"unbalanced double quote" in bad.stderr and b"sqlite" not in bad.stderr.lower()
-    none = cli("search", "absent words", str(corpus))
+    none = cli_bytes("search", "absent words", str(corpus))
     assert none.returncode == 1 and b"no session matches" in none.stderr
 
 
 def test_cli_index_rebuild(corpus: Path) -> None:
-    out = cli("index", str(corpus), "--rebuild")
+    out = cli_bytes("index", str(corpus), "--rebuild")
     assert out.returncode == 0, out.stderr
     assert b"6 sessions, 6 indexed" in out.stdout
-    assert cli("search", "库迁移", str(corpus)).returncode == 0
+    assert cli_bytes("search", "库迁移", str(corpus)).returncode == 0
 
 
 def test_search_leaves_session_files_alone(corpus: Path) -> None:
     before = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file() and ".search" not in p.parts}
-    cli("search", "anything", str(corpus))
+    cli_bytes("search", "anything", str(corpus))
     after = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file() and ".search" not in p.parts}
     assert before == after
 

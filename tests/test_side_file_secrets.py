@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+import clitools
 import leaky
 from magent_store.store import SessionLock, Store
+from plantcheck import traces_in
 
-MAGENT_STORE = [sys.executable, "-m", "magent_store"]
 SPEC = json.dumps(leaky.SPEC)
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MAGENT_STORE, *map(str, args)], input=SPEC, capture_output=True, text=True)
+    return clitools.cli(*args, input=SPEC)
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {k: v for k, v in leaky.tree(root).items() if not k.startswith("scrub-backup-")}
+    return clitools.tree(root, skip="scrub-backup-")
 
 
 def test_scan_and_scrub_see_the_text_beside_the_sessions(tmp_path: Path) -> None:
@@ -50,10 +50,10 @@ def test_scan_and_scrub_see_the_text_beside_the_sessions(tmp_path: Path) -> None
     out = cli("scrub", "--redact-spec", "-", root)
     assert out.returncode == 0, out.stdout + out.stderr
     assert not temp.exists()  # stale: its writer is gone
-    assert tail.exists() and leaky.remnants(tail.read_bytes()) == []
+    assert tail.exists() and traces_in(tail.read_bytes(), leaky.PLANTED) == {}
     assert b"[redacted:" in tail.read_bytes() and tail.read_bytes().endswith(b'\n{"se')  # the rest as it was
     assert "the one place the secrets remain" in out.stderr
-    assert all(leaky.remnants(data) == [] for data in tree(root).values())
+    assert all(traces_in(data, leaky.PLANTED) == {} for data in tree(root).values())
     (backup,) = sorted(root.glob("scrub-backup-*"))
     assert leaky.AWS.encode() in (backup / "global" / tail.name).read_bytes()
     assert cli("scan", "--redact-spec", "-", root).returncode == 0

@@ -33,11 +33,6 @@ from magent_store.ledger import LedgerError
 from magent_store.store import Scope, Session, Store
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 def state(session: Session) -> bytes:
     return session.snapshot_bytes()
 

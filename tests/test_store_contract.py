@@ -47,11 +47,6 @@ P = "emacs-1"
 G = {"id": "s1", "scope": "global"}  # the least a header read on its own holds
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 def fill(session: Session, events: Events, turns: int = 1, chunks: int = 5) -> None:
     for obj in events.conversation(turns=turns, chunks=chunks):
         session.append_event(obj)

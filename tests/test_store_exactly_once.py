@@ -26,11 +26,6 @@ from magent_store.store import Scope, Session, Store
 P = "emacs-1"
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
 def open_session(root: Path, crash: Any = None, **kw: Any) -> Session:
     files = Store(root).files("s1", Scope.global_())
     return Session(files, Scope.global_(), crash=crash, **kw)

@@ -23,8 +23,8 @@ from conftest import Events
 from magent_store import fileio, ledger
 from magent_store.batches import Batches
 from magent_store.errors import SimulatedCrash, WriteFailed
-from magent_store.redact import redactor_from_spec
-from magent_store.redacting import SessionRedaction
+from magent_store.redaction.matcher import redactor_from_spec
+from magent_store.redaction.session import SessionRedaction
 from magent_store.store import Scope, Session, Store, load_session
 from plantcheck import every_byte, leaked
 from planted import LITERALS, PATTERNS, plants, secrets
@@ -32,11 +32,6 @@ from planted import LITERALS, PATTERNS, plants, secrets
 P = "emacs-1"
 GH = secrets()["github-pat"]
 OPENAI = secrets()["openai-api-key"]
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
 
 
 def open_session(root: Path, crash: Any = None, *, patterns: bool = False) -> Batches:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import clitools
 import schema6
 from magent_store import cli, layout, usage
 from magent_store.store import Scope, Store
@@ -25,7 +26,7 @@ PROJECT = "/home/someone/src/the-project"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "magent_store", "du", *args], capture_output=True, text=True)
+    return clitools.cli("du", *args)
 
 
 def du_json(root: Path, *args: str) -> dict[str, Any]:

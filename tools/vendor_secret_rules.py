@@ -1,4 +1,4 @@
-"""Write backend/magent_store/secret-rules.toml from a checkout of gitleaks.
+"""Write backend/magent_store/redaction/secret-rules.toml from a checkout of gitleaks.
 
     python3 tools/vendor_secret_rules.py GITLEAKS_CHECKOUT
 
@@ -17,7 +17,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "backend" / "magent_store" / "secret-rules.toml"
+OUT = Path(__file__).resolve().parent.parent / "backend" / "magent_store" / "redaction" / "secret-rules.toml"
 
 # The credentials redaction looks for (docs/REDACTION.md says why these).
 RULES = (

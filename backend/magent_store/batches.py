@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from magent_store import ledger
 from magent_store.errors import BatchOutOfOrder, StoreError
 from magent_store.ledger import Event, LedgerError
-from magent_store.redacting import SessionRedaction, Tail
+from magent_store.redaction.session import SessionRedaction, Tail
 from magent_store.store import (
     PRODUCER_RE,
     WRITTEN,

@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +34,6 @@ from magent_store import (
     idle,
     ledger,
     migrate,
-    redaction,
     relocate,
     scan,
     schema6,
@@ -42,7 +42,13 @@ from magent_store import (
     usage,
 )
 from magent_store.errors import StoreError
-from magent_store.fileio import atomic_write, default_root, open_private, write_all
+from magent_store.fileio import (
+    atomic_write,
+    default_root,
+    side_file_owner,
+    side_files,
+    write_new_private,
+)
 from magent_store.fileio import dumps as store_dumps
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError
@@ -50,6 +56,9 @@ from magent_store.listing import BriefCatalog, brief_entries
 from magent_store.logfile import FSYNC_MODES, scan_log
 from magent_store.metrics import state_directory
 from magent_store.migrate import FileReport
+from magent_store.redaction import saved
+from magent_store.redaction.matcher import Redactor, redactor_from_spec
+from magent_store.redaction.rules import RedactError
 from magent_store.store import (
     LOG_MAX_EVENTS,
     SCHEMA_VERSION,
@@ -430,7 +439,7 @@ def _compact_idle(args: argparse.Namespace) -> int:
     shown = {idle.COMPACTED: "compacted", idle.WOULD_COMPACT: "would compact", idle.OPEN: "skipped (open)",
              idle.UNCOMMITTED: "skipped", idle.KEPT: "left as it is", idle.DAMAGED: "damaged",
              idle.CHANGED: "not compacted", idle.FAILED: "failed", idle.LEFT: "left"}  # fmt: skip
-    for report in result.sessions:
+    for report in result.reports:
         if report.outcome in shown:
             saved = f", {_human_size(report.bytes_saved)} saved" if report.bytes_saved else ""
             reason = f": {report.reason}" if report.reason else ""
@@ -557,7 +566,7 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="with --output: replace FILE if it exists")
     p.add_argument("--redact", action="store_true",
                    help="with --format: replace each secret in the document by [redacted:KIND]")  # fmt: skip
-    redaction.add_arguments(p)
+    redaction_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="with --schema: only say what it would do")
     p.add_argument("--no-backup", action="store_true", help="with --schema: copy nothing first")
     p.add_argument("--json", action="store_true", help="with --schema: print the per-session report as JSON")
@@ -657,7 +666,7 @@ def _export_document(args: argparse.Namespace) -> int:
     redactor = None
     if args.redact:
         try:
-            redactor = redaction.redactor(args)
+            redactor = named_redactor(args)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     path: Path = args.target.expanduser()
@@ -667,9 +676,9 @@ def _export_document(args: argparse.Namespace) -> int:
         raise UsageError(f"{path}: not a session's header (SESSION.json)")
     header, thread = document.read(path)
     if redactor is not None:
-        header, _ = redaction.redact_header(redactor, header)
+        header, _ = saved.redact_whole_header(redactor, header)
         try:
-            thread, _ = redaction.redact_thread(redactor, thread)
+            thread, _ = saved.redact_thread(redactor, thread)
         except LedgerError as exc:
             raise CliError(f"{path}: {exc}") from None
     data = document.render(args.format, header, thread).encode("utf-8", "surrogatepass")
@@ -683,18 +692,9 @@ def _export_document(args: argparse.Namespace) -> int:
         atomic_write(out, data, sync=True)
         return 0
     try:
-        fd = open_private(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        write_new_private(out, data, sync=True)
     except FileExistsError:
         raise CliError(f"{out}: already exists; --force replaces it") from None
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        out.unlink(missing_ok=True)
-        raise
     print(f"magent-store: {path.name} written to {out} ({args.format})", file=sys.stderr)
     return 0
 
@@ -736,8 +736,214 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     return 0 if result.healthy else 1
 
 
-command("scan", scan.add_arguments, scan.HELP, scan.DESCRIPTION)(scan.run)
-command("du", usage.add_arguments, usage.HELP, usage.DESCRIPTION)(usage.run)
+def session_root_argument(p: argparse.ArgumentParser, metavar: str = "ROOT") -> None:
+    """The session root, ROOT by default the one Emacs last stored sessions in."""
+    root = default_root()
+    p.add_argument("root", type=Path, nargs="?", default=root, metavar=metavar,
+                   help=f"the session root (default {root}: the one Emacs last stored sessions in, "
+                   "else magent's)")  # fmt: skip
+
+
+def redaction_arguments(p: argparse.ArgumentParser) -> None:
+    """--pattern and --redact-spec, for a command that redacts or looks for secrets."""
+    p.add_argument("--pattern", action="append", default=[], metavar="KIND=REGEXP",
+                   help="also treat what REGEXP (Python syntax) matches as a secret of kind KIND "
+                   "(repeatable)")  # fmt: skip
+    p.add_argument("--redact-spec", metavar="FILE",
+                   help="read what to look for from FILE (- for standard input): a JSON object "
+                   '{"rules": true|false, "patterns": {KIND: REGEXP}, "literals": [SECRET, ...]}; '
+                   "literal secrets are given this way only")  # fmt: skip
+
+
+def _patterns(specs: list[str]) -> dict[str, str]:
+    """The KIND=REGEXP arguments of --pattern, as a map from kind to regular expression."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        kind, sep, regexp = spec.partition("=")
+        if not sep or not kind or not regexp:
+            raise RedactError(f"--pattern {spec!r}: give KIND=REGEXP")
+        if kind in out:
+            raise RedactError(f"--pattern: kind {kind!r} is given twice")
+        out[kind] = regexp
+    return out
+
+
+def _read_redaction_spec(name: str) -> dict[str, Any]:
+    """The redaction spec in file NAME (``-``: standard input), decoded but not yet checked."""
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).expanduser().read_bytes()
+    except OSError as exc:
+        raise RedactError(f"--redact-spec {name}: cannot read: {exc.strerror or exc}") from None
+    try:
+        spec = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        # exc.msg and the position only: the message must not quote the text, a literal may be in it.
+        raise RedactError(f"--redact-spec {name}: not valid JSON ({exc.msg} at line {exc.lineno}, "
+                          f"column {exc.colno})") from None  # fmt: skip
+    if not isinstance(spec, dict):
+        raise RedactError(f"--redact-spec {name}: a JSON object, not {type(spec).__name__}")
+    return spec
+
+
+def named_redactor(args: argparse.Namespace, *, key: bytes | None = None) -> Redactor:
+    """The redactor ARGS name: the spec in --redact-spec (if any) with the --pattern ones added.
+
+    Literal secrets travel in the spec only, never as arguments, which any
+    user on the machine can read from the process list.  A spec that cannot
+    be used is a `RedactError` naming what is wrong, never quoting a literal.
+    """
+    spec = _read_redaction_spec(args.redact_spec) if args.redact_spec else {}
+    extra = _patterns(args.pattern)
+    given = spec.get("patterns", {})
+    if extra and isinstance(given, dict):  # patterns that are no object: refused below, as they are
+        both = sorted(set(given) & set(extra))
+        if both:
+            raise RedactError(f"kind {both[0]!r} is both in --redact-spec and --pattern")
+        spec = {**spec, "patterns": {**given, **extra}}
+    try:
+        return redactor_from_spec(spec, key=key)
+    except RedactError as exc:
+        if args.redact_spec:
+            raise RedactError(f"--redact-spec {args.redact_spec}: {exc}") from None
+        raise
+
+
+def scan_arguments(p: argparse.ArgumentParser) -> None:
+    session_root_argument(p)
+    p.add_argument("--json", action="store_true",
+                   help="print {sessions: [{path, schema, id, title, scope, findings: [{kind, where, "
+                   "fingerprint}]}], "
+                   "unreadable: [{path, error}]}")  # fmt: skip
+    redaction_arguments(p)
+
+
+@command(
+    "scan", scan_arguments, "list the secrets saved in sessions (where and what kind, never the secret)",
+    """\
+Read every session under ROOT (schema 7 and magent's own schema 6) and list, per
+session, each credential found in it: its kind (aws-access-token, github-pat,
+private-key, jwt, openai-api-key, ...), the field that holds it (a header field,
+or turn N / item M / content, output or input, or a log event) and a
+fingerprint: 8 hex digits that are the same wherever the same secret is, within
+one run.  The secret itself is never printed.  Nothing is written.
+
+Files beside the sessions that can hold their text are read as text and listed
+too: a temp file an interrupted write left (.<id>.json.tmp-<pid>, say) and what a
+repair set aside (<id>.jsonl.tail-<n>, <id>.jsonl.corrupt-<n>); scrub removes or
+rewrites them.
+
+The patterns are gitleaks' rules for well-known credentials (see
+docs/REDACTION.md); --pattern KIND=REGEXP adds your own, and --redact-spec FILE
+reads patterns and literal secrets (passwords, tokens you name) from a file or
+standard input, never from the command line.
+
+Exit status: 0 no secret found, 1 secrets found, 2 usage error or a session
+that cannot be read.
+
+examples:
+  magent-store scan ~/.emacs.d/magent/sessions
+  magent-store scan --json | jq '.sessions[].findings[].kind'
+  magent-store scan --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
+""",
+)  # fmt: skip
+def cmd_scan(args: argparse.Namespace) -> int:
+    """0 when nothing was found, 1 when secrets were, 2 on a usage or read error."""
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    try:
+        found_by = named_redactor(args)
+    except RedactError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        scans = scan.scan_root(root, found_by)
+    except OSError as exc:
+        raise UsageError(f"{root}: {exc.strerror or exc}") from None
+    side = [scan.scan_side_file(p, found_by) for p in side_files(root)]
+    holding = [s for s in scans if s.findings]
+    side_holding = [s for s in side if s.findings]
+    unreadable = [s for s in scans + side if s.error is not None]
+    if args.json:
+        body = {"sessions": [{"path": str(s.path), "schema": s.schema, "id": s.id, "title": s.title,
+                              "scope": s.scope, "findings": [f.to_json() for f in s.findings]}
+                             for s in holding],
+                "files": [{"path": str(s.path), "session": side_file_owner(s.path),
+                           "findings": [f.to_json() for f in s.findings]} for s in side_holding],
+                "unreadable": [{"path": str(s.path), "error": s.error} for s in unreadable]}  # fmt: skip
+        sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
+    else:
+        for s in holding + side_holding:
+            print(s.path.relative_to(root))
+            for f in s.findings:
+                print(f"  {f.kind}\t{f.where}\t{f.fingerprint}")
+    for s in unreadable:
+        print(f"magent-store: cannot be read: {s.error}", file=sys.stderr)
+    secrets = sum(len(s.findings) for s in holding)
+    beside = sum(len(s.findings) for s in side_holding)
+    print(f"{len(scans)} sessions scanned: {secrets} secret{'s' if secrets != 1 else ''} "
+          f"in {len(holding)} session{'s' if len(holding) != 1 else ''}"
+          + (f"; {beside} more in {len(side_holding)} file(s) beside them (run magent-store scrub)"
+             if side_holding else "")
+          + (f"; {len(unreadable)} could not be read" if unreadable else ""), file=sys.stderr)  # fmt: skip
+    if unreadable:
+        return 2
+    return 1 if holding or side_holding else 0
+
+
+def du_arguments(p: argparse.ArgumentParser) -> None:
+    session_root_argument(p)
+    p.add_argument("--json", action="store_true",
+                   help="print exact bytes: {root, bytes, sessions-bytes, session-count, index, other, "
+                   "growth, projects: [...], sessions: [...]}")  # fmt: skip
+    p.add_argument("--by", choices=["project", "session"],
+                   help="list only projects or only sessions (default both)")  # fmt: skip
+    p.add_argument("--limit", type=int, default=usage.DEFAULT_LIMIT, metavar="N",
+                   help=f"list the N biggest of each (default {usage.DEFAULT_LIMIT}; 0 for all)")  # fmt: skip
+
+
+@command(
+    "du", du_arguments, "what your history weighs: size by project and by session, and its growth",
+    """\
+Add up every file under ROOT: by project (each project named by its root, plus
+global and each action) and by session, biggest first, each split into log,
+snapshot, header, side files (batch record, checksums, lock, lines set aside),
+schema-6 file (magent's own one-file format) and its share of the search index
+(kept for ROOT in $XDG_STATE_HOME/magent-store/roots/, shared in proportion to
+the text the index holds for each session).  Then the growth in the last 30
+days: the bytes of the sessions created in them, and the size of the logs
+older sessions wrote to in them (what they appended since their last
+compaction).  Nothing is written and no lock is taken.
+
+Sizes are shown in KiB, MiB, GiB (powers of 1024); --json gives exact bytes.
+Sessions are named by their title (the one magent shows), their project and id.
+
+Exit status: 0, or 2 on a usage error or a root that cannot be read.
+
+examples:
+  magent-store du
+  magent-store du ~/.emacs.d/magent/sessions --by project
+  magent-store du --json --limit 0 | jq '.sessions[0]'
+""",
+)  # fmt: skip
+def cmd_du(args: argparse.Namespace) -> int:
+    """0, or 2 when ROOT cannot be read or the arguments are wrong."""
+    root: Path = args.root.expanduser()
+    if args.limit < 0:
+        raise UsageError("--limit must be 0 (all) or more")
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    try:
+        weighed = usage.measure(root)
+    except usage.UsageFailed as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # a directory under it that cannot be read
+        raise UsageError(f"{exc.filename or root}: {exc.strerror or exc}") from None
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(weighed.to_json(args.limit, args.by),
+                                             default=ledger.json_default) + b"\n")  # fmt: skip
+    else:
+        sys.stdout.write(usage.text(weighed, args.limit, args.by))
+    return 0
 
 
 def _rebuild_index(root: Path) -> str | None:
@@ -755,11 +961,89 @@ def _rebuild_index(root: Path) -> str | None:
     return f"search index rebuilt from the files ({result.checked} sessions)"
 
 
+def scrub_arguments(p: argparse.ArgumentParser) -> None:
+    session_root_argument(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="write nothing; say which sessions hold secrets")  # fmt: skip
+    p.add_argument("--no-backup", action="store_true",
+                   help="copy nothing first (the secrets are then gone for good)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the per-session report as JSON")
+    redaction_arguments(p)
+
+
+@command(
+    "scrub", scrub_arguments,
+    "rewrite the sessions that hold secrets with each secret redacted, keeping a backup",
+    """\
+Rewrite every session under ROOT that holds a secret (what `magent-store scan`
+lists) with each secret replaced by [redacted:KIND]: its header, every message,
+tool input and output, and the events of its log.  A session in the store's
+format (schema 7) gets a new snapshot holding the whole conversation, then its
+log (whose events the snapshot holds) is removed and its header rewritten; one
+in magent's own format (schema 6) stays one file in that format, which magent's
+release reads as before.  What is
+written is read back and compared with the redacted session value by value; any
+difference puts the original back.
+
+Unless --no-backup, each rewritten session's files are first copied to
+ROOT/scrub-backup-<time>/: that copy is then the one place the secrets remain,
+and the command prints how to delete it.  The search index (this machine's,
+kept outside ROOT) is built again from the rewritten files.  Sessions open in a
+running backend, damaged sessions (run `magent-store fsck` first) and sessions whose last batch
+is still to be confirmed by Emacs are left alone and named.  Sessions without
+secrets are not touched.  Running it again changes nothing.
+
+The patterns are those of `magent-store scan`: gitleaks' rules for well-known
+credentials, --pattern KIND=REGEXP, and --redact-spec FILE (patterns and
+literal secrets, read from a file or standard input, never the command line).
+
+Exit status: 0 when no session is left holding a secret, 1 when one is (or
+--dry-run found one), 2 usage error.
+
+examples:
+  magent-store scrub --dry-run ~/.emacs.d/magent/sessions
+  magent-store scrub ~/.emacs.d/magent/sessions
+  magent-store scrub --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
+  printf '{"literals": ["%s"]}' "$PASSWORD" | magent-store scrub --redact-spec - ROOT
+""",
+)  # fmt: skip
 def cmd_scrub(args: argparse.Namespace) -> int:
-    return scrub.run(args, reindex=_rebuild_index)
-
-
-command("scrub", scrub.add_arguments, scrub.HELP, scrub.DESCRIPTION)(cmd_scrub)
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    try:
+        found_by = named_redactor(args)
+    except RedactError as exc:
+        raise UsageError(str(exc)) from None
+    scrubber = scrub.Scrubber(root, found_by, dry_run=args.dry_run, backup=not args.no_backup)
+    try:
+        result = scrubber.run()
+    except OSError as exc:
+        raise UsageError(f"{root}: {exc.strerror or exc}") from None
+    index_note = _rebuild_index(root) if result.rewritten else None
+    if args.json:
+        body = result.to_json()
+        body["index"] = index_note
+        sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
+    else:
+        for r in result.reports + result.files:
+            if r.outcome in (scrub.SCRUBBED, scrub.WOULD_SCRUB) or r.outcome in scrub.LEFT:
+                kinds = f" ({', '.join(r.kinds)})" if r.kinds else ""
+                why = f": {r.reason}" if r.reason else ""
+                print(f"{r.outcome}: {r.path.relative_to(root)}{kinds}{why}")
+        print(result.summary())
+        if index_note:
+            print(index_note)
+    left = ", ".join(str(r.path.relative_to(root)) for r in result.left)
+    if result.backup is not None:
+        where = ("that copy is now the one place the secrets remain" if not left else
+                 f"the secrets remain there, and in what was left as it was: {left}")  # fmt: skip
+        print(f"The originals, secrets included, are in {result.backup}: {where}.  Once you have checked "
+              "the scrubbed sessions, delete it:\n"
+              f"  rm -rf -- {shlex.quote(str(result.backup))}", file=sys.stderr)  # fmt: skip
+    elif left and not args.dry_run:
+        print(f"Secrets remain in what was left as it was: {left}", file=sys.stderr)
+    return 0 if result.ok else 1
 
 
 def _reindex(root: Path) -> None:
@@ -771,8 +1055,62 @@ def _reindex(root: Path) -> None:
         index.close()
 
 
-command("relocate", relocate.add_arguments, relocate.HELP, relocate.DESCRIPTION)(
-    lambda args: relocate.run(args, reindex=_reindex))
+def relocate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("old", metavar="OLD-ROOT", help="the project's root as it was")
+    p.add_argument("new", metavar="NEW-ROOT", help="the project's root now (or to be)")
+    session_root_argument(p, "SESSION-ROOT")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; list what would move")
+    p.add_argument("--no-backup", action="store_true", help="do not copy the sessions first")
+    p.add_argument("--json", action="store_true",
+                   help="print {root, old-root, new-root, from, to, dry-run, refused, backup, summary, "
+                   "sessions: [{id, schema, outcome, reason, files}]}")  # fmt: skip
+
+
+@command(
+    "relocate", relocate_arguments, "move a project's sessions to where magent looks for its new root",
+    "Move every session of the project at OLD-ROOT (a folder since renamed or moved) to\n"
+    "where magent looks for the sessions of NEW-ROOT (projects/<sha1 of the root>/ under\n"
+    "SESSION-ROOT), rewriting the root in each header and snapshot.  NEW-ROOT is keyed as\n"
+    "magent keys it (expanded, no trailing slash, symbolic links resolved); it need not\n"
+    "exist yet.  Both schema-7 sessions (header, log, snapshot and side files) and\n"
+    "magent's own one-file sessions (schema 6) move.\n\n"
+    "Each session is copied first to SESSION-ROOT/relocate-backup-<time>/ (unless\n"
+    "--no-backup), written at the new place, read back and compared value by value\n"
+    "with the original (equal but for the root), and only then removed from the old\n"
+    "place.  Nothing moves when any session is open in a running backend, when the new\n"
+    "place already holds a session of the same id, or when a session cannot be read.\n"
+    "An interrupted run leaves each session whole; run it again to finish.  Running it\n"
+    "again after it finished says there is nothing to move.\n\n"
+    "Exit status: 0 moved (or nothing to move); 1 refused or a session not moved;\n"
+    "2 usage error.\n\n"
+    "examples:\n"
+    "  magent-store relocate --dry-run ~/src/old-name ~/src/new-name\n"
+    "  magent-store relocate ~/src/old-name ~/src/new-name\n"
+    "  magent-store relocate --json /old/place/proj /new/place/proj ~/.emacs.d/magent/sessions",
+)  # fmt: skip
+def cmd_relocate(args: argparse.Namespace) -> int:
+    """0 moved or nothing to move, 1 refused or not all moved, 2 usage error."""
+    try:
+        relocator = relocate.Relocator(args.root, args.old, args.new, dry_run=args.dry_run,
+                                       backup=not args.no_backup)  # fmt: skip
+    except relocate.RelocateError as exc:
+        raise UsageError(str(exc)) from None
+    result = relocator.run()
+    moved = result.count(relocate.MOVED) + result.count(relocate.FINISHED)
+    if moved:
+        _reindex(result.root)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
+    else:
+        for move in result.reports:
+            if args.dry_run or move.outcome not in (relocate.MOVED, relocate.FINISHED) or result.refused:
+                print(move.line())
+        if result.backup is not None:
+            print(f"originals copied to {result.backup}")
+        print(result.summary())
+    if result.refused:
+        print(f"magent-store: error: {result.summary()}", file=sys.stderr)
+    return 0 if result.ok else 1
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -43,10 +43,12 @@ from magent_store.fileio import (
     read_file,
     read_seen,
     replace_if_unchanged,
+    write_new_private,
 )
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import read_log_file, scan_log
+from magent_store.runreport import RunReport
 from magent_store.store import (
     Scope,
     SessionLock,
@@ -273,13 +275,7 @@ def render(
     body = dumps(schema6_object(header, thread, events, files, hollow=hollow))
     directory = Path(tempfile.mkdtemp(prefix="render-", dir=spool))
     path = directory / f"{files.id}.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+    write_new_private(path, body, sync=False)
     return str(path), damage
 
 
@@ -311,15 +307,7 @@ class ExportReport:
 
 
 @dataclass(slots=True)
-class Export:
-    root: Path
-    dry_run: bool
-    reports: list[ExportReport] = field(default_factory=list)
-    backup: Path | None = None
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for r in self.reports if r.outcome == outcome)
-
+class Export(RunReport[ExportReport]):
     @property
     def ok(self) -> bool:
         return not (self.count(CHANGED) or self.count(FAILED) or self.count(LOCKED))
@@ -332,19 +320,14 @@ class Export:
             f"{self.count(ALREADY_6)} already in magent's format", f"{self.count(SKIPPED)} skipped",
             f"{self.count(CHANGED)} values changed",
         ]  # fmt: skip
-        if self.count(LOCKED):
-            parts.append(f"{self.count(LOCKED)} open in a running backend (not written)")
-        if self.count(FAILED):
-            parts.append(f"{self.count(FAILED)} failed")
-        if self.count(SAVED_MEANWHILE):
-            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left for a later run)")
-        return ", ".join(parts)
+        noted = ((LOCKED, "open in a running backend (not written)"), (FAILED, "failed"),
+                 (SAVED_MEANWHILE, "saved by magent meanwhile (left for a later run)"))  # fmt: skip
+        return self.closing(parts, noted)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "root": str(self.root), "dry-run": self.dry_run,
-            "backup": None if self.backup is None else str(self.backup),
-            "summary": {"sessions": len(self.reports), **{o: self.count(o) for o in OUTCOMES}},
+            "root": str(self.root), "dry-run": self.dry_run, "backup": self.backup_json(),
+            "summary": {"sessions": len(self.reports), **self.counts(OUTCOMES)},
             "sessions": [r.to_json(self.root) for r in self.reports],
         }  # fmt: skip
 

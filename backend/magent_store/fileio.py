@@ -100,11 +100,7 @@ def prepare_machine_directory(directory: Path) -> None:
     name_file = state / ROOT_NAME_FILE
     if not name_file.exists():  # not synced: a line for people and tools, lost at worst
         with contextlib.suppress(FileExistsError):
-            fd = open_private(name_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            try:
-                write_all(fd, f"{os.path.realpath(root)}\n".encode())
-            finally:
-                os.close(fd)
+            write_new_private(name_file, f"{os.path.realpath(root)}\n".encode(), sync=False)
     _prepared.add(mine)
 
 
@@ -165,6 +161,30 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def write_new_private(path: Path, data: bytes, *, sync: bool) -> None:
+    """Write DATA whole as a new private file (0600) at PATH; fsync it with SYNC.
+
+    Never over a file already there (`FileExistsError`, PATH untouched) and
+    never through a symbolic link.  A write that fails (a full disk, say)
+    removes what it had written and raises; a simulated crash (a test's)
+    leaves it, as a crash would.
+    """
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except SimulatedCrash:
+        raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
 
 
 def free_bytes(directory: Path) -> int | None:
@@ -233,16 +253,11 @@ def atomic_write(path: Path, data: bytes, *, sync: bool, crash: Callable[[str], 
     new_name = not sync and not path.exists()
     try:
         try:
-            fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            write_new_private(tmp, data, sync=True)
         except FileExistsError:  # left by an earlier attempt, or planted: a name, not ours to follow
             os.unlink(tmp)
-            fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            write_new_private(tmp, data, sync=True)
         try:
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
             if crash:
                 crash(f"{path.suffix[1:]}-temp-written")
             os.replace(tmp, path)
@@ -603,12 +618,7 @@ def create_if_absent(path: Path, data: bytes, *, sync: bool, what: str = "writte
     """Write DATA as a new file at PATH, never over a file someone made there meanwhile (`FileChanged`)."""
     tmp = _private_name(path)
     try:
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new_private(tmp, data, sync=True)
         try:
             os.link(tmp, path)
         except FileExistsError:

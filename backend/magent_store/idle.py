@@ -43,7 +43,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -66,6 +66,7 @@ from magent_store.fileio import (
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import LogScan, damage_message, damaged_range, read_log
+from magent_store.runreport import RunReport
 from magent_store.store import (
     SCHEMA_VERSION,
     ProducerRecord,
@@ -111,34 +112,28 @@ class SessionReport:
                 "bytes-saved": self.bytes_saved, "updated": self.updated}  # fmt: skip
 
 
-@dataclass(slots=True)
-class IdleCompaction:
-    """What one run did (or, in a dry run, would do)."""
+@dataclass(slots=True, kw_only=True)
+class IdleCompaction(RunReport[SessionReport]):
+    """What one run did (or, in a dry run, would do): a report per session, idle or not."""
 
-    root: Path
     days: float
     cutoff: float
-    dry_run: bool
-    sessions: list[SessionReport] = field(default_factory=list)
 
     @property
     def bytes_saved(self) -> int:
-        return sum(r.bytes_saved for r in self.sessions if r.outcome in (COMPACTED, WOULD_COMPACT))
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for r in self.sessions if r.outcome == outcome)
+        return sum(r.bytes_saved for r in self.having((COMPACTED, WOULD_COMPACT)))
 
     @property
     def ok(self) -> bool:
-        return not any(r.outcome in TROUBLE for r in self.sessions)
+        return not self.having(TROUBLE)
 
     def to_json(self) -> dict[str, Any]:
         outcomes = (COMPACTED, WOULD_COMPACT, RECENT, NO_LOG, OPEN, UNCOMMITTED, KEPT, LEFT, DAMAGED,
                     CHANGED, FAILED)  # fmt: skip
         return {
             "root": str(self.root), "idle-days": self.days, "cutoff": self.cutoff, "dry-run": self.dry_run,
-            "bytes-saved": self.bytes_saved, "counts": {o: self.count(o) for o in outcomes},
-            "sessions": [r.to_json() for r in self.sessions],
+            "bytes-saved": self.bytes_saved, "counts": self.counts(outcomes),
+            "sessions": [r.to_json() for r in self.reports],
         }  # fmt: skip
 
 
@@ -174,7 +169,7 @@ class IdleCompactor:
             raise StoreError(f"idle days must be a positive number, got {days!r}")
         self.root = Path(root).expanduser()
         self.dry_run = dry_run
-        self.result = IdleCompaction(self.root, days, now() - days * DAY, dry_run)
+        self.result = IdleCompaction(root=self.root, dry_run=dry_run, days=days, cutoff=now() - days * DAY)
 
     def run(self) -> IdleCompaction:
         if not self.root.is_dir():
@@ -190,7 +185,7 @@ class IdleCompactor:
                 continue  # removed while the root was read
             except OSError as exc:
                 report = SessionReport(path, FAILED, f"{exc.strerror or exc}; the session reads as before")
-            self.result.sessions.append(report)
+            self.result.reports.append(report)
         return self.result
 
     def compact_file(self, path: Path) -> SessionReport:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -50,6 +50,7 @@ from magent_store.fileio import (
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.logfile import scan_log
+from magent_store.runreport import RunReport
 from magent_store.schema6 import ALREADY_7 as ALREADY_7  # what happened to one file, as decoding says
 from magent_store.schema6 import CHANGED as CHANGED
 from magent_store.schema6 import INVALID as INVALID
@@ -101,16 +102,8 @@ class FileReport:
 
 
 @dataclass(slots=True)
-class Migration:
+class Migration(RunReport[FileReport]):
     """What a run did: one report per file, and the backup tree (if any)."""
-
-    root: Path
-    dry_run: bool
-    reports: list[FileReport] = field(default_factory=list)
-    backup: Path | None = None
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for r in self.reports if r.outcome == outcome)
 
     @property
     def shadowed_files(self) -> int:
@@ -138,22 +131,19 @@ class Migration:
             f"{self.count(INVALID)} invalid",
             f"{self.count(CHANGED)} values changed",
         ]
-        if self.count(LOCKED):
-            parts.append(f"{self.count(LOCKED)} skipped (open in a running backend)")
-        if self.count(FAILED):
-            parts.append(f"{self.count(FAILED)} failed")
-        if self.count(SAVED_MEANWHILE):
-            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left for a later run)")
-        return ", ".join(parts) + f"; {self.shadowed_files} differing only by shadowed duplicate keys"
+        noted = ((LOCKED, "skipped (open in a running backend)"), (FAILED, "failed"),
+                 (SAVED_MEANWHILE, "saved by magent meanwhile (left for a later run)"))  # fmt: skip
+        shadowed = f"; {self.shadowed_files} differing only by shadowed duplicate keys"
+        return self.closing(parts, noted) + shadowed
 
     def to_json(self) -> dict[str, Any]:
         return {
             "root": str(self.root),
             "dry-run": self.dry_run,
-            "backup": None if self.backup is None else str(self.backup),
+            "backup": self.backup_json(),
             "summary": {
                 "files": len(self.reports),
-                **{outcome: self.count(outcome) for outcome in OUTCOMES},
+                **self.counts(OUTCOMES),
                 "shadowed-only": self.shadowed_files,
             },
             "files": [r.to_json(self.root) for r in self.reports],

@@ -42,10 +42,10 @@ from magent_store.fileio import (
     is_temp_file,
     lock_is_held,
     make_private_dirs,
-    open_private,
     prepare_machine_directory,
     read_file,
     sync_directories,
+    write_new_private,
 )
 from magent_store.layout import (
     TREE_MACHINE_FILE_RE,
@@ -91,8 +91,7 @@ def adopt_old_layout(root: Path, *, crash: Crash | None = None) -> bool:
         # Not synced: what it says (nothing left to move) is true of what was synced before it.
         make_private_dirs(state)
         with contextlib.suppress(FileExistsError):
-            fd = open_private(state / MOVED_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            os.close(fd)
+            write_new_private(state / MOVED_FILE, b"", sync=False)
         _adopted.add(state)
     return done
 

@@ -23,7 +23,7 @@ from magent_store.errors import SessionNotFound, StoreError
 from magent_store.fileio import note_root
 from magent_store.layout import SessionFiles
 from magent_store.ledger import Thread
-from magent_store.redacting import SessionRedaction
+from magent_store.redaction.session import SessionRedaction
 from magent_store.sessions import MoveFailed, move_session, open_session
 from magent_store.store import Scope, Session, Store
 

@@ -25,20 +25,16 @@ refuses the whole move, and nothing changes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import json
 import os
 import posixpath
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
-
-import orjson
 
 from magent_store import layout, ledger, schema6
 from magent_store.errors import SessionLockedError, StoreError
@@ -46,7 +42,6 @@ from magent_store.fileio import (
     FileChanged,
     FileSeen,
     atomic_write,
-    default_root,
     dumps,
     is_temp_file,
     keep_time,
@@ -62,6 +57,7 @@ from magent_store.fileio import (
 from magent_store.layout import SessionFiles, project_directory
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import damaged_range, scan_log, sum_line
+from magent_store.runreport import RunReport
 from magent_store.store import SCHEMA_VERSION, SessionLock, load_session, new_backup_path, read_header
 
 # What happened to one session.
@@ -156,46 +152,34 @@ class Move:
         return f"{self.outcome}: {self.id}{reason}"
 
 
-@dataclass(slots=True)
-class Relocation:
-    """What a run found and did."""
+@dataclass(slots=True, kw_only=True)
+class Relocation(RunReport[Move]):
+    """What a run found and did: a report (a `Move`) per session of the old root."""
 
-    root: Path
     old: str  # the old root as the sessions hold it
     new: str  # the new root as magent keys it
     source: Path
     target: Path
-    dry_run: bool
-    moves: list[Move] = field(default_factory=list)
-    backup: Path | None = None
     refused: bool = False  # a session could not be moved: nothing was
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for m in self.moves if m.outcome == outcome)
 
     @property
     def ok(self) -> bool:
-        return not any(m.outcome in (*REFUSALS, CHANGED, FAILED, SAVED_MEANWHILE) for m in self.moves)
+        return not self.having((*REFUSALS, CHANGED, FAILED, SAVED_MEANWHILE))
 
     def summary(self) -> str:
-        if not self.moves:
+        if not self.reports:
             return f"no sessions of {self.old} under {self.root}: nothing to move"
         if self.refused:
-            bad = [m for m in self.moves if m.outcome in REFUSALS]
-            return (f"nothing moved: {len(bad)} of {len(self.moves)} sessions of {self.old} cannot be "
+            bad = self.having(REFUSALS)
+            return (f"nothing moved: {len(bad)} of {len(self.reports)} sessions of {self.old} cannot be "
                     "moved (listed above)")  # fmt: skip
         done = self.count(WOULD_MOVE) if self.dry_run else self.count(MOVED) + self.count(FINISHED)
         verb = "would move (dry run)" if self.dry_run else "moved and verified"
         parts = [f"{done} session{'' if done == 1 else 's'} {verb} from {self.old} to {self.new}"]
-        if self.count(FINISHED):
-            parts.append(f"{self.count(FINISHED)} of them finishing an interrupted move")
-        for outcome in (CHANGED, FAILED, LOCKED):
-            if self.count(outcome):
-                parts.append(f"{self.count(outcome)} {outcome} (left where they were)")
-        if self.count(SAVED_MEANWHILE):
-            parts.append(f"{self.count(SAVED_MEANWHILE)} saved by magent meanwhile (left where they were: "
-                         "run relocate again)")  # fmt: skip
-        return ", ".join(parts)
+        noted = ((FINISHED, "of them finishing an interrupted move"),
+                 *((outcome, f"{outcome} (left where they were)") for outcome in (CHANGED, FAILED, LOCKED)),
+                 (SAVED_MEANWHILE, "saved by magent meanwhile (left where they were: run relocate again)"))
+        return self.closing(parts, noted)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -206,9 +190,9 @@ class Relocation:
             "to": str(self.target.relative_to(self.root)),
             "dry-run": self.dry_run,
             "refused": self.refused,
-            "backup": None if self.backup is None else str(self.backup),
-            "summary": {outcome: self.count(outcome) for outcome in OUTCOMES},
-            "sessions": [m.to_json() for m in self.moves],
+            "backup": self.backup_json(),
+            "summary": self.counts(OUTCOMES),
+            "sessions": [m.to_json() for m in self.reports],
         }
 
 
@@ -376,7 +360,8 @@ class Relocator:
         self.sync = sync
         self._crash = crash
         self.backup_path = None if dry_run or not backup else new_backup_path(self.root, "relocate")
-        self.result = Relocation(self.root, self.old, self.new, self.source, self.target, dry_run)
+        self.result = Relocation(root=self.root, dry_run=dry_run, old=self.old, new=self.new,
+                                 source=self.source, target=self.target)  # fmt: skip
 
     def _find_old(self, old: str) -> str:
         """The old root as its sessions hold it: as given (expanded), or normalised as magent does."""
@@ -498,7 +483,7 @@ class Relocator:
     def run(self) -> Relocation:
         plans = self.plan()
         result = self.result
-        result.moves = [p.move for p in plans]
+        result.reports = [p.move for p in plans]
         if any(p.move.outcome in REFUSALS for p in plans):
             result.refused = True
             return result
@@ -698,77 +683,3 @@ def relocate(root: Path | str, old: str, new: str, *, dry_run: bool = False, bac
     """Move the sessions of project OLD to where magent looks for NEW; see the module docstring."""
     return Relocator(root, old, new, dry_run=dry_run, backup=backup, sync=sync).run()
 
-
-# ---------------------------------------------------------------------------
-# The command
-
-
-HELP: Final = "move a project's sessions to where magent looks for its new root"
-DESCRIPTION: Final = (
-    "Move every session of the project at OLD-ROOT (a folder since renamed or moved) to\n"
-    "where magent looks for the sessions of NEW-ROOT (projects/<sha1 of the root>/ under\n"
-    "SESSION-ROOT), rewriting the root in each header and snapshot.  NEW-ROOT is keyed as\n"
-    "magent keys it (expanded, no trailing slash, symbolic links resolved); it need not\n"
-    "exist yet.  Both schema-7 sessions (header, log, snapshot and side files) and\n"
-    "magent's own one-file sessions (schema 6) move.\n\n"
-    "Each session is copied first to SESSION-ROOT/relocate-backup-<time>/ (unless\n"
-    "--no-backup), written at the new place, read back and compared value by value\n"
-    "with the original (equal but for the root), and only then removed from the old\n"
-    "place.  Nothing moves when any session is open in a running backend, when the new\n"
-    "place already holds a session of the same id, or when a session cannot be read.\n"
-    "An interrupted run leaves each session whole; run it again to finish.  Running it\n"
-    "again after it finished says there is nothing to move.\n\n"
-    "Exit status: 0 moved (or nothing to move); 1 refused or a session not moved;\n"
-    "2 usage error.\n\n"
-    "examples:\n"
-    "  magent-store relocate --dry-run ~/src/old-name ~/src/new-name\n"
-    "  magent-store relocate ~/src/old-name ~/src/new-name\n"
-    "  magent-store relocate --json /old/place/proj /new/place/proj ~/.emacs.d/magent/sessions"
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's arguments, and this module's `run` as its handler."""
-    parser.add_argument("old", metavar="OLD-ROOT", help="the project's root as it was")
-    parser.add_argument("new", metavar="NEW-ROOT", help="the project's root now (or to be)")
-    root = default_root()
-    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="SESSION-ROOT",
-                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
-                        "else magent's)")  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true", help="change nothing; list what would move")
-    parser.add_argument("--no-backup", action="store_true", help="do not copy the sessions first")
-    parser.add_argument("--json", action="store_true",
-                        help="print {root, old-root, new-root, from, to, dry-run, refused, backup, summary, "
-                        "sessions: [{id, schema, outcome, reason, files}]}")  # fmt: skip
-    parser.set_defaults(func=run)
-
-
-Reindex = Callable[[Path], None]
-
-
-def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
-    """The command: 0 moved or nothing to move, 1 refused or not all moved, 2 usage error.
-
-    REINDEX, when given, brings the search index up to the moved sessions.
-    """
-    try:
-        relocator = Relocator(args.root, args.old, args.new, dry_run=args.dry_run, backup=not args.no_backup)
-    except RelocateError as exc:
-        print(f"magent-store: error: {exc}", file=sys.stderr)
-        return 2
-    result = relocator.run()
-    moved = result.count(MOVED) + result.count(FINISHED)
-    if moved and reindex is not None:
-        reindex(result.root)
-    if args.json:
-        sys.stdout.buffer.write(orjson.dumps(result.to_json()) + b"\n")
-    else:
-        for move in result.moves:
-            if args.dry_run or move.outcome not in (MOVED, FINISHED) or result.refused:
-                print(move.line())
-        if result.backup is not None:
-            print(f"originals copied to {result.backup}")
-        print(result.summary())
-    if result.refused:
-        print(f"magent-store: error: {result.summary()}", file=sys.stderr)
-    return 0 if result.ok else 1

@@ -13,13 +13,11 @@ This module declares the command's arguments beside its handler.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import functools
 import multiprocessing
 import os
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,42 +25,17 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import ledger, redaction, schema6
+from magent_store import ledger, schema6
 from magent_store.errors import StoreError
-from magent_store.fileio import default_root, read_file, side_file_kind, side_file_owner, side_files
+from magent_store.fileio import read_file, side_file_kind
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.logfile import LogScan, read_log, scan_log
-from magent_store.redact import LITERAL_MIN, SHORTEST_MATCH, RedactError, Redactor, redactor_from_spec
+from magent_store.redaction import saved
+from magent_store.redaction.matcher import Redactor, redactor_from_spec
+from magent_store.redaction.rules import LITERAL_MIN, SHORTEST_MATCH
 from magent_store.store import Scope, Store, read_header, replay_session
 
-HELP: Final = "list the secrets saved in sessions (where and what kind, never the secret)"
-DESCRIPTION: Final = """\
-Read every session under ROOT (schema 7 and magent's own schema 6) and list, per
-session, each credential found in it: its kind (aws-access-token, github-pat,
-private-key, jwt, openai-api-key, ...), the field that holds it (a header field,
-or turn N / item M / content, output or input, or a log event) and a
-fingerprint: 8 hex digits that are the same wherever the same secret is, within
-one run.  The secret itself is never printed.  Nothing is written.
-
-Files beside the sessions that can hold their text are read as text and listed
-too: a temp file an interrupted write left (.<id>.json.tmp-<pid>, say) and what a
-repair set aside (<id>.jsonl.tail-<n>, <id>.jsonl.corrupt-<n>); scrub removes or
-rewrites them.
-
-The patterns are gitleaks' rules for well-known credentials (see
-docs/REDACTION.md); --pattern KIND=REGEXP adds your own, and --redact-spec FILE
-reads patterns and literal secrets (passwords, tokens you name) from a file or
-standard input, never from the command line.
-
-Exit status: 0 no secret found, 1 secrets found, 2 usage error or a session
-that cannot be read.
-
-examples:
-  magent-store scan ~/.emacs.d/magent/sessions
-  magent-store scan --json | jq '.sessions[].findings[].kind'
-  magent-store scan --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
-"""
 # Sessions are read by up to this many worker processes (one per core), in batches of BATCH.
 WORKERS_MAX: Final = 4
 BATCH: Final = 50
@@ -99,22 +72,8 @@ class SessionScan:
         self.id = header.get("id")
         title = header.get("summary-title") or header.get("title")
         if isinstance(title, str):
-            self.title = redaction.redact_header(redactor, {"title": title})[0]["title"]
+            self.title = saved.redact_whole_header(redactor, {"title": title})[0]["title"]
         self.scope = Scope.from_header(header).label()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's arguments, and this module's `run` as its handler."""
-    root = default_root()
-    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
-                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
-                        "else magent's)")  # fmt: skip
-    parser.add_argument("--json", action="store_true",
-                        help="print {sessions: [{path, schema, id, title, scope, findings: [{kind, where, "
-                        "fingerprint}]}], "
-                        "unreadable: [{path, error}]}")  # fmt: skip
-    redaction.add_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 # Keys whose string value is checked as the HTTP header it is (see `Redactor.redact_json`).
@@ -124,8 +83,8 @@ _HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
 def shortest_secret(redactor: Redactor) -> int:
     """The length below which a string holds no secret REDACTOR can find (0: any may).
 
-    The vendored rules match nothing shorter than `redact.SHORTEST_MATCH`,
-    literal secrets are `redact.LITERAL_MIN` characters or more; a user's
+    The vendored rules match nothing shorter than `rules.SHORTEST_MATCH`,
+    literal secrets are `rules.LITERAL_MIN` characters or more; a user's
     pattern may match anything.
     """
     if any(r.user for r in redactor.rules):
@@ -174,7 +133,7 @@ def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], know
 
 def _thread(redactor: Redactor, thread: ledger.Thread, out: list[Located], known: dict[str, _Found],
             shortest: int) -> None:  # fmt: skip
-    obj = redaction.thread_json(thread)
+    obj = saved.thread_json(thread)
     for key, value in obj.items():
         if key != "turns":
             _locate(redactor, value, f"thread/{key}", out, known, shortest)
@@ -355,51 +314,3 @@ def _scan_batch(paths: list[Path], spec: _Spec) -> list[SessionScan]:
     redactor = _worker_redactor(spec)
     return [scan_session(path, redactor) for path in paths]
 
-
-def _fail(message: str) -> int:
-    print(f"magent-store: error: {message}", file=sys.stderr)
-    return 2
-
-
-def run(args: argparse.Namespace) -> int:
-    """The command: 0 when nothing was found, 1 when secrets were, 2 on a usage or read error."""
-    root: Path = args.root.expanduser()
-    if not root.is_dir():
-        return _fail(f"{root}: no such directory (give the session root as ROOT)")
-    try:
-        redactor = redaction.redactor(args)
-    except RedactError as exc:
-        return _fail(str(exc))
-    try:
-        scans = scan_root(root, redactor)
-    except OSError as exc:
-        return _fail(f"{root}: {exc.strerror or exc}")
-    side = [scan_side_file(p, redactor) for p in side_files(root)]
-    holding = [s for s in scans if s.findings]
-    side_holding = [s for s in side if s.findings]
-    unreadable = [s for s in scans + side if s.error is not None]
-    if args.json:
-        body = {"sessions": [{"path": str(s.path), "schema": s.schema, "id": s.id, "title": s.title,
-                              "scope": s.scope, "findings": [f.to_json() for f in s.findings]}
-                             for s in holding],
-                "files": [{"path": str(s.path), "session": side_file_owner(s.path),
-                           "findings": [f.to_json() for f in s.findings]} for s in side_holding],
-                "unreadable": [{"path": str(s.path), "error": s.error} for s in unreadable]}  # fmt: skip
-        sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
-    else:
-        for s in holding + side_holding:
-            print(s.path.relative_to(root))
-            for f in s.findings:
-                print(f"  {f.kind}\t{f.where}\t{f.fingerprint}")
-    for s in unreadable:
-        print(f"magent-store: cannot be read: {s.error}", file=sys.stderr)
-    secrets = sum(len(s.findings) for s in holding)
-    beside = sum(len(s.findings) for s in side_holding)
-    print(f"{len(scans)} sessions scanned: {secrets} secret{'s' if secrets != 1 else ''} "
-          f"in {len(holding)} session{'s' if len(holding) != 1 else ''}"
-          + (f"; {beside} more in {len(side_holding)} file(s) beside them (run magent-store scrub)"
-             if side_holding else "")
-          + (f"; {len(unreadable)} could not be read" if unreadable else ""), file=sys.stderr)  # fmt: skip
-    if unreadable:
-        return 2
-    return 1 if holding or side_holding else 0

@@ -24,24 +24,18 @@ caller, which knows it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import shlex
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
-from magent_store import ledger, redaction, schema6
+from magent_store import ledger, schema6
 from magent_store.errors import CorruptSessionError, SessionLockedError, StoreError
 from magent_store.fileio import (
     FileChanged,
     atomic_write,
-    default_root,
     dumps,
     keep_time,
     lock_is_held,
@@ -58,7 +52,9 @@ from magent_store.fileio import (
 from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import damaged_range, scan_log
-from magent_store.redact import RedactError, Redactor
+from magent_store.redaction import saved
+from magent_store.redaction.matcher import Redactor
+from magent_store.runreport import RunReport
 from magent_store.store import (
     ProducerRecord,
     Scope,
@@ -70,39 +66,6 @@ from magent_store.store import (
     sweep_stale_temps,
 )
 
-HELP: Final = "rewrite the sessions that hold secrets with each secret redacted, keeping a backup"
-DESCRIPTION: Final = """\
-Rewrite every session under ROOT that holds a secret (what `magent-store scan`
-lists) with each secret replaced by [redacted:KIND]: its header, every message,
-tool input and output, and the events of its log.  A session in the store's
-format (schema 7) gets a new snapshot holding the whole conversation, then its
-log (whose events the snapshot holds) is removed and its header rewritten; one
-in magent's own format (schema 6) stays one file in that format, which magent's
-release reads as before.  What is
-written is read back and compared with the redacted session value by value; any
-difference puts the original back.
-
-Unless --no-backup, each rewritten session's files are first copied to
-ROOT/scrub-backup-<time>/: that copy is then the one place the secrets remain,
-and the command prints how to delete it.  The search index (this machine's,
-kept outside ROOT) is built again from the rewritten files.  Sessions open in a
-running backend, damaged sessions (run `magent-store fsck` first) and sessions whose last batch
-is still to be confirmed by Emacs are left alone and named.  Sessions without
-secrets are not touched.  Running it again changes nothing.
-
-The patterns are those of `magent-store scan`: gitleaks' rules for well-known
-credentials, --pattern KIND=REGEXP, and --redact-spec FILE (patterns and
-literal secrets, read from a file or standard input, never the command line).
-
-Exit status: 0 when no session is left holding a secret, 1 when one is (or
---dry-run found one), 2 usage error.
-
-examples:
-  magent-store scrub --dry-run ~/.emacs.d/magent/sessions
-  magent-store scrub ~/.emacs.d/magent/sessions
-  magent-store scrub --pattern ticket='TICKET-[0-9]{6}' ~/.emacs.d/magent/sessions
-  printf '{"literals": ["%s"]}' "$PASSWORD" | magent-store scrub --redact-spec - ROOT
-"""
 BACKUP_KIND: Final = "scrub"
 
 # What happened to one session.
@@ -139,21 +102,14 @@ class ScrubReport:
 
 
 @dataclass(slots=True)
-class Scrub:
-    """What a run did: one report per session, and the backup (if one was made)."""
+class Scrub(RunReport[ScrubReport]):
+    """What a run did: one report per session, the files beside them, and the backup (if one was made)."""
 
-    root: Path
-    dry_run: bool
-    reports: list[ScrubReport] = field(default_factory=list)
-    backup: Path | None = None
     files: list[ScrubReport] = field(default_factory=list)  # side files that held secrets (`scan.side_files`)
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for r in self.reports if r.outcome == outcome)
 
     @property
     def rewritten(self) -> list[ScrubReport]:
-        return [r for r in self.reports if r.outcome == SCRUBBED]
+        return self.having((SCRUBBED,))
 
     @property
     def ok(self) -> bool:
@@ -170,28 +126,26 @@ class Scrub:
         verb = "hold secrets (dry run: nothing written)" if self.dry_run else "scrubbed and verified"
         parts = [f"{len(self.reports)} sessions seen", f"{done} {verb}",
                  f"{self.count(CLEAN)} without secrets"]  # fmt: skip
-        for outcome, what in ((LOCKED, "open in a running backend (left alone)"),
-                              (DAMAGED, "damaged (left alone: run magent-store fsck)"),
-                              (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
-                              (CHANGED, "did not read back as redacted (original put back)"),
-                              (FAILED, "failed (original put back)"),
-                              (SAVED_MEANWHILE, "saved by magent while scrubbed (left as magent saved it: "
-                                                "run scrub again)")):  # fmt: skip
-            if self.count(outcome):
-                parts.append(f"{self.count(outcome)} {what}")
+        noted = ((LOCKED, "open in a running backend (left alone)"),
+                 (DAMAGED, "damaged (left alone: run magent-store fsck)"),
+                 (UNCONFIRMED, "waiting for Emacs to send their last batch again (left alone)"),
+                 (CHANGED, "did not read back as redacted (original put back)"),
+                 (FAILED, "failed (original put back)"),
+                 (SAVED_MEANWHILE, "saved by magent while scrubbed (left as magent saved it: "
+                                   "run scrub again)"))  # fmt: skip
+        line = self.closing(parts, noted)
         if self.files:
             done_files = sum(1 for r in self.files if r.outcome in (WOULD_SCRUB, SCRUBBED))
             verb = "hold secrets" if self.dry_run else "scrubbed"
             left = sum(1 for r in self.files if r.outcome in LEFT and r.outcome != WOULD_SCRUB)
-            parts.append(f"{done_files} file(s) beside them (temp or set aside) {verb}"
-                         + (f", {left} left (being written)" if left else ""))  # fmt: skip
-        return ", ".join(parts)
+            line += (f", {done_files} file(s) beside them (temp or set aside) {verb}"
+                     + (f", {left} left (being written)" if left else ""))  # fmt: skip
+        return line
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "root": str(self.root), "dry-run": self.dry_run,
-            "backup": None if self.backup is None else str(self.backup),
-            "summary": {"sessions": len(self.reports), **{o: self.count(o) for o in OUTCOMES}},
+            "root": str(self.root), "dry-run": self.dry_run, "backup": self.backup_json(),
+            "summary": {"sessions": len(self.reports), **self.counts(OUTCOMES)},
             "sessions": [r.to_json(self.root) for r in self.reports],
             "files": [r.to_json(self.root) for r in self.files],
         }  # fmt: skip
@@ -358,8 +312,8 @@ class Scrubber:
     def _scrub7(self, files: SessionFiles, report: ScrubReport) -> None:
         header, thread, events = self._read7(files)
         redactor = self.redactor
-        new_header, header_found = redaction.redact_header(redactor, header)
-        old_value = redaction.thread_json(thread)
+        new_header, header_found = saved.redact_whole_header(redactor, header)
+        old_value = saved.thread_json(thread)
         new_value, thread_found = redactor.redact_json(old_value, "thread")
         log_found = [f for e in events for f in redactor.find_json(ledger.event_to_json(e).get("payload"))]
         found = header_found + thread_found + log_found
@@ -372,7 +326,7 @@ class Scrubber:
         conversation = thread.id is not None
         try:
             new_thread = ledger.thread_from_json(new_value) if conversation else thread
-            snapshot = dumps(redaction.thread_json(new_thread))
+            snapshot = dumps(saved.thread_json(new_thread))
             header_bytes = dumps({k: v for k, v in new_header.items() if v is not None})
         except LedgerError as exc:
             raise _Refused(CHANGED, f"redacted, it cannot be written: {exc}") from None
@@ -425,7 +379,7 @@ class Scrubber:
             found = schema6.first_difference(header, on_disk, "header")
             if found is not None:
                 return found
-        return schema6.first_difference(value, redaction.thread_json(thread), "thread")
+        return schema6.first_difference(value, saved.thread_json(thread), "thread")
 
     # -- schema 6 ----------------------------------------------------------
 
@@ -441,7 +395,7 @@ class Scrubber:
         except schema6.Refused as refused:
             raise _Refused(DAMAGED, f"{refused.reason}: magent's reader would refuse it too") from None
         fields = {k: v for k, v in obj.items() if k not in ("snapshot", "journal")}
-        new_fields, found = redaction.redact_header(self.redactor, fields)
+        new_fields, found = saved.redact_whole_header(self.redactor, fields)
         new_obj: dict[str, Any] = {}
         redacted_fields = iter(new_fields.items())  # in FIELDS' order, one for one (a key may be redacted)
         for key, value in obj.items():
@@ -509,69 +463,3 @@ class Scrubber:
             with contextlib.suppress(OSError):
                 atomic_write(p, data, sync=self.sync)
 
-
-# ---------------------------------------------------------------------------
-# The command
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's arguments, and this module's `run` as its handler."""
-    root = default_root()
-    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
-                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
-                        "else magent's)")  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true",
-                        help="write nothing; say which sessions hold secrets")  # fmt: skip
-    parser.add_argument("--no-backup", action="store_true",
-                        help="copy nothing first (the secrets are then gone for good)")  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print the per-session report as JSON")
-    redaction.add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def _fail(message: str) -> int:
-    print(f"magent-store: error: {message}", file=sys.stderr)
-    return 2
-
-
-Reindex = Callable[[Path], str | None]
-
-
-def run(args: argparse.Namespace, reindex: Reindex | None = None) -> int:
-    """The command; REINDEX(root) rebuilds the search index after a rewrite and says what it did."""
-    root: Path = args.root.expanduser()
-    if not root.is_dir():
-        return _fail(f"{root}: no such directory (give the session root as ROOT)")
-    try:
-        redactor = redaction.redactor(args)
-    except RedactError as exc:
-        return _fail(str(exc))
-    scrubber = Scrubber(root, redactor, dry_run=args.dry_run, backup=not args.no_backup)
-    try:
-        result = scrubber.run()
-    except OSError as exc:
-        return _fail(f"{root}: {exc.strerror or exc}")
-    index_note = reindex(root) if reindex is not None and result.rewritten else None
-    if args.json:
-        body = result.to_json()
-        body["index"] = index_note
-        sys.stdout.buffer.write(orjson.dumps(body) + b"\n")
-    else:
-        for r in result.reports + result.files:
-            if r.outcome in (SCRUBBED, WOULD_SCRUB) or r.outcome in LEFT:
-                kinds = f" ({', '.join(r.kinds)})" if r.kinds else ""
-                why = f": {r.reason}" if r.reason else ""
-                print(f"{r.outcome}: {r.path.relative_to(root)}{kinds}{why}")
-        print(result.summary())
-        if index_note:
-            print(index_note)
-    left = ", ".join(str(r.path.relative_to(root)) for r in result.left)
-    if result.backup is not None:
-        where = ("that copy is now the one place the secrets remain" if not left else
-                 f"the secrets remain there, and in what was left as it was: {left}")  # fmt: skip
-        print(f"The originals, secrets included, are in {result.backup}: {where}.  Once you have checked "
-              "the scrubbed sessions, delete it:\n"
-              f"  rm -rf -- {shlex.quote(str(result.backup))}", file=sys.stderr)  # fmt: skip
-    elif left and not args.dry_run:
-        print(f"Secrets remain in what was left as it was: {left}", file=sys.stderr)
-    return 0 if result.ok else 1

@@ -31,7 +31,7 @@ from magent_store.layout import SessionFiles
 from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.machine import Machine
 from magent_store.metrics import MetricsLog
-from magent_store.redacting import SessionRedaction
+from magent_store.redaction.session import SessionRedaction
 from magent_store.registry import Registry
 from magent_store.spool import Spool
 from magent_store.stats import median, percentile
@@ -88,7 +88,8 @@ def _redaction(spec: Any) -> SessionRedaction | None:
     """The redaction a session's open options ask for (None: none); a bad spec is refused by what is wrong."""
     if spec is None:
         return None
-    from magent_store.redact import RedactError, redactor_from_spec
+    from magent_store.redaction.matcher import redactor_from_spec
+    from magent_store.redaction.rules import RedactError
 
     try:
         return SessionRedaction(redactor_from_spec(spec))
@@ -182,7 +183,7 @@ class Service:
         no snapshot on disk starts from (its creation time and metadata are
         in no event).  An unusable one is logged and left out: the session
         still opens.  OPTIONS may hold ``redact``, a redaction spec (see
-        `redact.redactor_from_spec`): everything the session is sent is then
+        `redaction.matcher.redactor_from_spec`): everything the session is sent is then
         redacted before it is kept.  A spec that cannot be used refuses the
         open, naming what is wrong.
         """

@@ -30,45 +30,19 @@ left out.  This module declares the command's arguments beside its handler.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
-from magent_store import layout, ledger, schema6
-from magent_store.fileio import default_root, is_temp_file
+from magent_store import layout, schema6
+from magent_store.fileio import is_temp_file
 from magent_store.store import SCHEMA_VERSION
 
-HELP: Final = "what your history weighs: size by project and by session, and its growth"
-DESCRIPTION: Final = """\
-Add up every file under ROOT: by project (each project named by its root, plus
-global and each action) and by session, biggest first, each split into log,
-snapshot, header, side files (batch record, checksums, lock, lines set aside),
-schema-6 file (magent's own one-file format) and its share of the search index
-(kept for ROOT in $XDG_STATE_HOME/magent-store/roots/, shared in proportion to
-the text the index holds for each session).  Then the growth in the last 30
-days: the bytes of the sessions created in them, and the size of the logs
-older sessions wrote to in them (what they appended since their last
-compaction).  Nothing is written and no lock is taken.
-
-Sizes are shown in KiB, MiB, GiB (powers of 1024); --json gives exact bytes.
-Sessions are named by their title (the one magent shows), their project and id.
-
-Exit status: 0, or 2 on a usage error or a root that cannot be read.
-
-examples:
-  magent-store du
-  magent-store du ~/.emacs.d/magent/sessions --by project
-  magent-store du --json --limit 0 | jq '.sessions[0]'
-"""
 DEFAULT_LIMIT: Final = 20
 GROWTH_DAYS: Final = 30
 # The search index's file, as search names it (one tool does not import another).
@@ -511,44 +485,3 @@ def text(usage: Usage, limit: int, by: str | None) -> str:
             lines.append(f"... and {count - len(rows)} more (--limit 0 lists them all)")
     return "\n".join(lines) + "\n"
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's arguments, and this module's `run` as its handler."""
-    root = default_root()
-    parser.add_argument("root", type=Path, nargs="?", default=root, metavar="ROOT",
-                        help=f"the session root (default {root}: the one Emacs last stored sessions in, "
-                        "else magent's)")  # fmt: skip
-    parser.add_argument("--json", action="store_true",
-                        help="print exact bytes: {root, bytes, sessions-bytes, session-count, index, other, "
-                        "growth, projects: [...], sessions: [...]}")  # fmt: skip
-    parser.add_argument("--by", choices=["project", "session"],
-                        help="list only projects or only sessions (default both)")  # fmt: skip
-    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
-                        help=f"list the N biggest of each (default {DEFAULT_LIMIT}; 0 for all)")  # fmt: skip
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The command: 0, or 2 when ROOT cannot be read or the arguments are wrong."""
-    root: Path = args.root.expanduser()
-    if args.limit < 0:
-        return _fail("--limit must be 0 (all) or more")
-    if not root.is_dir():
-        return _fail(f"{root}: no such directory (give the session root as ROOT)")
-    try:
-        usage = measure(root)
-    except UsageFailed as exc:
-        return _fail(str(exc))
-    except OSError as exc:  # a directory under it that cannot be read
-        return _fail(f"{exc.filename or root}: {exc.strerror or exc}")
-    if args.json:
-        sys.stdout.buffer.write(orjson.dumps(usage.to_json(args.limit, args.by),
-                                             default=ledger.json_default) + b"\n")  # fmt: skip
-    else:
-        sys.stdout.write(text(usage, args.limit, args.by))
-    return 0
-
-
-def _fail(message: str) -> int:
-    print(f"magent-store: error: {message}", file=sys.stderr)
-    return 2

@@ -10,7 +10,8 @@ set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
 for module in ${MODULES:-ledger store logfile fileio server service registry spool arguments search export fsck migrate
-    redact redacting redaction scrub relocate idle scan usage}; do
+    redaction/rules redaction/matcher redaction/streams redaction/session redaction/saved scrub relocate idle scan
+    usage}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_ledger_validation.py" ;;
     store|logfile|fileio) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py tests/test_store_logfile.py" ;;
@@ -22,20 +23,21 @@ for module in ${MODULES:-ledger store logfile fileio server service registry spo
       tests/test_search_projection.py" ;;
     # Redaction is met where secrets arrive: the rules themselves, the store and
     # the server that redact what they write, and export.
-    redact|redacting) selection="tests/test_redact.py tests/test_store_redaction.py
+    redaction/rules|redaction/matcher|redaction/streams|redaction/session) selection="tests/test_redact.py tests/test_store_redaction.py
       tests/test_server_redaction.py tests/test_export_redact.py" ;;
-    # The commands' redaction: what export, scan and scrub are given to look for.
-    redaction) selection="tests/test_export_redact.py tests/test_scan.py tests/test_scrub.py tests/test_redact.py" ;;
+    # A saved session redacted whole: what export, scan and scrub rewrite or list.
+    redaction/saved) selection="tests/test_export_redact.py tests/test_scan.py tests/test_scrub.py tests/test_redact.py" ;;
     scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py" ;;
     scan) selection="tests/test_scan.py tests/test_side_file_secrets.py" ;;
     relocate) selection="tests/test_relocate.py tests/test_move.py" ;;
     idle) selection="tests/test_idle.py tests/test_maintenance_keeps_time.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
-  # A module that is a package (search) has every file in it mutated.
+  # A module that is a package (search) has every file in it mutated; one file
+  # of a package is named PACKAGE/FILE (redaction/rules).
   target=src/magent_store/$module.py
   [ -d "backend/magent_store/$module" ] && target="src/magent_store/$module/*.py"
-  dir=build/mutation/$module
+  dir=build/mutation/$(printf %s "$module" | tr / -)
   rm -rf "$dir"
   mkdir -p "$dir"
   cp -r backend "$dir/src"

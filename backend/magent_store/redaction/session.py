@@ -13,7 +13,7 @@ tail it holds back is written when the next chunk ends it, or by
 `finishing` (the item ended) and `finish_all` (a synchronous flush, the
 session's close).  `holding` says whether any text is held: a batch whose
 text is partly held is not confirmed to its writer (see
-`store.Session.begin_batch`).  Pure: no I/O.
+`batches.Batches.begin_batch`).  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from magent_store.ledger import Event
-from magent_store.redact import TITLE_FIELDS, Redactor, StreamRedactor, cut_title
+from magent_store.redaction.matcher import Redactor, cut_titles
+from magent_store.redaction.streams import StreamRedactor
 
 ITEM_TEXT: Final = ("content", "output", "input", "error", "metadata")
 TURN_TEXT: Final = ("input", "error", "metadata")
@@ -85,13 +86,16 @@ class SessionRedaction:
         return {**obj, "payload": payload}
 
     def header(self, obj: Any) -> Any:
-        """OBJ, a header, with its free text redacted (a copy); a title cut short cut before a secret."""
+        """OBJ, a header, with its free text redacted (a copy); a title cut short cut before a secret.
+
+        Only the free text (`HEADER_TEXT`), not every string as a saved
+        session's header is (`saved.redact_whole_header`): the id, the
+        scope's fields and the times a session is written with name and
+        order it, and a pattern of the user's that matched one would break
+        the session rather than hide a secret.
+        """
         header = self._fields(obj, HEADER_TEXT)
-        if isinstance(header, dict):
-            for key in TITLE_FIELDS:
-                if isinstance(header.get(key), str):
-                    header[key] = cut_title(self.redactor, header[key])
-        return header
+        return cut_titles(self.redactor, header) if isinstance(header, dict) else header
 
     def thread(self, obj: Any) -> Any:
         """OBJ, a thread snapshot in magent's JSON shape, with its free text redacted (a copy)."""

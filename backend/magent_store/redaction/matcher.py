@@ -1,20 +1,19 @@
-"""Redaction: credentials in text replaced by ``[redacted:KIND]``, pure.
+"""The matcher: credentials in text replaced by ``[redacted:KIND]``, pure.
 
-What is looked for comes from three places: the patterns vendored from
-gitleaks with the package (``secret-rules.toml``, read once), the user's own
-regular expressions (a kind name each), and literal secrets handed in (what
-Emacs reads from the ``auth-source`` entries the user names; kind
-``auth-source``).  `Redactor.redact` rewrites one string, `Redactor.redact_json`
-every string inside a JSON value, `StreamRedactor` an item's text arriving in
-chunks, holding back only the tail that could still become a secret.
+A `Redactor` looks for what the rules (`rules`) name, the user's patterns,
+and literal secrets handed in (what Emacs reads from the ``auth-source``
+entries the user names; kind ``auth-source``).  `Redactor.redact` rewrites
+one string, `Redactor.redact_json` every string inside a JSON value, and
+`Redactor.hold_from` says where the part of a text that more text could
+still turn into a secret starts (what a stream holds back, `streams`).
 
 A finding says what kind of secret was where, and its fingerprint: the first
 8 hex digits of an HMAC-SHA-256 of the secret under the redactor's key, so
 two places holding the same secret can be told apart from others without the
 secret, or a guess at a short password, being testable from it.
 
-Nothing here touches the disk but reading the rules file; nothing keeps a
-secret beyond the text it is given.
+Nothing here touches the disk; nothing keeps a secret beyond the text it is
+given.
 """
 
 from __future__ import annotations
@@ -22,22 +21,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import math
 import os
 import re
-import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-RULES_FILE: Final = Path(__file__).with_name("secret-rules.toml")
-AUTH_SOURCE: Final = "auth-source"
-# No vendored rule matches text shorter than this (a test checks it): shorter strings skip them.
-SHORTEST_MATCH: Final = 12
-# A literal secret shorter than this would redact ordinary words.
-LITERAL_MIN: Final = 4
-KIND_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+from magent_store.redaction.rules import (
+    AUTH_SOURCE,
+    LITERAL_MIN,
+    SHORTEST_MATCH,
+    RedactError,
+    Rule,
+    RuleSet,
+    default_rules,
+    shannon_entropy,
+    user_rules,
+)
+
 # Characters a token secret is made of: a secret matched by a rule without a
 # window lies inside one run of them (see `StreamRedactor`).
 _RUN_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./+=~@:\\")
@@ -46,44 +47,6 @@ RUN_CAP: Final = 8192
 # How far back a user's pattern is held back in a stream: its match must lie within a run of non-blanks.
 USER_WINDOW: Final = 256
 _ASCII_LOWER: Final = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-class RedactError(ValueError):
-    """A pattern, kind or literal that cannot be used, named in the message."""
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """One kind of secret: its regular expression and what narrows and confirms a match.
-
-    KEYWORDS (lowercase): the rule is tried only on text holding one of them.
-    ENTROPY: a secret whose Shannon entropy is not above it is ignored.
-    ALLOW: a secret any of these matches is ignored.  SECRET_GROUP: the group
-    holding the secret (0: the first non-empty group, or the whole match).
-    ANCHORS (lowercase): what every match starts with, for the stream.
-    WINDOW: for matches that span whitespace, how far past an anchor a stream
-    holds text back while no match is complete (0: a token rule).
-    """
-
-    kind: str
-    regex: re.Pattern[str]
-    keywords: tuple[str, ...] = ()
-    entropy: float = 0.0
-    allow: tuple[re.Pattern[str], ...] = ()
-    secret_group: int = 0
-    anchors: tuple[str, ...] = ()
-    window: int = 0
-    user: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RuleSet:
-    """The vendored rules, with gitleaks' global allowlist and the commit they came from."""
-
-    rules: tuple[Rule, ...]
-    allow: tuple[re.Pattern[str], ...]
-    stopwords: tuple[str, ...]
-    source_commit: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,176 +65,12 @@ class Finding:
 
 
 @dataclass(slots=True)
-class _Span:
+class Span:
+    """Where a secret of KIND lies in a text: START to END, in characters."""
+
     start: int
     end: int
     kind: str
-
-
-def python_regex(source: str) -> str:
-    """SOURCE, a Go RE2 expression as gitleaks writes them, as Python's `re` reads it the same.
-
-    Compile the result with `re.ASCII`: RE2's ``\\w \\d \\s \\b`` are ASCII.
-    RE2 lets a flag group such as ``(?i)`` stand anywhere and apply to the
-    rest of its group; Python only at the start, so a later one becomes a
-    scoped ``(?i:...)`` around each remaining alternative of its group.
-    RE2's ``\\z`` (end of text) is Python's ``\\Z``.
-    """
-    out = _escape_aware_replace(source, r"\z", r"\Z")
-    while True:
-        at = _find_flag_group(out)
-        if at is None:
-            return out
-        start, flags = at
-        body_start = start + len(flags) + 3
-        end = _group_end(out, body_start)
-        pieces = _top_level_split(out[body_start:end])
-        out = out[:start] + "|".join(f"(?{flags}:{p})" for p in pieces) + out[end:]
-
-
-def _escape_aware_replace(s: str, old: str, new: str) -> str:
-    out, i = [], 0
-    while i < len(s):
-        if s.startswith(old, i):
-            out.append(new)
-            i += len(old)
-        elif s[i] == "\\" and i + 1 < len(s):
-            out.append(s[i : i + 2])
-            i += 2
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def _walk(s: str, start: int = 0) -> Iterable[tuple[int, str]]:
-    """(index, char) of S's characters outside escapes and character classes."""
-    i = start
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            i += 1
-            if i < len(s) and s[i] == "^":
-                i += 1
-            if i < len(s) and s[i] == "]":
-                i += 1
-            while i < len(s) and s[i] != "]":
-                if s[i] == "\\":
-                    i += 1
-                elif s.startswith("[:", i):
-                    i = s.index(":]", i) + 1
-                i += 1
-            i += 1
-            continue
-        yield i, c
-        i += 1
-
-
-def _find_flag_group(s: str) -> tuple[int, str] | None:
-    for i, c in _walk(s):
-        if c == "(" and i > 0:
-            m = re.match(r"\(\?([imsU]+)\)", s[i:])
-            if m:
-                return i, m.group(1)
-    return None
-
-
-def _group_end(s: str, start: int) -> int:
-    depth = 0
-    for i, c in _walk(s, start):
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            if depth == 0:
-                return i
-            depth -= 1
-    return len(s)
-
-
-def _top_level_split(s: str) -> list[str]:
-    pieces, depth, last = [], 0, 0
-    for i, c in _walk(s):
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            pieces.append(s[last:i])
-            last = i + 1
-    pieces.append(s[last:])
-    return pieces
-
-
-def _compile(source: str, what: str) -> re.Pattern[str]:
-    try:
-        return re.compile(python_regex(source), re.ASCII)
-    except re.error as exc:
-        raise RedactError(f"{what}: not a usable regular expression: {exc}") from None
-
-
-def load_rules(path: Path = RULES_FILE) -> RuleSet:
-    """The rules in PATH (the vendored ``secret-rules.toml`` by default)."""
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
-    own = data.get("magent-store", {})
-    stream: dict[str, Any] = own.get("stream", {})
-    rules = []
-    for entry in [*data.get("rules", []), *own.get("rules", [])]:
-        kind = entry["id"]
-        hints = stream.get(kind, {})
-        keywords = tuple(k.lower() for k in entry.get("keywords", []))
-        allow = tuple(_compile(r, f"{path}: {kind} allowlist")
-                      for a in entry.get("allowlists", []) for r in a.get("regexes", []))  # fmt: skip
-        rules.append(Rule(
-            kind=kind, regex=_compile(entry["regex"], f"{path}: rule {kind}"), keywords=keywords,
-            entropy=float(entry.get("entropy", 0.0)), allow=allow,
-            secret_group=int(entry.get("secretGroup", 0)),
-            anchors=tuple(a.lower() for a in hints.get("anchors", [])) or keywords,
-            window=int(hints.get("window", 0)),
-        ))  # fmt: skip
-    allowlist = data.get("allowlist", {})
-    return RuleSet(
-        rules=tuple(rules),
-        allow=tuple(_compile(r, f"{path}: global allowlist") for r in allowlist.get("regexes", [])),
-        stopwords=tuple(w.lower() for w in allowlist.get("stopwords", [])),
-        source_commit=str(data.get("source-commit", "")),
-    )
-
-
-@functools.cache
-def default_rules() -> RuleSet:
-    """The vendored rules, read once."""
-    return load_rules()
-
-
-def shannon_entropy(s: str) -> float:
-    """Bits per character of S, as gitleaks computes it."""
-    if not s:
-        return 0.0
-    counts: dict[str, int] = {}
-    for c in s:
-        counts[c] = counts.get(c, 0) + 1
-    n = len(s)
-    return -sum(k / n * math.log2(k / n) for k in counts.values())
-
-
-def user_rules(patterns: Mapping[str, str]) -> tuple[Rule, ...]:
-    """The user's regular expressions (Python syntax), each under its kind name."""
-    rules = []
-    for kind, source in patterns.items():
-        if not KIND_RE.match(kind):
-            raise RedactError(f"kind {kind!r}: use lowercase letters, digits and dashes")
-        try:
-            regex = re.compile(source)
-        except re.error as exc:
-            raise RedactError(f"the pattern of kind {kind!r}: not a regular expression: {exc}") from None
-        if regex.search(""):
-            raise RedactError(f"the pattern of kind {kind!r} matches empty text: it would redact nothing")
-        rules.append(Rule(kind=kind, regex=regex, user=True))
-    return tuple(rules)
 
 
 def redactor_from_spec(spec: Any, *, key: bytes | None = None) -> Redactor:
@@ -323,6 +122,20 @@ def cut_title(redactor: Redactor, title: str) -> str:
     has_rules = any(not r.user for r in redactor.rules)
     cut = _without_patterns(has_rules, redactor.literals, redactor.key).hold_from(text)
     return text[:cut].rstrip() + ELLIPSIS if cut < len(text) else title
+
+
+def cut_titles(redactor: Redactor, header: dict[str, Any]) -> dict[str, Any]:
+    """HEADER (redacted) with each title cut short cut again before where a secret could start (`cut_title`).
+
+    The one title rule of both header redactions: a saved session's, which
+    redacts every string in its header, and a session being written's, which
+    redacts only its header's free text.
+    """
+    for key in TITLE_FIELDS:
+        title = header.get(key)
+        if isinstance(title, str):
+            header = {**header, key: cut_title(redactor, title)}
+    return header
 
 
 @functools.cache
@@ -382,7 +195,7 @@ class Redactor:
         lower = secret.lower()
         return any(w in lower for w in self._stopwords)
 
-    def _anchored(self, rule: Rule, text: str, lower: str, found: list[_Span]) -> None:
+    def _anchored(self, rule: Rule, text: str, lower: str, found: list[Span]) -> None:
         """RULE's matches in TEXT, tried only where one of its anchors starts (LOWER: TEXT lowered).
 
         The same matches as ``finditer``: every match of a vendored rule
@@ -403,17 +216,17 @@ class Redactor:
                 self._take(rule, m, text, found)
                 end = m.end()
 
-    def _take(self, rule: Rule, m: re.Match[str], text: str, found: list[_Span]) -> None:
+    def _take(self, rule: Rule, m: re.Match[str], text: str, found: list[Span]) -> None:
         group = rule.secret_group
         if not group and m.re.groups:
             group = next((g for g in range(1, m.re.groups + 1) if m.group(g)), 0)
         start, end = m.span(group)
         if end > start and not self._ignored(rule, text[start:end]):
-            found.append(_Span(start, end, rule.kind))
+            found.append(Span(start, end, rule.kind))
 
-    def _spans(self, text: str) -> list[_Span]:
+    def spans(self, text: str) -> list[Span]:
         """The secrets in TEXT, as sorted, non-overlapping spans (overlaps merged)."""
-        found: list[_Span] = []
+        found: list[Span] = []
         lower = text.lower() if len(text) >= SHORTEST_MATCH else ""
         hits = [k for k in self._keywords if k in lower] if lower else []
         if hits:
@@ -427,7 +240,7 @@ class Redactor:
         for literal in self.literals:
             at = text.find(literal)
             while at >= 0:
-                found.append(_Span(at, at + len(literal), AUTH_SOURCE))
+                found.append(Span(at, at + len(literal), AUTH_SOURCE))
                 at = text.find(literal, at + len(literal))
         if len(found) < 2:
             return found
@@ -441,8 +254,8 @@ class Redactor:
                 merged.append(s)
         return merged
 
-    def _apply(
-        self, text: str, spans: Sequence[_Span], where: str, base: int = 0
+    def replace(
+        self, text: str, spans: Sequence[Span], where: str, base: int = 0
     ) -> tuple[str, list[Finding]]:  # fmt: skip
         out, findings, at = [], [], 0
         for s in spans:
@@ -456,14 +269,14 @@ class Redactor:
     def find(self, text: str, where: str = "") -> list[Finding]:
         """The secrets in TEXT (WHERE names its field in each finding), without rewriting it."""
         return [Finding(s.kind, where, s.start, s.end - s.start, self.fingerprint(text[s.start : s.end]))
-                for s in self._spans(text)]  # fmt: skip
+                for s in self.spans(text)]  # fmt: skip
 
     def redact(self, text: str, where: str = "") -> tuple[str, list[Finding]]:
         """TEXT with each secret replaced by ``[redacted:KIND]``, and what was found."""
-        spans = self._spans(text)
+        spans = self.spans(text)
         if not spans:
             return text, []
-        return self._apply(text, spans, where)
+        return self.replace(text, spans, where)
 
     def redact_json(self, value: Any, where: str = "") -> tuple[Any, list[Finding]]:
         """VALUE (decoded JSON) with every string in it redacted, object keys included.
@@ -549,7 +362,7 @@ class Redactor:
 
     # -- the stream --------------------------------------------------------
 
-    def hold_from(self, text: str, spans: Sequence[_Span] | None = None) -> int:
+    def hold_from(self, text: str, spans: Sequence[Span] | None = None) -> int:
         """Where the part of TEXT that could still become (part of) a secret starts.
 
         Everything before it can be written: no secret that more text could
@@ -557,7 +370,7 @@ class Redactor:
         """
         n = len(text)
         if spans is None:
-            spans = self._spans(text)
+            spans = self.spans(text)
         cut = n
         low = _lowered(text[-(RUN_CAP + self._partial_max + 1) :]) if n else ""
         shift = n - len(low)
@@ -623,55 +436,3 @@ def _run_start(text: str, inside: Callable[[str], bool], limit: int) -> int:
 
 
 _HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
-
-
-@dataclass(slots=True)
-class StreamRedactor:
-    """One item's text arriving in chunks, redacted: a secret split across chunks is still caught.
-
-    `feed` returns the part of what it has seen that is safe to write now,
-    redacted; it holds back only the tail that more text could still turn
-    into a secret (a token that a rule's anchor starts and that has not
-    ended, an open private-key block, an ``Authorization:`` header whose
-    value has not ended, the start of a literal secret).  `finish` returns
-    the rest, redacted.  The concatenated output is `Redactor.redact` of the
-    whole text, within the limits docs/REDACTION.md names (windows).
-    """
-
-    redactor: Redactor
-    where: str = ""
-    findings: list[Finding] = field(default_factory=list)
-    _pending: str = ""
-    _offset: int = 0
-
-    @property
-    def held(self) -> int:
-        """How many characters are held back now."""
-        return len(self._pending)
-
-    def state(self) -> tuple[str, int]:
-        """What it holds now, for `restore`."""
-        return self._pending, self._offset
-
-    def restore(self, state: tuple[str, int]) -> None:
-        """Hold what STATE, from `state`, held (text fed since is forgotten)."""
-        self._pending, self._offset = state
-
-    def feed(self, chunk: str) -> str:
-        """The text now safe to write, redacted, after CHUNK."""
-        text = self._pending + chunk
-        spans = self.redactor._spans(text)
-        cut = self.redactor.hold_from(text, spans)
-        return self._release(text, [s for s in spans if s.end <= cut], cut)
-
-    def finish(self) -> str:
-        """Everything still held back, redacted: the item's text is complete."""
-        text = self._pending
-        return self._release(text, self.redactor._spans(text), len(text))
-
-    def _release(self, text: str, spans: list[_Span], cut: int) -> str:
-        out, found = self.redactor._apply(text[:cut], spans, self.where, self._offset)
-        self.findings += found
-        self._pending = text[cut:]
-        self._offset += cut
-        return out
