@@ -1602,9 +1602,11 @@ class Session:
         ours = self._our_lines()
         start = point + 1 if point is not None else min(ours, default=self.thread.last_event_seq + 1)
         prints = {seq: writers.line_fingerprint(line) for seq, line in ours.items()}
+        for made in self._writers.mine:  # ours by making, whatever of its line we still hold
+            prints.setdefault(made.start, made.event)
         records = writers.union(writers.read(self.files.writers), self._writers.mine, *(
             writers.read(path) for path, match in self.files.conflict_copies() if match["ext"] == "writers"))
-        writer = writers.writer_at(records, prints, start)
+        writer = writers.writer_at(records, prints, start, point)
         machine_id, machine = ((writer.machine, writer.name) if writer
                                else (self.machine.id, self.machine.name))  # fmt: skip
         origin = writers.Record(machine_id, machine, start, prints.get(start))
@@ -1706,7 +1708,7 @@ class Session:
         both_added_turns = (branches.new_turns(copy_thread, self.thread)
                             and branches.new_turns(self.thread, copy_thread))  # fmt: skip
         prints = {e.seq: writers.event_fingerprint(e) for e in copy_scan.events if e.seq is not None}
-        writer = writers.writer_at(writers.read(self.files.writers), prints, point + 1)
+        writer = writers.writer_at(writers.read(self.files.writers), prints, point + 1, point)
         if not both_added_turns and self._applies_after(added):
             for event in added:
                 self.append(dataclasses.replace(event, seq=None))

@@ -71,7 +71,10 @@ class Record:
 
 def fingerprint(obj: Mapping[str, Any]) -> str:
     """The fingerprint of the event OBJ (magent's JSON shape): its type, turn, item and time; no text."""
-    key = "\0".join(str(obj.get(k)) for k in ("type", "turn-id", "item-id", "created-at"))
+    at = obj.get("created-at")
+    if isinstance(at, int | float) and not isinstance(at, bool):
+        at = float(at)  # 1700000000 and 1700000000.0 are one time
+    key = "\0".join(str(v) for v in (obj.get("type"), obj.get("turn-id"), obj.get("item-id"), at))
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:FINGERPRINT_HEX]
 
 
@@ -129,15 +132,21 @@ def union(*lists: Iterable[Record]) -> list[Record]:
     return sorted(seen, key=lambda r: (r.start, r.machine, r.event or ""))
 
 
-def writer_at(records: Iterable[Record], line: Mapping[int, str | None], seq: int) -> Record | None:
+def writer_at(records: Iterable[Record], line: Mapping[int, str | None], seq: int,
+              common: int | None = None) -> Record | None:  # fmt: skip
     """The record of who wrote the event at SEQ of a line of turns, LINE its fingerprints by seq.
 
     A record is of this line when the line's event at its start has its
-    fingerprint; one that starts before every event LINE holds (a log
-    cut back by compaction, a scrubbed one) is taken as of it.  The
-    last such record starting at or before SEQ names the writer.
+    fingerprint.  One whose event LINE does not hold (a log cut back by
+    compaction, a scrubbed one) is taken as of it when it starts before
+    every event LINE holds, and not past COMMON, when given: the last
+    event this line shares with another, after which a record may be
+    either's.  The last record of the line starting at or before SEQ
+    names the writer.
     """
     first = min(line, default=seq)
+    if common is not None:
+        first = min(first, common + 1)
     best: Record | None = None
     for record in records:
         if record.start > seq:
