@@ -133,6 +133,12 @@ def test_a_record_of_writers_beside_no_session_is_a_note_and_repair_removes_it(
 ) -> None:
     with Store(here, machine=LAPTOP).open("s1") as a:
         append(a, [events.thread_started(), *turn(events, "t1", "first")])
+    held = Store(here, machine=LAPTOP).open("s3")  # its first flush cut short: a record, and no log yet
+    append(held, [Events(thread_id="s3").thread_started()])
+    held._crash = lambda point: (_ for _ in ()).throw(OSError(point)) if point == "log-written" else None
+    with pytest.raises(OSError):
+        held.flush()
+    assert (here / "global/s3.writers").exists()
     with Store(here, machine=LAPTOP).open("s2") as a:
         append(a, [Events(thread_id="s2").thread_started()])
     cleared = SessionFiles(here / "global", "s2")  # by a version that left the record
@@ -140,9 +146,12 @@ def test_a_record_of_writers_beside_no_session_is_a_note_and_repair_removes_it(
         path.unlink(missing_ok=True)
     check = fsck.fsck(here)
     assert check.healthy and check.sessions == 1
-    assert [(f.kind, f.path.name) for f in check.findings] == [(fsck.WRITERS_ALONE, "s2.writers")]
+    assert [(f.kind, f.path.name) for f in check.findings] == [(fsck.WRITERS_ALONE, "s2.writers"),
+                                                                (fsck.IN_USE, "s3.lock")]
     fsck.fsck(here, repair=True)
     assert not (here / "global/s2.writers").exists() and (here / "global/s1.writers").exists()
+    assert (here / "global/s3.writers").exists(), "a session open for writing is left alone"
+    held.abandon(remove_lock=True)
 
 
 def test_deleting_a_session_removes_its_record_of_writers(here: Path, events: Events) -> None:
@@ -201,6 +210,10 @@ def test_a_conflict_copy_is_forked_under_the_machine_that_wrote_it(
     assert turn_ids(there, fork) == ["t1", "t3"]
     assert [s.fork_of for s in Store(there).list() if s.id == fork] == [("s1", "laptop")]
     assert records(there, fork) == [("laptop", 11)], "the fork's own line, and who wrote it"
+    # `ls` names the fork's machine as its record of writers does, whatever its header says.
+    header["metadata"]["continued-on"] = "a name given by hand"
+    (there / "global" / f"{fork}.json").write_bytes(orjson.dumps(header))
+    assert [s.fork_of for s in Store(there).list() if s.id == fork] == [("s1", "laptop")]
 
 
 def test_a_line_forked_on_the_other_machine_is_gone_on_with_not_forked_again(
