@@ -375,7 +375,7 @@ class Fsck:
                 ("sums", files.sums, STALE_SUMS, "log's checksums")):  # fmt: skip
             if paths.pop(ext, None) is not None:
                 self._side_file(files, paths, path, kind, what)
-        if paths.pop("writers", None) is not None and not lock_is_held(files.lock):
+        if paths.pop("writers", None) is not None:
             self._writers_file(files, alone=not set(paths) - {"lock"})
         if not paths:
             return True
