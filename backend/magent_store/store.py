@@ -2,10 +2,12 @@
 
 A session is three files in its scope's directory: ``<id>.json`` (the
 header), ``<id>.jsonl`` (the log, one event per line) and ``<id>.snapshot``
-(the materialized thread).  This machine keeps, outside the tree (see
-layout.py), ``<id>.lock`` while a writer holds it, ``<id>.producer`` (the
-last batch logged) and ``<id>.sums`` (checksums of the log's committed
-ranges), which magent never reads.
+(the materialized thread), and beside them ``<id>.writers``, which
+travels with them: which machine wrote the events from which one on
+(writers.py).  This machine keeps, outside the tree (see layout.py),
+``<id>.lock`` while a writer holds it, ``<id>.producer`` (the last batch
+logged) and ``<id>.sums`` (checksums of the log's committed ranges).
+magent reads none of these four.
 
 Appending buffers an encoded log line in memory (O(chunk)).  `Session.flush`
 writes every pending line in one ``write``, syncs as the fsync policy says,
