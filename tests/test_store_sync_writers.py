@@ -279,3 +279,16 @@ def test_idle_compaction_and_scrub_keep_the_record_of_writers(here: Path, events
         append(b, turn(events, "t2", "at the desk"))
     assert records(here) == [("laptop", 1), ("desk", 11)], "numbered on from where the snapshot ends"
     assert fsck.fsck(here).findings == []
+
+
+def test_a_copy_a_fork_open_here_already_holds_is_merged_into_it(here: Path, there: Path, events: Events) -> None:
+    """The fork of A's line is open for writing on B (B's Emacs in it) when A's copy comes once more."""
+    a, copy = _apart_with_a_open(here, there, events)
+    a.close()
+    Store(there, machine=DESK).open("s1").close()
+    [fork] = forks(there)
+    shutil.copyfile(here / "global/s1.jsonl", copy)  # the sync engine brings the copy again
+    with Store(there, machine=DESK).open(fork):
+        with Store(there, machine=DESK).open("s1") as b:
+            assert b.take_sync_counts() == (1, 0), "merged, no fork made"
+    assert forks(there) == [fork] and not copy.exists()

@@ -628,6 +628,10 @@ class FlushResult:
     seconds: float
 
 
+# A fork written or found: its files, the header fields that make it one, its lock, and its
+# thread when it was there already.
+_ForkFound = tuple[SessionFiles, dict[str, Any], SessionLock | None, Thread | None]
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -1619,7 +1623,9 @@ class Session:
             return (branches.same_line(fork, mine) and fork.last_event_seq <= mine.last_event_seq
                     and all(seq in ours for seq in range(fork.last_event_seq + 1, mine.last_event_seq + 1)))
 
-        files, fields, lock, found = self._write_fork(self.thread, machine_id, machine, turn, origin, fits)
+        files, fields, lock, found = self._write_fork(self.thread, machine_id, machine, turn, origin, fits,
+                                                      writing=True)  # fmt: skip
+        assert lock is not None
         self._forked += 1
         record = self._record
         self._lock.release(remove=True)
@@ -1733,8 +1739,10 @@ class Session:
         def fits(fork: Thread) -> bool:
             return branches.same_line(fork, copy_thread) and fork.last_event_seq >= copy_thread.last_event_seq
 
-        files, fields, lock, found = self._write_fork(copy_thread, machine_id, machine, turn, origin, fits)
-        lock.release(remove=True)
+        files, fields, lock, found = self._write_fork(copy_thread, machine_id, machine, turn, origin, fits,
+                                                      writing=False)  # fmt: skip
+        if lock is not None:
+            lock.release(remove=True)
         if found is not None:
             log.warning("%s: turns continued on %s after turn %s are in the fork %s already", self.files.id,
                         machine, turn, files.id)  # fmt: skip
@@ -1796,8 +1804,8 @@ class Session:
         return True
 
     def _write_fork(self, thread: Thread, machine_id: str, machine: str, turn: str | None,
-                    origin: writers.Record | None, fits: Callable[[Thread], bool],
-                    ) -> tuple[SessionFiles, dict[str, Any], SessionLock, Thread | None]:  # fmt: skip
+                    origin: writers.Record | None, fits: Callable[[Thread], bool], *,
+                    writing: bool) -> _ForkFound:  # fmt: skip
         """Write THREAD, a line of turns continued on MACHINE after TURN, as a fork of this session.
 
         The fork's id is derived from this session's, the machine (MACHINE-ID)
@@ -1807,23 +1815,25 @@ class Session:
         writers (ORIGIN: who wrote its own line, from where) are written
         atomically and synced, and the directory too, before this
         returns; the session itself is not touched.  Returns the fork's
-        files, the header fields that make it a fork, its lock, held,
-        and the fork's thread when it was there already.
+        files, the header fields that make it a fork, its lock, held (a
+        fork there already is locked only for WRITING in it: one open for
+        writing here takes a copy it holds all the same), and the fork's
+        thread when it was there already.
         """
         parent, directory = self.files.id, self.files.directory
         for fork_id in branches.fork_ids(parent, machine, machine_id, turn):
             files = SessionFiles(directory, fork_id)
             if any(os.path.lexists(p) for p in (files.header, files.log, files.snapshot, files.lock)):
-                found = self._fork_there(files, fits)
+                found = self._fork_there(files, fits, writing=writing)
                 if found is not None:
                     return found
                 continue
             return (*self._new_fork(files, thread, machine, turn, origin), None)
         raise AssertionError("unreachable: fork ids never run out")
 
-    def _fork_there(self, files: SessionFiles, fits: Callable[[Thread], bool],
-                    ) -> tuple[SessionFiles, dict[str, Any], SessionLock, Thread | None] | None:  # fmt: skip
-        """The fork at FILES when it is this session's and FITS, its lock taken; None when it is not."""
+    def _fork_there(self, files: SessionFiles, fits: Callable[[Thread], bool], *,
+                    writing: bool) -> _ForkFound | None:  # fmt: skip
+        """The fork at FILES when it is this session's and FITS, its lock taken for WRITING; else None."""
         try:
             header, fork = load_session(files)
         except (StoreError, LedgerError, OSError):
@@ -1833,7 +1843,7 @@ class Session:
         if not fits(fork):
             return None
         try:
-            lock = SessionLock(files)
+            lock = SessionLock(files) if writing else None
         except (SessionLockedError, OSError):
             return None
         metadata = header["metadata"]
