@@ -288,7 +288,6 @@ def test_a_copy_a_fork_open_here_already_holds_is_merged_into_it(here: Path, the
     Store(there, machine=DESK).open("s1").close()
     [fork] = forks(there)
     shutil.copyfile(here / "global/s1.jsonl", copy)  # the sync engine brings the copy again
-    with Store(there, machine=DESK).open(fork):
-        with Store(there, machine=DESK).open("s1") as b:
-            assert b.take_sync_counts() == (1, 0), "merged, no fork made"
+    with Store(there, machine=DESK).open(fork), Store(there, machine=DESK).open("s1") as b:
+        assert b.take_sync_counts() == (1, 0), "merged, no fork made"
     assert forks(there) == [fork] and not copy.exists()
