@@ -520,6 +520,7 @@ def _damaged_tree(root: Path) -> None:
     review.header.unlink()
     review.snapshot.rename(review.directory / "moved.snapshot")
     review.log.unlink()
+    review.writers.unlink()  # a record of writers left alone has a test of its own
     project = make_session(root, "p1", Scope.project("/src/app"))
     project.header.unlink()
     elsewhere = root / "projects" / ("0" * 40)

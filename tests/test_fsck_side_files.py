@@ -58,7 +58,7 @@ def test_a_side_file_beside_no_session_is_named_and_repair_removes_only_it(
     st = Store(root, fsync="never")
     write_batch(st, "s1")
     write_batch(st, "a.producer")
-    for name in ("a.producer.json", "a.producer.jsonl", "a.producer.snapshot"):
+    for name in ("a.producer.json", "a.producer.jsonl", "a.producer.snapshot", "a.producer.writers"):
         (root / "global" / name).unlink()
     mine = layout.machine_directory(root / "global")
     (mine / f"a.producer.{'sums' if ext == 'producer' else 'producer'}").unlink()

@@ -90,7 +90,7 @@ def test_an_idle_session_becomes_one_snapshot_with_the_same_thread(tmp_path: Pat
     result = run_json(root)
     assert by_id(result)["old"]["outcome"] == "compacted"
     assert not old.log.exists() and not old.sums.exists()
-    assert sorted(p.name for p in old.directory.iterdir()) == ["old.json", "old.snapshot"]
+    assert sorted(p.name for p in old.directory.iterdir()) == ["old.json", "old.snapshot", "old.writers"]
     assert thread_json(old) == before  # every value, snapshot-created-at included
     assert orjson.loads(old.snapshot.read_bytes()) == before
     assert old.header.stat().st_mtime == OLD + 3600  # magent lists sessions by it: the same place

@@ -66,7 +66,9 @@ def test_the_tree_holds_only_what_magent_reads_and_this_machine_keeps_the_rest(r
     with st.open("s1"):  # open for writing: its lock
         assert cli("index", root).returncode == 0
         names = [p.name for p in root.rglob("*") if p.is_file()]
-        assert sorted(names) == ["p1.json", "p1.jsonl", "p1.snapshot", "s1.json", "s1.jsonl", "s1.snapshot"]
+        # What magent reads, and the record of which machine wrote what, which travels with it.
+        assert sorted(names) == ["p1.json", "p1.jsonl", "p1.snapshot", "p1.writers",
+                                 "s1.json", "s1.jsonl", "s1.snapshot", "s1.writers"]
         mine = layout.machine_root(root)
         assert not mine.is_relative_to(root)
         assert mine.parent == Path(os.environ["XDG_STATE_HOME"]) / "magent-store" / "roots"

@@ -48,8 +48,8 @@ def test_status_names_the_machine_and_forks_made_here_carry_its_name(tmp_path: P
     spool.mkdir()
     service = Service(spool)
     assert orjson.loads(service.status())["machine"] == "desk"
-    assert service.sessions.store(str(tmp_path / "sessions"), {}).machine == "desk"
-    assert Registry(machine="laptop").store(str(tmp_path / "sessions"), {}).machine == "laptop"
+    assert service.sessions.store(str(tmp_path / "sessions"), {}).machine == Machine("0" * 32, "desk")
+    assert Registry(machine="laptop").store(str(tmp_path / "sessions"), {}).machine.name == "laptop"
 
 
 def test_status_counts_the_conflict_copies_merged_and_the_forks_made(tmp_path: Path, events: Events) -> None:

@@ -49,7 +49,7 @@ def test_a_moved_session_is_whole_at_the_new_place_and_gone_from_the_old(root: P
     session = played(st, events)
     before = thread_json(session.thread)
     files = names(root / "global")
-    assert files == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert files == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.writers"]  # what travels, and goes with it
     mine = names(layout.machine_directory(root / "global"))
     assert mine == ["s1.lock", "s1.sums"]  # this machine's, outside the tree
     moved = sessions.move_session(st, session, Scope.project(PROJECT))
@@ -95,7 +95,7 @@ def test_a_session_of_that_id_at_the_new_place_refuses_the_move(root: Path, even
     assert {p.name: p.read_bytes() for p in Scope.project(PROJECT).directory(root).iterdir()} == theirs
     assert [turn.id for turn in ours.thread.turns] == ["turn-0", "turn-1", "turn-ours"]
     ours.close()
-    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.writers"]
 
 
 def test_an_interrupted_moves_copy_is_overwritten_by_the_next_move(root: Path, events: Events) -> None:
@@ -140,7 +140,7 @@ def test_a_move_that_fails_leaves_the_session_open_where_it_was(
     assert thread_json(again.thread) == before
     again.append_event(events.turn("turn-queued", "turn-9", input="still here"))
     again.close()
-    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert names(root / "global") == ["s1.json", "s1.jsonl", "s1.snapshot", "s1.writers"]
 
 
 def test_clearing_a_session_opened_where_its_header_is_removes_it_there(root: Path, events: Events) -> None:

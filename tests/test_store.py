@@ -64,7 +64,7 @@ def test_flush_then_load_gives_the_same_thread(root: Path, events: Events) -> No
         expected = state(s)
     assert strip_snapshot_time(loaded(st)) == strip_snapshot_time(expected)
     files = st.files("s1", Scope.global_())
-    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot"}
+    assert {p.name for p in files.directory.iterdir()} == {"s1.json", "s1.jsonl", "s1.snapshot", "s1.writers"}
     assert files.sums.exists() and not files.sums.is_relative_to(root), "this machine's own, outside the tree"
 
 
@@ -1076,7 +1076,8 @@ def test_delete_removes_the_three_files(root: Path, events: Events) -> None:
         st.delete("s0")
     s.close()
     st.delete("s0")
-    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot"]
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.json", "s1.jsonl", "s1.snapshot",
+                                                                   "s1.writers"]
     assert not SessionFiles(root / "global", "s0").sums.exists() and SessionFiles(root / "global", "s1").sums.exists()
     with pytest.raises(store.SessionNotFound):
         st.delete("s0")

@@ -636,7 +636,7 @@ def test_delete_removes_what_is_there_of_a_session(root: Path, events: Events) -
     with pytest.raises(SimulatedCrash):
         s.flush()
     s.abandon()
-    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.jsonl"]
+    assert sorted(p.name for p in (root / "global").iterdir()) == ["s1.jsonl", "s1.writers"]
     assert SessionFiles(root / "global", "s1").lock.exists()
     st.delete("s1")  # only a log: a first flush cut short
     assert list((root / "global").iterdir()) == []

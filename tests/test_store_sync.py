@@ -19,10 +19,19 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import fsck, ledger
+from magent_store import branches, fsck, ledger
+from magent_store.machine import Machine
 from magent_store.store import Scope, Session, Store, load_session
 
 SUFFIXES = (".json", ".snapshot", ".jsonl")
+
+
+def fork_of_s1(machine: str, machine_id: str | None = None, turn: str = "t1") -> str:
+    """The id of the fork of session s1 continued on MACHINE after TURN (MACHINE-ID: its id, if not by name)."""
+    return next(branches.fork_ids("s1", machine, machine_id or Machine.named(machine).id, turn))
+
+
+LAPTOP_FORK = fork_of_s1("laptop")
 
 
 def turn(events: Events, turn_id: str, text: str) -> list[dict[str, Any]]:
@@ -194,37 +203,37 @@ def test_both_machines_went_on_with_new_turns_this_machines_go_on_in_a_fork(
     append(a, turn(events, "t3", "asked here")[:6])  # A's new turn, streaming
     continued_there(here, there, events, ("t2", "asked there"))
     a.flush()
-    assert a.id == "s1.laptop"
+    assert a.id == LAPTOP_FORK
     assert a.take_sync_counts() == (0, 1), "a fork made, no copy merged"
     [notice] = a.take_notices()
     assert "session s1 was continued on another machine" in notice
-    assert "s1.laptop" in notice and "Continued on laptop: work" in notice
+    assert LAPTOP_FORK in notice and "Continued on laptop: work" in notice
     assert a.take_notices() == [], "told once"
     # The rest of A's turn, and magent's next header for session s1, go to the fork.
     append(a, turn(events, "t3", "asked here")[6:])
     a.put_header({"id": "s1", "title": "work"})
     a.close()
     assert turn_ids(here) == ["t1", "t2"], "the other machine's turns stay the session"
-    assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
-    header, thread = load_session(Store(here).files("s1.laptop", Scope.global_()))
+    assert turn_ids(here, LAPTOP_FORK) == ["t1", "t3"]
+    header, thread = load_session(Store(here).files(LAPTOP_FORK, Scope.global_()))
     assert header["parent-session-id"] == "s1"
     assert header["title"] == "Continued on laptop: work"
     assert header["metadata"]["forked-at-turn"] == "t1"
     assert header["metadata"]["continued-on"] == "laptop"
-    assert thread.session_id == thread.id == "s1.laptop"
+    assert thread.session_id == thread.id == LAPTOP_FORK
     assert "reply to asked here, in two chunks" in [str(i.content) for t in thread.turns for i in t.items]
-    assert sorted(s.id for s in Store(here).list()) == ["s1", "s1.laptop"]
+    assert sorted(s.id for s in Store(here).list()) == ["s1", LAPTOP_FORK]
     assert fsck.fsck(here).findings == []
     # `ls` says where the fork came from, and on which machine it went on.
     listed = subprocess.run([sys.executable, "-m", "magent_store", "ls", str(here)],
                             check=True, capture_output=True, text=True).stdout  # fmt: skip
     lines = {line.split("\t")[0]: line for line in listed.splitlines()}
-    assert lines["s1.laptop"].endswith("Continued on laptop: work  [fork of s1, continued on laptop]")
+    assert lines[LAPTOP_FORK].endswith("Continued on laptop: work  [fork of s1, continued on laptop]")
     assert lines["s1"].endswith("\twork")
     as_json = subprocess.run([sys.executable, "-m", "magent_store", "ls", str(here), "--json"],
                              check=True, capture_output=True).stdout  # fmt: skip
     forks = {e["id"]: e.get("fork-of") for e in orjson.loads(as_json)}
-    assert forks == {"s1": None, "s1.laptop": {"session": "s1", "machine": "laptop"}}
+    assert forks == {"s1": None, LAPTOP_FORK: {"session": "s1", "machine": "laptop"}}
 
 
 def test_a_fork_opened_again_takes_its_writers_events_and_header_still_made_for_the_parent(
@@ -237,22 +246,22 @@ def test_a_fork_opened_again_takes_its_writers_events_and_header_still_made_for_
     append(a, turn(events, "t3", "asked here")[:6])
     continued_there(here, there, events, ("t2", "asked there"))
     a.flush()
-    assert a.id == "s1.laptop"
+    assert a.id == LAPTOP_FORK
     a.close()  # the backend goes away
-    again = Store(here, machine="laptop").open("s1.laptop")
+    again = Store(here, machine="laptop").open(LAPTOP_FORK)
     append(again, turn(events, "t3", "asked here")[6:])  # thread-id s1, as magent still has it
     again.put_header({"id": "s1", "title": "work"})
     again.close()
     assert turn_ids(here) == ["t1", "t2"]
-    assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
-    header, thread = load_session(Store(here).files("s1.laptop", Scope.global_()))
-    assert (header["id"], header["title"], header["parent-session-id"]) == ("s1.laptop", "Continued on laptop: work", "s1")
+    assert turn_ids(here, LAPTOP_FORK) == ["t1", "t3"]
+    header, thread = load_session(Store(here).files(LAPTOP_FORK, Scope.global_()))
+    assert (header["id"], header["title"], header["parent-session-id"]) == (LAPTOP_FORK, "Continued on laptop: work", "s1")
     assert header["metadata"]["continued-on"] == "laptop"
     assert "reply to asked here, in two chunks" in [str(i.content) for t in thread.turns for i in t.items]
     # magent resumes the fork itself and renames it: its own header, as given.
-    with Store(here, machine="laptop").open("s1.laptop") as resumed:
-        resumed.put_header({"id": "s1.laptop", "title": "my fork", "parent-session-id": "s1"})
-    header, _ = load_session(Store(here).files("s1.laptop", Scope.global_()))
+    with Store(here, machine="laptop").open(LAPTOP_FORK) as resumed:
+        resumed.put_header({"id": LAPTOP_FORK, "title": "my fork", "parent-session-id": "s1"})
+    header, _ = load_session(Store(here).files(LAPTOP_FORK, Scope.global_()))
     assert header["title"] == "my fork"
     assert fsck.fsck(here).findings == []
 
@@ -271,8 +280,8 @@ def test_a_fork_keeps_events_written_before_the_other_copy_replaced_ours(
     a.flush()
     a.close()
     assert turn_ids(here) == ["t1", "t2"]
-    assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
-    assert ledger.thread_to_json(Store(here).load("s1.laptop")[1])["last-event-seq"] == 19
+    assert turn_ids(here, LAPTOP_FORK) == ["t1", "t3"]
+    assert ledger.thread_to_json(Store(here).load(LAPTOP_FORK)[1])["last-event-seq"] == 19
 
 
 def test_a_snapshot_another_machine_compacted_is_read_back_before_our_log_grows(
@@ -321,10 +330,14 @@ def test_a_header_another_machine_replaced_is_merged_field_by_field(
 # --- conflict copies ------------------------------------------------------------------
 
 CONFLICT_NAMES = {
-    "syncthing": ("s1.sync-conflict-20261202-101500-ABCDEFG.jsonl", "s1.device-ABCDEFG", "device ABCDEFG"),
-    "dropbox": ("s1 (Laptop's conflicted copy 2026-12-02).jsonl", "s1.Laptop", "Laptop"),
-    "nextcloud": ("s1 (conflicted copy 2026-12-02 101500).jsonl", "s1.another-machine", "another machine"),
-    "owncloud": ("s1_conflict-20261202-101500.jsonl", "s1.another-machine", "another machine"),
+    # With no record of who wrote the copy, its fork is named after the machine the copy's name gives.
+    "syncthing": ("s1.sync-conflict-20261202-101500-ABCDEFG.jsonl", fork_of_s1("device ABCDEFG", "device ABCDEFG"),
+                  "device ABCDEFG"),
+    "dropbox": ("s1 (Laptop's conflicted copy 2026-12-02).jsonl", fork_of_s1("Laptop", "Laptop"), "Laptop"),
+    "nextcloud": ("s1 (conflicted copy 2026-12-02 101500).jsonl", fork_of_s1("another machine", "another machine"),
+                  "another machine"),
+    "owncloud": ("s1_conflict-20261202-101500.jsonl", fork_of_s1("another machine", "another machine"),
+                 "another machine"),
 }
 
 
@@ -348,6 +361,7 @@ def test_a_conflict_copy_of_the_log_becomes_a_fork_on_open(
     """The sync engine kept our log and named the other machine's as a conflict copy: both lines are kept."""
     name, fork, machine = CONFLICT_NAMES[engine]
     apart(here, there, events, [("t3", "asked here")], [("t2", "asked there")])
+    (here / "global/s1.writers").unlink()  # saved before machines were recorded: nothing says who wrote what
     shutil.copyfile(there / "global/s1.jsonl", here / "global" / name)
     before = fsck.fsck(here)
     assert before.healthy, "a copy not merged yet is no damage"
@@ -412,12 +426,13 @@ def test_a_conflict_copy_that_cannot_be_merged_is_left_and_fsck_names_it(
 
 def test_fsck_repair_merges_a_conflict_copy(here: Path, there: Path, events: Events) -> None:
     apart(here, there, events, [("t3", "asked here")], [("t2", "asked there")])
+    (here / "global/s1.writers").unlink()
     copy = here / "global/s1.sync-conflict-20261202-101500-ABCDEFG.jsonl"
     shutil.copyfile(there / "global/s1.jsonl", copy)
     check = fsck.fsck(here, repair=True)
     assert check.healthy and check.findings == []
     assert not copy.exists()
-    assert turn_ids(here, "s1.device-ABCDEFG") == ["t1", "t2"]
+    assert turn_ids(here, fork_of_s1("device ABCDEFG", "device ABCDEFG")) == ["t1", "t2"]
 
 
 def test_our_own_log_renamed_to_a_conflict_name_while_open_is_not_merged_twice(
@@ -438,9 +453,9 @@ def test_our_own_log_renamed_to_a_conflict_name_while_open_is_not_merged_twice(
     a.close()
     assert not conflict.exists()
     Store(here).open("s1").close()
-    assert sorted(s.id for s in Store(here).list()) == ["s1", "s1.laptop"]
+    assert sorted(s.id for s in Store(here).list()) == ["s1", LAPTOP_FORK]
     assert turn_ids(here) == ["t1", "t2"]
-    assert turn_ids(here, "s1.laptop") == ["t1", "t3"]
+    assert turn_ids(here, LAPTOP_FORK) == ["t1", "t3"]
 
 
 def test_opening_a_session_lists_its_own_directory_once_and_nothing_else(

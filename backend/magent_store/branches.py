@@ -16,14 +16,16 @@ approval overrides of both.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from magent_store import ledger
 from magent_store.ledger import Thread
 
 FORK_ID_MACHINE_CHARS: Final = 40
+FORK_ID_DIGITS: Final = 8
 #: The metadata a fork is given: where it came from, and the writer's thread there when not the session's id.
 FORK_METADATA: Final = ("title", "parent-session-id", "forked-at-turn", "continued-on", "forked-at",
                         "parent-thread-id")  # fmt: skip
@@ -96,23 +98,57 @@ def machine_label(machine: str) -> str:
     return label or "machine"
 
 
-def fork_id(session_id: str, machine: str, taken: Callable[[str], bool]) -> str:
-    """A fresh id for the fork of SESSION-ID continued on MACHINE (TAKEN: an id already used)."""
+def fork_ids(session_id: str, machine: str, machine_id: str, turn: str | None) -> Iterator[str]:
+    """The ids the fork of SESSION-ID's line of turns continued on MACHINE after TURN may take, best first.
+
+    The first is derived from the parent, the machine that wrote the line
+    (its name, and its stable MACHINE-ID) and the turn where it branched:
+    two machines that fork the same line name it alike, so that one finds
+    the other's fork and goes on in it.  The others are for an id taken
+    by another line of turns.
+    """
     label = machine_label(machine)
+    key = "\0".join((session_id, machine_id, turn or "")).encode("utf-8", "surrogateescape")
+    digest = hashlib.sha256(key).hexdigest()[:FORK_ID_DIGITS]
     n = 1
     while True:
-        suffix = f".{label}" if n == 1 else f".{label}-{n}"
-        candidate = session_id[: ledger.SESSION_ID_MAX - len(suffix)] + suffix
-        if not taken(candidate):
-            return candidate
+        suffix = f".{label}-{digest}" if n == 1 else f".{label}-{digest}-{n}"
+        yield session_id[: ledger.SESSION_ID_MAX - len(suffix)] + suffix
         n += 1
 
 
-def fork_origin(header: dict[str, Any]) -> tuple[str, str] | None:
-    """(PARENT, MACHINE) of a fork a store made (its header names both), None for any other session."""
+def same_line(one: Thread, other: Thread) -> bool:
+    """True when ONE and OTHER hold one line of turns, either further on than the other.
+
+    Every turn of the one behind (by event number) is the other's, alike
+    but for its last, which the other may have gone on with.  Which
+    session each belongs to (a fork's own id) does not count.
+    """
+    behind, ahead = (one, other) if one.last_event_seq <= other.last_event_seq else (other, one)
+    for n, turn in enumerate(behind.turns):
+        theirs = ahead.turn_index.get(turn.id)
+        if theirs is None:
+            return False
+        if n < len(behind.turns) - 1 and _turn_json(theirs) != _turn_json(turn):
+            return False
+    return True
+
+
+def _turn_json(turn: ledger.Turn) -> dict[str, Any]:
+    return {**ledger.turn_to_json(turn), "thread-id": None}
+
+
+def fork_origin(header: dict[str, Any], origin: str | None = None) -> tuple[str, str] | None:
+    """(PARENT, MACHINE) of a fork a store made (its header names both), None for any other session.
+
+    ORIGIN, when known, is the name of the machine that wrote the fork's
+    own line of turns, as its record of writers says; else the header's.
+    """
     parent, metadata = header.get("parent-session-id"), header.get("metadata")
     machine = metadata.get("continued-on") if isinstance(metadata, dict) else None
-    return (parent, machine) if isinstance(parent, str) and isinstance(machine, str) else None
+    if not (isinstance(parent, str) and isinstance(machine, str)):
+        return None
+    return parent, origin or machine
 
 
 def conflict_origin_name(origin: str) -> str:

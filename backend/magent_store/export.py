@@ -437,7 +437,7 @@ class Exporter:
         if self.backup_path is not None:
             target = self.backup_path / files.directory.relative_to(self.root)
             make_private_dirs(target)
-            for p in (files.header, files.log, files.snapshot):
+            for p in (files.header, files.log, files.snapshot, files.writers):
                 with contextlib.suppress(FileNotFoundError):
                     atomic_write(target / p.name, p.read_bytes(), sync=self.sync)
         # The commit point: from here on magent's release reads the session.  Its release may write
@@ -457,14 +457,16 @@ class Exporter:
         return ExportReport(path, EXPORTED, None, len(body))
 
     def _drop_leftovers(self, files: SessionFiles, *, locked: bool = False) -> None:
-        """Remove the log, snapshot, batch record and checksums beside a schema-6 file (kept in the backup).
+        """Remove the log, snapshot, record of writers, batch record and checksums beside a schema-6 file.
+
+        The files in the tree are kept in the backup.
 
         Unless LOCKED (we hold the session's lock), a session someone holds
         open is left alone: it is being taken over right now.
         """
         if self.dry_run or (not locked and lock_is_held(files.lock)):
             return
-        for p in (files.log, files.snapshot, files.producer, files.sums):
+        for p in (files.log, files.snapshot, files.writers, files.producer, files.sums):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

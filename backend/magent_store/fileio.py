@@ -351,7 +351,7 @@ def remove_stale_temps(files: SessionFiles, temps: list[Path] | None = None) -> 
 # (``.<id>.<file>.tmp-<pid>``), lines or a file a repair set aside (``<file>.tail-<n>``,
 # ``<file>.corrupt-<n>``).  OWNER is the session's id, where the name holds one.
 SIDE_FILE: Final = re.compile(
-    r"^(?:\.(?P<owner>.+?)\.(?:json|jsonl|snapshot|producer|sums)\.tmp-\d+|\..+\.tmp-\d+"
+    r"^(?:\.(?P<owner>.+?)\.(?:json|jsonl|snapshot|writers|producer|sums)\.tmp-\d+|\..+\.tmp-\d+"
     r"|(?P<kept>.+?)\.(?:json|jsonl|snapshot)\.(?:tail|corrupt)-\d+)$"
 )
 

@@ -43,7 +43,7 @@ from typing import Any, Final
 
 import orjson
 
-from magent_store import layout, ledger, schema6
+from magent_store import layout, ledger, schema6, writers
 from magent_store.errors import CorruptSessionError, InvalidSessionId, SessionLockedError, StoreError
 from magent_store.fileio import (
     CONFLICT_COPY_RE,
@@ -53,6 +53,7 @@ from magent_store.fileio import (
     dumps,
     is_temp_file,
     lock_is_held,
+    read_file,
     read_seen,
     remove_if_unchanged,
     truncate_file,
@@ -98,11 +99,13 @@ SET_ASIDE: Final = "set-aside"  # a .corrupt-<n> or .tail-<n> file kept beside a
 CONFLICT_COPY: Final = "conflict-copy"  # a sync engine's copy of a session's file, not merged yet
 CONFLICT_UNMERGED: Final = "conflict-unmerged"  # one that --repair could not merge
 PROJECT_MISSING: Final = "project-missing"  # sessions of a project whose folder is gone (moved?)
+WRITERS_DAMAGED: Final = "writers-damaged"  # lines of a session's record of writers that are no record
+WRITERS_ALONE: Final = "writers-alone"  # a record of writers beside no session
 
 # A lock nobody holds, a temp file of a write that never finished: what any crash leaves, nothing
 # is wrong (--repair, the next tool, the backend's next open remove them).
 NOTES: Final = frozenset({IN_USE, SCHEMA6, NOT_SESSION, SET_ASIDE, STALE_LOCK, STALE_TEMP, PROJECT_MISSING,
-                          CONFLICT_COPY})  # fmt: skip
+                          CONFLICT_COPY, WRITERS_DAMAGED, WRITERS_ALONE})  # fmt: skip
 STALE_LOCK_MESSAGE: Final = (
     "lock file left by a process that ended (a crash, say); nobody holds it and nothing is wrong"
 )
@@ -372,6 +375,8 @@ class Fsck:
                 ("sums", files.sums, STALE_SUMS, "log's checksums")):  # fmt: skip
             if paths.pop(ext, None) is not None:
                 self._side_file(files, paths, path, kind, what)
+        if paths.pop("writers", None) is not None:
+            self._writers_file(files, alone=not set(paths) - {"lock"})
         if not paths:
             return True
         if "json" in paths and self._not_a_session(files, alone=set(paths) == {"json"}):
@@ -404,6 +409,29 @@ class Fsck:
             self._add(Finding(files.lock, STALE_LOCK, STALE_LOCK_MESSAGE,
                               session_id, repairable=True, repaired=True))  # fmt: skip
         return True
+
+    def _writers_file(self, files: SessionFiles, *, alone: bool) -> None:
+        """The session's record of which machine wrote what: only ever a note, never changed but alone."""
+        if alone:
+            finding = self._add(Finding(files.writers, WRITERS_ALONE, (
+                "a record of which machines wrote a session, beside no session (cleared by a version that "
+                "left it, say); it holds no conversation"), files.id, repairable=True))  # fmt: skip
+            if self.repair:
+                with contextlib.suppress(FileNotFoundError):
+                    files.writers.unlink()
+                finding.repaired = True
+            return
+        try:
+            bad = writers.parse(read_file(files.writers))[1]
+        except OSError as exc:
+            bad, why = [0], f"cannot be read ({exc.strerror})"
+        else:
+            why = f"line {bad[0]} is no record" if bad else ""
+        if bad:
+            self._add(Finding(files.writers, WRITERS_DAMAGED, (
+                f"{why}: which machine wrote the session's events is known less well (forks are "
+                "named after the machine a sync engine's copy names); the conversation is whole"),
+                files.id))  # fmt: skip
 
     def _side_file(self, files: SessionFiles, paths: dict[str, Path],
                    path: Path, kind: str, what: str) -> None:  # fmt: skip

@@ -2,7 +2,10 @@
 
 The root holds what magent reads, and what a sync engine carries between
 machines: each session's header ``<id>.json``, log ``<id>.jsonl`` and
-snapshot ``<id>.snapshot``, in the directory of its scope:
+snapshot ``<id>.snapshot``, and beside them the one side file that
+travels with a session, ``<id>.writers`` (which machine wrote its events
+from which event on; magent never reads it), in the directory of its
+scope:
 
     global/                        sessions of no project
     projects/<sha1 of its root>/   a project's sessions
@@ -48,12 +51,16 @@ HEADER_GLOBS: Final = tuple(f"{g}/*.json" for g in SCOPE_GLOBS)
 
 # A session's files in the tree: what magent reads, and what travels.
 SESSION_SUFFIXES: Final = ("json", "jsonl", "snapshot")
+# A session's side file in the tree: it travels with the session, and magent never
+# reads it (magent lists ``*.json`` and reads ``<id>.jsonl`` and ``<id>.snapshot``).
+TRAVELLING_SUFFIXES: Final = ("writers",)
 # A session's files that belong to this machine only, kept outside the tree.
 MACHINE_SUFFIXES: Final = ("lock", "producer", "sums")
 
-# The name of a session's file in the tree, or of one an earlier repair set aside.
+# The name of a session's file in the tree (its record of writers too), or of one an
+# earlier repair set aside.
 SESSION_FILE_RE: Final = re.compile(
-    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot)(?P<aside>\.(?:corrupt|tail)-\d+)?"
+    r"(?P<id>.+?)\.(?P<ext>json|jsonl|snapshot|writers)(?P<aside>\.(?:corrupt|tail)-\d+)?"
 )
 # A per-machine file in the tree: left by a version that kept them there, or
 # copied in by a sync engine from a machine that still does.  Every reader ignores it.
@@ -202,7 +209,7 @@ def root_of_machine_root(directory: Path) -> str | None:
 # session's own files, ``.<id>.<ext>.tmp-<pid>`` with EXT one of TEMP_FILES
 # (a batch record's and checksums' where an older version kept them in the tree).
 TEMP_NAME: Final = re.compile(r"^\..*\.tmp-\d+$")
-TEMP_FILES: Final = ("json", "jsonl", "snapshot", "producer", "sums")
+TEMP_FILES: Final = ("json", "jsonl", "snapshot", "writers", "producer", "sums")
 
 # ``<id>_conflict-YYYYMMDD-HHMMSS.<ext>``.
 CONFLICT_COPY_RE: Final = re.compile(
@@ -210,7 +217,7 @@ CONFLICT_COPY_RE: Final = re.compile(
     r"(?:\.sync-conflict-\d{8}-\d{6}-(?P<device>[A-Za-z0-9]+)"
     r"| \((?:(?P<machine>.+?)'s )?conflicted copy[^)]*\)"
     r"|_conflict-\d{8}-\d{6})"
-    r"\.(?P<ext>json|jsonl|snapshot)"
+    r"\.(?P<ext>json|jsonl|snapshot|writers)"
 )
 
 
@@ -247,6 +254,11 @@ class SessionFiles:
     @property
     def snapshot(self) -> Path:
         return self.directory / f"{self.id}.snapshot"
+
+    @property
+    def writers(self) -> Path:
+        """Which machine wrote the session's events from which event on (see writers.py); it travels."""
+        return self.directory / f"{self.id}.writers"
 
     @property
     def machine_directory(self) -> Path:

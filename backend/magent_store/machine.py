@@ -3,12 +3,15 @@
 ``machine.json`` there holds ``{"id": ..., "name": ...}``: made at the
 first start, the id at random and the name the host name.  Edit its name
 to call the machine otherwise; the id never changes.  The name is what a
-fork's title says its turns were asked on.  The file belongs to this
-machine only: the state directory is never part of a session tree.
+fork's title says its turns were asked on, and the id and name are what
+a session's record of writers (``<id>.writers``, see writers.py) says of
+the events this machine wrote.  The file belongs to this machine only:
+the state directory is never part of a session tree.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import socket
 import uuid
@@ -31,6 +34,11 @@ NAME_MAX: Final = 100
 class Machine:
     id: str
     name: str
+
+    @classmethod
+    def named(cls, name: str) -> Machine:
+        """A machine known by its NAME only (a caller that names it): its id derived from the name."""
+        return cls("named-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:24], name)
 
     @classmethod
     def load(cls, state: Path) -> Machine:

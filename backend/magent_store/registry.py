@@ -23,6 +23,7 @@ from magent_store.errors import SessionNotFound, StoreError
 from magent_store.fileio import note_root
 from magent_store.layout import SessionFiles
 from magent_store.ledger import Thread
+from magent_store.machine import Machine
 from magent_store.redaction.session import SessionRedaction
 from magent_store.sessions import MoveFailed, move_session, open_session
 from magent_store.store import Scope, Session, Store
@@ -55,9 +56,9 @@ class OpenSession:
 class Registry:
     """The open sessions by id, the stores by root and options, the search indexes by root."""
 
-    def __init__(self, crash_hook: CrashHook = lambda: None, machine: str | None = None) -> None:
+    def __init__(self, crash_hook: CrashHook = lambda: None, machine: Machine | str | None = None) -> None:
         self._crash_hook = crash_hook
-        self._machine = machine  # this machine's name, in the title of a fork made here
+        self._machine = machine  # this machine: in the record of writers, and the title of a fork made here
         self._stores: dict[tuple[str, str, int, int], Store] = {}
         self._open: dict[str, OpenSession] = {}
         self._indexes: dict[str, SearchIndex] = {}

@@ -117,7 +117,7 @@ class Service:
         self.stats = Stats()
         self.metrics = MetricsLog(spool.parent)
         self.machine = Machine.load(spool.parent)
-        self.sessions = Registry(crash_hook=_pause_hook, machine=self.machine.name)
+        self.sessions = Registry(crash_hook=_pause_hook, machine=self.machine)
         self._spool = Spool(spool)
         self._catalogs: dict[str, Catalog] = {}  # root -> its sessions as magent's listing reads them
         self._briefs: dict[str, BriefLister] = {}  # root -> its sessions as the finder lists them

@@ -76,7 +76,7 @@ def locate(store: Store, session_id: str, scope: Scope) -> Scope:
     return scope
 
 
-_MOVED_FILES = ("log", "sums", "producer", "snapshot")
+_MOVED_FILES = ("log", "sums", "producer", "snapshot", "writers")
 
 
 def move_session(store: Store, session: Session, scope: Scope,

@@ -2,10 +2,12 @@
 
 A session is three files in its scope's directory: ``<id>.json`` (the
 header), ``<id>.jsonl`` (the log, one event per line) and ``<id>.snapshot``
-(the materialized thread).  This machine keeps, outside the tree (see
-layout.py), ``<id>.lock`` while a writer holds it, ``<id>.producer`` (the
-last batch logged) and ``<id>.sums`` (checksums of the log's committed
-ranges), which magent never reads.
+(the materialized thread), and beside them ``<id>.writers``, which
+travels with them: which machine wrote the events from which one on
+(writers.py).  This machine keeps, outside the tree (see layout.py),
+``<id>.lock`` while a writer holds it, ``<id>.producer`` (the last batch
+logged) and ``<id>.sums`` (checksums of the log's committed ranges).
+magent reads none of these four.
 
 Appending buffers an encoded log line in memory (O(chunk)).  `Session.flush`
 writes every pending line in one ``write``, syncs as the fsync policy says,
@@ -37,7 +39,6 @@ import fcntl
 import logging
 import os
 import re
-import socket
 import threading
 import time
 from collections import deque
@@ -48,7 +49,7 @@ from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 import orjson
 
-from magent_store import branches, layout, ledger
+from magent_store import branches, layout, ledger, writers
 from magent_store.fileio import (
     CorruptSessionError,
     InvalidSessionId,
@@ -89,6 +90,8 @@ from magent_store.logfile import (
     read_log,
     scan_log,
 )
+from magent_store.machine import Machine
+from magent_store.metrics import state_directory
 from magent_store.oldlayout import adopt_old_layout
 
 log = logging.getLogger(__name__)
@@ -118,9 +121,13 @@ def monotonic() -> float:
     return time.monotonic()
 
 
-def machine_name() -> str:
-    """This machine's name, as a fork's title gives it: its host name."""
-    return socket.gethostname() or "this machine"
+def this_machine(machine: Machine | str | None) -> Machine:
+    """MACHINE as a `Machine`: one given by its name only, or (None) this one, kept in the state directory."""
+    if isinstance(machine, Machine):
+        return machine
+    if isinstance(machine, str):
+        return Machine.named(machine)
+    return Machine.load(state_directory(create=True))
 
 
 def thread_timer(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
@@ -486,7 +493,7 @@ def sweep_stale_temps(directory: Path) -> None:
             lock.release(remove=True)
 
 
-_TEMP_OWNER: Final = re.compile(r"^\.(.+)\.(?:json|jsonl|snapshot|producer|sums)\.tmp-\d+$")
+_TEMP_OWNER: Final = re.compile(r"^\.(.+)\.(?:json|jsonl|snapshot|writers|producer|sums)\.tmp-\d+$")
 
 
 class ProducerRecord:
@@ -623,6 +630,10 @@ class BatchWrite:
     hold: bool = False
     outcome: str | None = None
 
+
+# A fork written or found: its files, the header fields that make it one, its lock, and its
+# thread when it was there already.
+_ForkFound = tuple[SessionFiles, dict[str, Any], SessionLock | None, Thread | None]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -912,7 +923,7 @@ class Session:
         made: list[Path] | None = None,
         clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
-        machine: str | None = None,
+        machine: Machine | str | None = None,
     ) -> None:
         """Open FILES for writing under SCOPE.
 
@@ -925,8 +936,9 @@ class Session:
         With ``fsync = interval`` a log left unsynced by a flush is synced by
         a timer (START-TIMER, on CLOCK's seconds) one interval after the
         last sync, so an idle session loses no more than a busy one.
-        MACHINE names this machine in the title of a fork it makes (see
-        `_take_in_changes`); its host name by default.
+        MACHINE is this machine: the record of writers names it, and the
+        title of a fork it makes (see `_take_in_changes`); by default the
+        one kept in the state directory.
         """
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
@@ -941,7 +953,8 @@ class Session:
         self._pending_first_seq = 0
         self._closed = False
         self._rewriting = False
-        self.machine = machine or machine_name()
+        self.machine = this_machine(machine)
+        self._writers = writers.WritersFile(files.writers)
         # What the user is to be told, once, of what a flush did (a fork made): taken by the server.
         self.notices: list[str] = []
         # Conflict copies merged and forks made since last taken (`take_sync_counts`): counts only.
@@ -1213,6 +1226,8 @@ class Session:
             self._check_header()
         if self._rewriting:
             compact = True
+        if not self._writers.noted and len(self._pending) > resent:
+            self._note_writer(self.machine.id, self.machine.name, resent)
         events_written = len(self._pending)
         # Lines written before are not news to `after_flush`; another writer's are.
         written = [*theirs, *self._pending[resent:]]
@@ -1238,6 +1253,27 @@ class Session:
             compacted=compacted,
             seconds=time.perf_counter() - started,
         )
+
+    def _note_writer(self, machine: str, name: str, skip: int = 0) -> None:
+        """Record that MACHINE (named NAME) writes the pending events past the first SKIP (see writers.py).
+
+        Best effort, before the log lines it speaks of: a record that
+        cannot be written is logged and tried again at the next flush.
+        Not synced: it only names the forks of a line, and an fsync here
+        would cost each session's first save two more (the file and, new,
+        its directory); a power loss that takes its last line leaves those
+        events unattributed, and a fork of them named from the copy's name.
+        """
+        line = self._pending[skip]
+        record = writers.Record(machine, name, self._pending_first_seq + skip, writers.line_fingerprint(line))
+        try:
+            self._writers.append(record, sync=False)
+        except StoreError as exc:
+            log.warning("%s: which machine wrote the session's next events is not recorded: %s",
+                        self.files.writers, exc)  # fmt: skip
+            return
+        self._writers.mine.append(record)
+        self._writers.noted = True
 
     def _write_events(self, batch: BatchWrite | None) -> int:
         """Write the pending events, committing them in the batch record; return the bytes written."""
@@ -1325,6 +1361,7 @@ class Session:
         self._log.restart()
         self._header.on_disk = None
         self._record.close()
+        self._writers.noted = False
         self._rewriting = True  # until a compaction has written the whole session again
         # The log now holds nothing: the lines it kept go back in (the snapshot holds the rest).
         tail = self._compactor.take_tail()
@@ -1396,7 +1433,7 @@ class Session:
         if point is not None and self._after_theirs(disk, [ours[s] for s in sorted(ours) if s > point]):
             added = [theirs[seq] for seq in sorted(theirs) if seq > point]
             return 0, added
-        self._fork(disk)
+        self._fork(disk, point)
         return 0, []
 
     def _remove_own_copies(self) -> None:
@@ -1446,6 +1483,7 @@ class Session:
         ours.watch.take(theirs.watch)
         # What the log holds now is committed: none of it is a batch of ours to send again.
         self._record.commit(self._log.written_seq)
+        self._writers.noted = False  # another writer's events came in: our next ones are noted again
 
     def _after_theirs(self, disk: Thread, ours: list[bytes]) -> bool:
         """Put our lines OURS after the events only DISK holds, where that is exact; False: it is not.
@@ -1470,16 +1508,42 @@ class Session:
             self.append(event)
         return True
 
-    def _fork(self, disk: Thread) -> None:
-        """Go on as a fork: this session's line of turns in a new session, the parent left as the disk has it.
+    def _fork(self, disk: Thread, point: int | None) -> None:
+        """Go on as a fork: this session's line of turns in a fork, the parent left as the disk has it.
 
-        The fork is written whole (its snapshot and header, synced) before
-        anything of this session changes; from then on this session writes
-        the fork, and the user is told once where each line of turns is.
+        POINT is the last event both lines hold (None: not told).  The
+        fork is named after the machine that wrote this line past there
+        (the record of writers says; this machine when it does not), so
+        that a machine merging this line's conflict copy names it alike:
+        when that fork is there already holding this line, this session
+        goes on in it; else it is written whole (its snapshot and header,
+        synced) before anything of this session changes.  From then on
+        this session writes the fork, and the user is told once where
+        each line of turns is.
         """
         parent, old_thread_id = self.files.id, self.thread.id
         turn = branches.last_common_turn(self.thread, disk)
-        files, fields, lock = self._write_fork(self.thread, self.machine, turn)
+        ours = self._our_lines()
+        start = point + 1 if point is not None else min(ours, default=self.thread.last_event_seq + 1)
+        prints = {seq: writers.line_fingerprint(line) for seq, line in ours.items()}
+        for made in self._writers.mine:  # ours by making, whatever of its line we still hold
+            prints.setdefault(made.start, made.event)
+        records = writers.union(writers.read(self.files.writers), self._writers.mine, *(
+            writers.read(path) for path, match in self.files.conflict_copies() if match["ext"] == "writers"))
+        writer = writers.writer_at(records, prints, start, point)
+        machine_id, machine = ((writer.machine, writer.name) if writer
+                               else (self.machine.id, self.machine.name))  # fmt: skip
+        origin = writers.Record(machine_id, machine, start, prints.get(start))
+        mine = self.thread
+
+        def fits(fork: Thread) -> bool:
+            # Its line, no further on than ours, and we hold every event it lacks.
+            return (branches.same_line(fork, mine) and fork.last_event_seq <= mine.last_event_seq
+                    and all(seq in ours for seq in range(fork.last_event_seq + 1, mine.last_event_seq + 1)))
+
+        files, fields, lock, found = self._write_fork(self.thread, machine_id, machine, turn, origin, fits,
+                                                      writing=True)  # fmt: skip
+        assert lock is not None
         self._forked += 1
         record = self._record
         self._lock.release(remove=True)
@@ -1497,18 +1561,26 @@ class Session:
         self._header.watch.close()
         self._forked_from = (parent, old_thread_id)
         self._fork_fields = fields
+        self._writers = writers.WritersFile(files.writers)
+        self._writers.noted = machine_id == self.machine.id
         self._load(None)
+        if found is not None:
+            # Made on another machine from this line's conflict copy: what it lacks goes after it.
+            for seq in range(found.last_event_seq + 1, mine.last_event_seq + 1):
+                event = ledger.event_from_json(loads(ours[seq]), need_seq=True)
+                self.append(dataclasses.replace(event, seq=None, thread_id=self.thread.id or files.id))
         self._record = ProducerRecord(files.producer, self._log.written_seq)
         if record.producer is not None:
             self._record.write(record.producer, record.number, self._log.written_seq)
             self._record.applied = record.applied
         log.warning("%s: another machine went on with this session meanwhile; this machine's turns "
-                    "since go on in session %s", parent, files.id)  # fmt: skip
+                    "since go on in session %s%s", parent, files.id,
+                    " (made elsewhere, gone on with here)" if found is not None else "")  # fmt: skip
         self.notices.append(
             f"session {parent} was continued on another machine while this Emacs had it open: "
             f"its turns from there are in session {parent}; this machine's turns"
-            f"{f' after turn {turn}' if turn else ''} are in the new session {files.id}, "
-            f"\"{fields['title']}\""
+            f"{f' after turn {turn}' if turn else ''} are in the {'' if found is not None else 'new '}"
+            f"session {files.id}, \"{fields['title']}\""
         )
 
     # -- conflict copies a sync engine made ---------------------------------
@@ -1516,18 +1588,21 @@ class Session:
     def _merge_conflict_copies(self, found: list[tuple[Path, re.Match[str]]]) -> None:
         """Merge the copies a sync engine made of this session's files, then remove them.
 
-        Logs first: events both hold are kept once; the copy's events past
+        The records of which machine wrote what first (joined), then
+        logs: events both hold are kept once; the copy's events past
         where the two part follow the session's where that is exact, else
         they go into a fork (see `_write_fork`).  Then snapshots (a copy
         holding nothing the session lacks is dropped) and headers (merged
         field by field).  A copy is removed only once what it held is
         durable; one that cannot be merged is left, logged, for fsck to name.
         """
-        order = {"jsonl": 0, "snapshot": 1, "json": 2}
+        # The records of writers first: a log's copy is named after the machine that wrote it.
+        order = {"writers": 0, "jsonl": 1, "snapshot": 2, "json": 3}
         for path, match in sorted(found, key=lambda pair: order[pair[1]["ext"]]):
             try:
                 merged = {"jsonl": self._merge_log_copy, "snapshot": self._merge_snapshot_copy,
-                          "json": self._merge_header_copy}[match["ext"]](path, match)  # fmt: skip
+                          "json": self._merge_header_copy,
+                          "writers": self._merge_writers_copy}[match["ext"]](path, match)  # fmt: skip
             except (StoreError, LedgerError, OSError, ValueError) as exc:
                 log.warning("%s: a conflict copy of session %s, not merged: %s", path, self.files.id, exc)
                 continue
@@ -1558,17 +1633,39 @@ class Session:
             ledger.apply(copy_thread, event)
         both_added_turns = (branches.new_turns(copy_thread, self.thread)
                             and branches.new_turns(self.thread, copy_thread))  # fmt: skip
+        prints = {e.seq: writers.event_fingerprint(e) for e in copy_scan.events if e.seq is not None}
+        writer = writers.writer_at(writers.read(self.files.writers), prints, point + 1, point)
         if not both_added_turns and self._applies_after(added):
             for event in added:
                 self.append(dataclasses.replace(event, seq=None))
+            self._writers.noted = True  # the copy's events are not ours: noted as its writer's, if known
+            if writer is not None:
+                self._note_writer(writer.machine, writer.name)
             self.flush(compact=False)
+            self._writers.noted = False  # our own next events are noted again
             os.fsync(self._log.fd)  # durable whatever the fsync mode, before the copy goes
             return True
-        machine = branches.conflict_origin_name(conflict_copy_origin(match))
         turn = branches.last_common_turn(copy_thread, self.thread)
-        files, fields, lock = self._write_fork(copy_thread, machine, turn)
+        if writer is not None:
+            machine_id, machine = writer.machine, writer.name
+            origin: writers.Record | None = writers.Record(machine_id, machine, point + 1,
+                                                           prints.get(point + 1))  # fmt: skip
+        else:  # nothing says who wrote it: the machine its name gives
+            machine_id = machine = branches.conflict_origin_name(conflict_copy_origin(match))
+            origin = None
+
+        def fits(fork: Thread) -> bool:
+            return branches.same_line(fork, copy_thread) and fork.last_event_seq >= copy_thread.last_event_seq
+
+        files, fields, lock, found = self._write_fork(copy_thread, machine_id, machine, turn, origin, fits,
+                                                      writing=False)  # fmt: skip
+        if lock is not None:
+            lock.release(remove=True)
+        if found is not None:
+            log.warning("%s: turns continued on %s after turn %s are in the fork %s already", self.files.id,
+                        machine, turn, files.id)  # fmt: skip
+            return True
         self._forked += 1
-        lock.release(remove=True)
         log.warning("%s: turns continued on %s after turn %s are in the fork %s", self.files.id, machine,
                     turn, files.id)  # fmt: skip
         self.notices.append(
@@ -1607,6 +1704,10 @@ class Session:
             raise StoreError("it holds turns the session does not, and its log is not there to merge")
         return True
 
+    def _merge_writers_copy(self, path: Path, match: re.Match[str]) -> bool:
+        self._writers.merge_copy(path, sync=True)
+        return True
+
     def _merge_header_copy(self, path: Path, match: re.Match[str]) -> bool:
         obj = _read_json(path)
         theirs = normalize_header({**obj, "id": self.files.id} if isinstance(obj, dict) else obj,
@@ -1620,23 +1721,58 @@ class Session:
         self._header.write_if_changed(self.files.header, self.thread, sync=True, crash=self._crash)
         return True
 
-    def _write_fork(self, thread: Thread, machine: str,
-                    turn: str | None) -> tuple[SessionFiles, dict[str, Any], SessionLock]:  # fmt: skip
+    def _write_fork(self, thread: Thread, machine_id: str, machine: str, turn: str | None,
+                    origin: writers.Record | None, fits: Callable[[Thread], bool], *,
+                    writing: bool) -> _ForkFound:  # fmt: skip
         """Write THREAD, a line of turns continued on MACHINE after TURN, as a fork of this session.
 
-        Its snapshot and header are written atomically and synced, and the
-        directory too, before this returns; the session itself is not
-        touched.  Returns the fork's files, the header fields that make it
-        a fork, and its lock, held.
+        The fork's id is derived from this session's, the machine (MACHINE-ID)
+        and TURN (`branches.fork_ids`).  A fork of that id already there
+        that FITS (holds this line: made from it on another machine, say)
+        is taken as it is.  Else its snapshot, header and record of
+        writers (ORIGIN: who wrote its own line, from where) are written
+        atomically and synced, and the directory too, before this
+        returns; the session itself is not touched.  Returns the fork's
+        files, the header fields that make it a fork, its lock, held (a
+        fork there already is locked only for WRITING in it: one open for
+        writing here takes a copy it holds all the same), and the fork's
+        thread when it was there already.
         """
         parent, directory = self.files.id, self.files.directory
+        for fork_id in branches.fork_ids(parent, machine, machine_id, turn):
+            files = SessionFiles(directory, fork_id)
+            if any(os.path.lexists(p) for p in (files.header, files.log, files.snapshot, files.lock)):
+                found = self._fork_there(files, fits, writing=writing)
+                if found is not None:
+                    return found
+                continue
+            return (*self._new_fork(files, thread, machine, turn, origin), None)
+        raise AssertionError("unreachable: fork ids never run out")
 
-        def taken(candidate: str) -> bool:
-            f = SessionFiles(directory, candidate)
-            return any(os.path.lexists(p) for p in (f.header, f.log, f.snapshot, f.lock))
+    def _fork_there(self, files: SessionFiles, fits: Callable[[Thread], bool], *,
+                    writing: bool) -> _ForkFound | None:  # fmt: skip
+        """The fork at FILES when it is this session's and FITS, its lock taken for WRITING; else None."""
+        try:
+            header, fork = load_session(files)
+        except (StoreError, LedgerError, OSError):
+            return None
+        if header.get("parent-session-id") != self.files.id or branches.fork_origin(header) is None:
+            return None
+        if not fits(fork):
+            return None
+        try:
+            lock = SessionLock(files) if writing else None
+        except (SessionLockedError, OSError):
+            return None
+        metadata = header["metadata"]
+        fields = {"parent-session-id": self.files.id, "title": header.get("title"),
+                  "metadata": {k: metadata[k] for k in branches.FORK_METADATA if k in metadata}}  # fmt: skip
+        return files, fields, lock, fork
 
-        fork_id = branches.fork_id(parent, machine, taken)
-        files = SessionFiles(directory, fork_id)
+    def _new_fork(self, files: SessionFiles, thread: Thread, machine: str, turn: str | None,
+                  origin: writers.Record | None,
+                  ) -> tuple[SessionFiles, dict[str, Any], SessionLock]:  # fmt: skip
+        parent, fork_id = self.files.id, files.id
         header = self._header.current(self.thread)
         title = branches.fork_title(header["title"] or header["summary-title"], machine)
         metadata = header["metadata"] if isinstance(header["metadata"], dict) else {}
@@ -1657,6 +1793,8 @@ class Session:
         lock = SessionLock(files)
         try:
             atomic_write(files.snapshot, dumps(ledger.thread_to_json(thread)), sync=True, crash=self._crash)
+            if origin is not None:
+                atomic_write(files.writers, origin.to_bytes(), sync=True, crash=self._crash)
             fork_header = {**header, **fields, "id": fork_id}
             atomic_write(files.header, dumps({k: v for k, v in fork_header.items() if v is not None}),
                          sync=True, crash=self._crash)  # fmt: skip
@@ -1798,11 +1936,13 @@ class Store:
         crash: Callable[[str], None] | None = None,
         clock: Callable[[], float] = monotonic,
         start_timer: StartTimer = thread_timer,
-        machine: str | None = None,
+        machine: Machine | str | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise StoreError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
-        self.machine = machine  # named in a fork's title (None: the host name)
+        # This machine: in the record of writers and a fork's title (see `this_machine`); read at first use.
+        self._machine = machine if isinstance(machine, Machine) else None
+        self._machine_given = machine
         self.clock = clock  # the interval's clock and timers (a test's own time)
         self.start_timer = start_timer
         self.root = Path(root).expanduser()
@@ -1836,6 +1976,13 @@ class Store:
             crash=self.crash, root=self.root, made=made, clock=self.clock, start_timer=self.start_timer,
             machine=self.machine,
         )  # fmt: skip
+
+    @property
+    def machine(self) -> Machine:
+        """This machine, as the sessions opened here name it (see `this_machine`)."""
+        if self._machine is None:
+            self._machine = this_machine(self._machine_given)
+        return self._machine
 
     @staticmethod
     def _refuse_schema6(files: SessionFiles) -> None:
@@ -1881,7 +2028,7 @@ class Store:
                     id=header["id"], scope=Scope.from_header(header).label(),
                     title=header["summary-title"] or header["title"], status=header["status"],
                     header_path=path, bytes=size, updated=updated, turns=count,
-                    fork_of=branches.fork_origin(header),
+                    fork_of=fork_origin(files, header),
                 )  # fmt: skip
             )
         return out
@@ -1893,11 +2040,19 @@ class Store:
             raise SessionNotFound(f"no session {session_id!r} in {files.directory}")
         lock = SessionLock(files)
         try:
-            for p in (files.header, files.log, files.snapshot, files.producer, files.sums):
+            for p in (files.header, files.log, files.snapshot, files.writers, files.producer, files.sums):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
         finally:
             lock.release(remove=True)
+
+
+def fork_origin(files: SessionFiles, header: dict[str, Any]) -> tuple[str, str] | None:
+    """(PARENT, MACHINE) of the fork FILES (its HEADER read), MACHINE as its record of writers names it."""
+    if branches.fork_origin(header) is None:
+        return None
+    first = writers.first_writer(files.writers)
+    return branches.fork_origin(header, first.name if first else None)
 
 
 def new_backup_path(root: Path, kind: str = "schema6") -> Path:

@@ -278,7 +278,8 @@ def _walk_directory(root: str, relative: str, scope: str) -> tuple[DirectoryUsag
         session = sessions.setdefault(match["id"], SessionUsage(relative, match["id"]))
         ext, sizes = match["ext"], session.sizes
         session.oldest = st.st_mtime if session.oldest is None else min(session.oldest, st.st_mtime)
-        if owner != name or ext in layout.MACHINE_SUFFIXES or match["aside"]:
+        if (owner != name or ext in layout.MACHINE_SUFFIXES or ext in layout.TRAVELLING_SUFFIXES
+                or match["aside"]):  # fmt: skip
             sizes.side += st.st_size
         elif ext == "json":
             session.schema = schema6.file_schema(Path(path, name)) or SCHEMA_VERSION

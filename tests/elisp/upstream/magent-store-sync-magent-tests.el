@@ -84,6 +84,13 @@ written beside it and renamed into place."
         (dolist (line lines) (insert (encode-coding-string line 'utf-8)))))
     (rename-file copy log t)))
 
+(defun magent-store-sync-test--fork (id)
+  "The id of the one fork of session ID in the global folder (named ID.MACHINE-DIGITS)."
+  (let ((found (directory-files (expand-file-name "global" magent-session-directory) nil
+                                (concat "\\`" (regexp-quote id) "\\.[A-Za-z0-9_-]+\\.json\\'"))))
+    (should (= (length found) 1))
+    (file-name-sans-extension (car found))))
+
 (defun magent-store-sync-test--inputs (session)
   "The inputs of SESSION's turns, in order."
   (mapcar #'magent-thread-turn-input
@@ -107,8 +114,7 @@ written beside it and renamed into place."
             (magent-session-save-for-session session 'global)
             (magent-store-flush id))
         (advice-remove 'message #'magent-store-resume-test--record-message))
-      (let* ((fork (concat id "." (replace-regexp-in-string
-                                   "[^A-Za-z0-9_-]+" "-" (system-name))))
+      (let* ((fork (magent-store-sync-test--fork id))
              (told (cl-remove-if-not
                     (lambda (m) (string-match-p "continued on another machine" m))
                     magent-store-resume-test--messages)))
@@ -164,13 +170,13 @@ written beside it and renamed into place."
     (let* ((id "20261202-110000-r")
            (session (magent-store-resume-test--new-session id))
            (log (expand-file-name (concat "global/" id ".jsonl") magent-session-directory))
-           (fork (concat id "." (replace-regexp-in-string
-                                 "[^A-Za-z0-9_-]+" "-" (system-name)))))
+           (fork nil))
       (magent-store-flush id)
       (magent-store-sync-test--continue-elsewhere log "elsewhere-turn" "asked on the other machine")
       (magent-store-resume-test--converse session 1)
       (magent-session-save-for-session session 'global)
       (magent-store-flush id)
+      (setq fork (magent-store-sync-test--fork id))
       (should (file-exists-p (expand-file-name (concat "global/" fork ".json")
                                                magent-session-directory)))
       (let ((status (json-parse-string (magent-store-call "status" nil) :object-type 'alist)))
