@@ -65,7 +65,7 @@ ROWS = [
     ("backend-ready", "ready", "from the first idle moment"),
     *[(f"  {part}", part, "") for part in READY_PARTS],
     ("  Emacs blocked, mode-on to ready", "ready-blocked", "summed"),
-    ("the root's store made, after ready", "prepared", "in the background"),
+    ("the root's store made, its round trip", "prepared", "in the background, once ready"),
     ("first save of the day, backend not ready", "first-save-of-the-day", "Emacs blocked"),
     ("  with the start's filters", "first-save-blocked", "Emacs blocked, mode-on included"),
     ("the first session's first save", "first-session-first-save", "Emacs blocked"),

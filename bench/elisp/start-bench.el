@@ -205,7 +205,7 @@ The answer streams in chunks `start-bench--chunk-gap' apart."
                        (port . ,(start-bench--ms 'port 'connected))
                        (auth . ,(start-bench--ms 'connected 'auth-reply))
                        (version . ,(start-bench--ms 'auth-reply 'version-checked))
-                       (prepared . ,(start-bench--ms 'ready 'prepare-reply))
+                       (prepared . ,(start-bench--ms 'prepare-sent 'prepare-reply))
                        (open . ,(start-bench--ms 'open-sent 'open-reply))
                        (first-session-first-save . ,first)
                        (later-save . ,(start-bench--save "s-new" "two"))
