@@ -785,6 +785,22 @@ def _read_redaction_spec(name: str) -> dict[str, Any]:
     return spec
 
 
+def _session_root(args: argparse.Namespace) -> Path:
+    """The session root ARGS name, a usage error when it is no directory."""
+    root: Path = args.root.expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    return root
+
+
+def _redactor_named(args: argparse.Namespace) -> Redactor:
+    """`named_redactor` for a command whose whole run uses it: what is wrong is a usage error."""
+    try:
+        return named_redactor(args)
+    except RedactError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def named_redactor(args: argparse.Namespace, *, key: bytes | None = None) -> Redactor:
     """The redactor ARGS name: the spec in --redact-spec (if any) with the --pattern ones added.
 
@@ -848,13 +864,8 @@ examples:
 )  # fmt: skip
 def cmd_scan(args: argparse.Namespace) -> int:
     """0 when nothing was found, 1 when secrets were, 2 on a usage or read error."""
-    root: Path = args.root.expanduser()
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
-    try:
-        found_by = named_redactor(args)
-    except RedactError as exc:
-        raise UsageError(str(exc)) from None
+    root = _session_root(args)
+    found_by = _redactor_named(args)
     try:
         scans = scan.scan_root(root, found_by)
     except OSError as exc:
@@ -927,11 +938,9 @@ examples:
 )  # fmt: skip
 def cmd_du(args: argparse.Namespace) -> int:
     """0, or 2 when ROOT cannot be read or the arguments are wrong."""
-    root: Path = args.root.expanduser()
     if args.limit < 0:
         raise UsageError("--limit must be 0 (all) or more")
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    root = _session_root(args)
     try:
         weighed = usage.measure(root)
     except usage.UsageFailed as exc:
@@ -1008,13 +1017,8 @@ examples:
 """,
 )  # fmt: skip
 def cmd_scrub(args: argparse.Namespace) -> int:
-    root: Path = args.root.expanduser()
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
-    try:
-        found_by = named_redactor(args)
-    except RedactError as exc:
-        raise UsageError(str(exc)) from None
+    root = _session_root(args)
+    found_by = _redactor_named(args)
     scrubber = scrub.Scrubber(root, found_by, dry_run=args.dry_run, backup=not args.no_backup)
     try:
         result = scrubber.run()
@@ -1282,9 +1286,7 @@ def search_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_search(args: argparse.Namespace) -> int:
     from magent_store import search
 
-    root: Path = args.root.expanduser()
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such directory (give the session root as ROOT)")
+    root = _session_root(args)
     try:
         query = search.parse_query(args.query)
         scope = search.ScopeFilter.parse(args.scope) if args.scope else None
