@@ -30,9 +30,9 @@ from search_bench import dir_size, generate  # noqa: E402
 
 from magent_store import idle, ledger  # noqa: E402
 from magent_store.fileio import dumps
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.logfile import read_log
-from magent_store.store import Scope, read_header
+from magent_store.parts import read_header
 
 
 def cpu() -> float:

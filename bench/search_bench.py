@@ -43,8 +43,10 @@ from typing import Any
 
 import orjson
 
+from magent_store.layout import Scope
+from magent_store.parts import default_header
 from magent_store.search import SearchIndex, open_index
-from magent_store.store import Scope, Store, default_header
+from magent_store.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results" / "search.json"

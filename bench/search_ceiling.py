@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from search_bench import dir_size, generate, row  # noqa: E402
 
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.logfile import scan_log
+from magent_store.parts import read_header, replay_session
 from magent_store.search import SearchIndex, index_path  # noqa: E402
-from magent_store.store import Scope, read_header, replay_session
 
 # (name, table options, settings made before filling it)
 CONFIGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -35,11 +35,12 @@ import orjson
 
 from magent_store.batches import Batches
 from magent_store.fileio import atomic_write, make_private_dirs
+from magent_store.layout import Scope
 from magent_store.logfile import FsyncMode
 from magent_store.redaction.matcher import redactor_from_spec
 from magent_store.redaction.session import SessionRedaction
 from magent_store.stats import percentile
-from magent_store.store import Scope, Session, Store
+from magent_store.store import Session, Store
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results" / "store.json"

@@ -18,8 +18,8 @@ from typing import Any
 
 import schema6
 from conftest import Events
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope, SessionFiles
+from magent_store.store import Store
 from planted import LITERALS, PATTERNS, plants
 
 SECRETS = {p.kind: p.secret for p in plants()}

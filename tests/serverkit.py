@@ -37,7 +37,7 @@ from magent_store import ledger, server, service
 from magent_store.errors import StoreError
 from magent_store.fileio import dumps as store_dumps
 from magent_store.layout import SessionFiles
-from magent_store.store import load_session
+from magent_store.parts import load_session
 
 MAGENT_STORE = str(Path(sys.executable).with_name("magent-store"))
 # A broken server mostly shows as a reply that never comes: under `make mutation`

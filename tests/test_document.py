@@ -19,8 +19,8 @@ import pytest
 from clitools import MAGENT_STORE, cli
 from conftest import Events, need
 from magent_store import document, ledger
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope, SessionFiles
+from magent_store.store import Store
 
 EMACS = shutil.which("emacs")
 PROJECT = "/home/u/src/プロジェクト"

@@ -18,7 +18,8 @@ import serverkit as ts
 from conftest import Events
 from magent_store import export, ledger, schema6, search
 from magent_store.export import SCHEMA6_JOURNAL_MAX, Exporter
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope
+from magent_store.store import Store
 from test_search import Writer, find
 
 

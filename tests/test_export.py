@@ -13,12 +13,13 @@ import pytest
 
 from clitools import cli, tree
 from conftest import Events
-from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store
+from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store, theirs
 from magent_store.batches import Batches
 from magent_store.export import Exporter, render, salvage
 from magent_store.fileio import dumps
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, SessionLock, Store, load_session, read_header
+from magent_store.layout import Scope, SessionFiles
+from magent_store.parts import SessionLock, load_session, read_header
+from magent_store.store import Store
 
 PROJECT = "/home/u/src/proj"
 
@@ -436,8 +437,8 @@ def test_a_header_that_does_not_read_back_fails_the_session(
         return real(seen, data + b" " if b'"schema-version":6' in data else data, **kwargs)
 
     synced: list[Path] = []
-    real_sync = store.sync_directories
-    for module in (store, fileio, logfile):  # every module that syncs directories
+    real_sync = fileio.sync_directories
+    for module in (theirs, fileio, logfile):  # every module that syncs directories
         monkeypatch.setattr(module, "sync_directories", lambda ds: (synced.extend(ds), real_sync(ds)))
     before = tree(root)
     monkeypatch.setattr(export, "replace_if_unchanged", write)
@@ -452,13 +453,13 @@ def test_every_file_an_export_writes_is_synced(tmp_path: Path, events: Events, m
     root = tmp_path / "root"
     files = make_session(root, events, "s1")
     synced: list[Path] = []
-    real = store.sync_directories
+    real = fileio.sync_directories
 
     def sync(directories: list[Path]) -> None:
         synced.extend(directories)
         real(directories)
 
-    for module in (store, fileio, logfile):  # every module that syncs directories
+    for module in (theirs, fileio, logfile):  # every module that syncs directories
 
         monkeypatch.setattr(module, "sync_directories", sync)
     result = Exporter(root).run()

@@ -13,12 +13,13 @@ import pytest
 import schema6
 from clitools import cli, tree
 from conftest import Events
-from magent_store import fileio, fsck, layout, ledger, logfile, migrate, store
+from magent_store import fileio, fsck, layout, ledger, logfile, migrate, theirs
 from magent_store.errors import SimulatedCrash
 from magent_store.fsck import Check, Finding
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.migrate import Migrator
-from magent_store.store import Scope, SessionLock, Store, load_session, read_header
+from magent_store.parts import SessionLock, load_session, read_header
+from magent_store.store import Store
 
 
 def mine(root: Path, relative: str) -> Path:
@@ -716,13 +717,13 @@ def test_a_batch_record_is_stale_only_beside_no_session_of_the_stores(root: Path
 
 def test_repairs_are_synced_unless_told_not_to(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[Path] = []
-    real = store.sync_directories
+    real = fileio.sync_directories
 
     def sync(directories: list[Path]) -> None:
         synced.extend(directories)
         real(directories)
 
-    for module in (store, fileio, logfile):  # every module that syncs directories
+    for module in (theirs, fileio, logfile):  # every module that syncs directories
 
         monkeypatch.setattr(module, "sync_directories", sync)
     counts = []

@@ -20,10 +20,11 @@ import schema6
 from clitools import cli
 from conftest import Events
 from crash import fs
-from magent_store import fileio, idle, ledger, logfile, store
+from magent_store import fileio, idle, ledger, logfile, parts, store
 from magent_store import schema6 as magent_schema6
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Store, load_session
+from magent_store.layout import Scope, SessionFiles
+from magent_store.parts import load_session
+from magent_store.store import Store
 
 DAY = 86400.0
 NOW = time.time()
@@ -277,7 +278,7 @@ def test_a_recent_or_open_schema6_session_is_left_as_it_is(tmp_path: Path) -> No
     before = state(root)
     assert by_id(run_json(root))["six"]["outcome"] == "recent"  # the file was written just now
     os.utime(path, (OLD, OLD))
-    lock = store.SessionLock(SessionFiles.from_header_path(path))
+    lock = parts.SessionLock(SessionFiles.from_header_path(path))
     try:
         assert by_id(run_json(root))["six"]["outcome"] == "open"
         assert path.read_bytes() == before[str(path.relative_to(root))][1]

@@ -21,8 +21,8 @@ from conftest import Events
 from magent_store import fsck, layout, oldlayout
 from magent_store.batches import Batches
 from magent_store.errors import SessionLockedError, SimulatedCrash
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope, SessionFiles
+from magent_store.store import Store
 from serverkit import SCOPE, SERVE_ONLY, TIMEOUT, Backend, _call, _content, _serve_process, _thread_with_item
 
 MACHINE_SUFFIXES = (".lock", ".producer", ".sums")

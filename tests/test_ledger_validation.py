@@ -18,10 +18,11 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import ledger, store
+from magent_store import layout, ledger, store
 from magent_store.fsck import fsck
 from magent_store.ledger import LedgerError
-from magent_store.store import Store, load_session
+from magent_store.parts import load_session
+from magent_store.store import Store
 
 BAD_TIMESTAMPS: list[Any] = [
     math.inf, -math.inf, math.nan, 1.7e308, -1.0, ledger.TIMESTAMP_MAX + 1, 1e17,
@@ -244,5 +245,5 @@ def test_a_value_nested_as_deep_as_a_snapshot_holds_is_kept_and_one_level_more_i
         assert snapshot(s.thread) == before
         # The deepest value that is taken survives a compaction, and reads back whole.
         s.flush(compact=True)
-    _, thread = load_session(st.files("s1", store.Scope.global_()))
+    _, thread = load_session(st.files("s1", layout.Scope.global_()))
     assert thread.turns[0].items[0].input == deepest

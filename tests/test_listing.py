@@ -14,8 +14,8 @@ from conftest import Events
 from magent_store import listing, schema6
 from magent_store.export import render
 from magent_store.fileio import atomic_write
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope, SessionFiles
+from magent_store.store import Store
 from test_export import PROJECT, make_session, tree
 
 

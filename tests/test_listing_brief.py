@@ -16,7 +16,7 @@ import schema6
 from clitools import MAGENT_STORE
 from conftest import Events
 from magent_store import listing
-from magent_store.store import Scope
+from magent_store.layout import Scope
 from test_export import PROJECT, make_session, tree
 
 

@@ -18,8 +18,9 @@ import pytest
 
 import leaky
 from clitools import cli
+from magent_store.layout import Scope
 from magent_store.listing import brief_entries
-from magent_store.store import Scope, Store
+from magent_store.store import Store
 from test_relocate import make6, make7
 
 DAY_NS = 86_400 * 10**9

@@ -23,14 +23,15 @@ from hypothesis import strategies as st
 import schema6
 from clitools import MAGENT_STORE, cli, tree
 from conftest import examples
-from magent_store import fileio, ledger, logfile, migrate, store
+from magent_store import fileio, ledger, logfile, migrate, store, theirs
 from magent_store.errors import SimulatedCrash
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.logfile import scan_log
 from magent_store.migrate import Migrator
+from magent_store.parts import SessionLock, load_session, read_header
 from magent_store.schema6 import loads_first_wins
 from magent_store.sessions import open_session
-from magent_store.store import Scope, SessionLock, Store, load_session, read_header
+from magent_store.store import Store
 
 
 def write(root: Path, fixtures: list[schema6.Fixture]) -> dict[str, schema6.Fixture]:
@@ -741,8 +742,8 @@ def test_every_file_a_migration_writes_is_synced_unless_told_not_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[Path] = []
-    real = store.sync_directories
-    for module in (store, fileio, logfile):  # every module that syncs directories
+    real = fileio.sync_directories
+    for module in (theirs, fileio, logfile):  # every module that syncs directories
         monkeypatch.setattr(module, "sync_directories", lambda ds: (synced.extend(ds), real(ds)))
     monkeypatch.setattr(migrate, "ProcessPoolExecutor", ThreadPoolExecutor)  # the parallel path, seen here
     counts = []

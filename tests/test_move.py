@@ -17,8 +17,9 @@ import pytest
 from conftest import Events
 from magent_store import layout, ledger, sessions, store
 from magent_store.errors import StoreError
+from magent_store.layout import Scope
 from magent_store.registry import Registry
-from magent_store.store import Scope, Session, Store
+from magent_store.store import Session, Store
 
 PROJECT = "/home/u/src/project"
 

@@ -23,11 +23,12 @@ from conftest import Events
 from magent_store import fsck, layout, ledger, relocate
 from magent_store.batches import Batches
 from magent_store.errors import SimulatedCrash
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
+from magent_store.parts import SessionLock, load_session
 from magent_store.relocate import Relocator
 from magent_store.schema6 import loads_first_wins
 from magent_store.search import open_index
-from magent_store.store import Scope, SessionLock, Store, load_session
+from magent_store.store import Store
 
 
 def pdir(root: Path, project: str) -> Path:

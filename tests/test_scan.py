@@ -14,9 +14,9 @@ import pytest
 import schema6
 from clitools import cli, tree
 from magent_store import scan
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.redaction.matcher import Redactor
-from magent_store.store import Scope, Store
+from magent_store.store import Store
 from planted import plants
 
 SECRETS = {p.kind: p for p in plants()}

@@ -25,9 +25,10 @@ from clitools import cli, tree
 from conftest import Events
 from magent_store import layout, scrub
 from magent_store.batches import Batches
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
+from magent_store.parts import load_session
 from magent_store.redaction.matcher import Redactor
-from magent_store.store import Scope, Store, load_session
+from magent_store.store import Store
 from plantcheck import leaked, traces_in
 
 SPEC = json.dumps(leaky.SPEC)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import leaky
 from clitools import MAGENT_STORE, tree
-from magent_store.store import SessionLock
+from magent_store.parts import SessionLock
 
 
 def test_a_dry_run_reports_the_secrets_of_an_open_session(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ import pytest
 from clitools import cli_bytes
 from conftest import Events
 from magent_store import search
+from magent_store.layout import Scope
 from magent_store.search import SearchIndex, open_index
-from magent_store.store import Scope, Session, Store
+from magent_store.store import Session, Store
 from serverkit import TIMEOUT, Backend, _open, _start_item
 from serverkit import backend as backend  # the real server, as a fixture here too
 

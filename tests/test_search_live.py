@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from magent_store import ledger, search
+from magent_store.layout import Scope
 from magent_store.search import PASSAGE_CHARS, SearchIndex
 from magent_store.search.live import LiveWriter
-from magent_store.store import Scope
 from test_search import Writer, consistent, find, ids, streaming
 
 

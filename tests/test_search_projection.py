@@ -8,9 +8,9 @@ import pytest
 
 from conftest import Events
 from magent_store import ledger
+from magent_store.layout import Scope
 from magent_store.search import projection
 from magent_store.search.projection import OVERLAP_CHARS, PASSAGE_CHARS
-from magent_store.store import Scope
 
 
 def logged(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from magent_store import layout, search
+from magent_store.layout import Scope
 from magent_store.search import SearchIndex, follower
 from magent_store.search import rebuild as rebuilding
 from magent_store.search import recorder as recording
-from magent_store.store import Scope
 from test_search import Writer, ids, streaming
 
 

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from magent_store import search
+from magent_store.layout import Scope
 from magent_store.search import QueryError, SearchIndex, open_index, parse_query
 from magent_store.search import searcher as searching
-from magent_store.store import Scope
 from test_search import Writer, find, ids, write_corpus
 
 

@@ -21,7 +21,8 @@ from epc.handler import ReturnError
 from sexpdata import Symbol
 
 from magent_store import layout
-from magent_store.store import Store, read_header
+from magent_store.parts import read_header
+from magent_store.store import Store
 from serverkit import (
     SCOPE,
     TIMEOUT,

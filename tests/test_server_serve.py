@@ -32,8 +32,9 @@ from sexpdata import Symbol
 
 from magent_store import server, service
 from magent_store.layout import SessionFiles
+from magent_store.parts import load_session
 from magent_store.spool import SPOOL_GRACE_S, SPOOL_LOCK, lock_spool, remove_stale_spools
-from magent_store.store import Store, load_session
+from magent_store.store import Store
 from serverkit import (
     SCOPE,
     TIMEOUT,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import clitools
 import leaky
-from magent_store.store import SessionLock, Store
+from magent_store.parts import SessionLock
+from magent_store.store import Store
 from plantcheck import traces_in
 
 SPEC = json.dumps(leaky.SPEC)

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from conftest import Events, need
-from magent_store import fileio, layout, ledger, store
+from magent_store import fileio, layout, ledger, parts, store
 from magent_store.batches import Batches
 from magent_store.errors import (
     CorruptSessionError,
@@ -28,9 +28,9 @@ from magent_store.errors import (
     SimulatedCrash,
     StoreError,
 )
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError
-from magent_store.store import Scope, Session, Store
+from magent_store.store import Session, Store
 
 
 def state(session: Session) -> bytes:
@@ -112,7 +112,7 @@ def test_header_rewritten_only_when_its_bytes_change(root: Path, events: Events)
     s.close()
     header = orjson.loads((root / "global/s1.json").read_bytes())
     # magent's order; an absent field is left out, as magent leaves it out.
-    assert list(header) == [k for k in store.HEADER_KEYS if k in header]
+    assert list(header) == [k for k in parts.HEADER_KEYS if k in header]
     assert None not in header.values() and "kind" not in header and "parent-session-id" not in header
     assert header["title"] == "renamed" and header["schema-version"] == 7
     assert header["approval-overrides"] == [{"tool": "grep", "decision": "allow"}]
@@ -128,7 +128,7 @@ def test_summary_title_is_the_first_message_folded(root: Path, events: Events) -
         s.append_content("a", "Fix   the\nbug " + "x" * 5000, False, events.now())
     header = orjson.loads((root / "global/s1.json").read_bytes())
     title = header["summary-title"]
-    assert title.startswith("Fix the bug xxx") and len(title) == store.TITLE_MAX_CHARS
+    assert title.startswith("Fix the bug xxx") and len(title) == parts.TITLE_MAX_CHARS
     with st.open("s1") as s:
         s.put_header({"summary-title": "given by magent"})
     assert orjson.loads((root / "global/s1.json").read_bytes())["summary-title"] == "given by magent"
@@ -140,7 +140,7 @@ def test_title_reads_at_most_4096_characters() -> None:
     text.append("late words")
     item = ledger.Item("a", "t", "message", "completed", role="user", content=text)
     thread.turns.append(ledger.Turn("t", None, "completed", items=[item]))
-    assert store.summary_title(thread) is None
+    assert parts.summary_title(thread) is None
 
 
 def test_scopes_map_to_specs_directories(root: Path, events: Events) -> None:
@@ -409,7 +409,7 @@ def test_compaction_when_due_keeps_a_bounded_tail(root: Path, events: Events) ->
     snapshot = orjson.loads((root / "global/s1.snapshot").read_bytes())
     assert snapshot["last-event-seq"] == s.last_seq
     lines = (root / "global/s1.jsonl").read_bytes().splitlines()
-    assert 0 < len(lines) <= store.LOG_TAIL_EVENTS
+    assert 0 < len(lines) <= parts.LOG_TAIL_EVENTS
     assert all(orjson.loads(line)["seq"] <= s.last_seq for line in lines)
     expected = state(s)
     s.close()
@@ -447,7 +447,7 @@ def test_compaction_tail_is_bounded_in_bytes(root: Path, events: Events) -> None
     for _ in range(8):
         s.append_content("a0", "y" * 300_000, False, events.now())
     s.compact()
-    assert (root / "global/s1.jsonl").stat().st_size <= store.LOG_TAIL_BYTES
+    assert (root / "global/s1.jsonl").stat().st_size <= parts.LOG_TAIL_BYTES
     s.close()
 
 
@@ -650,7 +650,7 @@ def test_a_full_disk_while_writing_gone_files_again_keeps_everything_for_the_nex
     st = Store(root, log_max_events=10_000)
     s = st.open("s1")
     fill(s, events, turns=1)
-    for i in range(store.LOG_TAIL_EVENTS + 50):  # more than the log's tail holds
+    for i in range(parts.LOG_TAIL_EVENTS + 50):  # more than the log's tail holds
         s.append_content("a0", f"<{i}>", False, events.now())
     s.flush()
     shutil.rmtree(root / "global")
@@ -708,7 +708,7 @@ def test_crash_at_every_step_of_flush_and_compaction(root: Path, events: Events,
     completed = strip_snapshot_time(state(s))
     s.put_header({"title": "changed"})  # so the header is rewritten too
     # More events than the tail a compaction keeps: the cut log no longer holds them all.
-    for i in range(store.LOG_TAIL_EVENTS + 101):
+    for i in range(parts.LOG_TAIL_EVENTS + 101):
         s.append_content("a0", f"<{i}>", False, events.now())
     would_be = strip_snapshot_time(state(s))
     hits: list[str] = []
@@ -724,7 +724,7 @@ def test_crash_at_every_step_of_flush_and_compaction(root: Path, events: Events,
     s.abandon()
     assert hits[-1] == point
     if point == "jsonl-renamed":
-        assert len((root / "global/s1.jsonl").read_bytes().splitlines()) == store.LOG_TAIL_EVENTS
+        assert len((root / "global/s1.jsonl").read_bytes().splitlines()) == parts.LOG_TAIL_EVENTS
     after = strip_snapshot_time(loaded(st))
     assert after in (completed, would_be)
     if point != "log-written":
@@ -1055,13 +1055,13 @@ def _sessions(root: Path, n: int, events: Events) -> Store:
 def test_listing_reads_headers_only(root: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
     st = _sessions(root, 3, events)
     opened: list[str] = []
-    real = store.read_file
+    real = parts.read_file
 
     def spy(path: Path) -> bytes:
         opened.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(store, "read_file", spy)
+    monkeypatch.setattr(parts, "read_file", spy)
     infos = st.list()
     assert sorted(opened) == ["s0.json", "s1.json", "s2.json"]
     assert [i.id for i in infos] == ["s0", "s1", "s2"]

@@ -27,7 +27,7 @@ import pytest
 
 import schema6
 from conftest import Events
-from magent_store import fileio, layout, ledger, sessions, store
+from magent_store import fileio, layout, ledger, parts, sessions, store
 from magent_store.batches import Batches
 from magent_store.errors import (
     BatchOutOfOrder,
@@ -38,9 +38,9 @@ from magent_store.errors import (
     StoreError,
     WriteFailed,
 )
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError
-from magent_store.store import Scope, Session, Store
+from magent_store.store import Session, Store
 from test_store_exactly_once import send
 
 P = "emacs-1"
@@ -454,37 +454,37 @@ def test_a_project_sessions_header_must_name_its_project(root: Path) -> None:
         with pytest.raises(LedgerError, match=r"header\.project-root: '/q' does not match"):
             s.put_header({"project-root": "/q"})
     with pytest.raises(LedgerError, match="^header.project-root: required string for a project session$"):
-        store.normalize_header({"id": "s1", "scope": "project"})
+        parts.normalize_header({"id": "s1", "scope": "project"})
     with pytest.raises(LedgerError, match='header.scope: expected "global" or "project", got \'elsewhere\''):
-        store.normalize_header({"id": "s1", "scope": "elsewhere"})
+        parts.normalize_header({"id": "s1", "scope": "elsewhere"})
 
 
 @pytest.mark.parametrize("key", ["kind", "status", "title", "parent-session-id", "summary-title"])
 def test_header_text_fields_must_be_strings(key: str) -> None:
-    assert store.normalize_header({**G, key: "text"})[key] == "text"
+    assert parts.normalize_header({**G, key: "text"})[key] == "text"
     with pytest.raises(LedgerError, match=rf"header\.{key}: expected a string or null, got 5"):
-        store.normalize_header({**G, key: 5})
+        parts.normalize_header({**G, key: 5})
 
 
 def test_header_fields_magent_leaves_empty_read_as_absent() -> None:
-    header = store.normalize_header({**G, "title": {}, "metadata": [], "agent-jobs": {},
+    header = parts.normalize_header({**G, "title": {}, "metadata": [], "agent-jobs": {},
                                      "approval-overrides": []})  # fmt: skip
     assert header["title"] is None and header["metadata"] is None
     assert header["agent-jobs"] == [] and header["approval-overrides"] == []
-    assert list(header) == list(store.HEADER_KEYS)
+    assert list(header) == list(parts.HEADER_KEYS)
 
 
 def test_a_header_without_a_session_to_match_is_checked_on_its_own() -> None:
-    assert store.normalize_header({**G, "id": "any-id"})["id"] == "any-id"
-    assert store.normalize_header({**G, "schema-version": 7})["schema-version"] == 7
+    assert parts.normalize_header({**G, "id": "any-id"})["id"] == "any-id"
+    assert parts.normalize_header({**G, "schema-version": 7})["schema-version"] == 7
     with pytest.raises(InvalidSessionId):
-        store.normalize_header({"title": "no id", "scope": "global"})
+        parts.normalize_header({"title": "no id", "scope": "global"})
     with pytest.raises(InvalidSessionId, match="invalid action name"):
-        store.normalize_header({**G, "action": " .. "})
+        parts.normalize_header({**G, "action": " .. "})
     with pytest.raises(LedgerError, match="header: expected a JSON object, got list"):
-        store.normalize_header([])
+        parts.normalize_header([])
     with pytest.raises(LedgerError, match="header: unknown key 'colour'"):
-        store.normalize_header({**G, "colour": 1, "size": 2})
+        parts.normalize_header({**G, "colour": 1, "size": 2})
 
 
 def test_numbers_in_a_header_must_be_writable_exactly(root: Path) -> None:
@@ -512,11 +512,11 @@ def test_agent_jobs_and_approval_overrides_round_trip(root: Path, events: Events
 )  # fmt: skip
 def test_malformed_approval_overrides_are_refused(entry: Any) -> None:
     with pytest.raises(LedgerError, match=r"header\.approval-overrides\[1\]: "):
-        store.normalize_header({**G, "approval-overrides": [{"tool": "t", "decision": "deny"}, entry]})
+        parts.normalize_header({**G, "approval-overrides": [{"tool": "t", "decision": "deny"}, entry]})
     with pytest.raises(LedgerError, match="^header.approval-overrides: expected an array$"):
-        store.normalize_header({**G, "approval-overrides": "all"})
+        parts.normalize_header({**G, "approval-overrides": "all"})
     with pytest.raises(LedgerError, match="^header.agent-jobs: expected an array$"):
-        store.normalize_header({**G, "agent-jobs": "none"})
+        parts.normalize_header({**G, "agent-jobs": "none"})
 
 
 def test_a_header_magent_gave_without_a_summary_title_stays_without(root: Path, events: Events) -> None:
@@ -600,7 +600,7 @@ def test_summary_titles_are_at_most_100_characters(text: str, title: str) -> Non
     thread = ledger.new_thread("s", "global")
     item = ledger.Item("u", "t", "message", "completed", role="user", content=text)
     thread.turns.append(ledger.Turn("t", None, "completed", items=[item]))
-    assert store.summary_title(thread) == title
+    assert parts.summary_title(thread) == title
 
 
 # --- listing and deleting ----------------------------------------------------------------------
@@ -778,8 +778,8 @@ def test_integers_beyond_64_bits_are_written_and_read_back_exactly(root: Path, e
     _, thread = st.load("s1")
     assert thread.turns[0].usage == {"tokens": big}
     assert str(thread.item_index["a0"].content).endswith("part 4 of answer 0\n and more")
-    assert store.loads(b'{"n": -12345678901234567890}') == {"n": -12345678901234567890}
-    assert store.loads(b'{"n": 12}') == {"n": 12}
+    assert fileio.loads(b'{"n": -12345678901234567890}') == {"n": -12345678901234567890}
+    assert fileio.loads(b'{"n": 12}') == {"n": 12}
     with pytest.raises(LedgerError, match="cannot encode as JSON"):
         store.dumps({"big": big, "bad": object()})
     with pytest.raises(LedgerError, match="cannot encode as JSON"):
@@ -851,7 +851,7 @@ def test_scopes_from_their_json_form() -> None:
     [("@home", "-home"), ("\x0bv\x0c", "-v-"), ("  MAX\t", "MAX"), ("x" * 255, "x" * 255), ("a_b.c-d", "a_b.c-d")],
 )
 def test_more_action_directory_names(name: str, directory: str) -> None:
-    assert store.action_directory_name(name) == directory
+    assert layout.action_directory_name(name) == directory
 
 
 def test_a_session_is_named_by_its_header_path(root: Path) -> None:
@@ -945,22 +945,22 @@ def test_short_writes_are_carried_on_to_the_end(root: Path, events: Events, monk
 def test_a_full_disk_names_the_space_needed_and_free(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = root / "s1.json"
     root.mkdir()
-    error = store.write_failed(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 1234, "; tail")
+    error = fileio.write_failed(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 1234, "; tail")
     free = fileio.free_bytes(root)
     assert isinstance(free, int) and free >= 0
     # Whole bytes, as free a moment ago (other writers move it).
     assert re.fullmatch(rf"{re.escape(str(path))}: cannot write \(no space left on device: 1234 bytes needed, \d+ free\); tail",
                         str(error))  # fmt: skip
     assert error.errno == errno.ENOSPC
-    quota = store.write_failed(path, OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), 5)
+    quota = fileio.write_failed(path, OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), 5)
     assert str(quota).startswith(f"{path}: cannot write (no space left on device: 5 bytes needed, ")
     gone = root / "missing/s1.json"
     assert fileio.free_bytes(gone.parent) is None
-    error = store.write_failed(gone, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 7)
+    error = fileio.write_failed(gone, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 7)
     assert str(error) == f"{gone}: cannot write (no space left on device: 7 bytes needed)"
-    other = store.write_failed(path, OSError(errno.EROFS, os.strerror(errno.EROFS)), 7)
+    other = fileio.write_failed(path, OSError(errno.EROFS, os.strerror(errno.EROFS)), 7)
     assert str(other) == f"{path}: cannot write (Read-only file system)" and other.errno == errno.EROFS
-    bare = store.write_failed(path, OSError("no strerror"), 7)
+    bare = fileio.write_failed(path, OSError("no strerror"), 7)
     assert str(bare) == f"{path}: cannot write (no strerror)"
 
 
@@ -1020,7 +1020,7 @@ def test_a_lock_file_removed_between_open_and_lock_is_made_again(
             os.unlink(lock)  # the previous holder's close, just now
         real(fd, op)
 
-    monkeypatch.setattr(store.fcntl, "flock", late)
+    monkeypatch.setattr(parts.fcntl, "flock", late)
     s = Store(root).open("s1")
     monkeypatch.undo()
     assert calls["n"] == 2 and lock.read_text() == f"{os.getpid()}\n"
@@ -1340,9 +1340,9 @@ def test_the_kept_tail_holds_up_to_exactly_its_byte_bound(root: Path, events: Ev
         s.append_content("a0", "refused", False, events.now())
         batches.abort_batch()
     # One more line brings the log to exactly the bound: a compaction keeps it all.
-    s.append_content("a0", "b" * (store.LOG_TAIL_BYTES - _log_size(root) - line + 1), False, events.now())
+    s.append_content("a0", "b" * (parts.LOG_TAIL_BYTES - _log_size(root) - line + 1), False, events.now())
     s.compact()
-    assert _log_size(root) == store.LOG_TAIL_BYTES
+    assert _log_size(root) == parts.LOG_TAIL_BYTES
     assert orjson.loads((root / "global/s1.jsonl").read_bytes().split(b"\n", 1)[0])["seq"] == 1
     s.close()
 
@@ -1350,19 +1350,19 @@ def test_the_kept_tail_holds_up_to_exactly_its_byte_bound(root: Path, events: Ev
 def test_the_kept_tail_is_at_least_the_last_line(root: Path, events: Events) -> None:
     s = Store(root, log_max_events=10_000).open("s1")
     fill(s, events)
-    half = store.LOG_TAIL_BYTES // 2 + 10
+    half = parts.LOG_TAIL_BYTES // 2 + 10
     s.append_content("a0", "c" * half, False, events.now())
     s.append_content("a0", "d" * half, False, events.now())
     s.compact()
     assert chunks_in_log(root) == ["d" * half]
-    quarter = store.LOG_TAIL_BYTES // 4
+    quarter = parts.LOG_TAIL_BYTES // 4
     for c in "fghij":
         s.append_content("a0", c * quarter, False, events.now())
     s.compact()
     assert chunks_in_log(root) == ["h" * quarter, "i" * quarter, "j" * quarter], "as many as fit"
-    s.append_content("a0", "e" * 2 * store.LOG_TAIL_BYTES, False, events.now())
+    s.append_content("a0", "e" * 2 * parts.LOG_TAIL_BYTES, False, events.now())
     s.compact()
-    assert chunks_in_log(root) == ["e" * 2 * store.LOG_TAIL_BYTES]
+    assert chunks_in_log(root) == ["e" * 2 * parts.LOG_TAIL_BYTES]
     s.close()
 
 
@@ -1387,7 +1387,7 @@ def test_dropping_uncommitted_lines_keeps_the_committed_ones_the_snapshot_lacks(
 def test_a_file_that_cannot_even_be_created_is_named(root: Path) -> None:
     path = root / "missing/s1.json"
     with pytest.raises(WriteFailed, match=rf"^{path}: cannot write \(No such file or directory\); s1\.json is unchanged$"):
-        store.atomic_write(path, b"{}", sync=True)
+        fileio.atomic_write(path, b"{}", sync=True)
 
 
 def test_a_directory_that_cannot_be_synced_does_not_fail_the_write(
@@ -1398,5 +1398,5 @@ def test_a_directory_that_cannot_be_synced_does_not_fail_the_write(
 
     monkeypatch.setattr(fileio, "_fsync_dir", unsupported)
     root.mkdir()
-    store.atomic_write(root / "f", b"data", sync=True)
+    fileio.atomic_write(root / "f", b"data", sync=True)
     assert (root / "f").read_bytes() == b"data"

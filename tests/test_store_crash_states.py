@@ -38,10 +38,10 @@ import pytest
 import conftest
 from conftest import Events
 from crash import fs
-from magent_store import fileio, fsck, layout, ledger, logfile, store
+from magent_store import fileio, fsck, layout, ledger, logfile, parts, store
 from magent_store.errors import StoreError
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope, SessionFiles
+from magent_store.store import Store
 
 SEED = 20261201
 STATES_PER_MODE = 1000
@@ -222,7 +222,7 @@ def check_state(journal: Journal, state: fs.CrashState, mode: str, where: Path) 
         for sid, scope in SESSIONS:
             if need[sid]:
                 try:
-                    _, thread = store.load_session(SessionFiles(scope.directory(root), sid))
+                    _, thread = parts.load_session(SessionFiles(scope.directory(root), sid))
                 except StoreError as exc:
                     problems.append(f"{label}: {sid} read: {exc}")
                 else:
@@ -232,7 +232,7 @@ def check_state(journal: Journal, state: fs.CrashState, mode: str, where: Path) 
         if not acknowledged(journal, sid, state.prefix):
             continue
         try:
-            _, thread = store.load_session(SessionFiles(scope.directory(root), sid))
+            _, thread = parts.load_session(SessionFiles(scope.directory(root), sid))
         except StoreError as exc:
             problems.append(f"{label}: {sid} after fsck --repair: {exc}")
             continue

@@ -17,11 +17,11 @@ import orjson
 import pytest
 
 from conftest import Events
-from magent_store import fileio, store
+from magent_store import fileio, parts
 from magent_store.batches import Batches
 from magent_store.errors import BatchOutOfOrder, SimulatedCrash, StoreError, WriteFailed
-from magent_store.layout import SessionFiles
-from magent_store.store import Scope, Session, Store
+from magent_store.layout import Scope, SessionFiles
+from magent_store.store import Session, Store
 
 P = "emacs-1"
 
@@ -249,7 +249,7 @@ def test_the_producer_record_is_private_and_magent_never_sees_it(root: Path, eve
     assert orjson.loads(record.read_bytes()) == {"producer": P, "batch": 1, "seq": 3}
     # The header and the log hold only magent's own fields.
     header = orjson.loads((root / "global/s1.json").read_bytes())
-    assert set(header) <= set(store.HEADER_KEYS)
+    assert set(header) <= set(parts.HEADER_KEYS)
 
 
 def test_a_skipped_resend_does_not_fold_uncommitted_lines_into_a_snapshot(

@@ -23,9 +23,11 @@ from conftest import Events
 from magent_store import fileio, ledger
 from magent_store.batches import Batches
 from magent_store.errors import SimulatedCrash, WriteFailed
+from magent_store.layout import Scope
+from magent_store.parts import load_session
 from magent_store.redaction.matcher import redactor_from_spec
 from magent_store.redaction.session import SessionRedaction
-from magent_store.store import Scope, Session, Store, load_session
+from magent_store.store import Session, Store
 from plantcheck import every_byte, leaked
 from planted import LITERALS, PATTERNS, plants, secrets
 

@@ -20,8 +20,10 @@ import pytest
 
 from conftest import Events
 from magent_store import branches, fsck, ledger
+from magent_store.layout import Scope
 from magent_store.machine import Machine
-from magent_store.store import Scope, Session, Store, load_session
+from magent_store.parts import load_session
+from magent_store.store import Session, Store
 
 SUFFIXES = (".json", ".snapshot", ".jsonl")
 

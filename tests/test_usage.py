@@ -18,7 +18,8 @@ import pytest
 import clitools
 import schema6
 from magent_store import cli, layout, usage
-from magent_store.store import Scope, Store
+from magent_store.layout import Scope
+from magent_store.store import Store
 
 NOW = time.time()
 DAY = 86400.0

@@ -50,24 +50,17 @@ from magent_store.fileio import (
     write_new_private,
 )
 from magent_store.fileio import dumps as store_dumps
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.listing import BriefCatalog, brief_entries
 from magent_store.logfile import FSYNC_MODES, scan_log
 from magent_store.metrics import state_directory
 from magent_store.migrate import FileReport
+from magent_store.parts import SCHEMA_VERSION, load_session, read_header
 from magent_store.redaction import saved
 from magent_store.redaction.matcher import Redactor, redactor_from_spec
 from magent_store.redaction.rules import RedactError
-from magent_store.store import (
-    LOG_MAX_EVENTS,
-    SCHEMA_VERSION,
-    Scope,
-    SessionInfo,
-    Store,
-    load_session,
-    read_header,
-)
+from magent_store.store import LOG_MAX_EVENTS, SessionInfo, Store
 
 EPILOG = """\
 A session is three files in its scope's directory under the session root

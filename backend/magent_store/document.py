@@ -39,9 +39,9 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger, schema6
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import Item, Text, Thread, Turn
-from magent_store.store import Scope, load_session
+from magent_store.parts import load_session
 
 FORMATS: Final = ("org", "markdown")
 

@@ -45,19 +45,12 @@ from magent_store.fileio import (
     replace_if_unchanged,
     write_new_private,
 )
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import read_log_file, scan_log
+from magent_store.parts import SessionLock, read_header, replay_session
 from magent_store.runreport import RunReport
-from magent_store.store import (
-    Scope,
-    SessionLock,
-    Store,
-    new_backup_path,
-    read_header,
-    replay_session,
-    sweep_stale_temps,
-)
+from magent_store.store import Store, new_backup_path, sweep_stale_temps
 
 SCHEMA6: Final = 6
 SCHEMA6_JOURNAL_MAX: Final = 2000

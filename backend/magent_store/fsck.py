@@ -59,24 +59,17 @@ from magent_store.fileio import (
     truncate_file,
 )
 from magent_store.fileio import loads as store_loads
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError, Thread
 
-# Finding kinds too: the line the log reader stops at, and why (see `store.read_log`).
+# Finding kinds too: the line the log reader stops at, and why (see `logfile.read_log`).
 from magent_store.logfile import CORRUPT_LINE as CORRUPT_LINE
 from magent_store.logfile import INVALID_TAIL as INVALID_TAIL
 from magent_store.logfile import SEQ_ORDER as SEQ_ORDER
 from magent_store.logfile import LogScan, damage_message, damaged_range, read_log_file, sum_line
 from magent_store.oldlayout import adopt_old_layout
-from magent_store.store import (
-    Scope,
-    SessionLock,
-    Store,
-    default_header,
-    read_header,
-    replay_session,
-    summary_title,
-)
+from magent_store.parts import SessionLock, default_header, read_header, replay_session, summary_title
+from magent_store.store import Store
 
 # Kinds of finding.  Damage makes fsck fail until repaired; notes do not.
 HEADER_INVALID: Final = "header-invalid"

@@ -63,21 +63,12 @@ from magent_store.fileio import (
     replace_if_unchanged,
     sync_directories,
 )
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import LogScan, damage_message, damaged_range, read_log
+from magent_store.parts import SCHEMA_VERSION, ProducerRecord, SessionLock, read_header, replay_session
 from magent_store.runreport import RunReport
-from magent_store.store import (
-    SCHEMA_VERSION,
-    ProducerRecord,
-    Scope,
-    SessionLock,
-    Store,
-    header_schema,
-    read_header,
-    replay_session,
-    sweep_stale_temps,
-)
+from magent_store.store import Store, header_schema, sweep_stale_temps
 
 DAY: Final = 86400.0
 

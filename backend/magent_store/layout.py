@@ -37,7 +37,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, Literal
 
 from magent_store.errors import InvalidSessionId, StoreError, check_session_id
 from magent_store.metrics import state_directory
@@ -120,6 +120,76 @@ def project_directory(root: Path, project_root: str) -> Path:
 
 def action_directory(root: Path, name: str) -> Path:
     return root / ACTIONS / action_directory_name(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Where a session lives: ``global/``, ``projects/<sha1>/`` or ``actions/<name>/``."""
+
+    kind: Literal["global", "project", "action"]
+    value: str | None = None
+
+    @classmethod
+    def global_(cls) -> Scope:
+        return cls("global")
+
+    @classmethod
+    def project(cls, root: str) -> Scope:
+        if not isinstance(root, str) or not root:
+            raise StoreError(f"project root must be a non-empty string, got {root!r:.80}")
+        return cls("project", root)
+
+    @classmethod
+    def action(cls, name: str) -> Scope:
+        """An action session's scope; NAME is the action's name as magent has it."""
+        action_directory_name(name)
+        return cls("action", name)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Scope:
+        """``"global"``, a project-root string, or ``{"action": NAME}``."""
+        if obj is None or obj == "global":
+            return cls.global_()
+        if isinstance(obj, str):
+            return cls.project(obj)
+        if isinstance(obj, dict) and set(obj) == {"action"}:
+            return cls.action(obj["action"])
+        raise StoreError(f'scope must be "global", a project root or {{"action": NAME}}, got {obj!r:.80}')
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Scope:
+        if header.get("action"):
+            return cls.action(header["action"])
+        if header.get("scope") == "project":
+            return cls.project(header.get("project-root"))  # type: ignore[arg-type]
+        return cls.global_()
+
+    def directory(self, root: Path) -> Path:
+        if self.kind == "global":
+            return global_directory(root)
+        assert self.value is not None
+        if self.kind == "project":
+            return project_directory(root, self.value)
+        return action_directory(root, self.value)
+
+    def to_json(self) -> Any:
+        """The thread's ``scope`` value in a snapshot."""
+        if self.kind == "global":
+            return "global"
+        if self.kind == "project":
+            return self.value
+        return {"action": self.value}
+
+    def header_fields(self) -> dict[str, Any]:
+        """The header fields this scope implies (an action's origin may be a project)."""
+        return {
+            "scope": "project" if self.kind == "project" else "global",
+            "project-root": self.value if self.kind == "project" else None,
+            "action": self.value if self.kind == "action" else None,
+        }
+
+    def label(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value}"
 
 
 def scope_directories(root: Path) -> list[Path]:

@@ -50,8 +50,9 @@ from magent_store import layout, schema6
 from magent_store.errors import InvalidSessionId, StoreError, check_session_id
 from magent_store.export import header_fields6, listed_damage
 from magent_store.fileio import atomic_write, dumps, loads
+from magent_store.layout import Scope
 from magent_store.ledger import LedgerError
-from magent_store.store import SCHEMA_VERSION, Scope, normalize_header
+from magent_store.parts import SCHEMA_VERSION, normalize_header
 
 log = logging.getLogger(__name__)
 

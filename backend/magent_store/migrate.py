@@ -9,7 +9,7 @@ untouched, so an interrupted run leaves every file readable and a second run
 simply finishes.
 
 Verification is not optional.  Before the header is replaced, the new
-session is read back from disk the way `store.load_session` reads it and
+session is read back from disk the way `parts.load_session` reads it and
 compared with the schema-6 state (its snapshot replayed with its journal):
 every turn, item, input, output, metadata and header value, with absent
 values (``{}``, ``[]``, ``null``) equal.  A difference removes the new files
@@ -47,23 +47,16 @@ from magent_store.fileio import (
     read_seen,
     replace_if_unchanged,
 )
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.logfile import scan_log
+from magent_store.parts import SessionLock, normalize_header, replay_session
 from magent_store.runreport import RunReport
 from magent_store.schema6 import ALREADY_7 as ALREADY_7  # what happened to one file, as decoding says
 from magent_store.schema6 import CHANGED as CHANGED
 from magent_store.schema6 import INVALID as INVALID
 from magent_store.schema6 import NOT_SESSION as NOT_SESSION
-from magent_store.store import (
-    Scope,
-    SessionLock,
-    Store,
-    new_backup_path,
-    normalize_header,
-    replay_session,
-    sweep_stale_temps,
-)
+from magent_store.store import Store, new_backup_path, sweep_stale_temps
 
 SCHEMA6: Final = 6
 SCHEMA7: Final = 7

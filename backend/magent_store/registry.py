@@ -21,12 +21,12 @@ from magent_store.arguments import CallError, JsonDict
 from magent_store.batches import Batches
 from magent_store.errors import SessionNotFound, StoreError
 from magent_store.fileio import note_root
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import Thread
 from magent_store.machine import Machine
 from magent_store.redaction.session import SessionRedaction
 from magent_store.sessions import MoveFailed, move_session, open_session
-from magent_store.store import Scope, Session, Store
+from magent_store.store import Session, Store
 
 if TYPE_CHECKING:  # imported at the first index opened: the backend starts without it
     from magent_store.search import SearchIndex

@@ -57,8 +57,9 @@ from magent_store.fileio import (
 from magent_store.layout import SessionFiles, project_directory
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import damaged_range, scan_log, sum_line
+from magent_store.parts import SCHEMA_VERSION, SessionLock, load_session, read_header
 from magent_store.runreport import RunReport
-from magent_store.store import SCHEMA_VERSION, SessionLock, load_session, new_backup_path, read_header
+from magent_store.store import new_backup_path
 
 # What happened to one session.
 MOVED: Final = "moved"

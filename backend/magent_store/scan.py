@@ -28,13 +28,14 @@ import orjson
 from magent_store import ledger, schema6
 from magent_store.errors import StoreError
 from magent_store.fileio import read_file, side_file_kind
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.logfile import LogScan, read_log, scan_log
+from magent_store.parts import read_header, replay_session
 from magent_store.redaction import saved
 from magent_store.redaction.matcher import Redactor, redactor_from_spec
 from magent_store.redaction.rules import LITERAL_MIN, SHORTEST_MATCH
-from magent_store.store import Scope, Store, read_header, replay_session
+from magent_store.store import Store
 
 # Sessions are read by up to this many worker processes (one per core), in batches of BATCH.
 WORKERS_MAX: Final = 4

@@ -28,9 +28,9 @@ from magent_store.errors import (
     check_session_id,
 )
 from magent_store.fileio import dumps
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import Event, LedgerError, Text, Thread
-from magent_store.store import SCHEMA_VERSION, Scope, normalize_header, read_header
+from magent_store.parts import SCHEMA_VERSION, normalize_header, read_header
 
 SCHEMA6: Final = 6
 FORMAT_LABEL: Final = "magent's own format (schema 6)"

@@ -49,22 +49,14 @@ from magent_store.fileio import (
     side_files,
     sync_directories,
 )
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import damaged_range, scan_log
+from magent_store.parts import ProducerRecord, SessionLock, read_header, replay_session
 from magent_store.redaction import saved
 from magent_store.redaction.matcher import Redactor
 from magent_store.runreport import RunReport
-from magent_store.store import (
-    ProducerRecord,
-    Scope,
-    SessionLock,
-    Store,
-    new_backup_path,
-    read_header,
-    replay_session,
-    sweep_stale_temps,
-)
+from magent_store.store import Store, new_backup_path, sweep_stale_temps
 
 BACKUP_KIND: Final = "scrub"
 

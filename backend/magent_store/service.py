@@ -27,15 +27,16 @@ from magent_store.arguments import CallError, json_text, text
 from magent_store.batches import Batches
 from magent_store.errors import StoreError
 from magent_store.fileio import dumps, make_private_dirs
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import LedgerError, Thread, thread_from_json
 from magent_store.machine import Machine
 from magent_store.metrics import MetricsLog
+from magent_store.parts import conform_header_scope
 from magent_store.redaction.session import SessionRedaction
 from magent_store.registry import Registry
 from magent_store.spool import Spool
 from magent_store.stats import median, percentile
-from magent_store.store import FlushResult, Scope, Session, conform_header_scope, merge_conflict_copies
+from magent_store.store import FlushResult, Session, merge_conflict_copies
 
 # The tools (export for magent's reader, the listing for its picker) are
 # imported at their first call: starting costs what serving a save needs.

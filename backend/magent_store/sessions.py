@@ -32,10 +32,11 @@ from magent_store.fileio import (
     read_file,
     sync_directories,
 )
-from magent_store.layout import SCOPE_GLOBS, SessionFiles, session_root
+from magent_store.layout import SCOPE_GLOBS, Scope, SessionFiles, session_root
 from magent_store.ledger import Thread
 from magent_store.logfile import FsyncMode
-from magent_store.store import LOG_MAX_EVENTS, Scope, Session, SessionLock, Store, header_schema, read_header
+from magent_store.parts import SessionLock, read_header
+from magent_store.store import LOG_MAX_EVENTS, Session, Store, header_schema
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from magent_store import layout, schema6
 from magent_store.fileio import is_temp_file
-from magent_store.store import SCHEMA_VERSION
+from magent_store.parts import SCHEMA_VERSION
 
 DEFAULT_LIMIT: Final = 20
 GROWTH_DAYS: Final = 30

@@ -27,12 +27,12 @@ import orjson
 
 from magent_store import layout, ledger, schema6
 from magent_store.errors import StoreError
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import Thread
 from magent_store.logfile import LogScan, scan_log
+from magent_store.parts import read_header, replay_session
 from magent_store.search import projection
 from magent_store.search.recorder import Recorder, disk_full
-from magent_store.store import Scope, read_header, replay_session
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING
 import orjson
 
 from magent_store import ledger
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.search import projection
 from magent_store.search.follower import stamp, stamp_bytes
 from magent_store.search.recorder import Recorder, disk_full
-from magent_store.store import Scope
 
 if TYPE_CHECKING:
     from magent_store.store import Session

@@ -19,8 +19,8 @@ from typing import Any, Final
 import orjson
 
 from magent_store import ledger
+from magent_store.layout import Scope
 from magent_store.ledger import Thread
-from magent_store.store import Scope
 
 PASSAGE_CHARS: Final = 4096
 OVERLAP_CHARS: Final = 64

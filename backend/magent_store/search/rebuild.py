@@ -20,11 +20,10 @@ from typing import Final
 
 from magent_store import ledger
 from magent_store.errors import StoreError
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.search.follower import CatchUp, Header, files_size, headers, read_session
 from magent_store.search.projection import Passage, thread_passages
 from magent_store.search.recorder import Build, Recorder
-from magent_store.store import Scope
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from magent_store.fileio import make_private_dirs
-from magent_store.layout import search_directory
+from magent_store.layout import Scope, search_directory
 from magent_store.search.errors import SearchError
 from magent_store.search.projection import PASSAGE_CHARS, Changes, Passage, pieces, scope_row
-from magent_store.store import Scope
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from typing import Any, Final
 
 from magent_store import schema6
 from magent_store.errors import StoreError
-from magent_store.layout import SessionFiles
+from magent_store.layout import Scope, SessionFiles
 from magent_store.ledger import Thread
+from magent_store.parts import SCHEMA_VERSION, load_session
 from magent_store.search.errors import QueryError, SearchError
 from magent_store.search.projection import ROLES, project_key
 from magent_store.search.recorder import DETAIL, Recorder
-from magent_store.store import SCHEMA_VERSION, Scope, load_session
 
 # A search ranks at most this many of the newest matching passages: every
 # rare term is ranked over all its matches, and a term found everywhere still
