@@ -31,7 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from conftest import Events  # noqa: E402
-from magent_store.store import BatchWrite, Session, Store  # noqa: E402
+from magent_store.parts import BatchWrite  # noqa: E402
+from magent_store.store import Session, Store  # noqa: E402
 
 SUFFIXES = (".json", ".snapshot", ".jsonl", ".writers")
 # A time this run took from the clock (events carry times of 2023, from `Events`), and

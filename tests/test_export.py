@@ -13,7 +13,7 @@ import pytest
 
 from clitools import cli, tree
 from conftest import Events
-from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, store, theirs
+from magent_store import export, fileio, fsck, ledger, logfile, migrate, schema6, theirs
 from magent_store.batches import Batches
 from magent_store.export import Exporter, render, salvage
 from magent_store.fileio import dumps
@@ -574,7 +574,7 @@ def _logged_session(root: Path, turns: int = 3) -> SessionFiles:
 
 def _snapshot_at(files: SessionFiles, seq: int) -> None:
     thread = initial(magent_thread("s1"))
-    for e in store.scan_log(files.log).events[:seq]:
+    for e in logfile.scan_log(files.log).events[:seq]:
         ledger.apply(thread, e)
     files.snapshot.write_bytes(dumps(ledger.thread_to_json(thread)))
 

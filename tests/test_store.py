@@ -91,7 +91,7 @@ def test_flush_writes_all_pending_lines_at_once(root: Path, events: Events, monk
         s.append_content("a1", f"chunk {i}", False, events.now())
     assert s.pending_events == 10
     result = s.flush()
-    assert [n for fd, n in writes if fd == s._log.fd] == [result.bytes_written]
+    assert [n for fd, n in writes if fd == s._state.log.fd] == [result.bytes_written]
     assert len(writes) == 2, "the log's write and its checksum's"
     assert result.events_written == 10 and s.pending_events == 0
     assert not result.compacted and not result.header_written
@@ -749,7 +749,7 @@ def test_crash_mid_append_at_every_length(root: Path, events: Events) -> None:
     for i in range(3):
         s.append_content("a0", f"é{i}\n\"", False, events.now())
         states.append(strip_snapshot_time(state(s)))
-    pending = b"".join(s._pending)
+    pending = b"".join(s._state.pending)
     s.abandon(remove_lock=True)
     for cut in range(len(pending) + 1):
         log_path.write_bytes(base + pending[:cut])

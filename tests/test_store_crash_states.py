@@ -136,7 +136,7 @@ def run_workload(base: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Jour
 
     def flush(sid: str, close: bool = False) -> None:
         s = sessions[sid]
-        journal.lines[sid].extend(s._pending)
+        journal.lines[sid].extend(s._state.pending)
         if close:
             s.close()
             seq = durable = s.last_seq

@@ -38,9 +38,9 @@ from typing import Any, NamedTuple
 from magent_store import ledger
 from magent_store.errors import BatchOutOfOrder, StoreError
 from magent_store.ledger import Event, LedgerError
-from magent_store.parts import PRODUCER_RE, ProducerRecord
+from magent_store.parts import PRODUCER_RE, WRITTEN, BatchWrite, ProducerRecord
 from magent_store.redaction.session import SessionRedaction, Tail
-from magent_store.store import WRITTEN, BatchWrite, FlushResult, Session, content_event
+from magent_store.store import FlushResult, Session, content_event
 
 log = logging.getLogger(__name__)
 # What a batch costs is the server's to tell: its log says it under its name.

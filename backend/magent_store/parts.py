@@ -22,6 +22,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -409,6 +410,28 @@ class ProducerRecord:
             os.close(self._fd)
             self._fd = -1
 
+
+
+# What became of a batch a flush was given (`BatchWrite.outcome`).
+WRITTEN: Final = "written"  # its lines and the batch record are in the log
+CUT: Final = "cut"  # its write failed: the log is cut back, the batch forgotten (its sender sends it again)
+
+
+@dataclass(slots=True)
+class BatchWrite:
+    """Batch NUMBER of PRODUCER, for a flush to commit in the batch record (batches.py decides how).
+
+    NAME-WRITER names PRODUCER in the record before the batch's lines
+    reach the log (a writer the record does not name); HOLD counts the
+    batch applied, not recorded (some of its text is held back).  The
+    flush sets OUTCOME once it wrote the batch or cut it back.
+    """
+
+    producer: str
+    number: int
+    name_writer: bool = False
+    hold: bool = False
+    outcome: str | None = None
 
 
 class FileWatch:

@@ -30,17 +30,27 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from magent_store import ledger, writers
-from magent_store.fileio import SessionFiles, StoreError, dumps
+from magent_store.fileio import SessionFiles, StoreError, dumps, remove_stale_temps, truncate_file
 from magent_store.forks import ForkOrigin
 from magent_store.layout import Scope
 from magent_store.ledger import Event, Thread
 from magent_store.logfile import LogWriter, scan_log
 from magent_store.machine import Machine
-from magent_store.parts import Compactor, ProducerRecord, SessionHeader, SessionLock, replay_session
+from magent_store.parts import (
+    WRITTEN,
+    BatchWrite,
+    Compactor,
+    ProducerRecord,
+    SessionHeader,
+    SessionLock,
+    replay_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +89,47 @@ class SessionState:
         self.header_name = os.fspath(self.files.header)
         self.snapshot_name = os.fspath(self.files.snapshot)
 
+    @classmethod
+    def open(cls, files: SessionFiles, scope: Scope, machine: Machine, initial: Thread | None,
+             log: LogWriter, compactor: Compactor, lock: SessionLock,
+             ) -> tuple[SessionState, list[tuple[Path, re.Match[str]]]]:  # fmt: skip
+        """The session at FILES (its LOCK held) read from disk, and the conflict copies beside it.
+
+        What interrupted writes left beside it is removed first.
+        """
+        temps, copies = files.beside()  # one listing of the directory, for both
+        remove_stale_temps(files, temps)
+        state = cls(files, scope, machine, copy.deepcopy(initial), log, compactor, lock,
+                    writers.WritersFile(files.writers))  # fmt: skip
+        state.load(initial)
+        state.origin.restore(state.header.header)
+        state.record = ProducerRecord(files.producer, state.log.written_seq)
+        return state, copies
+
+    def release(self, *, remove_lock: bool) -> None:
+        """Close every file held open and release the lock (REMOVE-LOCK: its file too)."""
+        self.log.stop_idle_sync()
+        self.log.close()
+        self.record.close()
+        self.header.watch.close()
+        self.compactor.snapshot_watch.close()
+        self.lock.release(remove=remove_lock)
+
+    def unconfirmed(self) -> int:
+        """Events at the log's end that a killed backend wrote for a writer and never committed."""
+        if self.record.producer is None:
+            return 0
+        return max(0, self.log.written_seq - self.record.seq)
+
+    def compact_if_wanted(self, compact: bool | None) -> bool:
+        """Compact now when COMPACT says so (None: when due; see `Compactor.wanted`); True when it did."""
+        if not self.compactor.wanted(self.thread, compact, unconfirmed=self.unconfirmed(),
+                                     rewriting=self.rewriting):  # fmt: skip
+            return False
+        self.compactor.compact(self.thread, self.log)
+        self.rewriting = False
+        return True
+
     @property
     def crash(self) -> Callable[[str], None] | None:
         """A test's fault hook, called at named points of each write."""
@@ -98,6 +149,29 @@ class SessionState:
         self.thread, snapshot_seq = replay_session(files, self.scope, scan, initial)
         self.compactor.load(scan, snapshot_seq)
         self.log.open(scan, self.thread.last_event_seq, new_header=self.header.on_disk is None)
+
+    def read_again(self) -> None:
+        """Read the session back from disk, dropping what is in memory only (not the header)."""
+        header, given = self.header.header, self.header.given
+        self.pending = []
+        self.compactor.forget_tail()
+        self.log.close()
+        self.header.watch.close()
+        self.load(self.fresh_initial())
+        self.header.header, self.header.given = header, given
+
+    def cut_uncommitted(self) -> int:
+        """Cut the log back to the batch record's seq, as no other writer's change; return the events cut."""
+        scan = scan_log(self.files.log)
+        offset = 0
+        for event, line in zip(scan.events, scan.lines, strict=True):
+            if event.seq is not None and event.seq > self.record.seq:
+                break
+            offset += len(line) + 1
+        dropped = self.thread.last_event_seq - self.record.seq
+        truncate_file(self.files.log, offset)
+        self.log.know_file()  # cut by us: no other writer's change
+        return dropped
 
     def move_to(self, files: SessionFiles, lock: SessionLock) -> None:
         """Go on in the session at FILES (a fork), its LOCK held: nothing of this one is kept open.
@@ -135,6 +209,36 @@ class SessionState:
             self.pending_first_seq = seq
         self.pending.append(line)
         self.compactor.queued(line)
+
+    def write_committed(self) -> int:
+        """Write the pending events, no batch of them numbered, and commit them; return the bytes written."""
+        events_written = len(self.pending)
+        bytes_written = self.write_pending(kept=True)
+        # Only what this flush wrote is committed here.  With nothing
+        # written, log lines past the committed seq are a batch that a
+        # killed backend wrote and never committed: its writer sends it
+        # again under its number, and committing them now would make
+        # that resend look new and apply it twice.
+        if events_written and self.log.written_seq != self.record.seq:
+            self.record.commit(self.log.written_seq)
+        return bytes_written
+
+    def write_batch(self, batch: BatchWrite) -> int:
+        """Write the pending events, the numbered BATCH, then record it right after; return the bytes written.
+
+        A writer the record does not name is named first.  A failed write
+        raises `OSError`: the caller cuts the log back.
+        """
+        named = batch.producer, batch.number
+        if batch.name_writer and self.pending:
+            self.record.name_writer(*named, self.log.written_seq)
+        bytes_written = self.write_pending(kept=False)
+        if batch.hold:
+            self.record.hold(*named, self.log.written_seq)
+        else:
+            self.record.write(*named, self.log.written_seq)
+        batch.outcome = WRITTEN
+        return bytes_written
 
     def write_pending(self, *, kept: bool) -> int:
         """Write the pending events; KEPT: a failed write keeps them for the next flush (no batch)."""

@@ -30,7 +30,6 @@ queue speaks, redaction included, one floor above the store (batches.py).
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime as dt
 import logging
 import os
@@ -56,24 +55,28 @@ from magent_store.fileio import (
     make_private_dirs,
     read_file,
     remove_stale_temps,
-    truncate_file,
 )
 from magent_store.layout import Scope
 from magent_store.ledger import Event, LedgerError, Thread
 from magent_store.logfile import (
-    CHANGED,
     FSYNC_MODES,
-    GONE,
     IN_PLACE,
     FsyncMode,
     LogWriter,
     StartTimer,
-    scan_log,
 )
 from magent_store.machine import Machine
 from magent_store.metrics import state_directory
 from magent_store.oldlayout import adopt_old_layout
-from magent_store.parts import Compactor, ProducerRecord, SessionLock, load_session, read_header
+from magent_store.parts import (
+    CUT,
+    BatchWrite,
+    Compactor,
+    ProducerRecord,
+    SessionLock,
+    load_session,
+    read_header,
+)
 from magent_store.state import SessionState
 from magent_store.theirs import OtherWriters
 
@@ -169,28 +172,6 @@ class FlushResult:
     seconds: float
 
 
-# What became of a batch a flush was given (`BatchWrite.outcome`).
-WRITTEN: Final = "written"  # its lines and the batch record are in the log
-CUT: Final = "cut"  # its write failed: the log is cut back, the batch forgotten (its sender sends it again)
-
-
-@dataclass(slots=True)
-class BatchWrite:
-    """Batch NUMBER of PRODUCER, for a flush to commit in the batch record (batches.py decides how).
-
-    NAME-WRITER names PRODUCER in the record before the batch's lines
-    reach the log (a writer the record does not name); HOLD counts the
-    batch applied, not recorded (some of its text is held back).  The
-    flush sets OUTCOME once it wrote the batch or cut it back.
-    """
-
-    producer: str
-    number: int
-    name_writer: bool = False
-    hold: bool = False
-    outcome: str | None = None
-
-
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -272,14 +253,9 @@ class Session:
         )  # fmt: skip
         lock = SessionLock(files)
         try:
-            temps, copies = files.beside()  # one listing of the directory, for both
-            remove_stale_temps(files, temps)
-            self._state = st = SessionState(files, scope, machine, copy.deepcopy(initial), log_writer,
-                                            compactor, lock, writers.WritersFile(files.writers))  # fmt: skip
-            self._others = OtherWriters(st, lambda: self.flush(compact=False))
-            st.load(initial)
-            st.origin.restore(st.header.header)
-            st.record = ProducerRecord(files.producer, st.log.written_seq)
+            self._state, copies = SessionState.open(files, scope, machine, initial, log_writer, compactor,
+                                                    lock)  # fmt: skip
+            self._others = OtherWriters(self._state, lambda: self.flush(compact=False))
             self._others.merge_conflict_copies(copies)
         except BaseException:
             lock.release(remove=True)
@@ -305,13 +281,7 @@ class Session:
                 "writer, and could not be written again; its unsaved entries stay with their sender: "
                 "open it again"
             )
-        header, given = st.header.header, st.header.given
-        st.pending = []
-        st.compactor.forget_tail()
-        st.log.close()
-        st.header.watch.close()
-        st.load(st.fresh_initial())
-        st.header.header, st.header.given = header, given
+        st.read_again()
 
     # -- batches: exactly once across crashes (decided in batches.py) -------
 
@@ -324,18 +294,9 @@ class Session:
     @_locked
     def drop_uncommitted(self) -> None:
         """Cut the log back to the last committed seq: its writer is sending those lines again."""
-        st = self._state
-        scan = scan_log(st.files.log)
-        offset = 0
-        for event, line in zip(scan.events, scan.lines, strict=True):
-            if event.seq is not None and event.seq > st.record.seq:
-                break
-            offset += len(line) + 1
-        dropped = st.thread.last_event_seq - st.record.seq
-        truncate_file(st.files.log, offset)
-        st.log.know_file()  # cut by us: no other writer's change
+        dropped = self._state.cut_uncommitted()
         self._reload()
-        log.info("%s: %d uncommitted events dropped; their batch is sent again", st.files.log, dropped)
+        log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
 
     # -- state ------------------------------------------------------------
 
@@ -401,23 +362,11 @@ class Session:
         Their writer sends their batch again, which replaces them; until
         then no compaction takes them in.
         """
-        st = self._state
-        if st.record.producer is None:
-            return 0
-        return max(0, st.log.written_seq - st.record.seq)
+        return self._state.unconfirmed()
 
     @property
     def pending_events(self) -> int:
         return len(self._state.pending)
-
-    @property
-    def _pending(self) -> list[bytes]:
-        """The log lines appended and not yet written (tests read them)."""
-        return self._state.pending
-
-    @property
-    def _log(self) -> LogWriter:
-        return self._state.log
 
     def header_bytes(self) -> bytes:
         return self._state.header.bytes(self._state.thread)
@@ -494,17 +443,7 @@ class Session:
         self.check_open()
         st = self._state
         started = time.perf_counter()
-        resent = 0
-        theirs: list[bytes] = []
-        place = st.log.place()
-        if place == IN_PLACE and st.snapshot_replaced():
-            place = CHANGED  # another machine compacted: its log may not be here yet
-        if place == GONE:
-            resent = st.write_again()
-        elif place == CHANGED:
-            resent, theirs = self._others.take_in_changes()
-        else:
-            st.check_header()
+        resent, theirs = self._others.before_write()
         if st.rewriting:
             compact = True
         if not st.writers.noted and len(st.pending) > resent:
@@ -516,11 +455,7 @@ class Session:
         header_written = st.header.write_if_changed(
             st.files.header, st.thread, sync=st.log.fsync != "never", crash=st.crash
         )
-        compacted = st.compactor.wanted(st.thread, compact, unconfirmed=self.unconfirmed_events,
-                                        rewriting=st.rewriting)  # fmt: skip
-        if compacted:
-            st.compactor.compact(st.thread, st.log)
-            st.rewriting = False
+        compacted = st.compact_if_wanted(compact)
         if self._others.own_copies:
             self._others.remove_own_copies()
         if self.after_flush is not None and written:
@@ -536,36 +471,22 @@ class Session:
         )
 
     def _write_events(self, batch: BatchWrite | None) -> int:
-        """Write the pending events, committing them in the batch record; return the bytes written."""
+        """Write the pending events, committing them in the batch record; return the bytes written.
+
+        A numbered batch whose write fails is cut from the log whole, and
+        the session read back: its sender sends it again.
+        """
         st = self._state
         if batch is None:
-            events_written = len(st.pending)
-            bytes_written = st.write_pending(kept=True)
-            # Only what this flush wrote is committed here.  With nothing
-            # written, log lines past the committed seq are a batch that a
-            # killed backend wrote and never committed: its writer sends it
-            # again under its number, and committing them now would make
-            # that resend look new and apply it twice.
-            if events_written and st.log.written_seq != st.record.seq:
-                st.record.commit(st.log.written_seq)
-            return bytes_written
+            return st.write_committed()
         size = st.log.end()
-        named = batch.producer, batch.number
         try:
-            if batch.name_writer and st.pending:
-                st.record.name_writer(*named, st.log.written_seq)
-            bytes_written = st.write_pending(kept=False)
-            if batch.hold:
-                st.record.hold(*named, st.log.written_seq)
-            else:
-                st.record.write(*named, st.log.written_seq)
-            batch.outcome = WRITTEN
+            return st.write_batch(batch)
         except OSError as exc:
             batch.outcome = CUT
             st.log.cut(size)
             self._reload()
             raise WriteFailed(f"{exc}; the batch was not written: send it again") from None
-        return bytes_written
 
     @_locked
     def sync(self) -> None:
@@ -596,7 +517,8 @@ class Session:
             (flush or self.flush)()
             self.sync()
         finally:
-            self._release(remove_lock=True)
+            self._closed = True
+            self._state.release(remove_lock=True)
 
     @_locked
     def abandon(self, *, remove_lock: bool = False) -> None:
@@ -605,18 +527,9 @@ class Session:
         Pending events are discarded: this is what a crash leaves behind, and
         how a refused batch leaves the disk as it was (REMOVE-LOCK then).
         """
-        self._state.pending = []
-        self._release(remove_lock=remove_lock)
-
-    def _release(self, *, remove_lock: bool) -> None:
-        st = self._state
-        st.log.stop_idle_sync()
         self._closed = True
-        st.log.close()
-        st.record.close()
-        st.header.watch.close()
-        st.compactor.snapshot_watch.close()
-        st.lock.release(remove=remove_lock)
+        self._state.pending = []
+        self._state.release(remove_lock=remove_lock)
 
     def __enter__(self) -> Session:
         return self

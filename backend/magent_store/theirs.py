@@ -38,7 +38,7 @@ from magent_store.fileio import (
 )
 from magent_store.forks import write_fork
 from magent_store.ledger import Event, LedgerError, Thread
-from magent_store.logfile import INVALID_TAIL, LogScan, read_log, scan_log
+from magent_store.logfile import CHANGED, GONE, IN_PLACE, INVALID_TAIL, LogScan, read_log, scan_log
 from magent_store.parts import ProducerRecord, normalize_header, read_json, replay_session
 from magent_store.state import SessionState
 
@@ -75,6 +75,23 @@ class OtherWriters:
         return notices
 
     # -- files changed by another writer ----------------------------------
+
+    def before_write(self) -> tuple[int, list[bytes]]:
+        """What another writer, or a removal, did to the files since the last flush, taken in first.
+
+        Returns how many pending lines were written before (files written
+        again, or a copy behind us), and the lines another writer added.
+        """
+        st = self._s
+        place = st.log.place()
+        if place == IN_PLACE and st.snapshot_replaced():
+            place = CHANGED  # another machine compacted: its log may not be here yet
+        if place == GONE:
+            return st.write_again(), []
+        if place == CHANGED:
+            return self.take_in_changes()
+        st.check_header()
+        return 0, []
 
     def take_in_changes(self) -> tuple[int, list[bytes]]:
         """Read the session's files again: another writer changed the log beneath us.
