@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -59,6 +60,11 @@ def test_the_package_keeps_its_contracts(backend: Path) -> None:
          "magent_store.search.recorder is not allowed to import magent_store.search.searcher"),
         ("search/projection", "from magent_store.search import recorder",
          "magent_store.search.projection is not allowed to import magent_store.search.recorder"),
+        # The rooms beside Session sit below it, each below the one that uses it.
+        ("theirs", "from magent_store import store", "magent_store.theirs is not allowed to import magent_store.store"),
+        ("state", "from magent_store import theirs", "magent_store.state is not allowed to import magent_store.theirs"),
+        ("forks", "from magent_store import state", "magent_store.forks is not allowed to import magent_store.state"),
+        ("parts", "from magent_store import forks", "magent_store.parts is not allowed to import magent_store.forks"),
     ],
 )
 def test_an_import_against_the_floors_fails_lint_naming_it(backend: Path, module: str, line: str, broken: str) -> None:
@@ -75,3 +81,18 @@ def test_the_store_is_no_facade() -> None:
     passed_on = re.findall(r"^from magent_store\.\w+ import (\w+) as \1$", text, re.M)
     assert passed_on == [], f"store.py re-exports {passed_on}"
     assert "__all__" not in text
+
+
+def session_lines(store_py: Path) -> int:
+    """How many lines the class `Session` takes in STORE-PY."""
+    tree = ast.parse(store_py.read_text())
+    session = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Session")
+    assert session.end_lineno is not None
+    return session.end_lineno - session.lineno + 1
+
+
+def test_session_keeps_to_coordinating_its_rooms() -> None:
+    """What another writer did, forks, the parts of a session and its shared state have rooms of
+    their own (theirs.py, forks.py, parts.py, state.py): `Session` stays the order of a flush and its calls."""
+    lines = session_lines(REPO / "backend" / "magent_store" / "store.py")
+    assert lines <= 350, f"Session is {lines} lines: find the room its new job belongs in"

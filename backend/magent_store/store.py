@@ -19,8 +19,11 @@ any point leaves the state of the last completed flush or later.
 Its rooms: `fileio` (the store's errors and single files: private,
 never through a link, replaced atomically), `logfile` (the log's one
 reader `read_log`, its checksums, and `LogWriter`, which owns the open
-log and its syncs), and here the batch record, the header, the
-compactor, the lock, and `Session`, which coordinates them.  The tools
+log and its syncs), `parts` (headers read and replay; the batch record,
+the header, the compactor, the lock), `state` (what one open session
+holds, shared by its rooms), `forks` (a fork written or found), `theirs`
+(what other writers did: their changes taken in, conflict copies
+merged), and here `Session`, which coordinates them, and `Store`.  The tools
 above (fsck, migrate, export, search) read every log with `read_log` and
 write through `atomic_write`; taking over a session magent wrote is
 decided above them all (sessions.py), and the batch protocol Emacs's

@@ -9,12 +9,15 @@
 set -eu
 top=$(pwd)
 mutmut=$top/.venv/bin/mutmut
-for module in ${MODULES:-ledger store logfile fileio server service registry spool arguments search export fsck migrate
+for module in ${MODULES:-ledger store theirs state forks parts logfile fileio server service registry spool arguments search export fsck migrate
     redaction/rules redaction/matcher redaction/streams redaction/session redaction/saved scrub relocate idle scan
     usage}; do
   case $module in
     ledger) selection="tests/test_ledger.py tests/test_ledger_validation.py" ;;
-    store|logfile|fileio) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py tests/test_store_logfile.py" ;;
+    store|state|parts|logfile|fileio) selection="tests/test_store.py tests/test_store_exactly_once.py tests/test_store_contract.py tests/test_store_logfile.py" ;;
+    # What other writers did, and the forks it makes: another machine's copy renamed
+    # over an open session's files, another writer appending, a sync engine's conflict copies.
+    theirs|forks) selection="tests/test_store_sync.py tests/test_store_sync_writers.py tests/test_store.py" ;;
     # The server's rooms (the open sessions, the spool, a call's arguments) are
     # tested through the server, as Emacs meets them.
     server|service|registry|spool|arguments) selection="tests/test_server_wire.py tests/test_server_flush.py tests/test_server_calls.py tests/test_server_serve.py tests/test_server_hostile.py" ;;
