@@ -261,7 +261,9 @@ class Session:
             self._others = OtherWriters(self._state, lambda: self.flush(compact=False))
             self._others.merge_conflict_copies(copies)
         except BaseException:
-            lock.release(remove=True)
+            # The lock held now: files written again while merging take it again where they belong.
+            state = getattr(self, "_state", None)
+            (state.lock if state is not None else lock).release(remove=True)
             raise
 
     @property
