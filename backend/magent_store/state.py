@@ -17,9 +17,13 @@ and the copies a sync engine made, merged).  It holds:
 - `rewriting`: the files were gone and are written again, whole, until a
   compaction has written the session's snapshot.
 
-Here too the steps that keep those consistent with each other: the files
-read again (`load`), a line queued (`append`, `queue`), the pending lines
-written (`write_pending`), the writer of the next ones noted
+Here too the steps that keep those consistent with each other, each
+called by the session in its crash order: the session opened and its
+files released (`open`, `release`), the files read again (`load`,
+`read_again`), uncommitted lines cut (`cut_uncommitted`), a line queued
+(`append`, `queue`), the pending lines written and committed in the batch
+record (`write_committed`, `write_batch`, `write_pending`), the compaction
+(`compact_if_wanted`), the writer of the next lines noted
 (`note_writer`), the session moved into a fork (`move_to`), and what is
 done when files are gone under the store (`check_header`,
 `snapshot_replaced`, `write_again`).
