@@ -88,22 +88,25 @@ def test_a_planted_secret_is_redacted_whole(plant: Plant) -> None:
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
 def test_a_secret_split_at_any_offset_across_two_chunks_is_redacted(plant: Plant) -> None:
     r = redactor()
-    whole, _ = r.redact(plant.text)
+    whole, found = r.redact(plant.text, "content")
     for at in range(len(plant.text) + 1):
-        stream = streams.StreamRedactor(r)
+        stream = streams.StreamRedactor(r, "content")
         first = stream.feed(plant.text[:at])
         out = first + stream.feed(plant.text[at:]) + stream.finish()
         assert out == whole, (plant.kind, at)
         assert_gone(out, plant)
+        # What it found is what the whole text holds: its field, where in the whole text, its fingerprint.
+        assert stream.findings == found, (plant.kind, at)
         assert [f.kind for f in stream.findings] == [plant.kind]
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
 def test_a_secret_fed_one_character_or_random_pieces_at_a_time_is_redacted(plant: Plant) -> None:
     r = redactor()
-    whole, _ = r.redact(plant.text)
-    stream = streams.StreamRedactor(r)
+    whole, found = r.redact(plant.text, "content")
+    stream = streams.StreamRedactor(r, "content")
     assert "".join(stream.feed(c) for c in plant.text) + stream.finish() == whole
+    assert stream.findings == found  # each where it is in the whole text
     rng = random.Random(plant.kind)
     for _ in range(20):
         stream = streams.StreamRedactor(r)
