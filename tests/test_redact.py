@@ -100,6 +100,23 @@ def test_a_secret_split_at_any_offset_across_two_chunks_is_redacted(plant: Plant
         assert [f.kind for f in stream.findings] == [plant.kind]
 
 
+VENDORED = [p for p in PLANTS if p.kind not in PATTERNS and p.kind != "auth-source"]
+
+
+@pytest.mark.parametrize("plant", VENDORED, ids=lambda p: p.kind)
+def test_a_secret_split_at_any_offset_is_redacted_by_the_vendored_rules_alone(plant: Plant) -> None:
+    # Without a user's pattern nothing holds back a whole run of non-blanks: the start of
+    # a rule's anchor at a chunk's end (``g`` of ``ghp_``) must be held on its own.
+    r = matcher.Redactor(key=b"test key")
+    whole, found = r.redact(plant.text, "content")
+    assert [f.kind for f in found] == [plant.kind]
+    for at in range(len(plant.text) + 1):
+        stream = streams.StreamRedactor(r, "content")
+        out = stream.feed(plant.text[:at]) + stream.feed(plant.text[at:]) + stream.finish()
+        assert out == whole, (plant.kind, at)
+        assert stream.findings == found, (plant.kind, at)
+
+
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
 def test_a_secret_fed_one_character_or_random_pieces_at_a_time_is_redacted(plant: Plant) -> None:
     r = redactor()
@@ -156,6 +173,32 @@ def test_one_secret_has_one_fingerprint_wherever_it_is() -> None:
     f2 = r.find(f"x: {secret}\n")[0].fingerprint
     other = matcher.Redactor(key=b"another key").find(f"a {secret} b")[0].fingerprint
     assert f1 == f2 != other
+
+
+def test_a_spec_s_redactor_fingerprints_with_the_key_it_is_given() -> None:
+    secret = PLANTS[0].secret
+    keyed = matcher.redactor_from_spec({}, key=b"test key").find(f"a {secret} b")
+    assert [f.fingerprint for f in keyed] == [f.fingerprint for f in redactor().find(f"a {secret} b")]
+
+
+def test_find_json_skips_the_strings_it_was_told_are_known_and_learns_the_others() -> None:
+    r = redactor()
+    seen, new = PLANTS[0].text, PLANTS[1].text
+    known = {seen}
+    found = r.find_json({"a": seen, "b": [new, seen]}, "thread", known)
+    assert [(f.kind, f.field) for f in found] == [(PLANTS[1].kind, "thread/b/0")]
+    assert known == {seen, new}
+    assert r.find_json({"c": new}, "thread", known) == []  # reported already
+    assert [f.kind for f in r.find_json({"c": new}, "thread")] == [PLANTS[1].kind]
+
+
+def test_a_header_pattern_that_takes_the_header_s_name_redacts_an_authorization_value_alone() -> None:
+    # A user's pattern for header lines matches "Authorization: ..." from its name on: the
+    # value of an Authorization key is then redacted by itself, its findings named by its field.
+    r = matcher.Redactor(patterns={"header": r"Authorization: \S+", **PATTERNS}, key=b"test key")
+    out, found = r.redact_json({"Authorization": "TICKET-123456"}, "input")
+    assert out == {"Authorization": "[redacted:ticket]"}
+    assert [(f.kind, f.field, f.offset, f.length) for f in found] == [("ticket", "input/Authorization", 0, 13)]
 
 
 def test_bad_patterns_kinds_and_literals_are_refused_by_name() -> None:
