@@ -103,3 +103,40 @@ def test_every_tool_that_owns_a_directory_removes_its_stale_temp_files(tmp_path:
         assert not temp.exists(), (argv, out.stdout + out.stderr)
         assert busy.exists(), argv
         assert "removed the temp file of an interrupted write" in out.stderr, argv
+
+
+def test_scrub_json_reports_each_session_and_each_file_beside_them(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    tail = root / "global" / "leaky.jsonl.tail-1"  # set aside by a repair, a byte that is no UTF-8 in it
+    tail.write_bytes(b'{"text":"key ' + leaky.AWS.encode() + b' \xff"}\n{"se')
+    kinds = sorted({"auth-source", "aws-access-token", "github-pat", "gitlab-pat", "huggingface-access-token", "jwt",
+                    "openai-api-key", "private-key", "slack-bot-token", "ticket"})
+    counts = dict.fromkeys(["scrubbed", "would-scrub", "clean", "locked", "damaged", "unconfirmed", "changed",
+                            "failed", "saved-meanwhile"], 0)
+
+    dry = cli("scrub", "--redact-spec", "-", "--dry-run", "--json", root)
+    assert dry.returncode == 1, dry.stderr
+    assert json.loads(dry.stdout) == {
+        "root": str(root), "dry-run": True, "backup": None,
+        "summary": {"sessions": 1, **counts, "would-scrub": 1},
+        "sessions": [{"path": "global/leaky.json", "schema": 7, "outcome": "would-scrub", "reason": None,
+                      "secrets": 12, "kinds": kinds}],
+        "files": [{"path": "global/leaky.jsonl.tail-1", "schema": 0, "outcome": "would-scrub",
+                   "reason": "set aside by a repair", "secrets": 1, "kinds": ["aws-access-token"]}],
+        "index": None}  # fmt: skip
+
+    out = cli("scrub", "--redact-spec", "-", "--json", root)
+    assert out.returncode == 0, out.stderr
+    (backup,) = sorted(root.glob("scrub-backup-*"))
+    report = json.loads(out.stdout)
+    assert report == {
+        "root": str(root), "dry-run": False, "backup": str(backup),
+        "summary": {"sessions": 1, **counts, "scrubbed": 1},
+        "sessions": [{"path": "global/leaky.json", "schema": 7, "outcome": "scrubbed", "reason": None,
+                      "secrets": 12, "kinds": kinds}],
+        "files": [{"path": "global/leaky.jsonl.tail-1", "schema": 0, "outcome": "scrubbed",
+                   "reason": "set aside by a repair: each secret redacted", "secrets": 1,
+                   "kinds": ["aws-access-token"]}],
+        "index": report["index"]}  # fmt: skip
+    assert tail.read_bytes() == b'{"text":"key [redacted:aws-access-token] \xff"}\n{"se'
