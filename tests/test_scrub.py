@@ -295,3 +295,16 @@ def test_a_session_whose_producer_record_is_up_to_date_is_scrubbed(tmp_path: Pat
     assert out.returncode == 0, out.stdout + out.stderr
     assert "scrubbed: global/emacs.json" in out.stdout, out.stdout
     assert not leaked(leaky.GH, b"".join(tree(root).values()))
+
+
+def test_a_schema6_file_magent_would_refuse_is_left_alone_and_says_why(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.clean(root)
+    bad = root / "global" / "bad.json"
+    bad.write_text(json.dumps({"schema-version": 6, "id": "bad", "journal": "x"}))
+    before = bad.read_bytes()
+    out = scrub_cli(root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert ("damaged: global/bad.json: header.scope: expected \"global\" or \"project\", got None: "
+            "magent's reader would refuse it too") in out.stdout.splitlines()
+    assert bad.read_bytes() == before
