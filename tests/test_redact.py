@@ -340,3 +340,15 @@ def test_a_literal_streamed_one_character_at_a_time_is_never_released_in_clear(r
             assert rules or stream.held < len(literal), (text, stream.held)
         out = "".join(released) + stream.finish()
         assert out == text.replace(literal, "[redacted:auth-source]"), (text, out)
+
+
+@pytest.mark.parametrize("kind", ["private-key", "curl-auth-header"])
+def test_a_stream_holds_nothing_back_for_a_block_or_header_that_has_ended(kind: str) -> None:
+    # A rule that matches across blanks (a private key's block, curl's -H header) holds from
+    # its anchor only while its match could still grow; once it has ended, the text after it flows.
+    (plant,) = [p for p in PLANTS if p.kind == kind]
+    r = matcher.Redactor(key=b"test key")
+    stream = streams.StreamRedactor(r)
+    out = stream.feed(plant.text + " and then some words")
+    assert stream.held <= len("words"), stream.held
+    assert out + stream.finish() == r.redact(plant.text + " and then some words")[0]
