@@ -308,3 +308,24 @@ def test_a_schema6_file_magent_would_refuse_is_left_alone_and_says_why(tmp_path:
     assert ("damaged: global/bad.json: header.scope: expected \"global\" or \"project\", got None: "
             "magent's reader would refuse it too") in out.stdout.splitlines()
     assert bad.read_bytes() == before
+
+
+def test_a_schema6_file_magent_saves_while_it_is_scrubbed_is_left_as_magent_saved_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    path = leaky.six(root)
+    saved_by_magent = path.read_bytes().replace(b'"title": "six ', b'"title": "seven ')
+    assert saved_by_magent != path.read_bytes()
+    verify = scrub.Scrubber._verify6
+
+    def magent_saves_meanwhile(*args: object) -> object:
+        path.write_bytes(saved_by_magent)  # between scrub's read and its write
+        return verify(*args)
+
+    monkeypatch.setattr(scrub.Scrubber, "_verify6", staticmethod(magent_saves_meanwhile))
+    result = scrub.Scrubber(root, Redactor(**leaky.SPEC), backup=False, sync=False).run()
+    assert [(r.outcome, r.reason) for r in result.reports] == [
+        (scrub.SAVED_MEANWHILE, "saved by magent while it was scrubbed: left as magent saved it; run scrub again")]
+    assert path.read_bytes() == saved_by_magent
+    assert not result.ok
