@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import stat
 import subprocess
 import sys
@@ -329,3 +330,19 @@ def test_a_schema6_file_magent_saves_while_it_is_scrubbed_is_left_as_magent_save
         (scrub.SAVED_MEANWHILE, "saved by magent while it was scrubbed: left as magent saved it; run scrub again")]
     assert path.read_bytes() == saved_by_magent
     assert not result.ok
+
+
+def test_a_log_whose_bytes_changed_since_they_were_written_is_left_alone_with_the_range_named(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    data = files.log.read_bytes()
+    at = data.index(b"Your key")
+    files.log.write_bytes(data[:at] + b"Your kez" + data[at + 8 :])  # the same length, valid JSON still
+    before = tree(root)
+    out = scrub_cli(root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("damaged: ")]
+    m = re.fullmatch(r"damaged: global/leaky\.json: bytes (\d+)-(\d+) of its log changed since they were "
+                     r"written: run `magent-store fsck` first", line)
+    assert m and int(m[1]) <= at < int(m[2]), line
+    assert tree(root) == before and not backups(root)
