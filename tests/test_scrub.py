@@ -73,6 +73,7 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     assert out.returncode == 0, out.stdout + out.stderr
     assert "scrubbed: global/leaky.json" in out.stdout and "scrubbed: global/old.json" in out.stdout
     assert "clean" not in out.stdout.split("\n3 sessions")[0]
+    assert "3 sessions seen, 2 scrubbed and verified, 1 without secrets" in out.stdout.splitlines()
     assert "search index rebuilt" in out.stdout
     (backup,) = backups(root)
     assert "the one place the secrets remain" in out.stderr and f"rm -rf -- {backup}" in out.stderr
