@@ -347,3 +347,15 @@ def test_a_log_whose_bytes_changed_since_they_were_written_is_left_alone_with_th
                      r"written: run `magent-store fsck` first", line)
     assert m and int(m[1]) <= at < int(m[2]), line
     assert tree(root) == before and not backups(root)
+
+
+def test_a_pattern_that_breaks_the_conversation_leaves_the_session_as_it_was_and_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    before = tree(root)
+    out = cli("scrub", "--pattern", "word=completed", "--no-backup", root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("changed: ")]
+    assert line.startswith("changed: global/leaky.json (") and line.endswith(
+        "word): redacted, it cannot be written: snapshot.turns[0]: unknown key '[redacted:word]-at'"), line
+    assert tree(root) == before
