@@ -352,3 +352,12 @@ def test_a_stream_holds_nothing_back_for_a_block_or_header_that_has_ended(kind: 
     out = stream.feed(plant.text + " and then some words")
     assert stream.held <= len("words"), stream.held
     assert out + stream.finish() == r.redact(plant.text + " and then some words")[0]
+
+
+def test_a_rule_s_own_allowlist_lets_its_documented_example_through() -> None:
+    # AWS's documentation key: the rule's allowlist (".+EXAMPLE$") lets it through, though
+    # no allowlist of every rule does.
+    r = matcher.Redactor(key=b"test key")
+    text = "aws_access_key_id = AKIAIOSFODNN7EXAMPLE"
+    assert r.redact(text) == (text, [])
+    assert [f.kind for f in r.find("aws_access_key_id = AKIAIOSFODNN7EXAMPLF")] == ["aws-access-token"]
