@@ -212,6 +212,8 @@ def test_a_log_ending_in_a_batch_emacs_sends_again_is_left_alone(tmp_path: Path)
     before = tree(root)
     out = scrub_cli(root)
     assert out.returncode == 1 and "unconfirmed: global/leaky.json" in out.stdout
+    assert ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 waiting for Emacs to send their last "
+            "batch again (left alone)") in out.stdout.splitlines()
     assert tree(root) == before
 
 
@@ -358,4 +360,6 @@ def test_a_pattern_that_breaks_the_conversation_leaves_the_session_as_it_was_and
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("changed: ")]
     assert line.startswith("changed: global/leaky.json (") and line.endswith(
         "word): redacted, it cannot be written: snapshot.turns[0]: unknown key '[redacted:word]-at'"), line
+    assert ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 did not read back as redacted "
+            "(original put back)") in out.stdout.splitlines()
     assert tree(root) == before
