@@ -333,6 +333,8 @@ def test_a_schema6_file_magent_saves_while_it_is_scrubbed_is_left_as_magent_save
         (scrub.SAVED_MEANWHILE, "saved by magent while it was scrubbed: left as magent saved it; run scrub again")]
     assert path.read_bytes() == saved_by_magent
     assert not result.ok
+    assert result.summary() == ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 saved by magent "
+                                "while scrubbed (left as magent saved it: run scrub again)")
 
 
 def test_a_log_whose_bytes_changed_since_they_were_written_is_left_alone_with_the_range_named(tmp_path: Path) -> None:

@@ -46,9 +46,13 @@ def test_scan_and_scrub_see_the_text_beside_the_sessions(tmp_path: Path) -> None
 
     dry = cli("scrub", "--redact-spec", "-", "--dry-run", root)
     assert dry.returncode == 1 and "would-scrub: global/.clean.json.tmp-999999" in dry.stdout
+    assert dry.stdout.splitlines()[-1] == ("1 sessions seen, 0 hold secrets (dry run: nothing written), 1 without "
+                                           "secrets, 2 file(s) beside them (temp or set aside) hold secrets")
 
     out = cli("scrub", "--redact-spec", "-", root)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == ("1 sessions seen, 0 scrubbed and verified, 1 without secrets, "
+                                           "1 file(s) beside them (temp or set aside) scrubbed")
     assert not temp.exists()  # stale: its writer is gone
     assert tail.exists() and traces_in(tail.read_bytes(), leaky.PLANTED) == {}
     assert b"[redacted:" in tail.read_bytes() and tail.read_bytes().endswith(b'\n{"se')  # the rest as it was
