@@ -365,3 +365,45 @@ def test_a_pattern_that_breaks_the_conversation_leaves_the_session_as_it_was_and
     assert ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 did not read back as redacted "
             "(original put back)") in out.stdout.splitlines()
     assert tree(root) == before
+
+
+def test_a_header_whose_name_is_no_session_id_is_reported_damaged(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    path = root / "global" / "has space.json"
+    report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(path)
+    assert (report.path, report.schema, report.outcome) == (path, 7, scrub.DAMAGED)
+    assert report.reason is not None and report.reason.startswith("invalid session id 'has space'")
+
+
+def test_a_session_locked_between_the_check_and_the_take_is_reported_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from magent_store.errors import SessionLockedError
+    from magent_store.store import SessionLock
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    holder = SessionLock(files)
+    try:
+        with pytest.raises(SessionLockedError) as taken:
+            SessionLock(files)
+        monkeypatch.setattr(scrub, "lock_is_held", lambda path: False)  # the backend takes it just after the check
+        report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(files.header)
+    finally:
+        holder.release()
+    assert (report.path, report.schema, report.outcome, report.reason) == (
+        files.header, 7, scrub.LOCKED, str(taken.value))
+
+
+def test_a_session_that_cannot_be_read_fails_with_the_system_s_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+
+    def unreadable(path: Path) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(scrub, "read_header", unreadable)
+    report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(files.header)
+    assert (report.outcome, report.reason) == (scrub.FAILED, "Permission denied")
