@@ -9,6 +9,7 @@ directory removes the stale temp files in it, logged.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,10 @@ def test_scan_and_scrub_see_the_text_beside_the_sessions(tmp_path: Path) -> None
     assert [(f["path"], f["session"], [x["kind"] for x in f["findings"]]) for f in files] == [
         (str(temp), "clean", ["github-pat"]), (str(tail), "clean", ["aws-access-token"])]
     assert "2 more in 2 file(s) beside them" in scan.stderr
+    (found,) = files[0]["findings"]  # each finding whole: its kind, what the file is, its fingerprint
+    assert found == {"kind": "github-pat", "where": "a temp file an interrupted write left",
+                     "fingerprint": found["fingerprint"]}  # fmt: skip
+    assert re.fullmatch(r"[0-9a-f]{8}", found["fingerprint"])
 
     dry = cli("scrub", "--redact-spec", "-", "--dry-run", root)
     assert dry.returncode == 1 and "would-scrub: global/.clean.json.tmp-999999" in dry.stdout
