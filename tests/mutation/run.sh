@@ -58,9 +58,6 @@ also_copy=
     elisp
 pytest_add_cli_args_test_selection=
 $selection
-# A mutant that loops forever is stopped after 6 times the CPU its tests take
-# unmutated (mutmut's default, 30 times, costs minutes a loop on this machine).
-timeout_multiplier=3
 pytest_add_cli_args=
     -p
     no:cacheprovider
