@@ -368,3 +368,12 @@ def test_a_text_exactly_as_long_as_the_shortest_secret_is_looked_at() -> None:
     text = "xoxo-1-2-3-a"  # a Slack legacy token, the shortest any rule matches
     assert len(text) == redaction_rules.SHORTEST_MATCH
     assert r.redact(text)[0] == "[redacted:slack-legacy-token]"
+
+
+def test_a_rules_file_with_a_bad_regexp_is_refused_naming_the_file_and_the_rule(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text('[[rules]]\nid = "broken"\nregex = "abc("\nkeywords = ["abc"]\n')
+    with pytest.raises(redaction_rules.RedactError) as refused:
+        redaction_rules.load_rules(path)
+    assert str(refused.value) == (f"{path}: rule broken: not a usable regular expression: "
+                                  "missing ), unterminated subpattern at position 3")
