@@ -30,7 +30,7 @@ for module in ${MODULES:-ledger store logfile fileio server service registry spo
     redaction/saved) selection="tests/test_export_redact.py tests/test_scan.py tests/test_scrub.py tests/test_redact.py" ;;
     scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py" ;;
     scan) selection="tests/test_scan.py tests/test_side_file_secrets.py" ;;
-    relocate) selection="tests/test_relocate.py tests/test_move.py" ;;
+    relocate) selection="tests/test_relocate.py tests/test_move.py tests/test_runreport.py" ;;
     idle) selection="tests/test_idle.py tests/test_maintenance_keeps_time.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
