@@ -173,6 +173,7 @@ def test_limit_and_text_output(tree: Path) -> None:
     assert "... and 3 more" in out.stdout
     columns = "".join(f"{c:>9}" for c in ("SIZE", "LOG", "SNAPSHOT", "HEADER", "SIDE", "SCHEMA6", "INDEX"))
     assert any(line.startswith(columns) for line in out.stdout.splitlines()), out.stdout
+    assert "\n\nby project:\n" in out.stdout and "\n\nby session:\n" in out.stdout  # a blank line before each
     assert "(global, big)" in out.stdout
     assert " KiB" in out.stdout and "last 30 days: 1 session created" in out.stdout
     bad = run(str(tree), "--limit", "-1")
