@@ -377,3 +377,11 @@ def test_a_rules_file_with_a_bad_regexp_is_refused_naming_the_file_and_the_rule(
         redaction_rules.load_rules(path)
     assert str(refused.value) == (f"{path}: rule broken: not a usable regular expression: "
                                   "missing ), unterminated subpattern at position 3")
+
+
+def test_re2_flag_groups_skip_escaped_parentheses_and_a_class_opening_with_a_bracket() -> None:
+    # The (?i) reaches to its group's end: an escaped ")" or a "]" first in a class does not end it.
+    rx = re.compile(redaction_rules.python_regex(r"x(?:(?i)a\)b|c)y"), re.ASCII)
+    assert rx.fullmatch("xA)By") and rx.fullmatch("xCy") and not rx.fullmatch("xcY")
+    rx = re.compile(redaction_rules.python_regex(r"x(?:(?i)[]a)]b|c)y"), re.ASCII)
+    assert rx.fullmatch("x]By") and rx.fullmatch("x)by") and rx.fullmatch("xCy") and not rx.fullmatch("xcY")
