@@ -505,3 +505,15 @@ def test_fsck_notes_sessions_whose_project_root_is_gone_and_names_the_command(
     assert out.returncode == 0 and "relocate" in out.stdout
     Path(old).mkdir(parents=True)
     assert not [f for f in fsck.Fsck(root).run().findings if f.kind == fsck.PROJECT_MISSING]
+
+
+def test_each_moved_file_keeps_its_own_time(root: Path, old: str, new: str) -> None:
+    make7(root, old, "a", compact=True)
+    files = SessionFiles(pdir(root, old), "a")
+    for n, path in enumerate((files.header, files.log, files.snapshot)):  # each its own time
+        os.utime(path, ns=(1_700_000_000_000_000_000 + n * 10**12,) * 2)
+    times = {p.name: p.stat().st_mtime_ns for p in (files.header, files.log, files.snapshot)}
+    assert len(set(times.values())) == 3
+    assert Relocator(root, old, new).run().ok
+    moved = SessionFiles(pdir(root, new), "a")
+    assert {p.name: p.stat().st_mtime_ns for p in (moved.header, moved.log, moved.snapshot)} == times

@@ -28,9 +28,9 @@ for module in ${MODULES:-ledger store logfile fileio server service registry spo
       tests/test_server_redaction.py tests/test_export_redact.py" ;;
     # A saved session redacted whole: what export, scan and scrub rewrite or list.
     redaction/saved) selection="tests/test_export_redact.py tests/test_scan.py tests/test_scrub.py tests/test_redact.py" ;;
-    scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py" ;;
+    scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py tests/test_maintenance_keeps_time.py" ;;
     scan) selection="tests/test_scan.py tests/test_side_file_secrets.py" ;;
-    relocate) selection="tests/test_relocate.py tests/test_move.py tests/test_runreport.py" ;;
+    relocate) selection="tests/test_relocate.py tests/test_move.py tests/test_runreport.py tests/test_maintenance_keeps_time.py" ;;
     idle) selection="tests/test_idle.py tests/test_maintenance_keeps_time.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
