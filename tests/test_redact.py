@@ -385,3 +385,14 @@ def test_re2_flag_groups_skip_escaped_parentheses_and_a_class_opening_with_a_bra
     assert rx.fullmatch("xA)By") and rx.fullmatch("xCy") and not rx.fullmatch("xcY")
     rx = re.compile(redaction_rules.python_regex(r"x(?:(?i)[]a)]b|c)y"), re.ASCII)
     assert rx.fullmatch("x]By") and rx.fullmatch("x)by") and rx.fullmatch("xCy") and not rx.fullmatch("xcY")
+
+
+def test_a_rules_file_s_global_allowlist_and_secret_groups_are_obeyed(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(
+        '[[rules]]\nid = "tok"\nregex = "(tok)_([a-z0-9]{8})"\nsecretGroup = 2\nkeywords = ["tok_"]\n'
+        '[allowlist]\nregexes = ["^allowed1$"]\n'
+    )
+    r = matcher.Redactor(redaction_rules.load_rules(path), key=b"test key")
+    assert r.redact("a tok_allowed1 b")[0] == "a tok_allowed1 b"  # the file's allowlist, for every rule
+    assert r.redact("a tok_other123 b")[0] == "a tok_[redacted:tok] b"  # its secret group, not the first
