@@ -396,3 +396,10 @@ def test_a_rules_file_s_global_allowlist_and_secret_groups_are_obeyed(tmp_path: 
     r = matcher.Redactor(redaction_rules.load_rules(path), key=b"test key")
     assert r.redact("a tok_allowed1 b")[0] == "a tok_allowed1 b"  # the file's allowlist, for every rule
     assert r.redact("a tok_other123 b")[0] == "a tok_[redacted:tok] b"  # its secret group, not the first
+
+
+def test_a_literal_secret_is_redacted_every_time_it_appears() -> None:
+    secret = LITERALS[0]
+    out, found = redactor().redact(f"{secret} then {secret}, and {secret} again")
+    assert out == "[redacted:auth-source] then [redacted:auth-source], and [redacted:auth-source] again"
+    assert [f.offset for f in found] == [0, len(secret) + 6, 2 * len(secret) + 12]
