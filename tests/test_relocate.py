@@ -406,8 +406,18 @@ def test_a_crash_at_every_step_leaves_each_session_whole_and_a_rerun_finishes(
         with pytest.raises(SimulatedCrash):
             Relocator(root, old, new, crash=crash).run()
         assert_whole_somewhere(root, old, new, before, points[n - 1])
+        dry = Relocator(root, old, new, dry_run=True).run()
+        assert {m.outcome for m in dry.reports} <= {relocate.WOULD_MOVE}, [m.line() for m in dry.reports]
         rerun = Relocator(root, old, new).run()
         assert rerun.ok, (points[n - 1], [m.line() for m in rerun.reports])
+        assert [m.id for m in rerun.reports] == [m.id for m in dry.reports]
+        for m in rerun.reports:  # what an interrupted move left is finished, and says so
+            if m.outcome == relocate.FINISHED and m.schema is None:
+                assert m.reason == "files an interrupted move left behind" and m.files, m.line()
+            elif m.outcome == relocate.FINISHED:
+                assert m.reason == "already whole at the new place (an interrupted move)", m.line()
+            else:
+                assert m.outcome == relocate.MOVED, m.line()
         assert_moved(root, old, new, before)
         assert Relocator(root, old, new).run().reports == []
 
