@@ -403,3 +403,18 @@ def test_a_literal_secret_is_redacted_every_time_it_appears() -> None:
     out, found = redactor().redact(f"{secret} then {secret}, and {secret} again")
     assert out == "[redacted:auth-source] then [redacted:auth-source], and [redacted:auth-source] again"
     assert [f.offset for f in found] == [0, len(secret) + 6, 2 * len(secret) + 12]
+
+
+def test_a_saved_session_s_findings_are_named_by_their_field() -> None:
+    from magent_store import ledger
+    from magent_store.redaction import saved
+
+    r = redactor()
+    secret = PLANTS[0]
+    header, found = saved.redact_whole_header(r, {"id": "s", "title": secret.text})
+    assert [(f.kind, f.field) for f in found] == [(secret.kind, "header/title")]
+    assert secret.secret not in header["title"]
+    thread = ledger.new_thread("s", None, "th-s")
+    thread.preview = secret.text
+    value, found = saved.redact_thread(r, thread)
+    assert [(f.kind, f.field) for f in found] == [(secret.kind, "thread/preview")]
