@@ -113,6 +113,10 @@ def test_recent_sessions_are_left_as_they_are(tmp_path: Path) -> None:
     assert outcomes == {"old": "compacted", "new": "recent", "touched": "recent", "late": "recent"}
     assert {k: v for k, v in state(root).items() if not k.startswith("global/old.")} == kept
     assert by_id(result)["late"]["updated"] > NOW - 2 * DAY
+    for sid in ("new", "touched", "late"):  # a recent session: nothing saved, no reason, when it was updated
+        report = by_id(result)[sid]
+        assert (report["reason"], report["bytes-saved"]) == (None, 0), report
+        assert report["updated"] > NOW - 3 * DAY, report
 
 
 def test_the_idle_days_decide(tmp_path: Path) -> None:
