@@ -391,9 +391,11 @@ def test_a_rules_file_s_global_allowlist_and_secret_groups_are_obeyed(tmp_path: 
     path = tmp_path / "rules.toml"
     path.write_text(
         '[[rules]]\nid = "tok"\nregex = "(tok)_([a-z0-9]{8})"\nsecretGroup = 2\nkeywords = ["tok_"]\n'
+        '[[rules.allowlists]]\nregexes = ["^rulepass$"]\n'
         '[allowlist]\nregexes = ["^allowed1$"]\n'
     )
     r = matcher.Redactor(redaction_rules.load_rules(path), key=b"test key")
+    assert r.redact("a tok_rulepass b")[0] == "a tok_rulepass b"  # the rule's own allowlist
     assert r.redact("a tok_allowed1 b")[0] == "a tok_allowed1 b"  # the file's allowlist, for every rule
     assert r.redact("a tok_other123 b")[0] == "a tok_[redacted:tok] b"  # its secret group, not the first
 
