@@ -426,3 +426,11 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
                 there = Store(where / "root").files(sid, scope)
                 assert not there.log.exists() and thread_json(there) == before[sid]
     assert tried > 40
+
+
+@pytest.mark.parametrize("days", [0, -1, 0.0])
+def test_idle_days_of_zero_or_less_are_refused(tmp_path: Path, days: float) -> None:
+    from magent_store.errors import StoreError
+
+    with pytest.raises(StoreError, match=f"idle days must be a positive number, got {days!r}"):
+        idle.IdleCompactor(tmp_path, days)
