@@ -114,6 +114,10 @@ def test_recent_sessions_are_left_as_they_are(tmp_path: Path) -> None:
     assert outcomes == {"old": "compacted", "new": "recent", "touched": "recent", "late": "recent"}
     assert {k: v for k, v in state(root).items() if not k.startswith("global/old.")} == kept
     assert by_id(result)["late"]["updated"] > NOW - 2 * DAY
+    for sid in ("new", "touched", "late"):  # a recent session: nothing saved, no reason, when it was updated
+        report = by_id(result)[sid]
+        assert (report["reason"], report["bytes-saved"]) == (None, 0), report
+        assert report["updated"] > NOW - 3 * DAY, report
 
 
 def test_the_idle_days_decide(tmp_path: Path) -> None:
@@ -423,3 +427,11 @@ def test_a_crash_at_any_point_leaves_sessions_that_read_the_same(
                 there = Store(where / "root").files(sid, scope)
                 assert not there.log.exists() and thread_json(there) == before[sid]
     assert tried > 40
+
+
+@pytest.mark.parametrize("days", [0, -1, 0.0])
+def test_idle_days_of_zero_or_less_are_refused(tmp_path: Path, days: float) -> None:
+    from magent_store.errors import StoreError
+
+    with pytest.raises(StoreError, match=f"idle days must be a positive number, got {days!r}"):
+        idle.IdleCompactor(tmp_path, days)

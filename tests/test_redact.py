@@ -88,22 +88,42 @@ def test_a_planted_secret_is_redacted_whole(plant: Plant) -> None:
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
 def test_a_secret_split_at_any_offset_across_two_chunks_is_redacted(plant: Plant) -> None:
     r = redactor()
-    whole, _ = r.redact(plant.text)
+    whole, found = r.redact(plant.text, "content")
     for at in range(len(plant.text) + 1):
-        stream = streams.StreamRedactor(r)
+        stream = streams.StreamRedactor(r, "content")
         first = stream.feed(plant.text[:at])
         out = first + stream.feed(plant.text[at:]) + stream.finish()
         assert out == whole, (plant.kind, at)
         assert_gone(out, plant)
+        # What it found is what the whole text holds: its field, where in the whole text, its fingerprint.
+        assert stream.findings == found, (plant.kind, at)
         assert [f.kind for f in stream.findings] == [plant.kind]
+
+
+VENDORED = [p for p in PLANTS if p.kind not in PATTERNS and p.kind != "auth-source"]
+
+
+@pytest.mark.parametrize("plant", VENDORED, ids=lambda p: p.kind)
+def test_a_secret_split_at_any_offset_is_redacted_by_the_vendored_rules_alone(plant: Plant) -> None:
+    # Without a user's pattern nothing holds back a whole run of non-blanks: the start of
+    # a rule's anchor at a chunk's end (``g`` of ``ghp_``) must be held on its own.
+    r = matcher.Redactor(key=b"test key")
+    whole, found = r.redact(plant.text, "content")
+    assert [f.kind for f in found] == [plant.kind]
+    for at in range(len(plant.text) + 1):
+        stream = streams.StreamRedactor(r, "content")
+        out = stream.feed(plant.text[:at]) + stream.feed(plant.text[at:]) + stream.finish()
+        assert out == whole, (plant.kind, at)
+        assert stream.findings == found, (plant.kind, at)
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.kind)
 def test_a_secret_fed_one_character_or_random_pieces_at_a_time_is_redacted(plant: Plant) -> None:
     r = redactor()
-    whole, _ = r.redact(plant.text)
-    stream = streams.StreamRedactor(r)
+    whole, found = r.redact(plant.text, "content")
+    stream = streams.StreamRedactor(r, "content")
     assert "".join(stream.feed(c) for c in plant.text) + stream.finish() == whole
+    assert stream.findings == found  # each where it is in the whole text
     rng = random.Random(plant.kind)
     for _ in range(20):
         stream = streams.StreamRedactor(r)
@@ -153,6 +173,32 @@ def test_one_secret_has_one_fingerprint_wherever_it_is() -> None:
     f2 = r.find(f"x: {secret}\n")[0].fingerprint
     other = matcher.Redactor(key=b"another key").find(f"a {secret} b")[0].fingerprint
     assert f1 == f2 != other
+
+
+def test_a_spec_s_redactor_fingerprints_with_the_key_it_is_given() -> None:
+    secret = PLANTS[0].secret
+    keyed = matcher.redactor_from_spec({}, key=b"test key").find(f"a {secret} b")
+    assert [f.fingerprint for f in keyed] == [f.fingerprint for f in redactor().find(f"a {secret} b")]
+
+
+def test_find_json_skips_the_strings_it_was_told_are_known_and_learns_the_others() -> None:
+    r = redactor()
+    seen, new = PLANTS[0].text, PLANTS[1].text
+    known = {seen}
+    found = r.find_json({"a": seen, "b": [new, seen]}, "thread", known)
+    assert [(f.kind, f.field) for f in found] == [(PLANTS[1].kind, "thread/b/0")]
+    assert known == {seen, new}
+    assert r.find_json({"c": new}, "thread", known) == []  # reported already
+    assert [f.kind for f in r.find_json({"c": new}, "thread")] == [PLANTS[1].kind]
+
+
+def test_a_header_pattern_that_takes_the_header_s_name_redacts_an_authorization_value_alone() -> None:
+    # A user's pattern for header lines matches "Authorization: ..." from its name on: the
+    # value of an Authorization key is then redacted by itself, its findings named by its field.
+    r = matcher.Redactor(patterns={"header": r"Authorization: \S+", **PATTERNS}, key=b"test key")
+    out, found = r.redact_json({"Authorization": "TICKET-123456"}, "input")
+    assert out == {"Authorization": "[redacted:ticket]"}
+    assert [(f.kind, f.field, f.offset, f.length) for f in found] == [("ticket", "input/Authorization", 0, 13)]
 
 
 def test_bad_patterns_kinds_and_literals_are_refused_by_name() -> None:
@@ -294,3 +340,84 @@ def test_a_literal_streamed_one_character_at_a_time_is_never_released_in_clear(r
             assert rules or stream.held < len(literal), (text, stream.held)
         out = "".join(released) + stream.finish()
         assert out == text.replace(literal, "[redacted:auth-source]"), (text, out)
+
+
+@pytest.mark.parametrize("kind", ["private-key", "curl-auth-header"])
+def test_a_stream_holds_nothing_back_for_a_block_or_header_that_has_ended(kind: str) -> None:
+    # A rule that matches across blanks (a private key's block, curl's -H header) holds from
+    # its anchor only while its match could still grow; once it has ended, the text after it flows.
+    (plant,) = [p for p in PLANTS if p.kind == kind]
+    r = matcher.Redactor(key=b"test key")
+    stream = streams.StreamRedactor(r)
+    out = stream.feed(plant.text + " and then some words")
+    assert stream.held <= len("words"), stream.held
+    assert out + stream.finish() == r.redact(plant.text + " and then some words")[0]
+
+
+def test_a_rule_s_own_allowlist_lets_its_documented_example_through() -> None:
+    # AWS's documentation key: the rule's allowlist (".+EXAMPLE$") lets it through, though
+    # no allowlist of every rule does.
+    r = matcher.Redactor(key=b"test key")
+    text = "aws_access_key_id = AKIAIOSFODNN7EXAMPLE"
+    assert r.redact(text) == (text, [])
+    not_the_example = "AKIA" + "IOSFODNN7EXAMPLF"  # written apart: this file holds no credential
+    assert [f.kind for f in r.find(f"aws_access_key_id = {not_the_example}")] == ["aws-access-token"]
+
+
+def test_a_text_exactly_as_long_as_the_shortest_secret_is_looked_at() -> None:
+    r = matcher.Redactor(key=b"test key")
+    text = "xoxo" + "-1-2-3-a"  # a Slack legacy token, the shortest any rule matches (written apart)
+    assert len(text) == redaction_rules.SHORTEST_MATCH
+    assert r.redact(text)[0] == "[redacted:slack-legacy-token]"
+
+
+def test_a_rules_file_with_a_bad_regexp_is_refused_naming_the_file_and_the_rule(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text('[[rules]]\nid = "broken"\nregex = "abc("\nkeywords = ["abc"]\n')
+    with pytest.raises(redaction_rules.RedactError) as refused:
+        redaction_rules.load_rules(path)
+    assert str(refused.value) == (f"{path}: rule broken: not a usable regular expression: "
+                                  "missing ), unterminated subpattern at position 3")
+
+
+def test_re2_flag_groups_skip_escaped_parentheses_and_a_class_opening_with_a_bracket() -> None:
+    # The (?i) reaches to its group's end: an escaped ")" or a "]" first in a class does not end it.
+    rx = re.compile(redaction_rules.python_regex(r"x(?:(?i)a\)b|c)y"), re.ASCII)
+    assert rx.fullmatch("xA)By") and rx.fullmatch("xCy") and not rx.fullmatch("xcY")
+    rx = re.compile(redaction_rules.python_regex(r"x(?:(?i)[]a)]b|c)y"), re.ASCII)
+    assert rx.fullmatch("x]By") and rx.fullmatch("x)by") and rx.fullmatch("xCy") and not rx.fullmatch("xcY")
+
+
+def test_a_rules_file_s_global_allowlist_and_secret_groups_are_obeyed(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(
+        '[[rules]]\nid = "tok"\nregex = "(tok)_([a-z0-9]{8})"\nsecretGroup = 2\nkeywords = ["tok_"]\n'
+        '[[rules.allowlists]]\nregexes = ["^rulepass$"]\n'
+        '[allowlist]\nregexes = ["^allowed1$"]\n'
+    )
+    r = matcher.Redactor(redaction_rules.load_rules(path), key=b"test key")
+    assert r.redact("a tok_rulepass b")[0] == "a tok_rulepass b"  # the rule's own allowlist
+    assert r.redact("a tok_allowed1 b")[0] == "a tok_allowed1 b"  # the file's allowlist, for every rule
+    assert r.redact("a tok_other123 b")[0] == "a tok_[redacted:tok] b"  # its secret group, not the first
+
+
+def test_a_literal_secret_is_redacted_every_time_it_appears() -> None:
+    secret = LITERALS[0]
+    out, found = redactor().redact(f"{secret} then {secret}, and {secret} again")
+    assert out == "[redacted:auth-source] then [redacted:auth-source], and [redacted:auth-source] again"
+    assert [f.offset for f in found] == [0, len(secret) + 6, 2 * len(secret) + 12]
+
+
+def test_a_saved_session_s_findings_are_named_by_their_field() -> None:
+    from magent_store import ledger
+    from magent_store.redaction import saved
+
+    r = redactor()
+    secret = PLANTS[0]
+    header, found = saved.redact_whole_header(r, {"id": "s", "title": secret.text})
+    assert [(f.kind, f.field) for f in found] == [(secret.kind, "header/title")]
+    assert secret.secret not in header["title"]
+    thread = ledger.new_thread("s", None, "th-s")
+    thread.preview = secret.text
+    value, found = saved.redact_thread(r, thread)
+    assert [(f.kind, f.field) for f in found] == [(secret.kind, "thread/preview")]

@@ -407,8 +407,18 @@ def test_a_crash_at_every_step_leaves_each_session_whole_and_a_rerun_finishes(
         with pytest.raises(SimulatedCrash):
             Relocator(root, old, new, crash=crash).run()
         assert_whole_somewhere(root, old, new, before, points[n - 1])
+        dry = Relocator(root, old, new, dry_run=True).run()
+        assert {m.outcome for m in dry.reports} <= {relocate.WOULD_MOVE}, [m.line() for m in dry.reports]
         rerun = Relocator(root, old, new).run()
         assert rerun.ok, (points[n - 1], [m.line() for m in rerun.reports])
+        assert [m.id for m in rerun.reports] == [m.id for m in dry.reports]
+        for m in rerun.reports:  # what an interrupted move left is finished, and says so
+            if m.outcome == relocate.FINISHED and m.schema is None:
+                assert m.reason == "files an interrupted move left behind" and m.files, m.line()
+            elif m.outcome == relocate.FINISHED:
+                assert m.reason == "already whole at the new place (an interrupted move)", m.line()
+            else:
+                assert m.outcome == relocate.MOVED, m.line()
         assert_moved(root, old, new, before)
         assert Relocator(root, old, new).run().reports == []
 
@@ -506,3 +516,15 @@ def test_fsck_notes_sessions_whose_project_root_is_gone_and_names_the_command(
     assert out.returncode == 0 and "relocate" in out.stdout
     Path(old).mkdir(parents=True)
     assert not [f for f in fsck.Fsck(root).run().findings if f.kind == fsck.PROJECT_MISSING]
+
+
+def test_each_moved_file_keeps_its_own_time(root: Path, old: str, new: str) -> None:
+    make7(root, old, "a", compact=True)
+    files = SessionFiles(pdir(root, old), "a")
+    for n, path in enumerate((files.header, files.log, files.snapshot)):  # each its own time
+        os.utime(path, ns=(1_700_000_000_000_000_000 + n * 10**12,) * 2)
+    times = {p.name: p.stat().st_mtime_ns for p in (files.header, files.log, files.snapshot)}
+    assert len(set(times.values())) == 3
+    assert Relocator(root, old, new).run().ok
+    moved = SessionFiles(pdir(root, new), "a")
+    assert {p.name: p.stat().st_mtime_ns for p in (moved.header, moved.log, moved.snapshot)} == times

@@ -269,3 +269,40 @@ def test_a_secret_is_listed_at_every_place_it_is_not_once_per_string(tmp_path: P
         ("github-pat", "thread/preview"), ("github-pat", "turn 1 (t1)/input"), ("github-pat", "turn 2 (t2)/input"),
     ]
     assert len({f.fingerprint for f in result.findings}) == 1
+
+
+def test_a_session_is_named_by_its_summary_title_first() -> None:
+    found = scan.SessionScan(Path("s.json"), 7)
+    found.describe({"id": "s", "scope": "global", "title": "first words", "summary-title": "Deploying the app"},
+                   Redactor(key=b"k"))  # fmt: skip
+    assert (found.id, found.title, found.scope) == ("s", "Deploying the app", "global")
+    found.describe({"id": "s", "scope": "global", "title": "first words"}, Redactor(key=b"k"))
+    assert found.title == "first words"
+
+
+@pytest.mark.parametrize("key", ["Authorization", "proxy-authorization"])
+def test_an_authorization_value_is_checked_as_the_header_it_is(key: str) -> None:
+    # "Basic <base64>" alone is no credential any rule knows; as an Authorization header's value it is.
+    r = Redactor(key=b"k")
+    out: list[scan.Located] = []
+    value = {key: "Basic dXNlcjpwYXNzd29yZDEyMzQ1Njc4", "other": "Basic dXNlcjpwYXNzd29yZDEyMzQ1Njc4"}
+    scan._locate(r, value, "turn 1 (t1)/item 1 (c1)/input", out, {})
+    assert [(f.kind, f.where) for f in out] == [("authorization-header", f"turn 1 (t1)/item 1 (c1)/input/{key}")]
+
+
+def test_a_short_string_in_a_list_does_not_end_the_look_at_the_rest() -> None:
+    # A command's arguments: ["-H", "Authorization: token ghp_..."]; "-H" is too short to hold a secret.
+    r = Redactor(key=b"k")
+    plant = next(p for p in plants() if p.kind == "github-pat")
+    out: list[scan.Located] = []
+    scan._locate(r, ["-H", plant.text], "turn 1 (t1)/item 1 (c1)/input", out, {}, scan.shortest_secret(r))
+    assert [(f.kind, f.where) for f in out] == [("github-pat", "turn 1 (t1)/item 1 (c1)/input/1")]
+
+
+def test_log_events_after_a_streamed_chunk_are_looked_at_too() -> None:
+    r = Redactor(key=b"k")
+    plant = next(p for p in plants() if p.kind == "github-pat")
+    out: list[scan.Located] = []
+    logged = [(1, "item-content-appended", {"text": "chunk"}), (2, "item-updated", {"text": plant.text})]
+    scan._events(r, logged, out, {}, 0)
+    assert [(f.kind, f.where) for f in out] == [("github-pat", "log seq 2/payload/text")]

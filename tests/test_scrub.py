@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import stat
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def test_every_planted_secret_goes_from_every_file_and_the_backup_gives_back_the
     assert out.returncode == 0, out.stdout + out.stderr
     assert "scrubbed: global/leaky.json" in out.stdout and "scrubbed: global/old.json" in out.stdout
     assert "clean" not in out.stdout.split("\n3 sessions")[0]
+    assert "3 sessions seen, 2 scrubbed and verified, 1 without secrets" in out.stdout.splitlines()
     assert "search index rebuilt" in out.stdout
     (backup,) = backups(root)
     assert "the one place the secrets remain" in out.stderr and f"rm -rf -- {backup}" in out.stderr
@@ -211,6 +213,8 @@ def test_a_log_ending_in_a_batch_emacs_sends_again_is_left_alone(tmp_path: Path)
     before = tree(root)
     out = scrub_cli(root)
     assert out.returncode == 1 and "unconfirmed: global/leaky.json" in out.stdout
+    assert ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 waiting for Emacs to send their last "
+            "batch again (left alone)") in out.stdout.splitlines()
     assert tree(root) == before
 
 
@@ -296,3 +300,111 @@ def test_a_session_whose_producer_record_is_up_to_date_is_scrubbed(tmp_path: Pat
     assert out.returncode == 0, out.stdout + out.stderr
     assert "scrubbed: global/emacs.json" in out.stdout, out.stdout
     assert not leaked(leaky.GH, b"".join(tree(root).values()))
+
+
+def test_a_schema6_file_magent_would_refuse_is_left_alone_and_says_why(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.clean(root)
+    bad = root / "global" / "bad.json"
+    bad.write_text(json.dumps({"schema-version": 6, "id": "bad", "journal": "x"}))
+    before = bad.read_bytes()
+    out = scrub_cli(root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert ("damaged: global/bad.json: header.scope: expected \"global\" or \"project\", got None: "
+            "magent's reader would refuse it too") in out.stdout.splitlines()
+    assert bad.read_bytes() == before
+
+
+def test_a_schema6_file_magent_saves_while_it_is_scrubbed_is_left_as_magent_saved_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    path = leaky.six(root)
+    saved_by_magent = path.read_bytes().replace(b'"title": "six ', b'"title": "seven ')
+    assert saved_by_magent != path.read_bytes()
+    verify = scrub.Scrubber._verify6
+
+    def magent_saves_meanwhile(*args: object) -> object:
+        path.write_bytes(saved_by_magent)  # between scrub's read and its write
+        return verify(*args)
+
+    monkeypatch.setattr(scrub.Scrubber, "_verify6", staticmethod(magent_saves_meanwhile))
+    result = scrub.Scrubber(root, Redactor(**leaky.SPEC), backup=False, sync=False).run()
+    assert [(r.outcome, r.reason) for r in result.reports] == [
+        (scrub.SAVED_MEANWHILE, "saved by magent while it was scrubbed: left as magent saved it; run scrub again")]
+    assert path.read_bytes() == saved_by_magent
+    assert not result.ok
+    assert result.summary() == ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 saved by magent "
+                                "while scrubbed (left as magent saved it: run scrub again)")
+
+
+def test_a_log_whose_bytes_changed_since_they_were_written_is_left_alone_with_the_range_named(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    data = files.log.read_bytes()
+    at = data.index(b"Your key")
+    files.log.write_bytes(data[:at] + b"Your kez" + data[at + 8 :])  # the same length, valid JSON still
+    before = tree(root)
+    out = scrub_cli(root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("damaged: ")]
+    m = re.fullmatch(r"damaged: global/leaky\.json: bytes (\d+)-(\d+) of its log changed since they were "
+                     r"written: run `magent-store fsck` first", line)
+    assert m and int(m[1]) <= at < int(m[2]), line
+    assert tree(root) == before and not backups(root)
+
+
+def test_a_pattern_that_breaks_the_conversation_leaves_the_session_as_it_was_and_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    before = tree(root)
+    out = cli("scrub", "--pattern", "word=completed", "--no-backup", root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("changed: ")]
+    assert line.startswith("changed: global/leaky.json (") and line.endswith(
+        "word): redacted, it cannot be written: snapshot.turns[0]: unknown key '[redacted:word]-at'"), line
+    assert ("1 sessions seen, 0 scrubbed and verified, 0 without secrets, 1 did not read back as redacted "
+            "(original put back)") in out.stdout.splitlines()
+    assert tree(root) == before
+
+
+def test_a_header_whose_name_is_no_session_id_is_reported_damaged(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    path = root / "global" / "has space.json"
+    report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(path)
+    assert (report.path, report.schema, report.outcome) == (path, 7, scrub.DAMAGED)
+    assert report.reason is not None and report.reason.startswith("invalid session id 'has space'")
+
+
+def test_a_session_locked_between_the_check_and_the_take_is_reported_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from magent_store.errors import SessionLockedError
+    from magent_store.store import SessionLock
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    holder = SessionLock(files)
+    try:
+        with pytest.raises(SessionLockedError) as taken:
+            SessionLock(files)
+        monkeypatch.setattr(scrub, "lock_is_held", lambda path: False)  # the backend takes it just after the check
+        report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(files.header)
+    finally:
+        holder.release()
+    assert (report.path, report.schema, report.outcome, report.reason) == (
+        files.header, 7, scrub.LOCKED, str(taken.value))
+
+
+def test_a_session_that_cannot_be_read_fails_with_the_system_s_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+
+    def unreadable(path: Path) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(scrub, "read_header", unreadable)
+    report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(files.header)
+    assert (report.outcome, report.reason) == (scrub.FAILED, "Permission denied")

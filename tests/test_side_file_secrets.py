@@ -9,6 +9,7 @@ directory removes the stale temp files in it, logged.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -44,12 +45,20 @@ def test_scan_and_scrub_see_the_text_beside_the_sessions(tmp_path: Path) -> None
     assert [(f["path"], f["session"], [x["kind"] for x in f["findings"]]) for f in files] == [
         (str(temp), "clean", ["github-pat"]), (str(tail), "clean", ["aws-access-token"])]
     assert "2 more in 2 file(s) beside them" in scan.stderr
+    (found,) = files[0]["findings"]  # each finding whole: its kind, what the file is, its fingerprint
+    assert found == {"kind": "github-pat", "where": "a temp file an interrupted write left",
+                     "fingerprint": found["fingerprint"]}  # fmt: skip
+    assert re.fullmatch(r"[0-9a-f]{8}", found["fingerprint"])
 
     dry = cli("scrub", "--redact-spec", "-", "--dry-run", root)
     assert dry.returncode == 1 and "would-scrub: global/.clean.json.tmp-999999" in dry.stdout
+    assert dry.stdout.splitlines()[-1] == ("1 sessions seen, 0 hold secrets (dry run: nothing written), 1 without "
+                                           "secrets, 2 file(s) beside them (temp or set aside) hold secrets")
 
     out = cli("scrub", "--redact-spec", "-", root)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == ("1 sessions seen, 0 scrubbed and verified, 1 without secrets, "
+                                           "1 file(s) beside them (temp or set aside) scrubbed")
     assert not temp.exists()  # stale: its writer is gone
     assert tail.exists() and traces_in(tail.read_bytes(), leaky.PLANTED) == {}
     assert b"[redacted:" in tail.read_bytes() and tail.read_bytes().endswith(b'\n{"se')  # the rest as it was
@@ -104,3 +113,40 @@ def test_every_tool_that_owns_a_directory_removes_its_stale_temp_files(tmp_path:
         assert not temp.exists(), (argv, out.stdout + out.stderr)
         assert busy.exists(), argv
         assert "removed the temp file of an interrupted write" in out.stderr, argv
+
+
+def test_scrub_json_reports_each_session_and_each_file_beside_them(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    leaky.seven(root)
+    tail = root / "global" / "leaky.jsonl.tail-1"  # set aside by a repair, a byte that is no UTF-8 in it
+    tail.write_bytes(b'{"text":"key ' + leaky.AWS.encode() + b' \xff"}\n{"se')
+    kinds = sorted({"auth-source", "aws-access-token", "github-pat", "gitlab-pat", "huggingface-access-token", "jwt",
+                    "openai-api-key", "private-key", "slack-bot-token", "ticket"})
+    counts = dict.fromkeys(["scrubbed", "would-scrub", "clean", "locked", "damaged", "unconfirmed", "changed",
+                            "failed", "saved-meanwhile"], 0)
+
+    dry = cli("scrub", "--redact-spec", "-", "--dry-run", "--json", root)
+    assert dry.returncode == 1, dry.stderr
+    assert json.loads(dry.stdout) == {
+        "root": str(root), "dry-run": True, "backup": None,
+        "summary": {"sessions": 1, **counts, "would-scrub": 1},
+        "sessions": [{"path": "global/leaky.json", "schema": 7, "outcome": "would-scrub", "reason": None,
+                      "secrets": 12, "kinds": kinds}],
+        "files": [{"path": "global/leaky.jsonl.tail-1", "schema": 0, "outcome": "would-scrub",
+                   "reason": "set aside by a repair", "secrets": 1, "kinds": ["aws-access-token"]}],
+        "index": None}  # fmt: skip
+
+    out = cli("scrub", "--redact-spec", "-", "--json", root)
+    assert out.returncode == 0, out.stderr
+    (backup,) = sorted(root.glob("scrub-backup-*"))
+    report = json.loads(out.stdout)
+    assert report == {
+        "root": str(root), "dry-run": False, "backup": str(backup),
+        "summary": {"sessions": 1, **counts, "scrubbed": 1},
+        "sessions": [{"path": "global/leaky.json", "schema": 7, "outcome": "scrubbed", "reason": None,
+                      "secrets": 12, "kinds": kinds}],
+        "files": [{"path": "global/leaky.jsonl.tail-1", "schema": 0, "outcome": "scrubbed",
+                   "reason": "set aside by a repair: each secret redacted", "secrets": 1,
+                   "kinds": ["aws-access-token"]}],
+        "index": report["index"]}  # fmt: skip
+    assert tail.read_bytes() == b'{"text":"key [redacted:aws-access-token] \xff"}\n{"se'

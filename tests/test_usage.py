@@ -172,6 +172,9 @@ def test_limit_and_text_output(tree: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "by project:" in out.stdout and "by session:" in out.stdout
     assert "... and 3 more" in out.stdout
+    columns = "".join(f"{c:>9}" for c in ("SIZE", "LOG", "SNAPSHOT", "HEADER", "SIDE", "SCHEMA6", "INDEX"))
+    assert any(line.startswith(columns) for line in out.stdout.splitlines()), out.stdout
+    assert "\n\nby project:\n" in out.stdout and "\n\nby session:\n" in out.stdout  # a blank line before each
     assert "(global, big)" in out.stdout
     assert " KiB" in out.stdout and "last 30 days: 1 session created" in out.stdout
     bad = run(str(tree), "--limit", "-1")
@@ -296,6 +299,10 @@ def test_links_are_not_followed_and_an_unreadable_directory_is_named(
 def test_sizes_are_in_kib_as_everywhere_else(tree: Path) -> None:
     assert [usage.human(n) for n in (1000, 1024, 1536, 9626, 5 << 20, 3 << 30)] == [
         "1000 B", "1 KiB", "1.5 KiB", "9.4 KiB", "5 MiB", "3 GiB",
+    ]
+    # From 100 up: whole units, never an exponent ("1e+03 KiB").
+    assert [usage.human(n) for n in (100 << 10, 512 << 10, 1000 << 10, 1023 << 10, 1023 << 40, 2000 << 40)] == [
+        "100 KiB", "512 KiB", "1000 KiB", "1023 KiB", "1023 TiB", "2000 TiB",
     ]
     out = run(str(tree), "--limit", "3")
     assert " KiB" in out.stdout and " kB" not in out.stdout and " MB" not in out.stdout

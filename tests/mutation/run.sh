@@ -3,7 +3,8 @@
 # test files that exercise it in-process (mutmut picks, for each mutant,
 # the tests that reach its function), in a scratch copy
 # (build/mutation/MODULE; the checkout is never touched).  MODULES picks
-# modules, JOBS the parallelism.
+# modules, JOBS the parallelism, SAMPLE=N (SEED=S) N of each module's
+# mutants picked at random.
 # Each module's score goes to build/mutation/MODULE/score.json and its
 # surviving mutants to build/mutation/MODULE/survivors.txt.
 set -eu
@@ -30,9 +31,9 @@ for module in ${MODULES:-ledger store theirs state forks parts logfile fileio se
       tests/test_server_redaction.py tests/test_export_redact.py" ;;
     # A saved session redacted whole: what export, scan and scrub rewrite or list.
     redaction/saved) selection="tests/test_export_redact.py tests/test_scan.py tests/test_scrub.py tests/test_redact.py" ;;
-    scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py" ;;
+    scrub) selection="tests/test_scrub.py tests/test_scrub_open.py tests/test_side_file_secrets.py tests/test_maintenance_keeps_time.py" ;;
     scan) selection="tests/test_scan.py tests/test_side_file_secrets.py" ;;
-    relocate) selection="tests/test_relocate.py tests/test_move.py" ;;
+    relocate) selection="tests/test_relocate.py tests/test_move.py tests/test_runreport.py tests/test_maintenance_keeps_time.py" ;;
     idle) selection="tests/test_idle.py tests/test_maintenance_keeps_time.py" ;;
     *) selection="tests/test_$module.py" ;;
   esac
@@ -70,8 +71,29 @@ CFG
   # A command a test starts (python -m magent_store) runs the mutant too, and
   # says which functions it reached (tests/mutation/hook/sitecustomize.py).
   mkdir -p "$dir/hits"
-  (cd "$dir" && MAGENT_STORE_MUTATION=1 MAGENT_STORE_MUTATION_HITS="$top/$dir/hits" \
-     PYTHONPATH="$top/$dir/mutants/src:$top/tests/mutation/hook${PYTHONPATH:+:$PYTHONPATH}" "$mutmut" run --max-children "${JOBS:-1}" >run.log 2>&1 || true
+  (cd "$dir" && export MAGENT_STORE_MUTATION=1 MAGENT_STORE_MUTATION_HITS="$top/$dir/hits" \
+     PYTHONPATH="$top/$dir/mutants/src:$top/tests/mutation/hook${PYTHONPATH:+:$PYTHONPATH}"
+   # The mutants are made first, by a run that names no mutant (mutmut stops
+   # there), and the table of which test reaches which function is learnt by
+   # the next run: learnt in the run that made the mutants, it misses every
+   # test run in pytest's own process (that process imports the unmutated
+   # backend, mutants/src not existing yet when it started), and each mutant
+   # is then run only against the tests that start a command or a backend.
+   "$mutmut" run --max-children "${JOBS:-1}" 'no-such-mutant' >run.log 2>&1 || true
+   rm -f mutants/mutmut-stats.json
+   if [ -n "${SAMPLE:-}" ]; then
+     # SAMPLE=N runs N of the module's mutants picked at random (SEED=S).
+     picked=$("$mutmut" results --all true 2>/dev/null | "$top/.venv/bin/python" -c '
+import random, sys
+names = sorted(line.split(":")[0].strip() for line in sys.stdin if "__mutmut_" in line)
+print("\n".join(random.Random(int(sys.argv[2])).sample(names, min(int(sys.argv[1]), len(names)))))
+' "$SAMPLE" "${SEED:-0}")
+     echo "$picked" >sample.txt
+     # shellcheck disable=SC2086
+     "$mutmut" run --max-children "${JOBS:-1}" $picked >>run.log 2>&1 || true
+   else
+     "$mutmut" run --max-children "${JOBS:-1}" >>run.log 2>&1 || true
+   fi
    "$mutmut" results >survivors.txt 2>&1 || true
    "$mutmut" export-cicd-stats >/dev/null 2>&1 || true
    cp mutants/mutmut-cicd-stats.json score.json 2>/dev/null || true)
