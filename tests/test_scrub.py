@@ -380,7 +380,7 @@ def test_a_session_locked_between_the_check_and_the_take_is_reported_locked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from magent_store.errors import SessionLockedError
-    from magent_store.store import SessionLock
+    from magent_store.parts import SessionLock
 
     root = tmp_path / "sessions"
     files = leaky.seven(root)
