@@ -26,38 +26,19 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from conftest import Events  # noqa: E402
 from magent_store.parts import BatchWrite  # noqa: E402
 from magent_store.store import Session, Store  # noqa: E402
+from test_store_sync import append, turn  # noqa: E402  (a whole turn, as the sync tests stream it)
 
 SUFFIXES = (".json", ".snapshot", ".jsonl", ".writers")
 # A time this run took from the clock (events carry times of 2023, from `Events`), and
 # an inode number (in the checksums).
 NOW = re.compile(rb"(?:179|1[89]\d)\d{7}\.\d+")
 INODE = re.compile(rb'"ino":\d+')
-
-
-def turn(events: Events, turn_id: str, text: str) -> list[dict[str, Any]]:
-    return [
-        events.turn("turn-queued", turn_id, input=text),
-        events.turn("turn-started", turn_id, input=text),
-        events.item_started(turn_id, f"{turn_id}-u", role="user", content=text),
-        events.item_end("item-completed", turn_id, f"{turn_id}-u"),
-        events.item_started(turn_id, f"{turn_id}-a"),
-        events.content(turn_id, f"{turn_id}-a", f"reply to {text}, "),
-        events.content(turn_id, f"{turn_id}-a", "in two chunks"),
-        events.item_end("item-completed", turn_id, f"{turn_id}-a"),
-        events.turn_end("turn-completed", turn_id, {"tokens": 1}),
-    ]
-
-
-def append(session: Session, objs: list[dict[str, Any]]) -> None:
-    for obj in objs:
-        session.append_event(obj)
 
 
 def copy_session(src: Path, dst: Path, sid: str) -> None:
