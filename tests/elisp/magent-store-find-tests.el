@@ -157,6 +157,36 @@ column UI (vertico's), the same: never right after a title."
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
+(ert-deftest magent-store-find-style-completes-to-what-the-index-found ()
+  "The finder's completion style completes a word no title holds to the one
+session the index found it in; found in several, it keeps what was typed."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (magent-store-find-test--write "x-two" 'global "Another" "quotes again")
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table)))
+           (completion-styles '(substring))
+           (completion-category-overrides '((magent-store-session (styles magent-store-find)))))
+      (should (equal (completion-try-completion "hums" table nil 4)
+                     '("Fix the parser (p-one)" . 22)))
+      (should (equal (completion-try-completion "quotes" table nil 6) '("quotes" . 6)))
+      ;; A title is completed by the usual styles.
+      (should (equal (completion-try-completion "Review" table nil 6)
+                     '("Review the diff 差分" . 18))))))
+
+(ert-deftest magent-store-find-without-a-backend-or-a-saved-list-lists-at-once ()
+  "With no backend running and no list saved, the first finder lists the
+root itself, at once, and shows every session."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root))
+          (magent-store-current-backend nil))
+      (should-not (magent-store-find--saved root))
+      (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t)
+                     '("Fix the parser (g-new)" "Fix the parser (p-one)"
+                       "Review the diff 差分" "An old session"))))))
+
 (ert-deftest magent-store-find-a-session-saved-since-the-list-is-found-and-taken ()
   "A session the list does not hold yet, found by the index, is a candidate
 that completion accepts."
