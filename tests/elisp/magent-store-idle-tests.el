@@ -95,6 +95,15 @@ Return its log file."
       (should-not (magent-store-idle-compact))
       (should (file-exists-p log)))))
 
+(ert-deftest magent-store-idle-zero-days-is-off ()
+  "Zero days is no compaction at all, not \"every session, now\"."
+  (magent-store-idle-test--with-mode 0
+    (let ((log (magent-store-idle-test--write-old-session (magent-store-session-root))))
+      (should-not magent-store-idle--process)
+      (should-not (magent-store-idle-compact))
+      (should-not (get-process "magent-store-compact"))
+      (should (file-exists-p log)))))
+
 (ert-deftest magent-store-idle-on-compacts-when-the-mode-starts-then-daily ()
   (magent-store-idle-test--with-mode 30
     ;; No root yet (no session ever saved): nothing to run, nothing said.
@@ -111,6 +120,8 @@ Return its log file."
         (should (equal (butlast (process-command process) 4)
                        (magent-store-program)))
         (should (= 0 (process-exit-status process))))
+      ;; Ended, it is no longer the compaction running now.
+      (should-not magent-store-idle--process)
       (should-not (file-exists-p log))
       (should (file-exists-p (expand-file-name "global/old.snapshot" (magent-store-session-root))))
       (with-current-buffer magent-store-idle-buffer
