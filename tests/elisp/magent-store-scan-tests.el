@@ -114,6 +114,38 @@ print(json.dumps(list(leaky.PLANTED)))"
         (should (equal (string-trim (apply #'concat header-line-format)) "No secret found"))))
     (should-error (magent-store-scan (expand-file-name "nowhere" magent-store-root)) :type 'user-error)))
 
+(ert-deftest magent-store-scan-again-stops-the-scan-still-running ()
+  "Scanning again (\\[revert-buffer]) while a scan runs stops that scan: one
+scan at a time draws the list."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let* ((buffer (magent-store-scan))
+           (first (buffer-local-value 'magent-store-scan--process buffer)))
+      (unwind-protect
+          (progn
+            ;; Held still, the first scan is running when the second starts.
+            (signal-process first 'SIGSTOP)
+            (with-current-buffer buffer (revert-buffer))
+            (should-not (process-live-p first))
+            (should (process-live-p (buffer-local-value 'magent-store-scan--process buffer)))
+            (magent-store-scan-test--wait buffer)
+            (should (member "github-pat" (magent-store-scan-test--kinds buffer))))
+        (when (process-live-p first)
+          (signal-process first 'SIGCONT)
+          (delete-process first))))))
+
+(ert-deftest magent-store-scan-names-the-sessions-it-could-not-read ()
+  "A session that cannot be read is counted in the header line, in words."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (with-temp-file (expand-file-name "global/broken.json" magent-store-root)
+      (insert "{\"schema-version\": 7, \"id\": "))
+    (let ((buffer (magent-store-scan)))
+      (magent-store-scan-test--wait buffer)
+      (should (string-match-p
+               "secrets in 1 session: `magent-store scrub .*' removes them (keeping a backup); 1 session could not be read\\'"
+               (string-trim (apply #'concat (buffer-local-value 'header-line-format buffer))))))))
+
 (ert-deftest magent-store-scan-finds-what-this-emacs-has-not-saved-yet ()
   "What the backend was sent but not told to write is written before the scan reads."
   (magent-store-test--with-backend
