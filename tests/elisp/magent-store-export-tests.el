@@ -164,6 +164,17 @@ than a session, it is a `user-error' that names it, and nothing is read."
                                          :type 'user-error)
                            `(user-error ,(format "Session %s has not been saved yet" id))))))))))
 
+(ert-deftest magent-store-export-a-blank-title-names-the-buffer-by-id ()
+  "A session whose title is only blanks gives its buffer the session's id."
+  (magent-store-test--with-backend
+    (let* ((header (magent-store-export-test--write "s-blank" "   "))
+           (buffer (magent-store-export-test--wait
+                    (magent-store-export-session
+                     `((id . "s-blank") (header . ,header) (title . "   "))))))
+      (unwind-protect
+          (should (equal (buffer-name buffer) "s-blank.org"))
+        (kill-buffer buffer)))))
+
 (ert-deftest magent-store-export-errors-say-why-and-open-nothing ()
   "A session with no file is a `user-error'; a file the export cannot read
 gives the export's own message, and no buffer."
