@@ -95,6 +95,17 @@ Return its log file."
       (should-not (magent-store-idle-compact))
       (should (file-exists-p log)))))
 
+(ert-deftest magent-store-idle-compact-as-a-command-says-it-is-off ()
+  "Run as a command while the setting is off, it says what to set; from
+Lisp it quietly does nothing."
+  (magent-store-idle-test--with-mode nil
+    (should-not (magent-store-idle-compact))
+    ;; As when typed: batch Emacs counts no call as interactive otherwise.
+    (let ((noninteractive nil))
+      (should (string-match-p "\\`Set .magent-store-compact-idle-days. to a number of days"
+                              (cadr (should-error (call-interactively #'magent-store-idle-compact)
+                                                  :type 'user-error)))))))
+
 (ert-deftest magent-store-idle-zero-days-is-off ()
   "Zero days is no compaction at all, not \"every session, now\"."
   (magent-store-idle-test--with-mode 0

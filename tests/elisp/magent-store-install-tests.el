@@ -198,8 +198,8 @@ not it."
 (ert-deftest magent-store-install-a-failed-step-stops-and-says-so ()
   "A step that fails stops the installation: the callback and the output
 buffer say it failed.  While a step runs, a second installation is
-refused; run from Lisp (as starting the backend runs it), it shows no
-buffer."
+refused.  Run as a command, it shows its output; run from Lisp (as
+starting the backend runs it), it shows nothing."
   (let* ((tmp (make-temp-file "magent-store-install-test-" t))
          (python (expand-file-name "python" tmp))
          (magent-store-install-python python)
@@ -211,7 +211,16 @@ buffer."
           ;; when the step ends.
           (with-temp-file python (insert "#!/bin/sh\nread line\nexit 3\n"))
           (set-file-modes python #o700)
-          (let ((buffer (magent-store-install-backend (lambda (why) (setq failure why)))))
+          (let ((buffer (save-window-excursion
+                          ;; As when typed: batch Emacs counts no call as interactive otherwise.
+                          (let ((noninteractive nil))
+                            (should (get-buffer-window
+                                     (call-interactively #'magent-store-install-backend))))
+                          (process-send-eof magent-store-install--process)
+                          (with-timeout (30 (error "The failed step was never reported"))
+                            (while magent-store-install--process
+                              (accept-process-output nil 0.05)))
+                          (magent-store-install-backend (lambda (why) (setq failure why))))))
             (should-not (get-buffer-window buffer))
             (should (process-live-p magent-store-install--process))
             (should (string-match-p
