@@ -273,6 +273,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at a time (default 2)")
     parser.add_argument("--resume", action="store_true", help="skip the mutants results.jsonl already holds")
+    parser.add_argument("--again", action="store_true",
+                        help="run again the mutants results.jsonl last found surviving or reached by no test")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--limit", type=float, default=600, help="seconds one mutant's tests may run")
     ns = parser.parse_args(argv)
@@ -281,14 +283,26 @@ def main(argv: list[str]) -> int:
     sources = {name: (TOP / "elisp" / name).read_text(encoding="utf-8") for name in every_file}
     forms = {name: top_forms(sources[name]) for name in every_file}
     every = [m for name in files for m in mutants(name, sources[name])]
-    if ns.only is not None:
-        lines = {o.rsplit(":", 1)[0] + ":" + o.rsplit(":", 1)[1] for o in ns.only}
-        every = [m for m in every if f"{m.file}:{m.line}" in lines]
+    results_file = OUT / "results.jsonl"
+    # What each mutant did last (a later line is a later run of it).
+    previous: dict[str, dict[str, str]] = {}
+    if results_file.exists() and (ns.resume or ns.again or ns.only is not None):
+        for line in results_file.read_text().splitlines():
+            r = json.loads(line)
+            previous[r["mutant"]] = r
     chosen = (
         sorted(random.Random(ns.seed).sample(every, ns.sample), key=lambda m: (m.file, m.start))
         if 0 < ns.sample < len(every)
         else every
     )
+    if ns.only is not None:
+        lines = set(ns.only)
+        chosen = [m for m in chosen if f"{m.file}:{m.line}" in lines]
+    if ns.again:
+        chosen = [m for m in chosen if previous.get(key_of(m), {}).get("outcome") in ("survived", "no tests")]
+    # Run again by name or by outcome, a mutant's earlier result is replaced; the
+    # score is then over every mutant of the files.
+    rerun = ns.again or ns.only is not None
     if ns.list:
         for m in chosen:
             f = form_of(m, forms[m.file])
@@ -297,13 +311,8 @@ def main(argv: list[str]) -> int:
         return 0
 
     OUT.mkdir(parents=True, exist_ok=True)
-    results_file = OUT / "results.jsonl"
-    done: dict[str, dict[str, str]] = {}
-    if ns.resume and results_file.exists():
-        for line in results_file.read_text().splitlines():
-            r = json.loads(line)
-            done[r["mutant"]] = r
-    elif ns.only is None:
+    done = {} if rerun else previous
+    if not (rerun or ns.resume):
         results_file.unlink(missing_ok=True)
     trees = [OUT / f"tree-{k}" for k in range(max(ns.jobs, 1))]
     shutil.rmtree(OUT / "tree", ignore_errors=True)
@@ -353,11 +362,11 @@ def main(argv: list[str]) -> int:
         todo = sorted(
             (m for m in chosen if key_of(m) not in done), key=lambda m: (size[m.file], m.file, m.start)
         )
-        results: dict[str, dict[str, str]] = {
-            k: r for k, r in done.items() if k in {key_of(m) for m in chosen}
-        }
+        results: dict[str, dict[str, str]] = (
+            dict(previous) if rerun else {k: r for k, r in done.items() if k in {key_of(m) for m in chosen}}
+        )
         started = time.monotonic()
-        count = [len(results)]
+        count = [len(chosen) - len(todo)]
 
         def judge(m: Mutant) -> dict[str, str]:
             with lock:
@@ -421,7 +430,7 @@ def main(argv: list[str]) -> int:
             futures = {pool.submit(judge, m): m for m in todo}
             for future in as_completed(futures):
                 finish(futures[future], future.result())
-        table = score(chosen, results)
+        table = score(every if rerun or ns.resume else chosen, results)
         table["seed"], table["sample"] = ns.seed, ns.sample
         table["seconds"] = round(time.monotonic() - started)
         (OUT / "score.json").write_text(json.dumps(table, indent=1))
@@ -463,6 +472,7 @@ def score(chosen: list[Mutant], results: dict[str, dict[str, str]]) -> dict[str,
     }
     for row in [*rows.values(), total]:
         judged = int(row["killed"]) + int(row["survived"]) + int(row["no tests"])  # type: ignore[call-overload]
+        row["not judged yet"] = int(row["mutants"]) - judged  # type: ignore[call-overload]
         row["score"] = f"{100 * int(row['killed']) / judged:.1f}%" if judged else "-"  # type: ignore[call-overload]
         run = int(row["run"])  # type: ignore[call-overload]
         row["score of reached"] = f"{100 * int(row['killed']) / run:.1f}%" if run else "-"  # type: ignore[call-overload]
