@@ -19,14 +19,16 @@ function no test reaches is counted as reached by no test, not run.
 Mutants run two at a time (--jobs), each in its own scratch copy of the
 checkout (build/mutation/elisp/tree-N; the checkout is never touched), under
 `nice`; only the mutated file (and what must see a changed macro) is
-byte-compiled again.  A mutant whose tests run past --limit seconds is
-stopped and counted as a timeout (killed).  Each result is appended to
+byte-compiled again.  A mutant whose tests run past three times what they
+took unmutated, and a minute (--limit seconds at most), is stopped and
+counted as a timeout (killed).  Each result is appended to
 build/mutation/elisp/results.jsonl as it comes (--resume skips those
-already there); the per-file table goes to score.json, the survivors to
-survivors.txt.
+already there; --only FILE:LINE and --again run some again, replacing
+their earlier results); the per-file table goes to score.json, the
+survivors to survivors.txt.
 
     .venv/bin/python tests/mutation/elisp.py [--sample N] [--seed S] [--files F.el ...]
-        [--only FILE:LINE ...] [--jobs J] [--resume] [--list]
+        [--only FILE:LINE ...] [--again] [--resume] [--jobs J] [--limit S] [--list]
 """
 
 from __future__ import annotations
@@ -203,11 +205,11 @@ def fingerprint() -> str:
 
 
 def record(tree: Path, env: dict[str, str], commands: dict[str, list[str]], functions: list[str],
-           limit: float) -> dict[str, dict[str, list[str]]]:  # fmt: skip
+           limit: float) -> tuple[dict[str, dict[str, list[str]]], dict[str, float]]:  # fmt: skip
     """Run both suites whole, unmutated, noting which test reaches which function.
 
-    Returns {function: {suite: [test, ...]}}; a function called while the files
-    load has the test ":load".  Either suite failing stops here: no mutant can
+    Returns {function: {suite: [test, ...]}} (a function called while the files
+    load has the test ":load") and how long each test took.  Either suite failing stops here: no mutant can
     be judged against tests that fail without one.
     """
     cache = OUT / "reached.json"
@@ -215,7 +217,7 @@ def record(tree: Path, env: dict[str, str], commands: dict[str, list[str]], func
     if cache.exists():
         saved = json.loads(cache.read_text())
         if saved.get("fingerprint") == key:
-            return saved["reached"]  # type: ignore[no-any-return]
+            return saved["reached"], saved["durations"]  # type: ignore[no-any-return]
     names = OUT / "functions.txt"
     names.write_text("".join(f + "\n" for f in functions))
     reached: dict[str, dict[str, list[str]]] = {}
@@ -254,8 +256,9 @@ def record(tree: Path, env: dict[str, str], commands: dict[str, list[str]], func
     for tests in reached.values():
         for names in tests.values():
             names.sort(key=lambda t: (durations.get(t, 0.0), t))
-    cache.write_text(json.dumps({"fingerprint": key, "reached": reached}, indent=0, sort_keys=True))
-    return reached
+    cache.write_text(json.dumps({"fingerprint": key, "reached": reached, "durations": durations},
+                                indent=0, sort_keys=True))  # fmt: skip
+    return reached, durations
 
 
 def key_of(m: Mutant) -> str:
@@ -276,7 +279,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--again", action="store_true",
                         help="run again the mutants results.jsonl last found surviving or reached by no test")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
-    parser.add_argument("--limit", type=float, default=600, help="seconds one mutant's tests may run")
+    parser.add_argument("--limit", type=float, default=600,
+                        help="seconds one mutant's tests may run at most (default 600; less when they took less "
+                        "unmutated: three times that and a minute)")  # fmt: skip
     ns = parser.parse_args(argv)
     every_file = sorted(p.name for p in (TOP / "elisp").glob("*.el"))
     files = ns.files or every_file
@@ -353,7 +358,8 @@ def main(argv: list[str]) -> int:
         for tree in trees[1:]:
             shutil.copytree(pristine, tree / "elisp", dirs_exist_ok=True)
         functions = sorted({f.name for fs in forms.values() for f in fs if f.kind == "function"})
-        reached = record(trees[0], env, commands, functions, ns.limit)
+        reached, durations = record(trees[0], env, commands, functions, ns.limit)
+        whole = sum(durations.values())
 
         lock = threading.Lock()
         free = list(trees)
@@ -386,7 +392,10 @@ def main(argv: list[str]) -> int:
             recompile = [m.file, *(dependants(sources, m.file) if form.kind == "inline" else [])]
             target = tree / "elisp" / m.file
             target.write_text(m.apply(sources[m.file]), encoding="utf-8")
-            deadline = time.monotonic() + ns.limit
+            # Three times what the tests took unmutated (and a minute to start
+            # Emacs and Python), so that a busy machine is no timeout; --limit at most.
+            took = whole if everything else sum(durations.get(t, 30.0) for ts in tests.values() for t in ts)
+            deadline = time.monotonic() + min(ns.limit, 3 * took + 60)
             try:
                 status, out = run(compile_cmd(recompile), tree, env, ns.limit)
                 if status != 0:
