@@ -157,6 +157,13 @@ column UI (vertico's), the same: never right after a title."
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
+(ert-deftest magent-store-find-a-blank-title-is-offered-by-id ()
+  "A session whose title is only blanks is offered under its id."
+  (magent-store-test--with-backend
+    (magent-store-find-test--write "b-blank" 'global "   " "nothing to see")
+    (clrhash magent-store-find--states)
+    (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t) '("b-blank")))))
+
 (ert-deftest magent-store-find-style-completes-to-what-the-index-found ()
   "The finder's completion style completes a word no title holds to the one
 session the index found it in; found in several, it keeps what was typed."
