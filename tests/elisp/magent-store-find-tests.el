@@ -157,6 +157,18 @@ column UI (vertico's), the same: never right after a title."
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
+(ert-deftest magent-store-find-a-three-letter-word-asks-the-index ()
+  "A word of three letters that no title holds is looked up in the index,
+also in an interactive Emacs, where the wait gives way only to input."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (magent-store-find-test--write "z-three" 'global "Short words" "the zyx code")
+    (clrhash magent-store-find--states)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table)))
+           (noninteractive nil))
+      (should (equal (funcall table "zyx" nil t) '("Short words"))))))
+
 (ert-deftest magent-store-find-a-blank-title-is-offered-by-id ()
   "A session whose title is only blanks is offered under its id."
   (magent-store-test--with-backend
