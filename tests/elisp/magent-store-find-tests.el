@@ -169,6 +169,28 @@ also in an interactive Emacs, where the wait gives way only to input."
            (noninteractive nil))
       (should (equal (funcall table "zyx" nil t) '("Short words"))))))
 
+(ert-deftest magent-store-find-ages-turn-over-at-each-unit ()
+  "An age is said in the next unit from the moment it reaches it: a minute
+old is 1m, an hour 1h, a day 1d, sixty days 2mo, two years 2y."
+  (let ((now 2000000000.0))
+    (cl-letf (((symbol-function 'float-time) (lambda (&optional _time) now)))
+      (dolist (case `((59 "now") (60 "1m") (3599 "59m") (3600 "1h") (86399 "23h")
+                      (86400 "1d") (,(1- (* 86400 60)) "59d") (,(* 86400 60) "2mo")
+                      (,(1- (* 86400 730)) "24mo") (,(* 86400 730) "2y")))
+        (should (equal (list (car case) (magent-store-find--age (- now (car case))))
+                       case))))))
+
+(ert-deftest magent-store-find-a-project-root-of-32-characters-is-shown-whole ()
+  "A project root fits its column up to 32 characters; a longer one keeps its end."
+  (let ((fits (concat "/" (make-string 31 ?a)))
+        (long (concat "/" (make-string 32 ?b))))
+    (should (string-prefix-p (concat fits " ")
+                             (magent-store-find--describe
+                              (vector "x.json" "x" "T" (concat "project:" fits) nil nil 7))))
+    (should (string-prefix-p (concat "…" (make-string 31 ?b) " ")
+                             (magent-store-find--describe
+                              (vector "x.json" "x" "T" (concat "project:" long) nil nil 7))))))
+
 (ert-deftest magent-store-find-a-blank-title-is-offered-by-id ()
   "A session whose title is only blanks is offered under its id."
   (magent-store-test--with-backend
