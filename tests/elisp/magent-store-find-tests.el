@@ -191,6 +191,22 @@ old is 1m, an hour 1h, a day 1d, sixty days 2mo, two years 2y."
                              (magent-store-find--describe
                               (vector "x.json" "x" "T" (concat "project:" long) nil nil 7))))))
 
+(ert-deftest magent-store-find-completion-answers-as-a-table-does ()
+  "A whole candidate completes to itself, words the index found are not a
+candidate themselves, and choosing nothing is an error that says so."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table))))
+      (should (equal (all-completions "Review the diff 差分" table) '("Review the diff 差分")))
+      (should (equal (funcall table "flux capacitor" nil t) '("Fix the parser (p-one)")))
+      (should-not (test-completion "flux capacitor" table))
+      (let ((completing-read-function (lambda (&rest _) "")))
+        (should (equal (should-error (magent-store-find-read-session "Session: ")
+                                     :type 'user-error)
+                       '(user-error "No session chosen")))))))
+
 (ert-deftest magent-store-find-a-blank-title-is-offered-by-id ()
   "A session whose title is only blanks is offered under its id."
   (magent-store-test--with-backend
