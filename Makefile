@@ -128,9 +128,10 @@ mutation: install $(MUTMUT_STAMP)
 	sh tests/mutation/run.sh
 
 # The same for the Emacs Lisp: operator-level mutants of elisp/*.el, each
-# against the Elisp tests and the tests against upstream magent (in a
-# scratch copy under build/mutation/elisp/).  SAMPLE=N tries N of them,
-# picked at random (SEED=S); every one takes about a minute.
+# against the Elisp tests and the tests against upstream magent that reach
+# its function (recorded in one run of both), two at a time, in scratch
+# copies under build/mutation/elisp/.  SAMPLE=N tries N of them, picked at
+# random (SEED=S); see docs/DEVELOPING.md for running some again by name.
 mutation-elisp: install emacs-ready
 	$(PY) tests/mutation/elisp.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED))
 

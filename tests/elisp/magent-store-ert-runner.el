@@ -18,6 +18,13 @@
 ;; file MAGENT_STORE_ERT_CURRENT names (when set), and whatever runs Emacs
 ;; (tests/summary.py) stops it once one test has run well past the limit,
 ;; and names the test.
+;;
+;; Two settings serve `make mutation-elisp', which runs, for each planted
+;; bug, only the tests that reach the changed function: when
+;; MAGENT_STORE_ERT_SELECT names a file, only the tests named in it (one
+;; name a line) run; when MAGENT_STORE_ERT_FAIL_FAST is set (not empty),
+;; the run stops with status 1 at the first test that does not pass as
+;; expected.  Unset, the run is `make test''s: every test, to the end.
 
 ;;; Code:
 
@@ -32,6 +39,29 @@
 
 (defvar magent-store-ert-current-file (getenv "MAGENT_STORE_ERT_CURRENT")
   "File that names the test running now, for a watchdog outside Emacs; or nil.")
+
+(defvar magent-store-ert-select-file (getenv "MAGENT_STORE_ERT_SELECT")
+  "File naming the tests to run, one a line; or nil for every test.")
+
+(defvar magent-store-ert-fail-fast
+  (not (member (getenv "MAGENT_STORE_ERT_FAIL_FAST") '(nil "")))
+  "Non-nil: stop the run at the first test that does not pass as expected.")
+
+(defun magent-store-ert--selected ()
+  "Return the selector of the tests `magent-store-ert-select-file' names."
+  (with-temp-buffer
+    (insert-file-contents magent-store-ert-select-file)
+    `(member ,@(delq nil (mapcar (lambda (name)
+                                   (let ((test (intern name)))
+                                     (and (ert-test-boundp test) test)))
+                                 (split-string (buffer-string) "\n" t "[ \t]+"))))))
+
+(defun magent-store-ert--stop-at-failure (_stats test _listener)
+  "Exit Emacs with status 1 when TEST's result was not expected."
+  (let ((result (ert-test-most-recent-result test)))
+    (unless (ert-test-result-expected-p test result)
+      (message "Stopped at the first unexpected result: %s" (ert-test-name test))
+      (kill-emacs 1))))
 
 (defun magent-store-ert--limited (name body)
   "Return BODY, the body of test NAME, failing when it exceeds the limit."
@@ -57,7 +87,10 @@
   "Run the tests SELECTOR selects, each under the limit, then exit.
 As `ert-run-tests-batch-and-exit'."
   (magent-store-ert-limit-tests)
-  (ert-run-tests-batch-and-exit selector))
+  (when magent-store-ert-fail-fast
+    (advice-add 'ert-run-or-rerun-test :after #'magent-store-ert--stop-at-failure))
+  (ert-run-tests-batch-and-exit
+   (if magent-store-ert-select-file (magent-store-ert--selected) selector)))
 
 (provide 'magent-store-ert-runner)
 ;;; magent-store-ert-runner.el ends here

@@ -141,6 +141,40 @@ argument asks for Markdown."
                            "s-read"))
           (kill-buffer buffer))))))
 
+(ert-deftest magent-store-export-in-magents-buffer-takes-the-session-it-shows ()
+  "In magent's buffer the export takes the session the buffer shows, by its id.
+Saved, it is exported; not saved yet, or an id that names a path rather
+than a session, it is a `user-error' that names it, and nothing is read."
+  (magent-store-test--with-backend
+    (magent-store-export-test--write "s-here" "Shown in magent")
+    (let ((shown "s-here"))
+      ;; What magent's buffer shows is the one thing taken from magent here.
+      (cl-letf (((symbol-function 'magent-store-magent-session-id)
+                 (lambda (&optional _buffer) shown)))
+        (with-temp-buffer
+          (let ((buffer (magent-store-export-test--wait
+                         (call-interactively #'magent-store-export-session))))
+            (unwind-protect
+                (should (equal (with-current-buffer buffer (org-entry-get (point-min) "ID"))
+                               "s-here"))
+              (kill-buffer buffer)))
+          (dolist (id '("s-unsaved" "../global/s-here"))
+            (setq shown id)
+            (should (equal (should-error (call-interactively #'magent-store-export-session)
+                                         :type 'user-error)
+                           `(user-error ,(format "Session %s has not been saved yet" id))))))))))
+
+(ert-deftest magent-store-export-a-blank-title-names-the-buffer-by-id ()
+  "A session whose title is only blanks gives its buffer the session's id."
+  (magent-store-test--with-backend
+    (let* ((header (magent-store-export-test--write "s-blank" "   "))
+           (buffer (magent-store-export-test--wait
+                    (magent-store-export-session
+                     `((id . "s-blank") (header . ,header) (title . "   "))))))
+      (unwind-protect
+          (should (equal (buffer-name buffer) "s-blank.org"))
+        (kill-buffer buffer)))))
+
 (ert-deftest magent-store-export-errors-say-why-and-open-nothing ()
   "A session with no file is a `user-error'; a file the export cannot read
 gives the export's own message, and no buffer."

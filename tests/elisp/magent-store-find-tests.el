@@ -157,6 +157,93 @@ column UI (vertico's), the same: never right after a title."
       ;; Nothing said anywhere: no candidate.
       (should (null (funcall table "zorblaxian" nil t))))))
 
+(ert-deftest magent-store-find-a-three-letter-word-asks-the-index ()
+  "A word of three letters that no title holds is looked up in the index,
+also in an interactive Emacs, where the wait gives way only to input."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (magent-store-find-test--write "z-three" 'global "Short words" "the zyx code")
+    (clrhash magent-store-find--states)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table)))
+           (noninteractive nil))
+      (should (equal (funcall table "zyx" nil t) '("Short words"))))))
+
+(ert-deftest magent-store-find-ages-turn-over-at-each-unit ()
+  "An age is said in the next unit from the moment it reaches it: a minute
+old is 1m, an hour 1h, a day 1d, sixty days 2mo, two years 2y."
+  (let ((now 2000000000.0))
+    (cl-letf (((symbol-function 'float-time) (lambda (&optional _time) now)))
+      (dolist (case `((59 "now") (60 "1m") (3599 "59m") (3600 "1h") (86399 "23h")
+                      (86400 "1d") (,(1- (* 86400 60)) "59d") (,(* 86400 60) "2mo")
+                      (,(1- (* 86400 730)) "24mo") (,(* 86400 730) "2y")))
+        (should (equal (list (car case) (magent-store-find--age (- now (car case))))
+                       case))))))
+
+(ert-deftest magent-store-find-a-project-root-of-32-characters-is-shown-whole ()
+  "A project root fits its column up to 32 characters; a longer one keeps its end."
+  (let ((fits (concat "/" (make-string 31 ?a)))
+        (long (concat "/" (make-string 32 ?b))))
+    (should (string-prefix-p (concat fits " ")
+                             (magent-store-find--describe
+                              (vector "x.json" "x" "T" (concat "project:" fits) nil nil 7))))
+    (should (string-prefix-p (concat "…" (make-string 31 ?b) " ")
+                             (magent-store-find--describe
+                              (vector "x.json" "x" "T" (concat "project:" long) nil nil 7))))))
+
+(ert-deftest magent-store-find-completion-answers-as-a-table-does ()
+  "A whole candidate completes to itself, words the index found are not a
+candidate themselves, and choosing nothing is an error that says so."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table))))
+      (should (equal (all-completions "Review the diff 差分" table) '("Review the diff 差分")))
+      (should (equal (funcall table "flux capacitor" nil t) '("Fix the parser (p-one)")))
+      (should-not (test-completion "flux capacitor" table))
+      (let ((completing-read-function (lambda (&rest _) "")))
+        (should (equal (should-error (magent-store-find-read-session "Session: ")
+                                     :type 'user-error)
+                       '(user-error "No session chosen")))))))
+
+(ert-deftest magent-store-find-a-blank-title-is-offered-by-id ()
+  "A session whose title is only blanks is offered under its id."
+  (magent-store-test--with-backend
+    (magent-store-find-test--write "b-blank" 'global "   " "nothing to see")
+    (clrhash magent-store-find--states)
+    (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t) '("b-blank")))))
+
+(ert-deftest magent-store-find-style-completes-to-what-the-index-found ()
+  "The finder's completion style completes a word no title holds to the one
+session the index found it in; found in several, it keeps what was typed."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (magent-store-find-test--write "x-two" 'global "Another" "quotes again")
+    (let* ((magent-store-find-search-timeout 60)
+           (table (cdr (magent-store-find-test--table)))
+           (completion-styles '(substring))
+           (completion-category-overrides '((magent-store-session (styles magent-store-find)))))
+      (should (equal (completion-try-completion "hums" table nil 4)
+                     '("Fix the parser (p-one)" . 22)))
+      (should (equal (completion-try-completion "quotes" table nil 6) '("quotes" . 6)))
+      ;; A title is completed by the usual styles.
+      (should (equal (completion-try-completion "Review" table nil 6)
+                     '("Review the diff 差分" . 18))))))
+
+(ert-deftest magent-store-find-without-a-backend-or-a-saved-list-lists-at-once ()
+  "With no backend running and no list saved, the first finder lists the
+root itself, at once, and shows every session."
+  (magent-store-test--with-backend
+    (magent-store-find-test--tree)
+    (clrhash magent-store-find--states)
+    (let ((root (file-name-as-directory magent-store-root))
+          (magent-store-current-backend nil))
+      (should-not (magent-store-find--saved root))
+      (should (equal (funcall (cdr (magent-store-find-test--table)) "" nil t)
+                     '("Fix the parser (g-new)" "Fix the parser (p-one)"
+                       "Review the diff 差分" "An old session"))))))
+
 (ert-deftest magent-store-find-a-session-saved-since-the-list-is-found-and-taken ()
   "A session the list does not hold yet, found by the index, is a candidate
 that completion accepts."

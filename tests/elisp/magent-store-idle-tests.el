@@ -95,6 +95,26 @@ Return its log file."
       (should-not (magent-store-idle-compact))
       (should (file-exists-p log)))))
 
+(ert-deftest magent-store-idle-compact-as-a-command-says-it-is-off ()
+  "Run as a command while the setting is off, it says what to set; from
+Lisp it quietly does nothing."
+  (magent-store-idle-test--with-mode nil
+    (should-not (magent-store-idle-compact))
+    ;; As when typed: batch Emacs counts no call as interactive otherwise.
+    (let ((noninteractive nil))
+      (should (string-match-p "\\`Set .magent-store-compact-idle-days. to a number of days"
+                              (cadr (should-error (call-interactively #'magent-store-idle-compact)
+                                                  :type 'user-error)))))))
+
+(ert-deftest magent-store-idle-zero-days-is-off ()
+  "Zero days is no compaction at all, not \"every session, now\"."
+  (magent-store-idle-test--with-mode 0
+    (let ((log (magent-store-idle-test--write-old-session (magent-store-session-root))))
+      (should-not magent-store-idle--process)
+      (should-not (magent-store-idle-compact))
+      (should-not (get-process "magent-store-compact"))
+      (should (file-exists-p log)))))
+
 (ert-deftest magent-store-idle-on-compacts-when-the-mode-starts-then-daily ()
   (magent-store-idle-test--with-mode 30
     ;; No root yet (no session ever saved): nothing to run, nothing said.
@@ -111,6 +131,8 @@ Return its log file."
         (should (equal (butlast (process-command process) 4)
                        (magent-store-program)))
         (should (= 0 (process-exit-status process))))
+      ;; Ended, it is no longer the compaction running now.
+      (should-not magent-store-idle--process)
       (should-not (file-exists-p log))
       (should (file-exists-p (expand-file-name "global/old.snapshot" (magent-store-session-root))))
       (with-current-buffer magent-store-idle-buffer

@@ -173,6 +173,74 @@ backend is installed\\|installing the backend failed\\)" nil t)))))
       (when (process-live-p magent-store-install--process)
         (delete-process magent-store-install--process)))))
 
+(ert-deftest magent-store-install-source-is-the-package-wherever-emacs-is ()
+  "The backend's source is found next to the Lisp files, whatever the
+current directory; a directory with pyproject.toml but no backend/ is
+not it."
+  (let* ((tmp (make-temp-file "magent-store-install-test-" t))
+         (package (magent-store-install-test--package
+                   (expand-file-name "elpa/magent-store-0.1.0/" tmp)))
+         (default-directory (file-name-as-directory tmp)))
+    (unwind-protect
+        (progn
+          (let ((magent-store-install--directory package))
+            (should (equal (magent-store-install--source) package)))
+          (let* ((half (expand-file-name "half/lisp/" tmp))
+                 (magent-store-install--directory half))
+            (make-directory half t)
+            (with-temp-file (expand-file-name "pyproject.toml" half))
+            (should (string-match-p
+                     "source is not next to"
+                     (cadr (should-error (magent-store-install--source)
+                                         :type 'user-error))))))
+      (delete-directory tmp t))))
+
+(ert-deftest magent-store-install-a-failed-step-stops-and-says-so ()
+  "A step that fails stops the installation: the callback and the output
+buffer say it failed.  While a step runs, a second installation is
+refused.  Run as a command, it shows its output; run from Lisp (as
+starting the backend runs it), it shows nothing."
+  (let* ((tmp (make-temp-file "magent-store-install-test-" t))
+         (python (expand-file-name "python" tmp))
+         (magent-store-install-python python)
+         (magent-store-backend-directory (expand-file-name "venv" tmp))
+         (failure :not-yet))
+    (unwind-protect
+        (progn
+          ;; A "Python" that waits for its input, then fails: the test says
+          ;; when the step ends.
+          (with-temp-file python (insert "#!/bin/sh\nread line\nexit 3\n"))
+          (set-file-modes python #o700)
+          (let ((buffer (save-window-excursion
+                          ;; As when typed: batch Emacs counts no call as interactive otherwise.
+                          (let ((noninteractive nil))
+                            (should (get-buffer-window
+                                     (call-interactively #'magent-store-install-backend))))
+                          (process-send-eof magent-store-install--process)
+                          (with-timeout (30 (error "The failed step was never reported"))
+                            (while magent-store-install--process
+                              (accept-process-output nil 0.05)))
+                          (magent-store-install-backend (lambda (why) (setq failure why))))))
+            (should-not (get-buffer-window buffer))
+            (should (process-live-p magent-store-install--process))
+            (should (string-match-p
+                     "being installed"
+                     (cadr (should-error (magent-store-install-backend)
+                                         :type 'user-error)))))
+          (process-send-eof magent-store-install--process)
+          (with-timeout (30 (error "The failed step was never reported"))
+            (while (eq failure :not-yet)
+              (accept-process-output nil 0.05)))
+          (should (stringp failure))
+          (should-not magent-store-install--process)
+          (with-current-buffer magent-store-install--buffer
+            (should (string-match-p "^magent-store: installing the backend failed: "
+                                    (buffer-string)))))
+      (when (process-live-p magent-store-install--process)
+        (delete-process magent-store-install--process))
+      (setq magent-store-install--process nil)
+      (delete-directory tmp t))))
+
 (ert-deftest magent-store-version-mismatch-is-said-at-start ()
   "A backend of another version starts, and the user is told which."
   (magent-store-test-with-backend ((magent-store-version "0.0.1-other")

@@ -97,6 +97,43 @@ Sessions s1 and s2 belong to OLD, s3 to OTHER (whose folder exists)."
       (should (equal (magent-store-relocate-projects)
                      (list (list new 2 t) (list other 1 nil)))))))
 
+(ert-deftest magent-store-relocate-reads-the-project-with-its-session-count ()
+  "The project to move is read with each one's count of sessions, in words,
+and whether its folder is gone; with no project, it says so."
+  (magent-store-relocate-test--with-projects
+    (let* ((annotations nil)
+           (completing-read-function
+            (lambda (_prompt table &rest _)
+              (let ((annotate (alist-get 'annotation-function
+                                         (cdr (funcall table "" nil 'metadata)))))
+                (setq annotations (mapcar (lambda (c) (concat c (funcall annotate c)))
+                                          (all-completions "" table))))
+              other)))
+      (should (equal (magent-store-relocate--read-old (magent-store-relocate-projects)) other))
+      (should (equal annotations
+                     (list (concat old "  2 sessions, folder missing")
+                           (concat other "  1 session")))))
+    (should (string-match-p "\\`No project sessions under "
+                            (cadr (should-error (magent-store-relocate--read-old nil)
+                                                :type 'user-error))))))
+
+(ert-deftest magent-store-relocate-one-at-a-time ()
+  "While a relocation runs, another is refused, and nothing is asked."
+  (magent-store-relocate-test--with-projects
+    (let ((process (cl-letf (((symbol-function 'yes-or-no-p) (lambda (_prompt) t)))
+                     (magent-store-relocate old new))))
+      (unwind-protect
+          (progn
+            ;; Held still: it is running when the second is asked for.
+            (signal-process process 'SIGSTOP)
+            (cl-letf (((symbol-function 'yes-or-no-p)
+                       (lambda (_prompt) (error "Asked while a relocation runs"))))
+              (should (equal (cadr (should-error (magent-store-relocate other new)
+                                                 :type 'user-error))
+                             "A relocation is still running"))))
+        (signal-process process 'SIGCONT))
+      (magent-store-relocate-test--wait process))))
+
 (ert-deftest magent-store-relocate-declined-moves-nothing ()
   "Answering no starts nothing and changes nothing."
   (magent-store-relocate-test--with-projects

@@ -96,7 +96,9 @@ print(json.dumps(list(leaky.PLANTED)))"
                      (string-prefix-p "Reading" (buffer-string)))
               (accept-process-output nil 0.05)))
           (with-current-buffer view
-            (should (string-match-p "── assistant ──\nYour key: " (buffer-string)))))))))
+            (should (string-match-p "── assistant ──\nYour key: " (buffer-string)))
+            ;; Where the session lives, and its id, under its title.
+            (should (string-match-p "^global  leaky$" (buffer-string)))))))))
 
 (ert-deftest magent-store-scan-says-when-nothing-is-found-or-the-root-is-missing ()
   "A clean tree: no row and a header line that says so; no root: a user error."
@@ -113,6 +115,78 @@ print(json.dumps(list(leaky.PLANTED)))"
         (should-not tabulated-list-entries)
         (should (equal (string-trim (apply #'concat header-line-format)) "No secret found"))))
     (should-error (magent-store-scan (expand-file-name "nowhere" magent-store-root)) :type 'user-error)))
+
+(ert-deftest magent-store-scan-again-stops-the-scan-still-running ()
+  "Scanning again (\\[revert-buffer]) while a scan runs stops that scan: one
+scan at a time draws the list."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let* ((buffer (magent-store-scan))
+           (first (buffer-local-value 'magent-store-scan--process buffer)))
+      (unwind-protect
+          (progn
+            ;; Held still, the first scan is running when the second starts.
+            (signal-process first 'SIGSTOP)
+            (with-current-buffer buffer (revert-buffer))
+            (should-not (process-live-p first))
+            (should (process-live-p (buffer-local-value 'magent-store-scan--process buffer)))
+            (magent-store-scan-test--wait buffer)
+            (should (member "github-pat" (magent-store-scan-test--kinds buffer))))
+        (when (process-live-p first)
+          (signal-process first 'SIGCONT)
+          (delete-process first))))))
+
+(ert-deftest magent-store-scan-names-the-sessions-it-could-not-read ()
+  "A session that cannot be read is counted in the header line, in words."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (with-temp-file (expand-file-name "global/broken.json" magent-store-root)
+      (insert "{\"schema-version\": 7, \"id\": "))
+    (let ((buffer (magent-store-scan)))
+      (magent-store-scan-test--wait buffer)
+      (should (string-match-p
+               "secrets in 1 session: `magent-store scrub .*' removes them (keeping a backup); 1 session could not be read\\'"
+               (string-trim (apply #'concat (buffer-local-value 'header-line-format buffer))))))))
+
+(ert-deftest magent-store-scan-a-failed-scan-says-why-once ()
+  "A scan that fails says why, without the program's prefix, in the header
+line and once in the echo area; one that succeeds says nothing there."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let* ((messages nil)
+           (buffer nil))
+      (cl-letf (((symbol-function 'message)
+                 (lambda (format &rest args)
+                   (when format (push (apply #'format-message format args) messages)))))
+        (let ((magent-store-redact-patterns '(("bad" . "("))))
+          (setq buffer (magent-store-scan))
+          (magent-store-scan-test--wait buffer))
+        (let ((why "the pattern of kind 'bad': not a regular expression: "))
+          (should (string-prefix-p why (string-trim (apply #'concat (buffer-local-value
+                                                                     'header-line-format buffer)))))
+          (should (equal (length (cl-remove-if-not
+                                  (lambda (m) (string-prefix-p (concat "magent-store-scan: " why) m))
+                                  messages))
+                         1)))
+        (setq messages nil)
+        (magent-store-scan-test--wait (magent-store-scan))
+        (should-not (cl-remove-if-not (lambda (m) (string-prefix-p "magent-store-scan: " m))
+                                      messages))))))
+
+(ert-deftest magent-store-scan-as-a-command-shows-its-list ()
+  "Run as a command the scan's list is shown; from Lisp it is only returned."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (save-window-excursion
+      (let ((buffer (magent-store-scan)))
+        (should-not (get-buffer-window buffer))
+        (magent-store-scan-test--wait buffer)
+        (kill-buffer buffer)))
+    (save-window-excursion
+      (let ((buffer (call-interactively #'magent-store-scan)))
+        (should (eq (window-buffer (selected-window)) buffer))
+        (magent-store-scan-test--wait buffer)
+        (kill-buffer buffer)))))
 
 (ert-deftest magent-store-scan-finds-what-this-emacs-has-not-saved-yet ()
   "What the backend was sent but not told to write is written before the scan reads."
@@ -150,6 +224,52 @@ print(json.dumps(list(leaky.PLANTED)))"
         (should (string-search "[redacted:github-pat]" saved)))
       ;; Streaming opens it again.
       (should (magent-store-open "leaky")))))
+
+(defun magent-store-scan-test--scrub-wait (process)
+  "Wait until the scrub PROCESS has exited and said how."
+  (with-timeout (60 (error "The scrub did not finish"))
+    (while (or (process-live-p process) magent-store-scrub--process)
+      (accept-process-output nil 0.05))))
+
+(ert-deftest magent-store-scrub-one-at-a-time ()
+  "While a scrub runs, another is refused before anything is asked."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let ((process (cl-letf (((symbol-function 'yes-or-no-p) (lambda (_prompt) t)))
+                     (magent-store-scrub))))
+      (unwind-protect
+          (progn
+            ;; Held still: it is running when the second is asked for.
+            (signal-process process 'SIGSTOP)
+            (cl-letf (((symbol-function 'yes-or-no-p)
+                       (lambda (_prompt) (error "Asked while a scrub runs"))))
+              (should (equal (cadr (should-error (magent-store-scrub) :type 'user-error))
+                             "A scrub is still running"))))
+        (signal-process process 'SIGCONT))
+      (magent-store-scan-test--scrub-wait process))))
+
+(ert-deftest magent-store-scrub-that-fails-says-why-and-shows-its-report ()
+  "A scrub that fails says why in one line, without the program's prefix,
+and shows its report; one that succeeds shows none."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (save-window-excursion
+      (let ((messages nil))
+        (cl-letf (((symbol-function 'yes-or-no-p) (lambda (_prompt) t))
+                  ((symbol-function 'message)
+                   (lambda (format &rest args)
+                     (when format (push (apply #'format-message format args) messages)))))
+          (let ((magent-store-redact-patterns '(("bad" . "("))))
+            (magent-store-scan-test--scrub-wait (magent-store-scrub)))
+          (should (string-prefix-p
+                   "magent-store: the pattern of kind 'bad': not a regular expression: "
+                   (car messages)))
+          (should (get-buffer-window magent-store-scrub-buffer))
+          (delete-other-windows)
+          (switch-to-buffer "*scratch*")
+          (magent-store-scan-test--scrub-wait (magent-store-scrub))
+          (should (string-match-p "sessions seen" (car messages)))
+          (should-not (get-buffer-window magent-store-scrub-buffer)))))))
 
 (ert-deftest magent-store-scan-is-a-command-once-the-core-is-loaded ()
   "(require \='magent-store) is enough for M-x magent-store-scan."

@@ -156,6 +156,69 @@ its line says which format it is in."
         (should-not (string-match-p "sqlite\\|Traceback" mode-line-process))))
     (should-error (magent-store-search "  ") :type 'user-error)))
 
+(ert-deftest magent-store-search-a-failed-search-says-why-once ()
+  "A search that fails says why once in the echo area; one that succeeds
+says nothing there."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-q" '("some text"))
+    (let ((messages nil))
+      (cl-letf (((symbol-function 'message)
+                 (lambda (format &rest args)
+                   (when format (push (apply #'format-message format args) messages)))))
+        (magent-store-search-test--wait (magent-store-search "\"open quote"))
+        (should (equal (length (cl-remove-if-not
+                                (lambda (m) (string-match-p "\\`magent-store-search: .*unbalanced double quote" m))
+                                messages))
+                       1))
+        (setq messages nil)
+        (magent-store-search-test--wait (magent-store-search "some"))
+        (should-not (cl-remove-if-not (lambda (m) (string-prefix-p "magent-store-search: " m))
+                                      messages))))))
+
+(ert-deftest magent-store-search-as-a-command-shows-its-list ()
+  "Run as a command the search's list is shown; from Lisp it is only returned."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-one" '("a needle"))
+    (save-window-excursion
+      (let ((buffer (magent-store-search "needle")))
+        (should-not (get-buffer-window buffer))
+        (magent-store-search-test--wait buffer)
+        (kill-buffer buffer)))
+    (save-window-excursion
+      (let ((buffer (funcall-interactively #'magent-store-search "needle")))
+        (should (eq (window-buffer (selected-window)) buffer))
+        (magent-store-search-test--wait buffer)
+        (kill-buffer buffer)))))
+
+(ert-deftest magent-store-search-a-transcript-starts-with-the-sessions-title ()
+  "The transcript a hit opens starts with the session's title."
+  (magent-store-test--with-backend
+    (magent-store-search-test--write "s-titled" '("a needle"))
+    (magent-store-put-header "s-titled" '((title . "Needle hunt")))
+    (magent-store-flush "s-titled")
+    (let ((buffer (magent-store-search "needle")))
+      (magent-store-search-test--wait buffer)
+      (with-current-buffer buffer
+        (goto-char (point-min))
+        (let ((view (magent-store-search-open)))
+          (with-timeout (60 (error "The transcript did not appear"))
+            (while (with-current-buffer view
+                     (string-prefix-p "Reading" (buffer-string)))
+              (accept-process-output nil 0.05)))
+          (with-current-buffer view
+            (should (string-prefix-p "Needle hunt\nglobal  s-titled\n" (buffer-string)))))))))
+
+(ert-deftest magent-store-search-highlights-matches-at-either-end ()
+  "A match at the very start or end of an excerpt is highlighted; spans that
+do not fit the text are left out, without an error."
+  (let ((text (magent-store-search--highlight
+               '((text . "needle in a needle") (highlights (0 6) (12 18) (nil 3) (5 99))))))
+    (should (equal text "needle in a needle"))
+    (dolist (at '(0 5 12 17))
+      (should (memq 'magent-store-search-match (ensure-list (get-text-property at 'face text)))))
+    (dolist (at '(6 11))
+      (should-not (get-text-property at 'face text)))))
+
 (ert-deftest magent-store-search-tool-output-only-when-asked ()
   "Tool output is searched only with `magent-store-search-include-tools'."
   (magent-store-test--with-backend

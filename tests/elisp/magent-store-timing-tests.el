@@ -57,6 +57,18 @@
 
 ;;;; Tests
 
+(ert-deftest magent-store-timing-a-record-keeps-only-what-is-allowed ()
+  "A record keeps numbers of zero or more and a known status, as a known
+word or as text; a negative number, an unknown status and any other
+property are left out."
+  (should (equal (magent-store-timing--props
+                  '(:bytes 0 :count 3 :chunks -1 :status "failed" :prompt "secret"))
+                 '(:status failed :count 3 :bytes 0)))
+  (should (equal (magent-store-timing--props '(:status completed)) '(:status completed)))
+  (should (equal (magent-store-timing--props '(:status "exploded" :items 2)) '(:items 2)))
+  (should (equal (magent-store-timing--props '(:status exploded :items 2)) '(:items 2)))
+  (should (equal (magent-store-timing--props '(:status nil)) nil)))
+
 (ert-deftest magent-store-timing-mode-registers-and-removes-the-sink ()
   "The mode adds the sink and the provider-event advice, and removes both."
   (let ((magent-lifecycle-events--sinks nil))

@@ -818,6 +818,40 @@ is put on a function magent lacks, and the mode says so once."
       (magent-store-mode -1)
       (delete-directory tmp t))))
 
+(ert-deftest magent-store-magent-mode-on-before-magent-routes-once-magent-loads ()
+  "Turned on before magent is loaded, the mode waits: other files loading
+change nothing; once magent's session module loads, its functions are
+advised and the mode stops waiting."
+  (magent-store-magent-test--use-magent 6)
+  (let* ((row (cl-find-if (lambda (row) (and (keywordp (nth 1 row))
+                                             (not (eq (nth 3 row) 'when-used))
+                                             (fboundp (nth 0 row))))
+                          magent-store-magent-functions))
+         (advised (lambda () (advice-member-p (nth 2 row) (nth 0 row))))
+         (loaded t)
+         (magent-store-magent--missing nil)
+         (magent-store-magent--reported 'never))
+    (unwind-protect
+        (cl-letf (((symbol-function 'featurep)
+                   (let ((featurep (symbol-function 'featurep)))
+                     (lambda (feature &rest rest)
+                       (and (or loaded (not (eq feature 'magent-session)))
+                            (apply featurep feature rest))))))
+          ;; As before magent is loaded: its module missing, nothing of it advised.
+          (setq loaded nil)
+          (magent-store-mode 1)
+          (magent-store-magent--uninstall)
+          (should (memq #'magent-store-magent--loaded after-load-functions))
+          (run-hook-with-args 'after-load-functions "/elsewhere/other.el")
+          (should (memq #'magent-store-magent--loaded after-load-functions))
+          (should-not (funcall advised))
+          ;; magent's session module loads.
+          (setq loaded t)
+          (run-hook-with-args 'after-load-functions "/elsewhere/magent-session.el")
+          (should (funcall advised))
+          (should-not (memq #'magent-store-magent--loaded after-load-functions)))
+      (magent-store-mode -1))))
+
 (ert-deftest magent-store-magent-the-current-release-is-described-not-complained-about ()
   "With magent's current release the mode says nothing at start (every
 start, also before magent is loaded); the status says, in user words,
