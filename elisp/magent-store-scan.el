@@ -189,6 +189,9 @@ Returns the list's buffer at once; the list appears when the scan is done."
       (user-error "No session root at %s" root))
     (let ((buffer (get-buffer-create "*magent-store scan*")))
       (with-current-buffer buffer
+        ;; The mode resets the buffer's variables: stop its scan first.
+        (when (process-live-p magent-store-scan--process)
+          (delete-process magent-store-scan--process))
         (magent-store-scan-mode)
         (setq magent-store-scan--root root)
         (magent-store-scan--start))

@@ -136,6 +136,25 @@ scan at a time draws the list."
           (signal-process first 'SIGCONT)
           (delete-process first))))))
 
+(ert-deftest magent-store-scan-run-again-as-a-command-stops-the-scan-still-running ()
+  "Running `magent-store-scan' again while its scan runs stops that scan,
+as scanning again in the list does: no scan is left running unseen."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let* ((buffer (magent-store-scan))
+           (first (buffer-local-value 'magent-store-scan--process buffer)))
+      (unwind-protect
+          (progn
+            (signal-process first 'SIGSTOP)
+            (should (eq (magent-store-scan) buffer))
+            (should-not (process-live-p first))
+            (should-not (eq first (buffer-local-value 'magent-store-scan--process buffer)))
+            (magent-store-scan-test--wait buffer)
+            (should (member "github-pat" (magent-store-scan-test--kinds buffer))))
+        (when (process-live-p first)
+          (signal-process first 'SIGCONT)
+          (delete-process first))))))
+
 (ert-deftest magent-store-scan-names-the-sessions-it-could-not-read ()
   "A session that cannot be read is counted in the header line, in words."
   (magent-store-test--with-backend
