@@ -137,9 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         built = search_bench.generate(root, args.sessions, args.sessions * 3000)
         word = built["rare_terms"][len(built["rare_terms"]) // 2]
         progress("building the search index (not timed)")
-        subprocess.run([str(BACKEND), "index", str(root)], check=True, capture_output=True, timeout=3600)
+        # The index is this machine's, under the state directory: built once
+        # there, then copied into each run's own state directory.
+        indexed = work / "state-index"
+        subprocess.run([str(BACKEND), "index", str(root)], check=True, capture_output=True, timeout=3600,
+                       env=dict(os.environ, XDG_STATE_HOME=str(indexed)))  # fmt: skip
         for run in range(args.runs):
             state = work / f"state-{run}"
+            shutil.copytree(indexed, state)
             new = one_run(args.emacs, root, state)
             shown = one_run(args.emacs, root, state, twice=True, word=word)
             for rows in (state / "magent-store").glob("brief-rows-*.json"):

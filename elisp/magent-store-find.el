@@ -175,8 +175,15 @@ With STATE nil, the listing only saves its rows (see
 (defun magent-store-find--title (row)
   "Return ROW's title on one line, or its id when it has none."
   (let ((title (aref row 2)))
-    (cond ((or (not (stringp title)) (string-blank-p title)) (aref row 1))
-          ((string-match-p "[\n\r\t]\\|\\`[[:space:]]\\|[[:space:]]\\'" title)
+    (cond ((or (not (stringp title)) (equal title "")
+               (and (memq (aref title 0) '(?\s ?\t ?\n ?\r)) (string-blank-p title)))
+           (aref row 1))
+          ;; Most titles need nothing: tested without a regexp, which would
+          ;; walk the whole title for a space at its end.
+          ((or (string-search "\n" title) (string-search "\r" title)
+               (string-search "\t" title)
+               (eq (char-syntax (aref title 0)) ?\s)
+               (eq (char-syntax (aref title (1- (length title)))) ?\s))
            (string-trim (replace-regexp-in-string "[\n\r\t]+" " " title)))
           (t title))))
 
@@ -185,17 +192,17 @@ With STATE nil, the listing only saves its rows (see
 A title two sessions share is followed by each one's id."
   (let ((table (make-hash-table :test #'equal :size (length rows)))
         (seen (make-hash-table :test #'equal :size (length rows)))
+        (titles (mapcar #'magent-store-find--title rows))
         candidates)
-    (dolist (row rows)
-      (let ((title (magent-store-find--title row)))
-        (puthash title (1+ (gethash title seen 0)) seen)))
-    (dolist (row rows)
-      (let* ((title (magent-store-find--title row))
-             (candidate (if (> (gethash title seen) 1)
-                            (format "%s (%s)" title (aref row 1))
-                          title)))
-        (puthash candidate row table)
-        (push candidate candidates)))
+    (dolist (title titles)
+      (puthash title (1+ (gethash title seen 0)) seen))
+    (cl-loop for title in titles
+             for row in rows
+             for candidate = (if (> (gethash title seen) 1)
+                                 (format "%s (%s)" title (aref row 1))
+                               title)
+             do (puthash candidate row table)
+             (push candidate candidates))
     (setf (magent-store-find--state-candidates state) (nreverse candidates)
           (magent-store-find--state-rows state) table
           (magent-store-find--state-titles state)

@@ -70,6 +70,11 @@ in a backend, and damaged ones, are left as they are."
 (defvar magent-store-idle--process nil
   "The running idle compaction, if any.")
 
+(defun magent-store-idle--days ()
+  "`magent-store-compact-idle-days' when it is a number of days above 0, else nil."
+  (let ((days magent-store-compact-idle-days))
+    (and (numberp days) (> days 0) days)))
+
 (defun magent-store-idle--command (days)
   "Return the command that compacts the sessions idle for DAYS days."
   (append (butlast (magent-store-program-command))
@@ -84,9 +89,9 @@ Runs as a process of its own; its output goes to the buffer
 setting is off, there is no session root yet, or a compaction is
 already running."
   (interactive)
-  (let ((days magent-store-compact-idle-days))
+  (let ((days (magent-store-idle--days)))
     (cond
-     ((not (and (numberp days) (> days 0)))
+     ((not days)
       (when (called-interactively-p 'interactive)
         (user-error "Set `magent-store-compact-idle-days' to a number of days first"))
       nil)
@@ -142,13 +147,18 @@ What it compacted, what that saved, what it left and why."
   (run-with-idle-timer magent-store-idle-delay nil #'magent-store-idle-compact))
 
 (defun magent-store-idle-start ()
-  "Compact the idle sessions now, then once a day; nothing when the setting is off."
+  "Compact the idle sessions now, then once a day; nothing when the setting is off.
+A setting that is no number of days above 0 is off, and said so."
   (magent-store-idle-stop)
-  (when magent-store-compact-idle-days
+  (cond
+   ((magent-store-idle--days)
     (magent-store-idle-compact)
     (setq magent-store-idle--timer
           (run-at-time magent-store-idle-day magent-store-idle-day
-                       #'magent-store-idle--daily))))
+                       #'magent-store-idle--daily)))
+   (magent-store-compact-idle-days
+    (message "magent-store: idle compaction is off: %s is %S, not a number of days above 0"
+             'magent-store-compact-idle-days magent-store-compact-idle-days))))
 
 (defun magent-store-idle-stop ()
   "Stop compacting idle sessions once a day (a run under way finishes)."

@@ -133,12 +133,18 @@ python3-venv)"
                         magent-store-install-pip-arguments
                         (list stage))))))
 
+(defconst magent-store-install--stopped
+  "the installation was stopped: its buffer was killed"
+  "What failed, when the output buffer was killed mid-installation.")
+
 (defun magent-store-install--run (commands buffer done)
   "Run COMMANDS in turn, their output in BUFFER; then call DONE.
 COMMANDS are (WHAT-FAILED . COMMAND).  DONE gets nil on success,
 else the WHAT-FAILED of the command that failed."
-  (if (null commands)
-      (funcall done nil)
+  (cond
+   ((null commands) (funcall done nil))
+   ((not (buffer-live-p buffer)) (funcall done magent-store-install--stopped))
+   (t
     (let ((command (cdar commands))
           (what-failed (caar commands)))
       (with-current-buffer buffer
@@ -156,10 +162,14 @@ else the WHAT-FAILED of the command that failed."
              (lambda (process _event)
                (unless (process-live-p process)
                  (setq magent-store-install--process nil)
-                 (if (and (eq (process-status process) 'exit)
-                          (zerop (process-exit-status process)))
-                     (magent-store-install--run (cdr commands) buffer done)
-                   (funcall done what-failed)))))))))
+                 (cond
+                  ;; Killing the buffer killed its process too.
+                  ((not (buffer-live-p buffer))
+                   (funcall done magent-store-install--stopped))
+                  ((and (eq (process-status process) 'exit)
+                        (zerop (process-exit-status process)))
+                   (magent-store-install--run (cdr commands) buffer done))
+                  (t (funcall done what-failed)))))))))))
 
 ;;;###autoload
 (defun magent-store-install-backend (&optional callback)
@@ -193,15 +203,20 @@ into %s\n\n" magent-store-version source venv)))
      (magent-store-install--commands stage) buffer
      (lambda (failure)
        (ignore-errors (delete-directory stage t))
-       (let ((text (if failure
-                       (format "magent-store: installing the backend failed: \
-%s; see %s" failure magent-store-install--buffer)
-                     (format "magent-store: the backend is installed in %s"
-                             venv))))
-         (with-current-buffer buffer
-           (let ((inhibit-read-only t))
-             (goto-char (point-max))
-             (insert "\n" text "\n")))
+       (let ((text (cond
+                    ((not (buffer-live-p buffer))
+                     (format "magent-store: installing the backend failed: %s"
+                             failure))
+                    (failure
+                     (format "magent-store: installing the backend failed: \
+%s; see %s" failure magent-store-install--buffer))
+                    (t (format "magent-store: the backend is installed in %s"
+                               venv)))))
+         (when (buffer-live-p buffer)
+           (with-current-buffer buffer
+             (let ((inhibit-read-only t))
+               (goto-char (point-max))
+               (insert "\n" text "\n"))))
          (message "%s" text))
        (when callback (funcall callback failure))))
     buffer))

@@ -70,10 +70,18 @@
     (cl-loop for (kind . regexp) in magent-store-redact-patterns
              append (list "--pattern" (format "%s=%s" kind regexp)))))
 
+(defun magent-store-scan--stop ()
+  "Stop the scan this buffer waits for, without drawing or saying anything.
+Forgotten first: deleting a process runs its sentinel at once, which
+would otherwise report the stopped scan as failed."
+  (let ((process magent-store-scan--process))
+    (setq magent-store-scan--process nil)
+    (when (process-live-p process)
+      (delete-process process))))
+
 (defun magent-store-scan--start ()
   "Start this buffer's scan process; draw the findings when it exits."
-  (when (process-live-p magent-store-scan--process)
-    (delete-process magent-store-scan--process))
+  (magent-store-scan--stop)
   ;; What this Emacs has not saved yet is scanned too: written first.
   (magent-store-flush-all)
   (let* ((results (current-buffer))
@@ -189,6 +197,8 @@ Returns the list's buffer at once; the list appears when the scan is done."
       (user-error "No session root at %s" root))
     (let ((buffer (get-buffer-create "*magent-store scan*")))
       (with-current-buffer buffer
+        ;; The mode resets the buffer's variables: stop its scan first.
+        (magent-store-scan--stop)
         (magent-store-scan-mode)
         (setq magent-store-scan--root root)
         (magent-store-scan--start))

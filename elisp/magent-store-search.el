@@ -111,10 +111,18 @@ magent's own loader here while it is on."
   "Return the backend command line followed by ARGS."
   (append (butlast (magent-store-program-command)) args))
 
+(defun magent-store-search--stop ()
+  "Stop the search this buffer waits for, without drawing or saying anything.
+Forgotten first: deleting a process runs its sentinel at once, which
+would otherwise report the stopped search as failed."
+  (let ((process magent-store-search--process))
+    (setq magent-store-search--process nil)
+    (when (process-live-p process)
+      (delete-process process))))
+
 (defun magent-store-search--start ()
   "Start this buffer's search process; draw the results when it exits."
-  (when (process-live-p magent-store-search--process)
-    (delete-process magent-store-search--process))
+  (magent-store-search--stop)
   (let* ((results (current-buffer))
          (process
           (magent-store-program-run
@@ -234,6 +242,8 @@ results buffer at once; the results appear when the search is done."
       (user-error "No session root at %s" root))
     (let ((buffer (get-buffer-create "*magent-store search*")))
       (with-current-buffer buffer
+        ;; The mode resets the buffer's variables: stop its search first.
+        (magent-store-search--stop)
         (magent-store-search-mode)
         (setq magent-store-search--query query
               magent-store-search--root root)

@@ -207,6 +207,23 @@ candidate themselves, and choosing nothing is an error that says so."
                                      :type 'user-error)
                        '(user-error "No session chosen")))))))
 
+(ert-deftest magent-store-find-a-title-is-offered-on-one-line-trimmed ()
+  "A title on several lines, holding a tab, or with blanks around it is
+offered on one line without them; an empty title by the session's id."
+  (magent-store-test--with-backend
+    (cl-loop for (id title) in '(("t-lead" "  Leading blank")
+                                 ("t-trail" "Trailing blank  ")
+                                 ("t-lines" "Two\n\nlines")
+                                 ("t-tab" "A\ttab")
+                                 ("t-cr" "Carriage\r\nreturn")
+                                 ("t-plain" "Plain title")
+                                 ("t-empty" ""))
+             do (magent-store-find-test--write id 'global title "some text"))
+    (clrhash magent-store-find--states)
+    (should (equal (sort (funcall (cdr (magent-store-find-test--table)) "" nil t) #'string<)
+                   '("A tab" "Carriage return" "Leading blank" "Plain title"
+                     "Trailing blank" "Two lines" "t-empty")))))
+
 (ert-deftest magent-store-find-a-blank-title-is-offered-by-id ()
   "A session whose title is only blanks is offered under its id."
   (magent-store-test--with-backend

@@ -107,10 +107,15 @@ Lisp it quietly does nothing."
                                                   :type 'user-error)))))))
 
 (ert-deftest magent-store-idle-zero-days-is-off ()
-  "Zero days is no compaction at all, not \"every session, now\"."
+  "Zero days is no compaction at all, not \"every session, now\", and
+no daily timer either; turning the mode on says the setting is off."
   (magent-store-idle-test--with-mode 0
     (let ((log (magent-store-idle-test--write-old-session (magent-store-session-root))))
       (should-not magent-store-idle--process)
+      (should-not magent-store-idle--timer)
+      (should (member (concat "magent-store: idle compaction is off: "
+                              "magent-store-compact-idle-days is 0, not a number of days above 0")
+                      magent-store-idle-test--messages))
       (should-not (magent-store-idle-compact))
       (should-not (get-process "magent-store-compact"))
       (should (file-exists-p log)))))

@@ -241,6 +241,44 @@ starting the backend runs it), it shows nothing."
       (setq magent-store-install--process nil)
       (delete-directory tmp t))))
 
+(ert-deftest magent-store-install-killing-its-buffer-stops-it-and-says-so ()
+  "Killing the output buffer mid-installation stops the installation: the
+callback and the echo area say so, no error is raised, and a new
+installation can start."
+  (let* ((tmp (make-temp-file "magent-store-install-test-" t))
+         (python (expand-file-name "python" tmp))
+         (magent-store-install-python python)
+         (magent-store-backend-directory (expand-file-name "venv" tmp))
+         (failure :not-yet)
+         (said nil)
+         (record (lambda (format &rest args)
+                   (when format (push (apply #'format-message format args) said)))))
+    (advice-add 'message :before record)
+    (unwind-protect
+        (progn
+          ;; A "Python" that waits for its input: still running when the
+          ;; buffer goes.
+          (with-temp-file python (insert "#!/bin/sh\nread line\nexit 0\n"))
+          (set-file-modes python #o700)
+          (let ((buffer (magent-store-install-backend (lambda (why) (setq failure why)))))
+            (should (process-live-p magent-store-install--process))
+            (kill-buffer buffer))
+          (with-timeout (30 (error "The stopped installation was never reported"))
+            (while (eq failure :not-yet)
+              (accept-process-output nil 0.05)))
+          (should (equal failure "the installation was stopped: its buffer was killed"))
+          (should-not magent-store-install--process)
+          (should (member (concat "magent-store: installing the backend failed: "
+                                  "the installation was stopped: its buffer was killed")
+                          said))
+          (should-not (cl-find-if (lambda (m) (string-match-p "error in process" m)) said))
+          (should-not (get-buffer magent-store-install--buffer)))
+      (advice-remove 'message record)
+      (when (process-live-p magent-store-install--process)
+        (delete-process magent-store-install--process))
+      (setq magent-store-install--process nil)
+      (delete-directory tmp t))))
+
 (ert-deftest magent-store-version-mismatch-is-said-at-start ()
   "A backend of another version starts, and the user is told which."
   (magent-store-test-with-backend ((magent-store-version "0.0.1-other")

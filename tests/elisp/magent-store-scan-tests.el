@@ -13,6 +13,7 @@
 
 ;;; Code:
 
+(require 'cl-lib)
 (require 'ert)
 (require 'json)
 (require 'magent-store-test)
@@ -116,6 +117,16 @@ print(json.dumps(list(leaky.PLANTED)))"
         (should (equal (string-trim (apply #'concat header-line-format)) "No secret found"))))
     (should-error (magent-store-scan (expand-file-name "nowhere" magent-store-root)) :type 'user-error)))
 
+(defun magent-store-scan-test--messages (function)
+  "Call FUNCTION; return the messages it showed, latest first."
+  (let* ((said nil)
+         (record (lambda (format &rest args)
+                   (when format (push (apply #'format-message format args) said)))))
+    (advice-add 'message :before record)
+    (unwind-protect (funcall function)
+      (advice-remove 'message record))
+    said))
+
 (ert-deftest magent-store-scan-again-stops-the-scan-still-running ()
   "Scanning again (\\[revert-buffer]) while a scan runs stops that scan: one
 scan at a time draws the list."
@@ -127,9 +138,31 @@ scan at a time draws the list."
           (progn
             ;; Held still, the first scan is running when the second starts.
             (signal-process first 'SIGSTOP)
-            (with-current-buffer buffer (revert-buffer))
+            (let ((said (magent-store-scan-test--messages
+                         (lambda () (with-current-buffer buffer (revert-buffer))))))
+              (should-not (cl-find-if (lambda (m) (string-match-p "fail" m)) said)))
             (should-not (process-live-p first))
             (should (process-live-p (buffer-local-value 'magent-store-scan--process buffer)))
+            (magent-store-scan-test--wait buffer)
+            (should (member "github-pat" (magent-store-scan-test--kinds buffer))))
+        (when (process-live-p first)
+          (signal-process first 'SIGCONT)
+          (delete-process first))))))
+
+(ert-deftest magent-store-scan-run-again-as-a-command-stops-the-scan-still-running ()
+  "Running `magent-store-scan' again while its scan runs stops that scan,
+as scanning again in the list does: no scan is left running unseen."
+  (magent-store-test--with-backend
+    (magent-store-scan-test--planted magent-store-root)
+    (let* ((buffer (magent-store-scan))
+           (first (buffer-local-value 'magent-store-scan--process buffer)))
+      (unwind-protect
+          (progn
+            (signal-process first 'SIGSTOP)
+            (let ((said (magent-store-scan-test--messages (lambda () (magent-store-scan)))))
+              (should-not (cl-find-if (lambda (m) (string-match-p "fail" m)) said)))
+            (should-not (process-live-p first))
+            (should-not (eq first (buffer-local-value 'magent-store-scan--process buffer)))
             (magent-store-scan-test--wait buffer)
             (should (member "github-pat" (magent-store-scan-test--kinds buffer))))
         (when (process-live-p first)
