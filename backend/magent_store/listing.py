@@ -236,9 +236,8 @@ class BriefCatalog:
 
     def __init__(self, root: Path, directory: Path) -> None:
         self.root = root
-        digest = hashlib.sha1(str(root).encode()).hexdigest()
-        self.path = directory / f"brief-{digest}.json"
-        self.rows_path = directory / f"brief-rows-{digest}.json"
+        self.path = brief_catalog_path(root, directory)
+        self.rows_path = self.path.with_name(f"brief-rows-{self.path.name.removeprefix('brief-')}")
         self.entries: dict[str, tuple[HeaderStamp, Brief, Sized]] = {}
         self.changed = False
         self._rows_lock = threading.Lock()  # one writer of the rows file at a time
@@ -292,6 +291,11 @@ class BriefCatalog:
         return rows
 
 
+def brief_catalog_path(root: Path, directory: Path) -> Path:
+    """Where the finder's catalog of ROOT is kept in the state DIRECTORY."""
+    return directory / f"brief-{hashlib.sha1(str(root).encode()).hexdigest()}.json"
+
+
 class BriefLister:
     """A backend's finder rows of one root: the last listing's at once, the next listing behind.
 
@@ -308,6 +312,12 @@ class BriefLister:
         self._listing = threading.Lock()  # one listing (and catalog change) at a time
         self._rows: list[list[Any]] | None = None  # the last listing's, or the catalog's
         self._behind: threading.Thread | None = None
+
+    def warm(self) -> None:
+        """Make the rows from the catalog now, so that the first answer only saves them."""
+        with self._listing:
+            if self._rows is None and self.catalog.entries:
+                self._rows = self.catalog.rows()
 
     def answer(self) -> tuple[int, bool]:
         """Save the rows Emacs is to read now; return how many, and whether they were listed now.
