@@ -61,10 +61,6 @@ class Finding:
     length: int
     fingerprint: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "field": self.field, "offset": self.offset, "length": self.length,
-                "fingerprint": self.fingerprint}  # fmt: skip
-
 
 @dataclass(slots=True)
 class Span:
