@@ -8,7 +8,7 @@ event may have replaced in the conversation.  A secret is reported by its
 kind, where it is and a fingerprint (keyed per run), never by its text.
 The temp and set-aside files beside the sessions (`side_files`) are read as
 text, since they may be cut anywhere.
-This module declares the command's arguments beside its handler.
+The command line (`scan`) is declared in cli.py with every other command.
 """
 
 from __future__ import annotations

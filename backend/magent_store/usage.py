@@ -25,7 +25,7 @@ compaction, not before it.
 
 Files are opened for reading only (the index with SQLite's immutable mode:
 no lock, no journal); a file that vanishes while the root is read is
-left out.  This module declares the command's arguments beside its handler.
+left out.  The command line (`du`) is declared in cli.py with every other command.
 """
 
 from __future__ import annotations
