@@ -192,7 +192,11 @@ def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concaten
 
 
 class _FromState(Generic[_T]):
-    """A read-only attribute of `Session`: what READ finds in the session's `SessionState`."""
+    """A read-only attribute of `Session`: what READ finds in the session's `SessionState`.
+
+    A `property` whose getter is READ, typed by it, and refused when set as
+    a property is: `Session` lists what it holds as a table, one line each.
+    """
 
     def __init__(self, read: Callable[[SessionState], _T]) -> None:
         self._read = read
