@@ -284,7 +284,7 @@ class OtherWriters:
                 st.append(dataclasses.replace(event, seq=None, thread_id=st.thread.id or files.id))
         st.record = ProducerRecord(files.producer, st.log.written_seq)
         if record.producer is not None:
-            st.record.write(record.producer, record.number, st.log.written_seq)
+            st.record.write(record.producer, record.released, st.log.written_seq)
             st.record.applied = record.applied
         log.warning("%s: another machine went on with this session meanwhile; this machine's turns "
                     "since go on in session %s%s", parent, files.id,
