@@ -64,8 +64,10 @@ RUN_EL = r"""
          (word (getenv "FIND_BENCH_WORD"))
          (out nil))
     (when (getenv "FIND_BENCH_BACKEND_UP")
-      (let ((magent-store-root root))
-        (magent-store-start))
+      ;; The session root, as a user sets it: the backend is told to make
+      ;; it ready once it has started.
+      (setq magent-store-root root)
+      (magent-store-start)
       (with-timeout (120 (error "The backend did not start"))
         (while (not (magent-store-ready-p magent-store-current-backend))
           (accept-process-output nil 0.05))))

@@ -59,7 +59,7 @@
     (let ((root (file-name-as-directory (magent-store-session-root))))
       (when-let* ((header
                    (cl-some (lambda (directory)
-                              (let ((file (expand-file-name (concat id ".json") directory)))
+                              (let ((file (magent-store-session-file 'header id directory)))
                                 (and (file-exists-p file) file)))
                             (magent-store-scope-directory '* root))))
         `((id . ,id) (header . ,header) (root . ,root))))))

@@ -27,9 +27,11 @@
 
 ;; A session root holds one directory per scope, as magent names them:
 ;; `global/', `projects/' and the SHA-1 of the project's root, and
-;; `actions/' and the action's name.  This is the one place on the Emacs
-;; side that knows it (the backend's is layout.py); the adapter and the
-;; export commands ask here.
+;; `actions/' and the action's name, and in it each session's files:
+;; its header `<id>.json' (what magent lists), its log `<id>.jsonl' and
+;; its snapshot `<id>.snapshot'.  This is the one place on the Emacs side
+;; that knows it (the backend's is layout.py); the adapter, the export
+;; and relocate commands ask here.
 
 ;;; Change Log:
 
@@ -65,6 +67,32 @@ holds sessions (a list), global's first."
        (expand-file-name (concat "projects/" (secure-hash 'sha1 (expand-file-name scope)))
                          root))
       (_ (user-error "Invalid magent-store scope: %S" scope)))))
+
+(defun magent-store-project-directories (&optional root)
+  "Return the directories of ROOT holding a project's sessions, by name.
+That is each directory in ROOT's `projects/', whose name is the SHA-1
+of a project's root (see `magent-store-scope-directory').  ROOT
+defaults to the session root magent-store uses."
+  (let ((projects (expand-file-name "projects" (or root (magent-store-session-root)))))
+    (and (file-directory-p projects)
+         (cl-remove-if-not #'file-directory-p (directory-files projects t "\\`[^.]")))))
+
+(defun magent-store-session-headers (directory)
+  "Return the session headers in DIRECTORY, a scope's directory, by name.
+A header is a session's `<id>.json', the file magent lists."
+  (directory-files directory t "\\.json\\'"))
+
+(defun magent-store-session-file (kind id directory)
+  "Return the file of KIND of the session ID in DIRECTORY, a scope's directory.
+KIND is `header' (`<id>.json', the file magent lists), `log'
+\(`<id>.jsonl', the events) or `snapshot' (`<id>.snapshot', the thread
+as of its last compaction)."
+  (expand-file-name (concat id (pcase kind
+                                 ('header ".json")
+                                 ('log ".jsonl")
+                                 ('snapshot ".snapshot")
+                                 (_ (error "Invalid session file kind: %S" kind))))
+                    directory))
 
 (provide 'magent-store-layout)
 ;;; magent-store-layout.el ends here

@@ -44,6 +44,7 @@
 (require 'subr-x)
 (require 'magent-store)
 (require 'magent-store-json)
+(require 'magent-store-layout)
 (require 'magent-store-magent)
 
 ;;;; Read side: magent's listing and reader, answered from the store
@@ -179,8 +180,9 @@ every flush, and magent sorts its picker by this time."
     (or (and cache (gethash filepath cache))
         (let* ((time (funcall orig filepath))
                (log (file-attribute-modification-time
-                     (file-attributes (concat (file-name-sans-extension filepath)
-                                              ".jsonl"))))
+                     (file-attributes (magent-store-session-file
+                                       'log (file-name-base filepath)
+                                       (file-name-directory filepath)))))
                (newest (if (and log time (time-less-p time log)) log time)))
           (when (and cache newest) (puthash filepath newest cache))
           newest))))
@@ -362,7 +364,7 @@ a check fails: magent's reader then reads that session itself."
   "Return the store's schema-7 headers under the session root."
   (let (found)
     (dolist (dir (magent-store-scope-directory '*))
-      (dolist (file (directory-files dir t "\\.json\\'"))
+      (dolist (file (magent-store-session-headers dir))
         (when (eql (magent-store-magent--file-schema file) 7)
           (push file found))))
     (nreverse found)))

@@ -568,8 +568,8 @@ long conversation would cost Emacs its encoding) or magent lacks
 `magent-thread-snapshot-to-alist'."
   (when (and (fboundp 'magent-thread-snapshot-to-alist)
              (not (file-exists-p
-                   (expand-file-name
-                    (concat (magent-thread-session-id thread) ".snapshot")
+                   (magent-store-session-file
+                    'snapshot (magent-thread-session-id thread)
                     (magent-store-magent--scope-directory
                      (magent-store-magent--store-scope
                       (magent-thread-scope thread)))))))

@@ -43,6 +43,7 @@
 (require 'cl-lib)
 (require 'subr-x)
 (require 'magent-store)
+(require 'magent-store-layout)
 (require 'magent-store-program)
 
 (defvar magent-store-relocate--process nil
@@ -72,18 +73,15 @@ Each is (PROJECT-ROOT SESSIONS MISSING): the root as its sessions
 name it, how many sessions it has, and whether its folder is gone.
 Those whose folder is gone come first.  One header per project is
 read; ROOT defaults to the one magent-store uses."
-  (let* ((projects (expand-file-name "projects" (or root (magent-store-session-root))))
-         (found nil))
-    (dolist (directory (and (file-directory-p projects)
-                            (directory-files projects t "\\`[^.]")))
-      (when (file-directory-p directory)
-        (let* ((headers (directory-files directory t "\\.json\\'"))
-               (project (cl-some #'magent-store-relocate--header-root headers)))
-          (when project
-            (push (list project (length headers)
-                        (and (not (file-remote-p project))
-                             (not (file-directory-p project))))
-                  found)))))
+  (let ((found nil))
+    (dolist (directory (magent-store-project-directories root))
+      (let* ((headers (magent-store-session-headers directory))
+             (project (cl-some #'magent-store-relocate--header-root headers)))
+        (when project
+          (push (list project (length headers)
+                      (and (not (file-remote-p project))
+                           (not (file-directory-p project))))
+                found))))
     (sort found (lambda (a b)
                   (if (eq (not (nth 2 a)) (not (nth 2 b)))
                       (string< (car a) (car b))

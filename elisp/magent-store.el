@@ -178,6 +178,8 @@ SENT is when the batch was sent, NUMBERED the batch with its number,
 \(NUMBER BATCH FILL LARGE), and REPLY the backend's reply.
 magent-store-timing sets it to time the round trip as a session save.")
 
+;;;; Recovery
+
 (defcustom magent-store-retry-interval 5
   "Seconds between attempts to send again a batch the backend refused.
 A refused batch (a full disk, say) stays in Emacs until it is saved."
@@ -272,8 +274,7 @@ skips the ones already in its log.  Then the queue follows."
   "Send SESSION's unacknowledged batches again, in order, then its queue.
 The held batches go first (a new backend has none of their held text),
 then those in flight, then the queue, all as ticks: a tick leaves the
-text redaction holds back held, so a secret split across them is still
-caught.
+text redaction holds back held, so a split secret is still caught.
 Called by the retry timer, and by the reply to the session's opening
 inside the process filter: sent later, a chunk's flush could overtake
 them, and batches never overtake each other.  Only after a restart or
@@ -408,9 +409,8 @@ the session from when it has no files for it."
 (defsubst magent-store--due (session now)
   "Schedule SESSION's flush, or send it now (NOW, a float) if its time has come.
 While chunks stream, the flush goes out with the first one after its
-deadline: that chunk already woke Emacs up, a timer would wake it
-again.  See `magent-store--schedule' for what catches a stream that
-stopped."
+deadline: that chunk already woke Emacs up, a timer would wake it again.
+See `magent-store--schedule' for what catches a stream that stopped."
   (let ((deadline (magent-store--session-deadline session)))
     (cond ((not deadline) (magent-store--schedule session now))
           ((>= now deadline) (magent-store--tick session)))))

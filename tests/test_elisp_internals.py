@@ -70,3 +70,12 @@ def test_the_check_sees_an_internal_name_used_in_another_file() -> None:
         "b.el: magent-store--thing-x (defined in a.el)",
         "c.el: magent-store--nowhere (defined in no file)",
     ]
+
+
+def test_the_core_and_the_connection_are_each_at_most_900_lines() -> None:
+    """The core (sessions, the queue, recovery, the public API) and the connection under it
+    (the wire, starting and stopping, the backend that does not answer) stay small enough to
+    read whole, as jsonrpc.el is: a new job finds its own file."""
+    for name in ("magent-store.el", "magent-store-connection.el"):
+        lines = len((REPO / "elisp" / name).read_text().splitlines())
+        assert lines <= 900, f"{name} is {lines} lines: find the file its new job belongs in"

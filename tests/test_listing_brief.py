@@ -158,3 +158,62 @@ def test_a_backends_answer_is_the_last_listing_from_its_catalog_then_it_lists_be
     lister.wait(30)
     reread = listing.BriefCatalog(root, state)
     assert reread.rows() == _saved_rows(lister), "the catalog alone gives the rows as last listed"
+
+
+def test_prepare_reads_the_finders_catalog_ahead_of_the_finders_first_question(
+    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend told to make a root ready reads the finder's catalog of it
+    then, in a thread of its own: the finder's first question finds it read,
+    and reads it no second time."""
+    from magent_store.service import Service
+
+    root = _tree(tmp_path, events)
+    state = tmp_path / "state"
+    (state / "spool").mkdir(parents=True)
+    assert listing.BriefLister(root, state).answer() == (4, True)  # a listing ran: the catalog is saved
+    first = orjson.loads(listing.BriefCatalog(root, state).rows_path.read_bytes())["rows"]
+    listing.BriefCatalog(root, state).rows_path.unlink()
+    read: list[Path] = []
+    real_init = listing.BriefCatalog.__init__
+
+    def counted(self: listing.BriefCatalog, root: Path, directory: Path) -> None:
+        read.append(root)
+        real_init(self, root, directory)
+
+    monkeypatch.setattr(listing.BriefCatalog, "__init__", counted)
+    warmed = threading.Event()
+    real_warm = listing.BriefLister.warm
+
+    def warm(self: listing.BriefLister) -> None:
+        real_warm(self)
+        warmed.set()
+
+    monkeypatch.setattr(listing.BriefLister, "warm", warm)
+    service = Service(state / "spool")
+    assert service.prepare(str(root)) is True
+    assert warmed.wait(30), "prepare did not read the finder's catalog"
+    # Read ahead: the answer needs the catalog file no more.
+    listing.brief_catalog_path(root.resolve(), state).unlink()
+    assert service.brief(str(root)) == [4, False]
+    assert read == [root.resolve()], "the catalog was read a second time"
+    lister = service._briefs[str(root.resolve())]
+    assert orjson.loads(lister.catalog.rows_path.read_bytes())["rows"] == first
+    lister.wait(30)
+
+
+def test_prepare_reads_no_catalog_where_no_listing_saved_one(tmp_path: Path, events: Events) -> None:
+    """No catalog (no listing ran), or a root that is not there: prepare starts no read."""
+    from magent_store.service import Service
+
+    root = _tree(tmp_path, events)
+    state = tmp_path / "state"
+    (state / "spool").mkdir(parents=True)
+    service = Service(state / "spool")
+    before = set(threading.enumerate())
+    assert service.prepare(str(root)) is True
+    assert service.prepare(str(tmp_path / "gone")) is True
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "finder-catalog"]
+    assert service._warming == {}
+    assert service.brief(str(root)) == [4, True]  # the first question lists, as before
+    service._briefs[str(root.resolve())].wait(30)

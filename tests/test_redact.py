@@ -192,6 +192,18 @@ def test_find_json_skips_the_strings_it_was_told_are_known_and_learns_the_others
     assert [f.kind for f in r.find_json({"c": new}, "thread")] == [PLANTS[1].kind]
 
 
+@pytest.mark.parametrize("key", ["Authorization", "proxy-authorization", "PROXY-AUTHORIZATION"])
+def test_an_authorization_key_s_value_is_redacted_as_the_header_it_is(key: str) -> None:
+    # "Basic <base64>" alone is no credential any rule knows; as an Authorization header's value it is
+    # (scan's side: tests/test_scan.py, on the same keys).
+    r = matcher.Redactor(key=b"test key")
+    basic = "Basic dXNlcjpwYXNzd29yZDEyMzQ1Njc4"
+    out, found = r.redact_json({key: basic, "other": basic}, "input")
+    assert out == {key: "Basic [redacted:authorization-header]", "other": basic}
+    assert [(f.kind, f.field, f.offset) for f in found] == [("authorization-header", f"input/{key}", 6)]
+    assert r.find_json({key: basic, "other": basic}, "input") == found
+
+
 def test_a_header_pattern_that_takes_the_header_s_name_redacts_an_authorization_value_alone() -> None:
     # A user's pattern for header lines matches "Authorization: ..." from its name on: the
     # value of an Authorization key is then redacted by itself, its findings named by its field.

@@ -68,6 +68,18 @@ def index_bytes(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in layout.search_directory(root).glob("index.sqlite*"))
 
 
+def indexed(root: Path, session_id: str, text: str) -> None:
+    """Session SESSION_ID with one reply, TEXT, written and indexed live.
+
+    The live index records in a thread of its own: it is done, and its
+    connection closed, before the test goes on to fill the disk or weigh
+    the index (still open, a busy machine failed one run in 20)."""
+    writer = Writer(root)
+    writer.reply(session_id, text)
+    writer.index.wait()
+    writer.index.close()
+
+
 def test_below_the_floor_a_live_index_pauses_takes_no_space_and_says_so_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -110,7 +122,7 @@ def test_below_the_floor_a_live_index_pauses_takes_no_space_and_says_so_once(
 def test_below_the_floor_a_catch_up_leaves_sessions_for_later_and_says_so(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk") as disk:
         root = disk / "sessions"
-        Writer(root).reply("s0", "indexed before")
+        indexed(root, "s0", "indexed before")
         open_index(root)[0].close()
         store = Store(root, fsync="never")  # written without the index
         session = store.open("s1")
@@ -217,7 +229,7 @@ def test_a_disk_full_under_a_catch_up_pauses_it_and_never_deletes_the_index(
 ) -> None:
     with small_disk(tmp_path / "disk") as disk:
         root = disk / "sessions"
-        Writer(root).reply("s0", "kept words")
+        indexed(root, "s0", "kept words")
         open_index(root)[0].close()
         session = Store(root, fsync="never").open("s1")
         ev = Events(thread_id="thread-s1")

@@ -79,6 +79,25 @@ def test_store_assigns_seq_and_ignores_incoming(root: Path, events: Events) -> N
     assert seqs == sorted(seqs) and seqs[-1] == 3
 
 
+# What `Session` holds, each read from its state: its callers read it and never set it.
+HELD = ("id", "files", "scope", "machine", "thread", "header", "initial", "record",
+        "last_seq", "written_seq", "durable_seq", "pending_events", "unconfirmed_events")
+
+
+def test_what_a_session_holds_is_read_only_to_its_callers(root: Path, events: Events) -> None:
+    with Store(root).open("s1") as s:
+        s.append_event(events.thread_started())
+        before = {name: getattr(s, name) for name in HELD}
+        for name in HELD:
+            with pytest.raises(AttributeError, match=name):
+                setattr(s, name, None)
+        assert {name: getattr(s, name) for name in HELD} == before
+        assert (s.id, s.scope, s.last_seq, s.pending_events, s.written_seq) == ("s1", Scope.global_(), 1, 1, 0)
+        s.flush()
+        assert (s.last_seq, s.pending_events, s.written_seq, s.durable_seq) == (1, 0, 1, 1)
+        assert s.thread.last_event_seq == 1 and s.files.log.exists()
+
+
 def test_flush_writes_all_pending_lines_at_once(root: Path, events: Events, monkeypatch: pytest.MonkeyPatch) -> None:
     st = Store(root, log_max_events=10_000)
     s = st.open("s1")

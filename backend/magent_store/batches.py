@@ -17,8 +17,8 @@ open session's half of that protocol:
   field in a row are fed to its stream at once; the text a stream holds
   back (it could still become a secret) is written when the next event
   ends it, or by a synchronous flush and a close;
-- whether the batch record is written or held (`BatchWrite.hold`): a
-  batch some of whose text is held back is applied but not recorded;
+- whether the batch record is written or deferred (`BatchWrite.deferred`):
+  a batch some of whose text is held back is applied but not recorded;
 - the released number (`Batches.released`): the last batch none of whose
   text is held back, which its writer may forget.
 
@@ -122,7 +122,7 @@ class Batches:
         # Lines past the record while every batch applied is recorded were
         # written by a killed backend (past a batch applied here but held
         # back in part, they are that batch's released text).
-        if (producer == record.producer and record.applied == record.number
+        if (producer == record.producer and record.applied == record.released
                 and session.last_seq > record.seq and not session.pending_events):  # fmt: skip
             session.drop_uncommitted()
             if self.redaction is not None:
@@ -146,7 +146,7 @@ class Batches:
 
     def released(self, producer: Any) -> int:
         """The last batch of PRODUCER none of whose text is held back (its writer may forget it)."""
-        return self.session.record.released(producer)
+        return self.session.record.released_for(producer)
 
     # -- entries ---------------------------------------------------------------
 
@@ -304,7 +304,7 @@ class Batches:
         write = None
         if named is not None:
             holding = self.redaction is not None and self.redaction.holding
-            write = BatchWrite(*named, name_writer=self._new_writer, hold=holding)
+            write = BatchWrite(*named, name_writer=self._new_writer, deferred=holding)
         try:
             return session.flush(compact=compact, batch=write)
         finally:

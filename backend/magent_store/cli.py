@@ -50,7 +50,7 @@ from magent_store.fileio import (
     write_new_private,
 )
 from magent_store.fileio import dumps as store_dumps
-from magent_store.layout import Scope, SessionFiles
+from magent_store.layout import HEADER_SUFFIX, Scope, SessionFiles
 from magent_store.ledger import LedgerError
 from magent_store.listing import BriefCatalog, brief_entries
 from magent_store.logfile import FSYNC_MODES, scan_log
@@ -665,7 +665,7 @@ def _export_document(args: argparse.Namespace) -> int:
     path: Path = args.target.expanduser()
     if path.is_dir():
         raise UsageError(f"{path}: a directory; --format takes one session's header (SESSION.json)")
-    if path.suffix != ".json":
+    if path.suffix != HEADER_SUFFIX:
         raise UsageError(f"{path}: not a session's header (SESSION.json)")
     header, thread = document.read(path)
     if redactor is not None:

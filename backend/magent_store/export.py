@@ -45,7 +45,7 @@ from magent_store.fileio import (
     replace_if_unchanged,
     write_new_private,
 )
-from magent_store.layout import Scope, SessionFiles
+from magent_store.layout import HEADER_SUFFIX, Scope, SessionFiles
 from magent_store.ledger import LedgerError, Thread
 from magent_store.logfile import read_log_file, scan_log
 from magent_store.parts import SessionLock, read_header, replay_session
@@ -267,7 +267,7 @@ def render(
         damage = "; ".join(found.damage) or None
     body = dumps(schema6_object(header, thread, events, files, hollow=hollow))
     directory = Path(tempfile.mkdtemp(prefix="render-", dir=spool))
-    path = directory / f"{files.id}.json"
+    path = directory / f"{files.id}{HEADER_SUFFIX}"
     write_new_private(path, body, sync=False)
     return str(path), damage
 

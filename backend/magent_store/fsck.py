@@ -306,7 +306,7 @@ class Fsck:
             if layout.TREE_MACHINE_FILE_RE.fullmatch(name):
                 continue  # another machine's (see layout.py): never read, never removed
             conflict = CONFLICT_COPY_RE.fullmatch(name)
-            if conflict is not None and (directory / f"{conflict['id']}.json").exists():
+            if conflict is not None and (directory / (conflict['id'] + layout.HEADER_SUFFIX)).exists():
                 self._add(Finding(path, CONFLICT_UNMERGED if self.repair else CONFLICT_COPY, (
                     f"a copy a sync engine made of session {conflict['id']}'s {conflict['ext']} when two "
                     "machines changed it, not merged: " + (
@@ -324,10 +324,10 @@ class Fsck:
             if match is None:
                 continue
             if match["aside"]:
-                if match["ext"] != "lock":
+                if match["ext"] != layout.LOCK_EXT:
                     why = ("invalid lines a crash left at the end of the log, set aside when the session "
                            "was next opened" if match["aside"].startswith(".tail") else
-                           "lines set aside by an earlier repair" if match["ext"] == "jsonl" else
+                           "lines set aside by an earlier repair" if match["ext"] == layout.LOG_EXT else
                            "a damaged file replaced by an earlier repair")  # fmt: skip
                     self._add(Finding(path, SET_ASIDE, f"{why}; inspect and delete by hand", match["id"]))
                 continue
@@ -364,17 +364,17 @@ class Fsck:
             return True
         files = SessionFiles(directory, session_id)
         for ext, path, kind, what in (
-                ("producer", files.producer, STALE_PRODUCER, "batch record"),
-                ("sums", files.sums, STALE_SUMS, "log's checksums")):  # fmt: skip
+                (layout.PRODUCER_EXT, files.producer, STALE_PRODUCER, "batch record"),
+                (layout.SUMS_EXT, files.sums, STALE_SUMS, "log's checksums")):  # fmt: skip
             if paths.pop(ext, None) is not None:
                 self._side_file(files, paths, path, kind, what)
-        if paths.pop("writers", None) is not None:
-            self._writers_file(files, alone=not set(paths) - {"lock"})
+        if paths.pop(layout.WRITERS_EXT, None) is not None:
+            self._writers_file(files, alone=not set(paths) - {layout.LOCK_EXT})
         if not paths:
             return True
-        if "json" in paths and self._not_a_session(files, alone=set(paths) == {"json"}):
-            return self._lone_lock(files) if "lock" in paths else True
-        if set(paths) == {"lock"}:
+        if layout.HEADER_EXT in paths and self._not_a_session(files, alone=set(paths) == {layout.HEADER_EXT}):
+            return self._lone_lock(files) if layout.LOCK_EXT in paths else True
+        if set(paths) == {layout.LOCK_EXT}:
             return self._lone_lock(files)
         if lock_is_held(files.lock):
             self._add(Finding(files.lock, IN_USE, "open for writing by a running process; not checked",
@@ -429,8 +429,8 @@ class Fsck:
     def _side_file(self, files: SessionFiles, paths: dict[str, Path],
                    path: Path, kind: str, what: str) -> None:  # fmt: skip
         """A side file of the store's (batch record, checksums): stale beside no session of the store's."""
-        if ("jsonl" in paths or "snapshot" in paths or lock_is_held(files.lock)
-                or ("json" in paths and schema6.file_schema(files.header) == 7)):  # fmt: skip
+        if (layout.LOG_EXT in paths or layout.SNAPSHOT_EXT in paths or lock_is_held(files.lock)
+                or (layout.HEADER_EXT in paths and schema6.file_schema(files.header) == 7)):  # fmt: skip
             return
         finding = self._add(Finding(path, kind, f"{what} left behind beside no session of the store's",
                                     files.id, repairable=True))  # fmt: skip

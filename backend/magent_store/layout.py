@@ -47,15 +47,33 @@ PROJECTS: Final = "projects"
 ACTIONS: Final = "actions"
 # The directories of ROOT holding sessions, as globs relative to it.
 SCOPE_GLOBS: Final = (GLOBAL, f"{PROJECTS}/*", f"{ACTIONS}/*")
-HEADER_GLOBS: Final = tuple(f"{g}/*.json" for g in SCOPE_GLOBS)
+
+# Each of a session's files by its extension, as `SESSION_FILE_RE` names it (``ext``),
+HEADER_EXT: Final = "json"
+LOG_EXT: Final = "jsonl"
+SNAPSHOT_EXT: Final = "snapshot"
+WRITERS_EXT: Final = "writers"
+LOCK_EXT: Final = "lock"
+PRODUCER_EXT: Final = "producer"
+SUMS_EXT: Final = "sums"
+# and by the end of its name, after the session's id: ``<id>.json`` and so on.
+HEADER_SUFFIX: Final = f".{HEADER_EXT}"
+LOG_SUFFIX: Final = f".{LOG_EXT}"
+SNAPSHOT_SUFFIX: Final = f".{SNAPSHOT_EXT}"
+WRITERS_SUFFIX: Final = f".{WRITERS_EXT}"
+LOCK_SUFFIX: Final = f".{LOCK_EXT}"
+PRODUCER_SUFFIX: Final = f".{PRODUCER_EXT}"
+SUMS_SUFFIX: Final = f".{SUMS_EXT}"
 
 # A session's files in the tree: what magent reads, and what travels.
-SESSION_SUFFIXES: Final = ("json", "jsonl", "snapshot")
+SESSION_SUFFIXES: Final = (HEADER_EXT, LOG_EXT, SNAPSHOT_EXT)
 # A session's side file in the tree: it travels with the session, and magent never
 # reads it (magent lists ``*.json`` and reads ``<id>.jsonl`` and ``<id>.snapshot``).
-TRAVELLING_SUFFIXES: Final = ("writers",)
+TRAVELLING_SUFFIXES: Final = (WRITERS_EXT,)
 # A session's files that belong to this machine only, kept outside the tree.
-MACHINE_SUFFIXES: Final = ("lock", "producer", "sums")
+MACHINE_SUFFIXES: Final = (LOCK_EXT, PRODUCER_EXT, SUMS_EXT)
+# Where ROOT's session headers are, as globs relative to it.
+HEADER_GLOBS: Final = tuple(f"{g}/*{HEADER_SUFFIX}" for g in SCOPE_GLOBS)
 
 # The name of a session's file in the tree (its record of writers too), or of one an
 # earlier repair set aside.
@@ -269,18 +287,18 @@ def root_of_machine_root(directory: Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# Sync engines' conflict copies
+# Temp files and sync engines' conflict copies
+
+# A temp file an interrupted atomic write leaves: ``.<name>.tmp-<pid>``; of a
+# session's own files, ``.<id>.<ext>.tmp-<pid>`` with EXT one of TEMP_FILES
+# (a batch record's and checksums' where an older version kept them in the tree).
+TEMP_NAME: Final = re.compile(r"^\..*\.tmp-\d+$")
+TEMP_FILES: Final = (HEADER_EXT, LOG_EXT, SNAPSHOT_EXT, WRITERS_EXT, PRODUCER_EXT, SUMS_EXT)
 
 # What a sync engine names its copy of a session's file when two machines
 # changed it: Syncthing's ``<id>.sync-conflict-YYYYMMDD-HHMMSS-<device>.<ext>``,
 # Dropbox's ``<id> (<machine>'s conflicted copy YYYY-MM-DD).<ext>``, Nextcloud's
 # ``<id> (conflicted copy YYYY-MM-DD HHMMSS).<ext>`` and ownCloud's
-# A temp file an interrupted atomic write leaves: ``.<name>.tmp-<pid>``; of a
-# session's own files, ``.<id>.<ext>.tmp-<pid>`` with EXT one of TEMP_FILES
-# (a batch record's and checksums' where an older version kept them in the tree).
-TEMP_NAME: Final = re.compile(r"^\..*\.tmp-\d+$")
-TEMP_FILES: Final = ("json", "jsonl", "snapshot", "writers", "producer", "sums")
-
 # ``<id>_conflict-YYYYMMDD-HHMMSS.<ext>``.
 CONFLICT_COPY_RE: Final = re.compile(
     r"(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*?)"
@@ -309,26 +327,26 @@ class SessionFiles:
 
     @classmethod
     def from_header_path(cls, path: Path) -> SessionFiles:
-        if path.suffix != ".json":
+        if path.suffix != HEADER_SUFFIX:
             raise StoreError(f"{path}: a session is named by its header, <id>.json")
         return cls(path.parent, check_session_id(path.stem))
 
     @property
     def header(self) -> Path:
-        return self.directory / f"{self.id}.json"
+        return self.directory / f"{self.id}{HEADER_SUFFIX}"
 
     @property
     def log(self) -> Path:
-        return self.directory / f"{self.id}.jsonl"
+        return self.directory / f"{self.id}{LOG_SUFFIX}"
 
     @property
     def snapshot(self) -> Path:
-        return self.directory / f"{self.id}.snapshot"
+        return self.directory / f"{self.id}{SNAPSHOT_SUFFIX}"
 
     @property
     def writers(self) -> Path:
         """Which machine wrote the session's events from which event on (see writers.py); it travels."""
-        return self.directory / f"{self.id}.writers"
+        return self.directory / f"{self.id}{WRITERS_SUFFIX}"
 
     @property
     def machine_directory(self) -> Path:
@@ -337,17 +355,17 @@ class SessionFiles:
 
     @property
     def lock(self) -> Path:
-        return self.machine_directory / f"{self.id}.lock"
+        return self.machine_directory / f"{self.id}{LOCK_SUFFIX}"
 
     @property
     def sums(self) -> Path:
         """Checksums of the log's committed ranges (see `damaged_range`); magent never reads it."""
-        return self.machine_directory / f"{self.id}.sums"
+        return self.machine_directory / f"{self.id}{SUMS_SUFFIX}"
 
     @property
     def producer(self) -> Path:
         """Which batch of which writer the log holds last (see `batches.Batches.begin_batch`)."""
-        return self.machine_directory / f"{self.id}.producer"
+        return self.machine_directory / f"{self.id}{PRODUCER_SUFFIX}"
 
     def old(self, suffix: str) -> Path:
         """Where a root laid out the old way kept the per-machine file SUFFIX, inside the tree."""

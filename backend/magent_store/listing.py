@@ -138,7 +138,7 @@ def picker_entries(
         except (FileNotFoundError, NotADirectoryError):
             continue
         for name in sorted(entries):
-            if name.endswith(".json"):
+            if name.endswith(layout.HEADER_SUFFIX):
                 seen.add(f"{folder}/{name}")
                 entry = _one(f"{base}/{folder}", folder, entries, name, live, catalog)
                 if entry is not None:
@@ -155,14 +155,14 @@ def _one(
     path: str, folder: str, entries: Mapping[str, os.DirEntry[str]], name: str,
     live: Mapping[str, dict[str, Any]], catalog: Catalog | None,
 ) -> dict[str, Any] | None:  # fmt: skip
-    session_id = name[:-5]
+    session_id = name[: -len(layout.HEADER_SUFFIX)]
     try:
         check_session_id(session_id)
         st = entries[name].stat()  # before the read: a header rewritten meanwhile is newer than this
     except (InvalidSessionId, OSError):
         return None
     log_size, log_mtime = -1, -1
-    log_entry = entries.get(f"{session_id}.jsonl")
+    log_entry = entries.get(session_id + layout.LOG_SUFFIX)
     if log_entry is not None:
         try:
             log_st = log_entry.stat()
@@ -170,7 +170,7 @@ def _one(
             pass
         else:
             log_size, log_mtime = log_st.st_size, log_st.st_mtime_ns
-    has_snapshot = f"{session_id}.snapshot" in entries
+    has_snapshot = (session_id + layout.SNAPSHOT_SUFFIX) in entries
     stamp: Stamp = (st.st_size, st.st_mtime_ns, st.st_ino, log_size, log_mtime, has_snapshot)
     relative = f"{folder}/{name}"
     current = live.get(relative)
@@ -187,7 +187,7 @@ def _one(
                 return None
             header = normalize_header(obj, session_id)
             log_bytes = None if log_size < 0 else log_size
-            damage = listed_damage(f"{path}/{session_id}.jsonl", has_snapshot, log_bytes)
+            damage = listed_damage(f"{path}/{session_id}{layout.LOG_SUFFIX}", has_snapshot, log_bytes)
         except (OSError, ValueError, LedgerError, InvalidSessionId):
             return None  # magent's reader (or the render) says what is wrong
         fields = _fields(header)
@@ -236,9 +236,8 @@ class BriefCatalog:
 
     def __init__(self, root: Path, directory: Path) -> None:
         self.root = root
-        digest = hashlib.sha1(str(root).encode()).hexdigest()
-        self.path = directory / f"brief-{digest}.json"
-        self.rows_path = directory / f"brief-rows-{digest}.json"
+        self.path = brief_catalog_path(root, directory)
+        self.rows_path = self.path.with_name(f"brief-rows-{self.path.name.removeprefix('brief-')}")
         self.entries: dict[str, tuple[HeaderStamp, Brief, Sized]] = {}
         self.changed = False
         self._rows_lock = threading.Lock()  # one writer of the rows file at a time
@@ -292,6 +291,11 @@ class BriefCatalog:
         return rows
 
 
+def brief_catalog_path(root: Path, directory: Path) -> Path:
+    """Where the finder's catalog of ROOT is kept in the state DIRECTORY."""
+    return directory / f"brief-{hashlib.sha1(str(root).encode()).hexdigest()}.json"
+
+
 class BriefLister:
     """A backend's finder rows of one root: the last listing's at once, the next listing behind.
 
@@ -308,6 +312,12 @@ class BriefLister:
         self._listing = threading.Lock()  # one listing (and catalog change) at a time
         self._rows: list[list[Any]] | None = None  # the last listing's, or the catalog's
         self._behind: threading.Thread | None = None
+
+    def warm(self) -> None:
+        """Make the rows from the catalog now, so that the first answer only saves them."""
+        with self._listing:
+            if self._rows is None and self.catalog.entries:
+                self._rows = self.catalog.rows()
 
     def answer(self) -> tuple[int, bool]:
         """Save the rows Emacs is to read now; return how many, and whether they were listed now.
@@ -379,7 +389,7 @@ def brief_entries(root: Path, catalog: BriefCatalog | None = None) -> tuple[list
         except (FileNotFoundError, NotADirectoryError):
             continue
         for name in entries:
-            if not name.endswith(".json"):
+            if not name.endswith(layout.HEADER_SUFFIX):
                 continue
             relative = f"{folder}/{name}"
             seen.add(relative)
@@ -401,7 +411,7 @@ def _brief(
     catalog: BriefCatalog | None,
 ) -> list[Any] | str | None:  # fmt: skip
     """The row of the header at PATH, what is wrong with it, or None when it is no session."""
-    session_id = name[:-5]
+    session_id = name[: -len(layout.HEADER_SUFFIX)]
     cached = catalog.entries.get(relative) if catalog is not None else None
     try:
         if cached is None:  # an entry's name was checked when it was read
@@ -410,7 +420,7 @@ def _brief(
     except (InvalidSessionId, OSError):
         return None
     size, updated = st.st_size, st.st_mtime
-    for suffix in (".jsonl", ".snapshot"):
+    for suffix in (layout.LOG_SUFFIX, layout.SNAPSHOT_SUFFIX):
         other = entries.get(session_id + suffix)
         if other is not None:
             try:

@@ -48,6 +48,9 @@ from magent_store.fileio import (
     write_new_private,
 )
 from magent_store.layout import (
+    LOCK_EXT,
+    PRODUCER_EXT,
+    SUMS_EXT,
     TREE_MACHINE_FILE_RE,
     SessionFiles,
     machine_root,
@@ -110,18 +113,18 @@ def _adopt_directory(directory: Path, crash: Crash) -> bool:
     done = True
     for session_id, suffixes in owners.items():
         files = SessionFiles(directory, session_id)
-        if "lock" in suffixes and lock_is_held(files.old("lock")):
+        if LOCK_EXT in suffixes and lock_is_held(files.old(LOCK_EXT)):
             log.info("%s: open for writing by a process of the old layout; its files move once it closes",
-                     files.old("lock"))  # fmt: skip
+                     files.old(LOCK_EXT))  # fmt: skip
             done = False
             continue
         prepare_machine_directory(directory)
-        for suffix in ("producer", "sums"):
-            if suffix in suffixes:
-                _move_file(files.old(suffix), files.machine_directory / f"{session_id}.{suffix}", crash)
-        if "lock" in suffixes:
+        for ext, new in ((PRODUCER_EXT, files.producer), (SUMS_EXT, files.sums)):
+            if ext in suffixes:
+                _move_file(files.old(ext), new, crash)
+        if LOCK_EXT in suffixes:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(files.old("lock"))
+                os.unlink(files.old(LOCK_EXT))
             crash("adopt-lock-removed")
     if owners:
         sync_directories([directory])

@@ -313,7 +313,7 @@ class SessionLock:
 
 
 class ProducerRecord:
-    """``<id>.producer``: which batch NUMBER of which PRODUCER the log holds last, up to SEQ.
+    """``<id>.producer``: which batch of which PRODUCER the log holds last (RELEASED), up to SEQ.
 
     A writer (Emacs) numbers its batches and resends, after a crash of
     either side's connection, every batch it has no reply for.  The record
@@ -327,18 +327,19 @@ class ProducerRecord:
     and read as none: the next writer starts afresh.
 
     With redaction, a batch whose text is partly held back in memory is
-    applied but not recorded: APPLIED is the last batch applied, NUMBER
-    the last one all of whose text is in the log (its writer keeps every
-    batch after it, and sends them again should this process die).
-    Which batch comes next, and whether it is recorded or held, is the
-    batch protocol's to decide (batches.py); this is the file.
+    applied but not recorded: APPLIED is the last batch applied, RELEASED
+    the last one all of whose text is in the log, the released batch (its
+    writer keeps every batch after it, and sends them again should this
+    process die).  The file's ``"batch"`` is RELEASED.  Which batch comes
+    next, and whether its record is written or deferred, is the batch
+    protocol's to decide (batches.py); this is the file.
     """
 
     def __init__(self, path: Path, written_seq: int) -> None:
         """The record at PATH; none (at WRITTEN-SEQ, the log's end) when there is none."""
         self.path = path
         self.producer: str | None = None
-        self.number = 0
+        self.released = 0
         self.applied = 0
         self.seq = written_seq
         self._fd = -1
@@ -356,8 +357,8 @@ class ProducerRecord:
             and isinstance(obj.get("batch"), int)
             and isinstance(obj.get("seq"), int)
         ):
-            self.producer, self.number, self.seq = obj["producer"], obj["batch"], obj["seq"]
-            self.applied = self.number
+            self.producer, self.released, self.seq = obj["producer"], obj["batch"], obj["seq"]
+            self.applied = self.released
         else:
             log.warning("%s: not a batch record; the next writer starts afresh", path)
 
@@ -372,11 +373,11 @@ class ProducerRecord:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as exc:
             raise write_failed(self.path, exc, len(data)) from None
-        self.producer, self.number, self.seq = producer, number, seq
+        self.producer, self.released, self.seq = producer, number, seq
         self.applied = number
 
-    def hold(self, producer: str, number: int, seq: int) -> None:
-        """Count batch NUMBER of PRODUCER applied while some of its text is held back: not recorded.
+    def defer(self, producer: str, number: int, seq: int) -> None:
+        """Count batch NUMBER of PRODUCER applied while some of its text is held back: its record deferred.
 
         A new writer is named first (up to its batch before, at SEQ), so
         that lines past the record are its own.
@@ -401,9 +402,9 @@ class ProducerRecord:
         if self.producer is not None:
             self.write(self.producer, self.applied, seq)
 
-    def released(self, producer: Any) -> int:
+    def released_for(self, producer: Any) -> int:
         """The last batch of PRODUCER all of whose text is in the log (0: none of its batches)."""
-        return self.number if producer == self.producer else 0
+        return self.released if producer == self.producer else 0
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -422,15 +423,15 @@ class BatchWrite:
     """Batch NUMBER of PRODUCER, for a flush to commit in the batch record (batches.py decides how).
 
     NAME-WRITER names PRODUCER in the record before the batch's lines
-    reach the log (a writer the record does not name); HOLD counts the
-    batch applied, not recorded (some of its text is held back).  The
-    flush sets OUTCOME once it wrote the batch or cut it back.
+    reach the log (a writer the record does not name); DEFERRED counts
+    the batch applied, its record deferred (some of its text is held
+    back).  The flush sets OUTCOME once it wrote the batch or cut it back.
     """
 
     producer: str
     number: int
     name_writer: bool = False
-    hold: bool = False
+    deferred: bool = False
     outcome: str | None = None
 
 

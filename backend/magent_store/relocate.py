@@ -537,7 +537,7 @@ class Relocator:
         """What an interrupted run left half-written at the new place (its lock is ours)."""
         names = {f"{plan.new.id}.{ext}" for ext in layout.SESSION_SUFFIXES}
         names.update(p.name for p in plan.paths)
-        mine = {f"{plan.new.id}.{ext}" for ext in ("producer", "sums")}
+        mine = {plan.new.producer.name, plan.new.sums.name}
         for directory, kept in ((plan.new.directory, names), (plan.new.machine_directory, mine)):
             for name in kept:
                 for path in directory.glob(f".{glob.escape(name)}.tmp-*"):
@@ -550,7 +550,7 @@ class Relocator:
             return
         for directory, session_id in ((plan.old.directory, plan.old.id), (plan.new.directory, plan.new.id)):
             for path in session_files(directory).get(session_id, []):
-                if path.suffix == ".lock":
+                if path.suffix == layout.LOCK_SUFFIX:
                     continue
                 copy = self.backup_path / path.relative_to(self.root)
                 made = make_private_dirs(copy.parent)
@@ -665,7 +665,7 @@ class Relocator:
         """The old project's directory, once nothing is left in it."""
         try:
             names = os.listdir(self.source)
-            left = [n for n in names if not n.endswith(".lock") or lock_is_held(self.source / n)]
+            left = [n for n in names if not n.endswith(layout.LOCK_SUFFIX) or lock_is_held(self.source / n)]
         except FileNotFoundError:
             return
         if left:

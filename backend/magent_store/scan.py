@@ -8,7 +8,7 @@ event may have replaced in the conversation.  A secret is reported by its
 kind, where it is and a fingerprint (keyed per run), never by its text.
 The temp and set-aside files beside the sessions (`side_files`) are read as
 text, since they may be cut anywhere.
-This module declares the command's arguments beside its handler.
+The command line (`scan`) is declared in cli.py with every other command.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from magent_store.ledger import LedgerError
 from magent_store.logfile import LogScan, read_log, scan_log
 from magent_store.parts import read_header, replay_session
 from magent_store.redaction import saved
-from magent_store.redaction.matcher import Redactor, redactor_from_spec
+from magent_store.redaction.matcher import AUTHORIZATION_KEYS, Redactor, redactor_from_spec
 from magent_store.redaction.rules import LITERAL_MIN, SHORTEST_MATCH
 from magent_store.store import Store
 
@@ -77,10 +77,6 @@ class SessionScan:
         self.scope = Scope.from_header(header).label()
 
 
-# Keys whose string value is checked as the HTTP header it is (see `Redactor.redact_json`).
-_HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
-
-
 def shortest_secret(redactor: Redactor) -> int:
     """The length below which a string holds no secret REDACTOR can find (0: any may).
 
@@ -121,7 +117,7 @@ def _locate(redactor: Redactor, value: Any, where: str, out: list[Located], know
     elif isinstance(value, dict):
         for key, v in value.items():
             if isinstance(key, str):
-                if isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                if isinstance(v, str) and key.lower() in AUTHORIZATION_KEYS:
                     out.extend(Located(f.kind, f.field, f.fingerprint)
                                for f in redactor.find_json({key: v}, where))  # fmt: skip
                     continue

@@ -32,7 +32,7 @@ from magent_store.fileio import (
     read_file,
     sync_directories,
 )
-from magent_store.layout import SCOPE_GLOBS, Scope, SessionFiles, session_root
+from magent_store.layout import HEADER_SUFFIX, SCOPE_GLOBS, Scope, SessionFiles, session_root
 from magent_store.ledger import Thread
 from magent_store.logfile import FsyncMode
 from magent_store.parts import SessionLock, read_header
@@ -65,7 +65,7 @@ def locate(store: Store, session_id: str, scope: Scope) -> Scope:
     if any(path.exists() for path in (files.header, files.log, files.snapshot)):
         return scope
     for pattern in SCOPE_GLOBS:
-        for header in sorted(store.root.glob(f"{pattern}/{session_id}.json")):
+        for header in sorted(store.root.glob(f"{pattern}/{session_id}{HEADER_SUFFIX}")):
             try:
                 found = Scope.from_header(loads(read_file(header)))
             except (StoreError, ValueError, TypeError, AttributeError):

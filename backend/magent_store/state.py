@@ -237,8 +237,8 @@ class SessionState:
         if batch.name_writer and self.pending:
             self.record.name_writer(*named, self.log.written_seq)
         bytes_written = self.write_pending(kept=False)
-        if batch.hold:
-            self.record.hold(*named, self.log.written_seq)
+        if batch.deferred:
+            self.record.defer(*named, self.log.written_seq)
         else:
             self.record.write(*named, self.log.written_seq)
         batch.outcome = WRITTEN

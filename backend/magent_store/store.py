@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, Generic, Never, NoReturn, ParamSpec, TypeVar, overload
 
 from magent_store import branches, layout, ledger, writers
 from magent_store.fileio import (
@@ -75,7 +75,6 @@ from magent_store.parts import (
     CUT,
     BatchWrite,
     Compactor,
-    ProducerRecord,
     SessionLock,
     load_session,
     read_header,
@@ -177,6 +176,7 @@ class FlushResult:
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 
 
 def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concatenate[Session, _P], _R]:
@@ -189,6 +189,31 @@ def _locked(method: Callable[Concatenate[Session, _P], _R]) -> Callable[Concaten
     locked.__doc__ = method.__doc__
     locked.__name__ = method.__name__
     return locked
+
+
+class _FromState(Generic[_T]):
+    """A read-only attribute of `Session`: what READ finds in the session's `SessionState`.
+
+    A `property` whose getter is READ, typed by it, and refused when set as
+    a property is: `Session` lists what it holds as a table, one line each.
+    """
+
+    def __init__(self, read: Callable[[SessionState], _T]) -> None:
+        self._read = read
+        self._name = ""
+
+    def __set_name__(self, owner: type[Session], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, session: None, owner: type[Session]) -> _FromState[_T]: ...
+    @overload
+    def __get__(self, session: Session, owner: type[Session] | None = None) -> _T: ...
+    def __get__(self, session: Session | None, owner: type[Session] | None = None) -> _T | _FromState[_T]:
+        return self if session is None else self._read(session._state)
+
+    def __set__(self, session: Session, value: Never) -> NoReturn:
+        raise AttributeError(f"property {self._name!r} of 'Session' object has no setter")
 
 
 class Session:
@@ -207,6 +232,25 @@ class Session:
     header, then the compaction.  The batch protocol (which batch comes
     next, redaction's held text) is batches.py's.
     """
+
+    # What it holds, each read from its state (state.py), where each part is described.
+    id = _FromState(lambda st: st.files.id)
+    files = _FromState(lambda st: st.files)  # where its files are: a fork's, once it went on in one
+    scope = _FromState(lambda st: st.scope)
+    machine = _FromState(lambda st: st.machine)
+    thread = _FromState(lambda st: st.thread)  # in memory: every event appended applied (flushed or not)
+    header = _FromState(lambda st: st.header.header)  # as its writer gave it (or the store's default)
+    initial = _FromState(lambda st: st.initial)  # the thread its writer opened it from, to open it again
+    record = _FromState(lambda st: st.record)  # which batch of which writer the log holds last (batches.py)
+    # Its seqs: the last event appended (flushed or not), the last written to the log file, and the
+    # last the fsync policy's promise covers; and how many events are appended but not yet written.
+    last_seq = _FromState(lambda st: st.thread.last_event_seq)
+    written_seq = _FromState(lambda st: st.log.written_seq)
+    durable_seq = _FromState(lambda st: st.log.durable_seq)
+    pending_events = _FromState(lambda st: len(st.pending))
+    # Events at the log's end that a killed backend wrote for a writer and never committed: their
+    # writer sends their batch again, which replaces them; until then no compaction takes them in.
+    unconfirmed_events = _FromState(SessionState.unconfirmed)
 
     def __init__(
         self,
@@ -302,76 +346,6 @@ class Session:
         dropped = self._state.cut_uncommitted()
         self._reload()
         log.info("%s: %d uncommitted events dropped; their batch is sent again", self.files.log, dropped)
-
-    # -- state ------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        return self._state.files.id
-
-    @property
-    def files(self) -> SessionFiles:
-        """Where the session's files are (a fork's, once this session went on in one)."""
-        return self._state.files
-
-    @property
-    def scope(self) -> Scope:
-        return self._state.scope
-
-    @property
-    def machine(self) -> Machine:
-        return self._state.machine
-
-    @property
-    def thread(self) -> Thread:
-        """The thread in memory: every event appended applied (flushed or not)."""
-        return self._state.thread
-
-    @property
-    def record(self) -> ProducerRecord:
-        """Which batch of which writer the log holds last (read by batches.py)."""
-        return self._state.record
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def initial(self) -> Thread | None:
-        """The thread its writer opened the session from (see `Session`), for opening it again."""
-        return self._state.initial
-
-    @property
-    def header(self) -> dict[str, Any]:
-        """The header as its writer gave it (or the store's default)."""
-        return self._state.header.header
-
-    @property
-    def last_seq(self) -> int:
-        """The seq of the last event appended (flushed or not)."""
-        return self._state.thread.last_event_seq
-
-    @property
-    def written_seq(self) -> int:
-        """The seq of the last event written to the log file."""
-        return self._state.log.written_seq
-
-    @property
-    def durable_seq(self) -> int:
-        return self._state.log.durable_seq
-
-    @property
-    def unconfirmed_events(self) -> int:
-        """Events at the log's end that a killed backend wrote for a writer and never committed.
-
-        Their writer sends their batch again, which replaces them; until
-        then no compaction takes them in.
-        """
-        return self._state.unconfirmed()
-
-    @property
-    def pending_events(self) -> int:
-        return len(self._state.pending)
 
     def header_bytes(self) -> bytes:
         return self._state.header.bytes(self._state.thread)

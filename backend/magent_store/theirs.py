@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from magent_store import branches, ledger, writers
+from magent_store import branches, layout, ledger, writers
 from magent_store.fileio import (
     StoreError,
     WriteFailed,
@@ -112,7 +112,7 @@ class OtherWriters:
         mine = os.fstat(st.log.fd)
         # Our own log, renamed to a conflict name by the sync engine: what it
         # holds is what we hold, so it goes once this flush made that durable.
-        self.own_copies = [path for path, match in files.conflict_copies() if match["ext"] == "jsonl"
+        self.own_copies = [path for path, match in files.conflict_copies() if match["ext"] == layout.LOG_EXT
                            and (s := os.lstat(path)).st_ino == mine.st_ino and s.st_dev == mine.st_dev]
         try:
             scan = scan_log(files.log)
@@ -252,8 +252,9 @@ class OtherWriters:
         prints = {seq: writers.line_fingerprint(line) for seq, line in ours.items()}
         for made in st.writers.mine:  # ours by making, whatever of its line we still hold
             prints.setdefault(made.start, made.event)
-        records = writers.union(writers.read(st.files.writers), st.writers.mine, *(
-            writers.read(path) for path, match in st.files.conflict_copies() if match["ext"] == "writers"))
+        copies = [path for path, match in st.files.conflict_copies() if match["ext"] == layout.WRITERS_EXT]
+        records = writers.union(writers.read(st.files.writers), st.writers.mine,
+                                *(writers.read(path) for path in copies))  # fmt: skip
         writer = writers.writer_at(records, prints, start, point)
         machine_id, machine = ((writer.machine, writer.name) if writer
                                else (st.machine.id, st.machine.name))  # fmt: skip
@@ -283,7 +284,7 @@ class OtherWriters:
                 st.append(dataclasses.replace(event, seq=None, thread_id=st.thread.id or files.id))
         st.record = ProducerRecord(files.producer, st.log.written_seq)
         if record.producer is not None:
-            st.record.write(record.producer, record.number, st.log.written_seq)
+            st.record.write(record.producer, record.released, st.log.written_seq)
             st.record.applied = record.applied
         log.warning("%s: another machine went on with this session meanwhile; this machine's turns "
                     "since go on in session %s%s", parent, files.id,
@@ -310,12 +311,14 @@ class OtherWriters:
         """
         st = self._s
         # The records of writers first: a log's copy is named after the machine that wrote it.
-        order = {"writers": 0, "jsonl": 1, "snapshot": 2, "json": 3}
+        order = {layout.WRITERS_EXT: 0, layout.LOG_EXT: 1, layout.SNAPSHOT_EXT: 2, layout.HEADER_EXT: 3}
         for path, match in sorted(found, key=lambda pair: order[pair[1]["ext"]]):
             try:
-                merged = {"jsonl": self._merge_log_copy, "snapshot": self._merge_snapshot_copy,
-                          "json": self._merge_header_copy,
-                          "writers": self._merge_writers_copy}[match["ext"]](path, match)  # fmt: skip
+                merge = {layout.LOG_EXT: self._merge_log_copy,
+                         layout.SNAPSHOT_EXT: self._merge_snapshot_copy,
+                         layout.HEADER_EXT: self._merge_header_copy,
+                         layout.WRITERS_EXT: self._merge_writers_copy}[match["ext"]]  # fmt: skip
+                merged = merge(path, match)
             except (StoreError, LedgerError, OSError, ValueError) as exc:
                 log.warning("%s: a conflict copy of session %s, not merged: %s", path, st.files.id, exc)
                 continue

@@ -25,7 +25,7 @@ compaction, not before it.
 
 Files are opened for reading only (the index with SQLite's immutable mode:
 no lock, no journal); a file that vanishes while the root is read is
-left out.  This module declares the command's arguments beside its handler.
+left out.  The command line (`du`) is declared in cli.py with every other command.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class SessionUsage:
 
     @property
     def path(self) -> str:
-        return f"{self.directory}/{self.id}.json"
+        return f"{self.directory}/{self.id}{layout.HEADER_SUFFIX}"
 
     def to_json(self, title: str | None = None) -> dict[str, Any]:
         return {"path": self.path, "id": self.id, "title": title, "directory": self.directory,
@@ -214,13 +214,13 @@ def _created(directory: str, session: SessionUsage) -> float | None:
     """The thread's creation time from the first bytes of its snapshot, log or schema-6 file."""
     base = f"{directory}/{session.id}"
     if session.schema == 6:
-        data = _prefix(f"{base}.json", 4 * PREFIX_BYTES)
+        data = _prefix(f"{base}{layout.HEADER_SUFFIX}", 4 * PREFIX_BYTES)
         at = data.find(_SNAPSHOT_KEY)  # the snapshot follows the header fields
         return _created_at(data[at:]) if at >= 0 else None
     if session.sizes.snapshot:
-        return _created_at(_prefix(f"{base}.snapshot"))
+        return _created_at(_prefix(f"{base}{layout.SNAPSHOT_SUFFIX}"))
     if session.sizes.log:  # not compacted yet: its first line is the thread's start
-        first = _prefix(f"{base}.jsonl").split(b"\n", 1)[0]
+        first = _prefix(f"{base}{layout.LOG_SUFFIX}").split(b"\n", 1)[0]
         return _created_at(first)
     return None
 
@@ -281,28 +281,29 @@ def _walk_directory(root: str, relative: str, scope: str) -> tuple[DirectoryUsag
         if (owner != name or ext in layout.MACHINE_SUFFIXES or ext in layout.TRAVELLING_SUFFIXES
                 or match["aside"]):  # fmt: skip
             sizes.side += st.st_size
-        elif ext == "json":
+        elif ext == layout.HEADER_EXT:
             session.schema = schema6.file_schema(Path(path, name)) or SCHEMA_VERSION
             if session.schema == schema6.SCHEMA6:
                 sizes.schema6 += st.st_size
             else:
                 sizes.header += st.st_size
-        elif ext == "jsonl":
+        elif ext == layout.LOG_EXT:
             sizes.log += st.st_size
             session.log_mtime = st.st_mtime
         else:
             sizes.snapshot += st.st_size
     mine = layout.machine_directory(Path(path))
     for session in sessions.values():
-        for suffix in ("producer", "sums"):  # this machine's files for it, kept outside the tree
-            st = _lstat(f"{mine}/{session.id}.{suffix}")
+        # this machine's files for it, kept outside the tree
+        for suffix in (layout.PRODUCER_SUFFIX, layout.SUMS_SUFFIX):
+            st = _lstat(f"{mine}/{session.id}{suffix}")
             if st is not None and _is_file(st):
                 session.sizes.side += st.st_size
         session.created = _created(path, session)
         if session.created is None:
             session.created = session.oldest
         if scope == "project" and here.name is None and session.schema is not None:
-            here.name = _project_root(f"{path}/{session.id}.json", relative.split("/", 1)[1])
+            here.name = _project_root(f"{path}/{session.id}{layout.HEADER_SUFFIX}", relative.split("/", 1)[1])
     return here, list(sessions.values())
 
 
@@ -370,8 +371,8 @@ def measure(root: Path, now: float | None = None) -> Usage:
     directories: list[DirectoryUsage] = []
     sessions: list[SessionUsage] = []
     for scope_dir in SCOPE_DIRS:
-        if scope_dir == "global":
-            found = [("global", "global")] if _is_dir(f"{base}/global") else []
+        if scope_dir == layout.GLOBAL:
+            found = [(layout.GLOBAL, "global")] if _is_dir(f"{base}/{layout.GLOBAL}") else []
         else:
             kind = "project" if scope_dir == layout.PROJECTS else "action"
             found = [(f"{scope_dir}/{name}", kind) for name in _names(f"{base}/{scope_dir}")

@@ -82,6 +82,38 @@ not wait while the backend makes them."
                      (mapcar #'magent-store-scope-directory
                              (list 'global "/src/app" '(action . "review it: now!"))))))))
 
+(ert-deftest magent-store-session-files-are-where-the-backend-writes-them ()
+  "A session's header and log are the files the layout names for it; a
+scope's headers and the projects' directories are those of the root."
+  (magent-store-test--with-backend
+    (should (equal (magent-store-open "s-files" "/src/app") 0))
+    (magent-store-test--start-turn "s-files")
+    (magent-store-flush "s-files")
+    (magent-store-close "s-files")
+    (let ((root (magent-store-session-root))
+          (directory (magent-store-scope-directory "/src/app"))
+          (empty (make-temp-file "magent-store-empty-root" t)))
+      (unwind-protect
+          (progn
+            (should (file-exists-p (magent-store-session-file 'header "s-files" directory)))
+            ;; The log: one event a line, the first of seq 1.
+            (with-temp-buffer
+              (insert-file-contents (magent-store-session-file 'log "s-files" directory))
+              (should (looking-at-p "{\"seq\":1,")))
+            (should (equal (magent-store-session-file 'snapshot "s-files" "/r/global")
+                           "/r/global/s-files.snapshot"))
+            (should-error (magent-store-session-file 'lock "s-files" directory))
+            (write-region "" nil (expand-file-name "s-files.json.tmp-1" directory))
+            (should (equal (magent-store-session-headers directory)
+                           (list (magent-store-session-file 'header "s-files" directory))))
+            ;; A project's directory only: not a file, not a hidden directory.
+            (make-directory (expand-file-name "projects/.hidden" root) t)
+            (write-region "" nil (expand-file-name "projects/stray" root))
+            (should (equal (magent-store-project-directories) (list directory)))
+            (should (equal (magent-store-project-directories root) (list directory)))
+            (should-not (magent-store-project-directories empty)))
+        (delete-directory empty t)))))
+
 ;; The flush timers are taken from `run-at-time' and fired by the test:
 ;; what is asserted is the order of events (requests, timer, flush), on a
 ;; clock the test drives, never how fast this machine is.

@@ -46,6 +46,8 @@ _RUN_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 RUN_CAP: Final = 8192
 # How far back a user's pattern is held back in a stream: its match must lie within a run of non-blanks.
 USER_WINDOW: Final = 256
+# Object keys (lowered) whose string value is checked as the HTTP header it is, by redaction and scan alike.
+AUTHORIZATION_KEYS: Final = frozenset({"authorization", "proxy-authorization"})
 _ASCII_LOWER: Final = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
@@ -58,10 +60,6 @@ class Finding:
     offset: int
     length: int
     fingerprint: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "field": self.field, "offset": self.offset, "length": self.length,
-                "fingerprint": self.fingerprint}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -313,7 +311,7 @@ class Redactor:
                         while name in out or name in value:
                             name, n = f"{base}#{n}", n + 1
                 path = f"{where}/{name}"
-                if isinstance(key, str) and isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                if isinstance(key, str) and isinstance(v, str) and key.lower() in AUTHORIZATION_KEYS:
                     out[name] = self._header_value(key, v, path, findings)
                 else:
                     out[name] = self._json(v, path, findings)
@@ -345,7 +343,7 @@ class Redactor:
                 if isinstance(key, str):
                     findings += [Finding(f.kind, f"{where} (a key)", f.offset, f.length, f.fingerprint)
                                  for f in self.find(key)]  # fmt: skip
-                    if isinstance(v, str) and key.lower() in _HEADER_KEYS:
+                    if isinstance(v, str) and key.lower() in AUTHORIZATION_KEYS:
                         self._header_value(key, v, f"{where}/{key}", findings)
                         continue
                 self._find_json(v, f"{where}/{key}", findings, known)
@@ -434,5 +432,3 @@ def _run_start(text: str, inside: Callable[[str], bool], limit: int) -> int:
         i -= 1
     return i
 
-
-_HEADER_KEYS: Final = frozenset({"authorization", "proxy-authorization"})

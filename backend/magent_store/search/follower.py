@@ -64,9 +64,10 @@ def file_stamp(files: SessionFiles) -> str:
 
 def session_stamp(directory: str, session_id: str) -> str:
     """What tells a session changed: its log and snapshot, or for magent's own format its one file."""
-    out = stamp((f"{directory}/{session_id}.jsonl", f"{directory}/{session_id}.snapshot"))
+    base = f"{directory}/{session_id}"
+    out = stamp((base + layout.LOG_SUFFIX, base + layout.SNAPSHOT_SUFFIX))
     if out == "-:-":  # no log, no snapshot: a schema-6 session is all in its .json
-        out = "6:" + stamp((f"{directory}/{session_id}.json", f"{directory}/{session_id}.json"))
+        out = "6:" + stamp((base + layout.HEADER_SUFFIX, base + layout.HEADER_SUFFIX))
     return out
 
 
@@ -101,7 +102,7 @@ def stamp_bytes(stamp: str) -> int:
 def files_size(directory: str, session_id: str) -> int:
     """The bytes of a session's log and snapshot now (what compacting it takes about as much of)."""
     size = 0
-    for suffix in (".jsonl", ".snapshot"):
+    for suffix in (layout.LOG_SUFFIX, layout.SNAPSHOT_SUFFIX):
         with contextlib.suppress(OSError):
             size += os.stat(f"{directory}/{session_id}{suffix}").st_size
     return size
@@ -126,11 +127,11 @@ def headers(root: Path) -> list[Header]:
         try:
             with os.scandir(directory) as entries:
                 # A sync engine's copy of a header is no session: opening the session merges it.
-                copy = layout.CONFLICT_COPY_RE.fullmatch
-                names = sorted(e.name for e in entries if e.name.endswith(".json") and copy(e.name) is None)
+                copy, header = layout.CONFLICT_COPY_RE.fullmatch, layout.HEADER_SUFFIX
+                names = sorted(e.name for e in entries if e.name.endswith(header) and copy(e.name) is None)
         except OSError:
             continue
-        out += [(f"{relative}/{name}", directory, name[:-5]) for name in names]
+        out += [(f"{relative}/{name}", directory, name[: -len(layout.HEADER_SUFFIX)]) for name in names]
     return out
 
 
