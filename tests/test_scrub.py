@@ -369,6 +369,19 @@ def test_a_pattern_that_breaks_the_conversation_leaves_the_session_as_it_was_and
     assert tree(root) == before
 
 
+def test_a_pattern_that_breaks_a_schema6_file_leaves_it_as_it_was_and_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    path = leaky.six(root)
+    before = tree(root)
+    for dry_run in (True, False):
+        report = scrub.Scrubber(root, Redactor(patterns={"word": "completed"}), backup=False, sync=False,
+                                dry_run=dry_run).scrub_file(path)  # fmt: skip
+        assert (report.outcome, report.reason) == (scrub.CHANGED, "the rewritten file would be refused: "
+                                                   "snapshot.turns[0]: unknown key '[redacted:word]-at'; the "
+                                                   "session is as it was")  # fmt: skip
+    assert tree(root) == before
+
+
 def test_a_header_whose_name_is_no_session_id_is_reported_damaged(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     path = root / "global" / "has space.json"
