@@ -382,6 +382,19 @@ def test_a_pattern_that_breaks_a_schema6_file_leaves_it_as_it_was_and_says_so(tm
     assert tree(root) == before
 
 
+def test_a_session_whose_log_has_no_checksums_is_scrubbed(tmp_path: Path) -> None:
+    # As magent's own writer leaves a session, and the store once a checksum file was lost.
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    files.sums.unlink()
+    report = scrub.Scrubber(root, Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"]),
+                            backup=False, sync=False).scrub_file(files.header)  # fmt: skip
+    assert (report.outcome, report.reason) == (scrub.SCRUBBED, None)
+    assert not files.log.exists() and not files.sums.exists()
+    written = files.snapshot.read_text() + files.header.read_text()
+    assert [secret for secret in leaky.PLANTED if secret in written] == []
+
+
 def test_a_header_whose_name_is_no_session_id_is_reported_damaged(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     path = root / "global" / "has space.json"
