@@ -341,3 +341,15 @@ def test_worker_processes_are_one_per_usable_core_and_only_for_many_sessions(
     monkeypatch.setattr(scan.os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setattr(scan.os, "cpu_count", lambda: 64)
     assert scan._workers(sessions) == workers
+
+
+def test_the_keys_after_an_authorization_header_are_looked_at_too() -> None:
+    # A request's headers: the Authorization value checked as a header, then the next keys as usual.
+    r = Redactor(key=b"k")
+    out: list[scan.Located] = []
+    value = {"Authorization": "Basic dXNlcjpwYXNzd29yZDEyMzQ1Njc4", "X-Token": GH}
+    scan._locate(r, value, "turn 1 (t1)/item 1 (c1)/input", out, {})
+    assert [(f.kind, f.where) for f in out] == [
+        ("authorization-header", "turn 1 (t1)/item 1 (c1)/input/Authorization"),
+        ("github-pat", "turn 1 (t1)/item 1 (c1)/input/X-Token"),
+    ]
