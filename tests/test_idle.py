@@ -188,8 +188,8 @@ def test_a_session_open_in_a_running_backend_is_skipped(tmp_path: Path) -> None:
         date(files, OLD)
         before = {k: v for k, v in state(root).items() if not k.endswith(".lock")}
         result = run_json(root)
-        report = by_id(result)["old"]
-        assert report["outcome"] == "open" and "running backend" in report["reason"]
+        assert by_id(result)["old"] == _report(files.header, "open", "open for writing by a running backend", 0,
+                                               _newest(files))  # fmt: skip
         assert {k: v for k, v in state(root).items() if not k.endswith(".lock")} == before
         out = run("--idle-days", "30", str(root))
         assert out.returncode == 0 and "skipped (open)" in out.stdout
@@ -284,7 +284,7 @@ def test_a_recent_or_open_schema6_session_is_left_as_it_is(tmp_path: Path) -> No
     os.utime(path, (OLD, OLD))
     lock = parts.SessionLock(SessionFiles.from_header_path(path))
     try:
-        assert by_id(run_json(root))["six"]["outcome"] == "open"
+        assert by_id(run_json(root))["six"] == _report(path, "open", "open for writing by a running backend", 0, OLD)
         assert path.read_bytes() == before[str(path.relative_to(root))][1]
     finally:
         lock.release()
@@ -435,3 +435,265 @@ def test_idle_days_of_zero_or_less_are_refused(tmp_path: Path, days: float) -> N
 
     with pytest.raises(StoreError, match=f"idle days must be a positive number, got {days!r}"):
         idle.IdleCompactor(tmp_path, days)
+
+
+# ---------------------------------------------------------------------------
+# Each outcome's report, whole: every field of `--json`, not the outcome alone
+
+
+def _newest(files: SessionFiles) -> float:
+    """The newest of the session's files' times."""
+    return max(os.lstat(p).st_mtime for p in (files.header, files.log, files.snapshot) if p.exists())
+
+
+def _updated(files: SessionFiles) -> float:
+    """When the session was last updated: the newest of its files' times and its thread's."""
+    return max(_newest(files), load_session(files)[1].updated_at or 0.0)
+
+
+def _updated6(path: Path) -> float:
+    return max(os.lstat(path).st_mtime, magent_schema6.read(path).thread.updated_at or 0.0)
+
+
+def _report(path: Path, outcome: str, reason: str | None = None, saved: int = 0,
+            updated: float | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"path": str(path), "id": path.stem, "outcome": outcome, "reason": reason, "bytes-saved": saved,
+            "updated": updated}  # fmt: skip
+
+
+def _counts(**counts: int) -> dict[str, int]:
+    names = ("compacted", "would-compact", "recent", "no-log", "open", "uncommitted", "kept", "left", "damaged",
+             "changed", "failed")  # fmt: skip
+    return {name: counts.get(name.replace("-", "_"), 0) for name in names}
+
+
+def test_every_outcome_s_report_is_given_whole(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    done = make(root, "done", Scope.global_(), at=OLD)
+    folded = schema6.session(random.Random(4), "folded", turns=2, snapshot_lag=0).write(root)
+    os.utime(folded, (OLD, OLD))
+    idle.compact_idle(root, 30)  # one snapshot and no log already; an empty journal already
+    loose = schema6.session(random.Random(3), "loose", turns=2, snapshot_lag=0).write(root)
+    loose.write_bytes(orjson.dumps({k: v for k, v in orjson.loads(loose.read_bytes()).items() if k != "journal"}))
+    os.utime(loose, (OLD, OLD))
+    old = make(root, "old", Scope.global_(), at=OLD)
+    new = make(root, "new", Scope.global_(), at=NOW - 2 * DAY)
+    late = make(root, "late", Scope.global_(), at=NOW - DAY)
+    date(late, OLD)  # old files, a thread updated yesterday
+    nosnap = make(root, "nosnap", Scope.global_(), at=OLD)
+    nosnap.snapshot.unlink()
+    bad = make(root, "bad", Scope.global_(), at=OLD)
+    lines = bad.log.read_bytes().split(b"\n")
+    lines[1] = b'{"seq": "not a number"}'
+    bad.log.write_bytes(b"\n".join(lines))
+    bad.sums.unlink()  # its lines alone are damaged
+    date(bad, OLD + 3600)
+    sent = make(root, "sent", Scope.global_(), at=OLD)
+    last = load_session(sent)[1].last_event_seq
+    sent.producer.write_bytes(orjson.dumps({"producer": "emacs", "batch": 3, "seq": last - 2}).ljust(255) + b"\n")
+    date(sent, OLD + 3600)
+    six = schema6.session(random.Random(5), "six", turns=3, snapshot_lag=0, shadow_rate=0.2).write(root)
+    lag = schema6.session(random.Random(6), "lag", turns=3, snapshot_lag=2).write(root)
+    fresh = schema6.session(random.Random(7), "fresh", turns=2, snapshot_lag=0).write(root)
+    for path in (six, lag):
+        os.utime(path, (OLD, OLD))
+    sizes_before = sizes(old)
+    six_size = six.stat().st_size
+    expected = {
+        "old": _report(old.header, "compacted", None, 0, _updated(old)),
+        "new": _report(new.header, "recent", None, 0, _newest(new)),
+        "late": _report(late.header, "recent", None, 0, _updated(late)),
+        "done": _report(done.header, "no-log"),
+        "nosnap": _report(nosnap.header, "damaged", "no snapshot beside its log: run `magent-store fsck` first"),
+        "bad": _report(bad.header, "damaged", "bad.jsonl:2: event.type: unknown event type None: "
+                       "run `magent-store fsck` first", 0, _newest(bad)),
+        "sent": _report(sent.header, "uncommitted", "the log ends in 2 events of a batch its writer sends again", 0,
+                        _updated(sent)),
+        "six": _report(six, "compacted", None, 0, _updated6(six)),
+        "lag": _report(lag, "kept", "its journal holds events its snapshot lacks (the snapshot's status differs): "
+                       "left as it is", 0, _updated6(lag)),
+        "fresh": _report(fresh, "recent", None, 0, os.lstat(fresh).st_mtime),
+        "folded": _report(folded, "no-log", None, 0, _updated6(folded)),
+        "loose": _report(loose, "damaged", "no journal field of its own found", 0, _updated6(loose)),
+    }
+    result = run_json(root, status=1)
+    expected["old"]["bytes-saved"] = sizes_before - sizes(old)
+    expected["six"]["bytes-saved"] = six_size - six.stat().st_size
+    for sid, report in expected.items():
+        assert by_id(result)[sid] == report, sid
+    assert len(result["sessions"]) == len(expected)
+    assert {k: v for k, v in result.items() if k not in ("sessions", "cutoff")} == {
+        "root": str(root), "idle-days": 30, "dry-run": False,
+        "bytes-saved": expected["old"]["bytes-saved"] + expected["six"]["bytes-saved"],
+        "counts": _counts(compacted=2, recent=3, no_log=2, uncommitted=1, kept=1, damaged=3),
+    }  # fmt: skip
+
+
+def test_a_dry_run_s_reports_are_given_whole(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    old = make(root, "old", Scope.global_(), at=OLD)
+    six = schema6.session(random.Random(5), "six", turns=3, snapshot_lag=0).write(root)
+    os.utime(six, (OLD, OLD))
+    before = state(root)
+    old_size, six_size, old_updated, six_updated = sizes(old), six.stat().st_size, _updated(old), _updated6(six)
+    dry = run_json(root, "--dry-run")
+    assert state(root) == before
+    run_json(root)  # what the dry run said would be saved, is
+    assert by_id(dry) == {
+        "old": _report(old.header, "would-compact", None, old_size - sizes(old), old_updated),
+        "six": _report(six, "would-compact", None, six_size - six.stat().st_size, six_updated),
+    }
+    assert dry["bytes-saved"] == old_size - sizes(old) + six_size - six.stat().st_size and dry["dry-run"] is True
+    assert dry["counts"] == _counts(would_compact=2)
+
+
+def test_a_session_opened_between_the_look_and_the_lock_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    files = make(root, "old", Scope.global_(), at=OLD)
+    newest = _newest(files)
+    lock = parts.SessionLock(files)  # a backend opens it just after the look found it closed
+    try:
+        monkeypatch.setattr(idle, "lock_is_held", lambda path: False)
+        before = {k: v for k, v in state(root).items() if not k.endswith(".lock")}
+        result = idle.compact_idle(root, 30)
+        [report] = result.reports
+        assert report.to_json() == _report(files.header, "open", report.reason, 0, newest)
+        assert report.reason and "old" in report.reason and result.ok
+        assert {k: v for k, v in state(root).items() if not k.endswith(".lock")} == before
+    finally:
+        lock.release()
+
+
+class _FailingLstat:
+    """The os module, but for lstat of the paths FAILING, which fails as a disk read does."""
+
+    def __init__(self, *failing: Path) -> None:
+        self.failing = {str(p) for p in failing}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def lstat(self, path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path) in self.failing:
+            raise OSError(5, "Input/output error")
+        return os.lstat(path, *args, **kwargs)
+
+
+def test_a_session_whose_files_cannot_be_looked_at_is_reported_failed_and_the_rest_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    sick = make(root, "sick", Scope.global_(), at=OLD)
+    six = schema6.session(random.Random(5), "six", turns=2, snapshot_lag=0).write(root)
+    os.utime(six, (OLD, OLD))
+    well = make(root, "well", Scope.global_(), at=OLD)
+    before = {k: v for k, v in state(root).items() if "sick" in k or "six" in k}
+    monkeypatch.setattr(idle, "os", _FailingLstat(sick.header, six))
+    result = idle.compact_idle(root, 30)
+    reports = {r.path.stem: r.to_json() for r in result.reports}
+    for failing in (sick.header, six):
+        assert reports[failing.stem] == _report(failing, "failed", "Input/output error; the session reads as before")
+    assert reports["well"]["outcome"] == "compacted" and not well.log.exists() and not result.ok
+    assert {k: v for k, v in state(root).items() if "sick" in k or "six" in k} == before
+
+
+def test_a_log_written_while_it_is_compacted_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    files = make(root, "old", Scope.global_(), at=OLD)
+    before = thread_json(files)
+    keep_time = idle.keep_time
+
+    def and_a_writer_appends(path: Path, mtime_ns: int) -> None:
+        keep_time(path, mtime_ns)
+        with open(files.log, "ab") as log:  # a writer that takes no lock (magent's own), after the snapshot
+            log.write(b"\n")
+
+    monkeypatch.setattr(idle, "keep_time", and_a_writer_appends)
+    start = time.time()
+    result = idle.compact_idle(root, 30)
+    [report] = result.reports
+    assert report.updated is not None and start <= report.updated <= time.time()
+    assert report.to_json() == _report(files.header, "recent", "written while it was compacted: its log is kept", 0,
+                                       report.updated)  # fmt: skip
+    assert files.log.exists() and files.sums.exists() and result.ok and thread_json(files) == before
+
+
+def test_a_schema6_file_magent_saves_while_it_is_compacted_is_left_as_magent_saved_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(5), "six", turns=3, snapshot_lag=0).write(root)
+    os.utime(path, (OLD, OLD))
+    saved = schema6.session(random.Random(6), "six", turns=3, snapshot_lag=0).data
+    journal_span = idle.journal_span
+
+    def magent_saves(data: bytes) -> tuple[int, int] | None:
+        path.write_bytes(saved)  # after it was read, before it is replaced
+        return journal_span(data)
+
+    monkeypatch.setattr(idle, "journal_span", magent_saves)
+    start = time.time()
+    result = idle.compact_idle(root, 30)
+    [report] = result.reports
+    assert report.updated is not None and start <= report.updated <= time.time()
+    assert report.to_json() == _report(path, "left", "saved by magent while it was compacted: left as magent saved "
+                                       "it, for a later run", 0, report.updated)  # fmt: skip
+    assert path.read_bytes() == saved and result.ok and result.bytes_saved == 0
+
+
+class _Decoding:
+    """The ledger, but a snapshot decodes with its preview changed: an encoding that does not read back."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(ledger, name)
+
+    @staticmethod
+    def thread_from_json(obj: Any) -> ledger.Thread:
+        thread = ledger.thread_from_json(obj)
+        thread.preview = (thread.preview or "") + " changed"
+        return thread
+
+
+def test_a_snapshot_that_would_not_read_back_equal_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    files = make(root, "old", Scope.global_(), at=OLD)
+    updated = _updated(files)
+    before = state(root)
+    monkeypatch.setattr(idle, "ledger", _Decoding())
+    result = idle.compact_idle(root, 30)
+    assert [r.to_json() for r in result.reports] == [
+        _report(files.header, "changed", "the snapshot's preview differs; the session is unchanged", 0, updated)]
+    assert not result.ok and state(root) == before
+
+
+class _DecodingSix:
+    """magent's format, but a file whose journal is empty reads back with a header field changed."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(magent_schema6, name)
+
+    @staticmethod
+    def decode(data: bytes, path: Path) -> magent_schema6.Session6:
+        session = magent_schema6.decode(data, path)
+        if b'"journal":[]' in data:
+            session.header = {**session.header, "title": "changed"}
+        return session
+
+
+def test_a_schema6_file_whose_emptied_journal_would_not_read_back_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    path = schema6.session(random.Random(5), "six", turns=3, snapshot_lag=0).write(root)
+    os.utime(path, (OLD, OLD))
+    updated = _updated6(path)
+    before = state(root)
+    monkeypatch.setattr(idle, "schema6", _DecodingSix())
+    result = idle.compact_idle(root, 30)
+    assert [r.to_json() for r in result.reports] == [
+        _report(path, "changed", "its journal did not read back empty; the session is unchanged", 0, updated)]
+    assert not result.ok and state(root) == before

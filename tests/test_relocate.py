@@ -528,3 +528,99 @@ def test_each_moved_file_keeps_its_own_time(root: Path, old: str, new: str) -> N
     assert Relocator(root, old, new).run().ok
     moved = SessionFiles(pdir(root, new), "a")
     assert {p.name: p.stat().st_mtime_ns for p in (moved.header, moved.log, moved.snapshot)} == times
+
+
+# --- what the survivors of mutation testing showed untested ----------------------------
+
+
+def test_an_old_root_given_relative_is_found_as_written_through_a_link(root: Path, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    written = str(tmp_path / "link" / "proj")  # the root as the sessions hold it: through the link
+    make7(root, written, "a")
+    before = values(pdir(root, written) / "a.json")
+    new = str(tmp_path / "moved")
+    out = cli("relocate", "link/proj", new, root, cwd=tmp_path)  # relative to where it is typed
+    assert out.returncode == 0, out.stderr
+    assert values(pdir(root, new) / "a.json") == moved(before, written, new)
+    assert not pdir(root, written).exists()
+
+
+def test_a_file_whose_name_is_no_session_id_stays_where_it_is(root: Path, old: str, new: str) -> None:
+    before = populated(root, old)
+    copy = pdir(root, old) / "m copy.json"  # a copy a user made, named as no session is
+    copy.write_bytes((pdir(root, old) / "m.json").read_bytes())
+    result = Relocator(root, old, new).run()
+    assert result.ok and sorted(m.id for m in result.reports) == ["a", "b", "c", "m"], result.reports
+    assert copy.read_bytes() == (pdir(root, new) / "m.json").read_bytes().replace(new.encode(), old.encode())
+    assert sorted(p.name for p in pdir(root, old).iterdir()) == ["m copy.json"]
+    assert not (pdir(root, new) / "m copy.json").exists()
+    assert values6(pdir(root, new) / "m.json") == moved(before["m"], old, new)
+
+
+def test_a_log_changed_at_rest_refuses_the_move_naming_the_bytes_that_changed(
+    root: Path, old: str, new: str
+) -> None:
+    populated(root, old)
+    log = pdir(root, old) / "a.jsonl"
+    data = bytearray(log.read_bytes())
+    at = data.index(b"part 1")
+    data[at + 5] = ord("7")  # still valid JSON, no longer what was written
+    log.write_bytes(bytes(data))
+    before = tree(root)
+    result = Relocator(root, old, new).run()
+    (report,) = [m for m in result.reports if m.id == "a"]
+    assert report.outcome == relocate.UNREADABLE and result.refused
+    # The batch that holds the changed byte, from its first byte: the range a checksum line covers.
+    first, last = (int(n) for n in report.reason.split(" bytes ", 1)[1].split(" ", 1)[0].split("-"))
+    assert report.reason == (f"a.jsonl: bytes {first}-{last} do not match their checksums; "
+                             "run `magent-store fsck --repair` first")  # fmt: skip
+    assert first <= at + 5 <= last and data[first - 1 : first] in (b"", b"\n") and data[last - 1 : last] == b"\n"
+    assert tree(root) == before
+
+
+def test_a_session_opened_between_the_plan_and_its_move_stays_where_it_is(
+    root: Path, old: str, new: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = populated(root, old)
+    plan = Relocator.plan
+    locks: list[SessionLock] = []
+
+    def and_a_backend_opens_b(self: Relocator) -> Any:
+        plans = plan(self)
+        locks.append(SessionLock(SessionFiles(pdir(root, old), "b")))
+        return plans
+
+    monkeypatch.setattr(Relocator, "plan", and_a_backend_opens_b)
+    try:
+        result = Relocator(root, old, new).run()
+    finally:
+        locks[0].release()
+    (b,) = [m for m in result.reports if m.id == "b"]
+    assert b.outcome == relocate.LOCKED and not result.ok
+    assert b.reason == (f"session 'b' in {pdir(root, old)} is open for writing by another process "
+                        f"(pid {os.getpid()}); close it there first")  # fmt: skip
+    assert values(pdir(root, old) / "b.json") == before["b"] and not (pdir(root, new) / "b.json").exists()
+    assert sorted(m.id for m in result.reports if m.outcome == relocate.MOVED) == ["a", "c", "m"]
+
+
+def test_a_log_whose_copy_reads_back_torn_is_not_moved(
+    root: Path, old: str, new: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = populated(root, old)
+    atomic_write = relocate.atomic_write
+
+    def torn_copy(path: Path, data: bytes, **kwargs: Any) -> None:
+        if path == pdir(root, new) / "a.jsonl":
+            data += b'{"seq": '  # the copy lands with a final line cut short
+        atomic_write(path, data, **kwargs)
+
+    monkeypatch.setattr(relocate, "atomic_write", torn_copy)
+    result = Relocator(root, old, new).run()
+    (a,) = [m for m in result.reports if m.id == "a"]
+    events = len((pdir(root, old) / "a.jsonl").read_bytes().splitlines())
+    assert (a.outcome, a.reason) == (
+        relocate.CHANGED, f"log: {events} events, {events} read back; the session stays where it was")
+    assert values(pdir(root, old) / "a.json") == before["a"]
+    assert not [p for p in pdir(root, new).iterdir() if p.name.startswith("a.")]

@@ -76,6 +76,7 @@ def test_a_header_field_and_a_schema6_session_are_scanned(tmp_path: Path) -> Non
     fixture = schema6.session(random.Random(1), "old")
     data = json.loads(fixture.data)
     data["snapshot"]["turns"][0]["input"] = f"my key is {AWS}, keep it"
+    data["title"] = f"push with {GH}"  # a header field of magent's own file
     (root / fixture.relpath).parent.mkdir(parents=True, exist_ok=True)
     (root / fixture.relpath).write_text(json.dumps(data))
     out = run("--json", str(root))
@@ -90,6 +91,7 @@ def test_a_header_field_and_a_schema6_session_are_scanned(tmp_path: Path) -> Non
     assert old["id"] == "old" and old["title"]
     turn_id = data["snapshot"]["turns"][0]["id"]
     assert ("old.json", 6, "aws-access-token", f"turn 1 ({turn_id})/input") in where
+    assert ("old.json", 6, "github-pat", "header/title") in where
     assert AWS not in out.stdout and GH not in out.stdout
 
 
@@ -306,3 +308,48 @@ def test_log_events_after_a_streamed_chunk_are_looked_at_too() -> None:
     logged = [(1, "item-content-appended", {"text": "chunk"}), (2, "item-updated", {"text": plant.text})]
     scan._events(r, logged, out, {}, 0)
     assert [(f.kind, f.where) for f in out] == [("github-pat", "log seq 2/payload/text")]
+
+
+def test_a_log_cut_short_or_out_of_order_past_the_snapshot_is_read_whole(tmp_path: Path) -> None:
+    import leaky
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)  # a compacted log: a tail the snapshot holds, then events past it
+    redactor = Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"], key=b"k")
+    whole = files.log.read_bytes()
+    assert scan.read_log_past_snapshot(files)[0]
+    (before,) = scan.scan_root(root, redactor, workers=0)
+    assert before.findings and before.error is None
+    files.log.write_bytes(whole + b'{"seq": 9')  # a final line cut short: dropped, as the store drops it
+    (torn,) = scan.scan_root(root, redactor, workers=0)
+    assert (torn.findings, torn.error) == (before.findings, None)
+    lines = whole.splitlines()
+    files.log.write_bytes(whole + lines[-1] + b"\n")  # its last event logged twice: damaged, said as fsck says it
+    (twice,) = scan.scan_root(root, redactor, workers=0)
+    seq = json.loads(lines[-1])["seq"]
+    assert (twice.findings, twice.error) == ([], f"{files.log}:{len(lines) + 1}: seq {seq} does not follow {seq}")
+
+
+@pytest.mark.parametrize(
+    ("cores", "sessions", "workers"),
+    [(1, 10_000, 0), (2, 199, 0), (2, 200, 2), (3, 200, 3), (8, 5000, scan.WORKERS_MAX)],
+)
+def test_worker_processes_are_one_per_usable_core_and_only_for_many_sessions(
+    monkeypatch: pytest.MonkeyPatch, cores: int, sessions: int, workers: int
+) -> None:
+    # The cores this process may run on, not the machine's: a container or taskset gives fewer.
+    monkeypatch.setattr(scan.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(scan.os, "cpu_count", lambda: 64)
+    assert scan._workers(sessions) == workers
+
+
+def test_the_keys_after_an_authorization_header_are_looked_at_too() -> None:
+    # A request's headers: the Authorization value checked as a header, then the next keys as usual.
+    r = Redactor(key=b"k")
+    out: list[scan.Located] = []
+    value = {"Authorization": "Basic dXNlcjpwYXNzd29yZDEyMzQ1Njc4", "X-Token": GH}
+    scan._locate(r, value, "turn 1 (t1)/item 1 (c1)/input", out, {})
+    assert [(f.kind, f.where) for f in out] == [
+        ("authorization-header", "turn 1 (t1)/item 1 (c1)/input/Authorization"),
+        ("github-pat", "turn 1 (t1)/item 1 (c1)/input/X-Token"),
+    ]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -368,6 +369,32 @@ def test_a_pattern_that_breaks_the_conversation_leaves_the_session_as_it_was_and
     assert tree(root) == before
 
 
+def test_a_pattern_that_breaks_a_schema6_file_leaves_it_as_it_was_and_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    path = leaky.six(root)
+    before = tree(root)
+    for dry_run in (True, False):
+        report = scrub.Scrubber(root, Redactor(patterns={"word": "completed"}), backup=False, sync=False,
+                                dry_run=dry_run).scrub_file(path)  # fmt: skip
+        assert (report.outcome, report.reason) == (scrub.CHANGED, "the rewritten file would be refused: "
+                                                   "snapshot.turns[0]: unknown key '[redacted:word]-at'; the "
+                                                   "session is as it was")  # fmt: skip
+    assert tree(root) == before
+
+
+def test_a_session_whose_log_has_no_checksums_is_scrubbed(tmp_path: Path) -> None:
+    # As magent's own writer leaves a session, and the store once a checksum file was lost.
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    files.sums.unlink()
+    report = scrub.Scrubber(root, Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"]),
+                            backup=False, sync=False).scrub_file(files.header)  # fmt: skip
+    assert (report.outcome, report.reason) == (scrub.SCRUBBED, None)
+    assert not files.log.exists() and not files.sums.exists()
+    written = files.snapshot.read_text() + files.header.read_text()
+    assert [secret for secret in leaky.PLANTED if secret in written] == []
+
+
 def test_a_header_whose_name_is_no_session_id_is_reported_damaged(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     path = root / "global" / "has space.json"
@@ -408,3 +435,113 @@ def test_a_session_that_cannot_be_read_fails_with_the_system_s_reason(
     monkeypatch.setattr(scrub, "read_header", unreadable)
     report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(files.header)
     assert (report.outcome, report.reason) == (scrub.FAILED, "Permission denied")
+
+
+def test_the_rewritten_snapshot_reaches_the_disk_before_the_log_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its bytes and its new name are both made durable while the log is still there: a power
+    # loss after the removal could otherwise bring back the old snapshot without its log,
+    # the events after the old snapshot lost.
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    old_snapshot = files.snapshot.stat().st_ino
+    synced: list[tuple[str, bool, bool]] = []  # each fsync: of what, the log still there, the new snapshot in place
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        what = "snapshot temp" if path.name.startswith(f".{files.snapshot.name}.tmp") else str(path)
+        synced.append((what, files.log.exists(), files.snapshot.stat().st_ino != old_snapshot))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = scrub.Scrubber(root, Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"]),
+                            backup=False).run()  # fmt: skip
+    assert [r.outcome for r in result.reports] == [scrub.SCRUBBED]
+    directory = str(files.directory)
+    gone = synced.index((directory, False, True))  # the directory, synced once the log was gone
+    assert synced.index(("snapshot temp", True, False)) < synced.index((directory, True, True)) < gone, synced
+
+
+def test_a_log_event_out_of_its_place_leaves_the_session_alone_and_says_why(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    last = load_session(files)[1].last_event_seq
+    lines = files.log.read_bytes().splitlines(keepends=True)
+    event = {**json.loads(lines[-1]), "seq": last + 2}  # one event missing before it
+    with files.log.open("ab") as f:
+        f.write(json.dumps(event).encode() + b"\n")
+    files.sums.unlink()  # its lines as written: only the event's place is wrong
+    before = tree(root)
+    report = scrub.Scrubber(root, Redactor(), backup=False, sync=False).scrub_file(files.header)
+    assert (report.outcome, report.reason) == (
+        scrub.DAMAGED, f"{files.log}:{len(lines) + 1}: seq {last + 2} leaves a gap after the snapshot at seq {last}: "
+        "run `magent-store fsck` first")  # fmt: skip
+    assert tree(root) == before
+
+
+def test_a_dry_run_names_an_open_session_it_could_not_scrub_open(tmp_path: Path) -> None:
+    from magent_store.parts import SessionLock
+
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    with files.log.open("ab") as f:
+        f.write(b'{"seq": 99, "type": "turn-st')  # damaged, and open in a running backend
+    before = tree(root)
+    holder = SessionLock(files)
+    try:
+        report = scrub.Scrubber(root, Redactor(), dry_run=True).scrub_file(files.header)
+    finally:
+        holder.release()
+    assert (report.outcome, report.reason) == (
+        scrub.LOCKED, "open for writing by a running backend (M-x magent-store-scrub closes its own first)")
+    assert {k: v for k, v in tree(root).items() if not k.endswith(".lock")} == before
+
+
+@pytest.mark.parametrize("which", ["header", "snapshot"])
+def test_a_rewritten_file_that_reads_back_otherwise_puts_the_session_back_naming_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    root = tmp_path / "sessions"
+    files = leaky.seven(root)
+    before = tree(root)
+    real = scrub.atomic_write
+    target = files.header if which == "header" else files.snapshot
+
+    def lands_otherwise(path: Path, data: bytes, *, sync: bool) -> None:
+        if path == target and b"[redacted:" in data:  # the rewrite, not the original put back
+            obj = json.loads(data)
+            obj["title" if which == "header" else "preview"] = "landed otherwise"
+            data = json.dumps(obj).encode()
+        real(path, data, sync=sync)
+
+    monkeypatch.setattr(scrub, "atomic_write", lands_otherwise)
+    redactor = Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"])
+    report = scrub.Scrubber(root, redactor, backup=False, sync=False).scrub_file(files.header)
+    field = "header.title" if which == "header" else "thread.preview"
+    assert report.outcome == scrub.CHANGED, report
+    assert report.reason is not None and report.reason.startswith(f"{field}: '") and report.reason.endswith(
+        " became 'landed otherwise'; the session is as it was"), report.reason
+    assert tree(root) == before
+
+
+def test_a_schema6_file_that_reads_back_otherwise_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    path = leaky.six(root)
+    before = tree(root)
+    real = scrub.replace_if_unchanged
+
+    def lands_otherwise(seen: Any, data: bytes, **kwargs: Any) -> Any:
+        if kwargs.get("what") == "scrubbed":
+            data += b" "  # the rewrite lands with a byte more than was written
+        return real(seen, data, **kwargs)
+
+    monkeypatch.setattr(scrub, "replace_if_unchanged", lands_otherwise)
+    redactor = Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"])
+    report = scrub.Scrubber(root, redactor, backup=False, sync=False).scrub_file(path)
+    assert (report.outcome, report.reason) == (
+        scrub.CHANGED, "the file did not read back as written; the session is as it was")
+    assert tree(root) == before

@@ -13,9 +13,13 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import clitools
 import leaky
+from magent_store import scrub
 from magent_store.parts import SessionLock
+from magent_store.redaction.matcher import Redactor
 from magent_store.store import Store
 from plantcheck import traces_in
 
@@ -150,3 +154,33 @@ def test_scrub_json_reports_each_session_and_each_file_beside_them(tmp_path: Pat
                    "kinds": ["aws-access-token"]}],
         "index": report["index"]}  # fmt: skip
     assert tail.read_bytes() == b'{"text":"key [redacted:aws-access-token] \xff"}\n{"se'
+
+
+def test_a_file_beside_the_sessions_that_cannot_be_read_or_written_fails_with_the_system_s_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    leaky.clean(root)
+    tail = root / "global" / "clean.jsonl.tail-1"  # what a power loss left, set aside
+    tail.write_bytes(b'{"seq":9,"type":"item-updated","payload":{"text":"key ' + leaky.AWS.encode() + b'"}}\n')
+    before = tree(root)
+    redactor = Redactor(patterns=leaky.SPEC["patterns"], literals=leaky.SPEC["literals"])
+    real_read = scrub.read_file
+
+    def unreadable(path: Path) -> bytes:
+        if path == tail:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(scrub, "read_file", unreadable)
+        report = scrub.Scrubber(root, redactor, backup=False, sync=False).scrub_side_file(tail)
+    assert (report.outcome, report.reason) == (scrub.FAILED, "Permission denied")
+
+    def full(path: Path, data: bytes, *, sync: bool) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(scrub, "atomic_write", full)
+    report = scrub.Scrubber(root, redactor, backup=False, sync=False).scrub_side_file(tail)
+    assert (report.outcome, report.reason) == (scrub.FAILED, "No space left on device")
+    assert tree(root) == before
