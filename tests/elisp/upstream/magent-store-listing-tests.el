@@ -58,7 +58,9 @@ attributes were read."
   (magent-store-resume-test--with-magent
     (let* ((project (file-truename (file-name-directory magent-session-directory)))
            (specs `(("20261130-090000-a") ("20261130-090000-b") ("torn")
-                    ("20261130-090000-p" . ,project)))
+                    ("20261130-090000-p" . ,project)
+                    ;; No title: magent names it by its conversation.
+                    ("20261130-090000-u")))
            (own (mapcar (lambda (spec)
                           (let ((session (magent-store-resume-test--new-session
                                           (car spec) (cdr spec))))
@@ -66,6 +68,9 @@ attributes were read."
                               (magent-session-set-metadata-value
                                session 'title "  A title\n on two lines, long enough \
 to be cut by magent's own rule  ")
+                              (magent-session-save-for-session session 'global))
+                            (when (equal (car spec) "20261130-090000-u")
+                              (magent-session-set-metadata-value session 'title nil)
                               (magent-session-save-for-session session 'global))
                             (cons (car spec)
                                   (magent-store-resume-test--own-save
@@ -100,6 +105,9 @@ to be cut by magent's own rule  ")
             ;; As magent's reader reads the session rendered for it...
             (should (equal meta (magent-store-listing-test--rendered-metadata file)))
             ;; ...and as magent reads its own file of the same session.
+            (when (equal id "20261130-090000-u")
+              (should-not (plist-get meta :title))
+              (should (string-prefix-p "chunk 0" (plist-get meta :summary-title))))
             (if (equal id "torn")
                 (should (equal (plist-get meta :summary-title)
                                "[damaged: torn log] Résumé test"))
