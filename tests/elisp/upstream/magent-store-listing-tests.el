@@ -21,6 +21,7 @@
 (defvar magent-session-directory)
 (defvar magent-session--metadata-cache)
 (defvar magent-store-magent--listing-times)
+(defvar magent-store-magent--header-timer)
 
 (defun magent-store-listing-test--counting (thunk)
   "Call THUNK; return (VALUE CALLS READS STATS).
@@ -147,6 +148,23 @@ to be cut by magent's own rule  ")
       (should (equal (plist-get
                       (gethash file magent-session--metadata-cache) :metadata)
                      (magent-store-listing-test--rendered-metadata file))))))
+
+(ert-deftest magent-store-listing-shows-a-title-saved-a-moment-ago ()
+  "A header magent asked to save later is saved before magent lists sessions."
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((session (magent-store-resume-test--new-session "20261130-103000-a"))
+           (file (magent-store-listing-test--file "20261130-103000-a")))
+      (magent-session-list-files)
+      (let ((magent-store-flush-interval 3600))
+        (magent-session-set-metadata-value session 'title "Renamed")
+        (magent-session-save-deferred-for-session session 'global)
+        (should magent-store-magent--header-timer))
+      (magent-session-list-files)
+      (should-not magent-store-magent--header-timer)
+      (should (equal (plist-get (magent-session--read-file-metadata-cached file)
+                                :title)
+                     "Renamed")))))
 
 (ert-deftest magent-store-listing-a-backend-without-it-lists-each-session ()
   "A backend that does not know the listing (an older one still running) is no error.
