@@ -95,6 +95,13 @@ to be cut by magent's own rule  ")
         ;; Its sort looks every file's metadata and time up at each
         ;; comparison: from the listing, not the disk.
         (should (= stats 0)))
+      ;; Again, nothing changed since: the same, from what magent keeps.
+      (pcase-let ((`(,listed ,calls ,reads ,stats)
+                   (magent-store-listing-test--counting #'magent-session-list-files)))
+        (should (= (length listed) (length files)))
+        (should (equal calls '("listing")))
+        (should (= reads 0))
+        (should (= stats 0)))
       (pcase-dolist (`(,id . ,file) files)
         (ert-info ((format "session %s" id))
           (pcase-let ((`(,meta ,calls ,reads)
@@ -165,6 +172,28 @@ to be cut by magent's own rule  ")
       (should (equal (plist-get (magent-session--read-file-metadata-cached file)
                                 :title)
                      "Renamed")))))
+
+(ert-deftest magent-store-listing-looks-each-files-time-up-once ()
+  "magent's sort asks a file's time at every comparison: the time of a
+session magent saved itself, and of the store's log beside it, is looked
+up once per listing."
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let ((ids '("20261130-104000-a" "20261130-104000-b" "20261130-104000-c"
+                 "20261130-104000-d" "20261130-104000-e"))
+          (logs (make-hash-table :test #'equal)))
+      (magent-store-mode -1)
+      (mapc #'magent-store-resume-test--new-session ids)
+      (magent-store-mode 1)
+      (cl-letf* ((attributes (symbol-function 'file-attributes))
+                 ((symbol-function 'file-attributes)
+                  (lambda (file &rest args)
+                    (when (string-suffix-p ".jsonl" file)
+                      (cl-incf (gethash file logs 0)))
+                    (apply attributes file args))))
+        (should (= (length (magent-session-list-files)) (length ids))))
+      (should (= (hash-table-count logs) (length ids)))
+      (maphash (lambda (file n) (ert-info (file) (should (= n 1)))) logs))))
 
 (ert-deftest magent-store-listing-a-backend-without-it-lists-each-session ()
   "A backend that does not know the listing (an older one still running) is no error.

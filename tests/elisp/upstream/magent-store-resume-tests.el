@@ -312,7 +312,14 @@ session's own scope and every other field."
                 (advice-add 'magent-store-magent--call-rendered :before count)
                 (unwind-protect
                     (progn
-                      (should (equal (magent-session-list-files) (list file)))
+                      (let ((calls nil))
+                        (cl-letf* ((call (symbol-function 'magent-store-call))
+                                   ((symbol-function 'magent-store-call)
+                                    (lambda (method args) (push method calls)
+                                      (funcall call method args))))
+                          (should (equal (magent-session-list-files) (list file))))
+                        ;; Nor listed for it: it reads the headers itself.
+                        (should-not (member "listing" calls)))
                       (let ((meta (magent-session--read-file-metadata-cached file)))
                         (should (plist-get meta :valid))
                         (should (equal (plist-get meta :summary-title)
