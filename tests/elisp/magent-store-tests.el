@@ -19,6 +19,18 @@
 
 ;;;; Tests
 
+(ert-deftest magent-store-a-reply-forgets-its-handlers ()
+  "A call's reply, or its error, is handled once and then forgotten:
+nothing is kept of a call that was answered."
+  (magent-store-test-with-backend ()
+    (magent-store-ensure-backend)
+    (let ((replies (magent-store-backend-replies magent-store-current-backend)))
+      (dotimes (_ 3)
+        (should (stringp (magent-store-call "status" nil))))
+      (should (string-match-p "no-such-method"
+                              (cadr (should-error (magent-store-call "no-such-method" nil)))))
+      (should (= (hash-table-count replies) 0)))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
