@@ -31,6 +31,28 @@ nothing is kept of a call that was answered."
                               (cadr (should-error (magent-store-call "no-such-method" nil)))))
       (should (= (hash-table-count replies) 0)))))
 
+(ert-deftest magent-store-tokens-come-from-randomness-read-once ()
+  "A backend's token is derived from 64 random bytes the system gives,
+read once: each later token differs, and costs no subprocess."
+  (let ((magent-store--token-key nil)
+        (magent-store--token-count 0)
+        (reads 0))
+    (advice-add 'call-process :before
+                (lambda (program &rest _)
+                  (when (equal program "head") (cl-incf reads)))
+                '((name . magent-store-token-test)))
+    (unwind-protect
+        (let ((first (magent-store--token))
+              (key magent-store--token-key)
+              (second (magent-store--token)))
+          (should (string-match-p "\\`[0-9a-f]\\{128\\}\\'" key))
+          (should (= reads 1))
+          (should (equal key magent-store--token-key))
+          (dolist (token (list first second))
+            (should (string-match-p "\\`[0-9a-f]\\{64\\}\\'" token)))
+          (should-not (equal first second)))
+      (advice-remove 'call-process 'magent-store-token-test))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
