@@ -53,6 +53,43 @@ read once: each later token differs, and costs no subprocess."
           (should-not (equal first second)))
       (advice-remove 'call-process 'magent-store-token-test))))
 
+(ert-deftest magent-store-a-backend-printing-no-port-is-stopped-and-said ()
+  "A backend command that prints pages but no port (a traceback, say) is
+stopped once it has printed 4 kB, and the error says what it printed."
+  (magent-store-test-with-backend
+      ((magent-store-python
+        (list (executable-find "sh") "-c"
+              "head -c 5000 /dev/zero | tr '\\0' x; echo; exec sleep 600" "sh"))
+       ;; Only a bound: the failure comes as soon as the text does.
+       (magent-store-call-timeout 20))
+    (let ((message (condition-case err
+                       (progn (magent-store-ready-backend) "started")
+                     (error (error-message-string err)))))
+      (should (string-match-p "the backend printed no port: x\\{200\\} " message)))
+    (should-not (process-live-p
+                 (magent-store-backend-process magent-store-current-backend)))))
+
+(ert-deftest magent-store-a-backend-may-print-a-line-before-its-port ()
+  "A line the backend command prints before its port (a warning, say) is
+no failure: the backend starts once the port comes."
+  (magent-store-test-with-backend
+      ((go (expand-file-name "go" tmp))
+       (magent-store-python
+        (list (executable-find "sh") "-c"
+              (concat "echo 'a warning first'; "
+                      "while [ ! -e \"$GO\" ]; do sleep 0.05; done; exec \"$0\" \"$@\"")
+              magent-store-python))
+       (process-environment (cons (concat "GO=" go) process-environment)))
+    (let ((backend (magent-store-ensure-backend)))
+      ;; The line has reached Emacs before the port is printed.
+      (with-timeout (30 (error "The first line never came"))
+        (while (not (string-match-p "a warning first"
+                                    (or (magent-store-backend-output backend) "")))
+          (accept-process-output (magent-store-backend-process backend) 0.05)))
+      (write-region "" nil go nil 'silent)
+      (should (eq (magent-store-ready-backend) backend))
+      (should (stringp (magent-store-call "status" nil))))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
