@@ -90,6 +90,25 @@ no failure: the backend starts once the port comes."
       (should (eq (magent-store-ready-backend) backend))
       (should (stringp (magent-store-call "status" nil))))))
 
+(ert-deftest magent-store-a-killed-backend-leaves-nothing-behind ()
+  "A backend killed (hung, or replaced) is forgotten, its process and
+connection are gone, and so is the connection's buffer."
+  (magent-store-test-with-backend ()
+    (let* ((backend (magent-store-ready-backend))
+           (connection (magent-store-backend-connection backend))
+           (buffer (process-buffer connection))
+           (process (magent-store-backend-process backend)))
+      (should (process-live-p process))
+      (should (buffer-live-p buffer))
+      (magent-store--kill-backend backend)
+      (should-not magent-store-current-backend)
+      (should (magent-store-backend-stopping backend))
+      (should-not (process-live-p connection))
+      (should-not (buffer-live-p buffer))
+      (should-not (process-live-p process))
+      ;; No backend: nothing to do, and no error.
+      (magent-store--kill-backend nil))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
