@@ -109,6 +109,29 @@ connection are gone, and so is the connection's buffer."
       ;; No backend: nothing to do, and no error.
       (magent-store--kill-backend nil))))
 
+(ert-deftest magent-store-start-as-a-command-says-where-the-backend-runs ()
+  "Typed, `magent-store-start' starts the installed backend and says its
+pid and port; from Lisp it says nothing."
+  (magent-store-test-with-backend ()
+    (let ((messages nil))
+      (cl-letf (((symbol-function 'y-or-n-p)
+                 (lambda (&rest _) (error "Asked to install an installed backend"))))
+        (advice-add 'message :before
+                    (lambda (format &rest args)
+                      (when format (push (apply #'format-message format args) messages)))
+                    '((name . magent-store-start-test)))
+        (unwind-protect
+            (let ((backend (call-interactively #'magent-store-start)))
+              (should (magent-store-ready-p backend))
+              (should (equal messages
+                             (list (format "magent-store: backend pid %s on port %s"
+                                           (magent-store-backend-pid backend)
+                                           (magent-store-backend-port backend)))))
+              (setq messages nil)
+              (should (eq (magent-store-start) backend))
+              (should-not messages))
+          (advice-remove 'message 'magent-store-start-test))))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
