@@ -77,6 +77,37 @@
 ;; waiting calls run under the short timeout: starting the backend, and
 ;; every call before the stop and after it, may take as long as a busy
 ;; machine makes them.
+(ert-deftest magent-store-stop-keeps-a-backend-that-has-not-saved-everything ()
+  "Stopping while entries cannot be saved (the backend hung) stops nothing
+and says why; once the backend answers, stopping saves them."
+  (magent-store-test--with-backend
+    (let ((pid nil))
+      (magent-store-open "s-keep")
+      (magent-store-test--start-turn "s-keep")
+      (magent-store-flush "s-keep")
+      (setq pid (magent-store-backend-pid magent-store-current-backend))
+      (let ((backend magent-store-current-backend))
+        (unwind-protect
+            (progn
+              (signal-process pid 'SIGSTOP)
+              (magent-store-append-item-content "s-keep" "item-1" "not lost")
+              (let* ((magent-store-call-timeout 1)
+                     (err (should-error (magent-store-stop) :type 'user-error)))
+                (should (string-match-p
+                         "\\`1 entries are not saved yet (the backend (pid [0-9]+) did not answer.*); not stopped: C-u M-x magent-store-stop drops them\\'"
+                         (cadr err))))
+              (should (eq magent-store-current-backend backend))
+              (should-not (magent-store-backend-stopping backend)))
+          (signal-process pid 'SIGCONT))
+        ;; It answers again: the stop saves what waited, then stops.
+        (with-timeout (30 (error "The backend never answered again"))
+          (while (magent-store-backend-unresponsive backend)
+            (accept-process-output nil 0.05)))
+        (magent-store-stop)
+        (should-not magent-store-current-backend)
+        (should (equal (magent-store-test--content (magent-store-load "s-keep"))
+                       "not lost"))))))
+
 (ert-deftest magent-store-a-hung-backend-costs-one-timeout ()
   "A stopped backend blocks Emacs for one timeout, not one per waiting call.
 Waiting calls then fail at once, saying what to do; streaming goes on
