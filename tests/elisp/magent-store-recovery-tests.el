@@ -108,6 +108,17 @@ and says why; once the backend answers, stopping saves them."
         (should (equal (magent-store-test--content (magent-store-load "s-keep"))
                        "not lost"))))))
 
+(ert-deftest magent-store-restart-replaces-a-running-backend ()
+  "Restarting a running backend stops it first, then starts a new one."
+  (magent-store-test--with-backend
+    (let* ((old (magent-store-ready-backend))
+           (process (magent-store-backend-process old)))
+      (magent-store-restart)
+      (should-not (process-live-p process))
+      (let ((new (magent-store-ready-backend)))
+        (should-not (eq new old))
+        (should (stringp (magent-store-call "status" nil)))))))
+
 (ert-deftest magent-store-a-hung-backend-costs-one-timeout ()
   "A stopped backend blocks Emacs for one timeout, not one per waiting call.
 Waiting calls then fail at once, saying what to do; streaming goes on
