@@ -132,6 +132,20 @@ pid and port; from Lisp it says nothing."
               (should-not messages))
           (advice-remove 'message 'magent-store-start-test))))))
 
+(ert-deftest magent-store-a-backend-of-another-version-is-named ()
+  "A backend of this package's version starts with nothing to say; one of
+another version is named, with how to install the matching one."
+  (magent-store-test-with-backend ()
+    (magent-store-ready-backend)
+    (should-not magent-store-last-error)
+    (magent-store-stop)
+    (let ((magent-store-version "0.0.0-other"))
+      (magent-store-ready-backend)
+      (should (string-match-p
+               "\\`the backend (.+) is version .+, this package is version 0\\.0\\.0-other: \
+M-x magent-store-install-backend installs the matching backend\\'"
+               magent-store-last-error)))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
