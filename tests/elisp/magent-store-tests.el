@@ -146,6 +146,21 @@ another version is named, with how to install the matching one."
 M-x magent-store-install-backend installs the matching backend\\'"
                magent-store-last-error)))))
 
+(ert-deftest magent-store-waiting-for-a-backend-that-exited-waits-no-more ()
+  "Waiting for a backend to exit returns at once when it has exited."
+  (magent-store-test-with-backend ()
+    (let* ((backend (magent-store-ready-backend))
+           (process (magent-store-backend-process backend))
+           (waits 0))
+      (magent-store-stop)
+      (should-not (process-live-p process))
+      (advice-add 'accept-process-output :before (lambda (&rest _) (cl-incf waits))
+                  '((name . magent-store-exit-test)))
+      (unwind-protect
+          (magent-store--await-exit backend)
+        (advice-remove 'accept-process-output 'magent-store-exit-test))
+      (should (= waits 0)))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend
