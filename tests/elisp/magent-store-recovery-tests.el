@@ -47,6 +47,32 @@
       (should (equal (magent-store-test--content (magent-store-load "s-up"))
                      "kept in Emacs")))))
 
+(ert-deftest magent-store-giving-up-says-how-often-the-backend-stopped ()
+  "Within the restart limit a killed backend is restarted; past it the
+shim gives up, counting every stop within the minute."
+  (magent-store-test--with-backend
+    (let ((magent-store-restart-limit 1)
+          (magent-store-recovering nil)
+          (magent-store-stops nil))
+      (magent-store-open "s-twice")
+      (let ((first magent-store-current-backend))
+        (signal-process (magent-store-backend-pid first) 'SIGKILL)
+        (with-timeout (60 (error "The backend was not restarted"))
+          (while (not (and magent-store-current-backend
+                           (not (eq magent-store-current-backend first))
+                           (magent-store-ready-p magent-store-current-backend)))
+            (sleep-for 0.05))))
+      (should-not magent-store-gave-up)
+      (should (= (car magent-store-stops) 1))
+      (signal-process (magent-store-backend-pid magent-store-current-backend) 'SIGKILL)
+      (with-timeout (60 (error "The shim never gave up"))
+        (while (not magent-store-gave-up)
+          (sleep-for 0.05)))
+      (should magent-store-gave-up)
+      (should (= (car magent-store-stops) 2))
+      (should (equal magent-store-last-error
+                     "the backend stopped 2 times within a minute")))))
+
 (ert-deftest magent-store-a-restart-keeps-queueing-and-says-so-once-saved ()
   "Chunks appended while the backend restarts are saved once, in order."
   (magent-store-test--with-backend
