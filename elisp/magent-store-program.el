@@ -86,6 +86,13 @@ is installed."
         ((listp magent-store-python) magent-store-python)
         (t (list magent-store-python))))
 
+(defun magent-store-program-stop (process)
+  "Stop PROCESS, a run of `magent-store-program-run', unless it has ended.
+Deleting a process runs its sentinel at once: whoever waits for it
+forgets it first, or it is taken for a run that failed."
+  (when (process-live-p process)
+    (delete-process process)))
+
 (defun magent-store-program-run (name args on-exit)
   "Run the backend's command line with ARGS in the background, as process NAME.
 Its output (standard output and error, read as UTF-8) goes to a hidden

@@ -71,13 +71,9 @@
              append (list "--pattern" (format "%s=%s" kind regexp)))))
 
 (defun magent-store-scan--stop ()
-  "Stop the scan this buffer waits for, without drawing or saying anything.
-Forgotten first: deleting a process runs its sentinel at once, which
-would otherwise report the stopped scan as failed."
-  (let ((process magent-store-scan--process))
-    (setq magent-store-scan--process nil)
-    (when (process-live-p process)
-      (delete-process process))))
+  "Stop the scan this buffer waits for, without drawing or saying anything."
+  (magent-store-program-stop (prog1 magent-store-scan--process
+                               (setq magent-store-scan--process nil))))
 
 (defun magent-store-scan--start ()
   "Start this buffer's scan process; draw the findings when it exits."

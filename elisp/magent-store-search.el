@@ -112,13 +112,9 @@ magent's own loader here while it is on."
   (append (butlast (magent-store-program-command)) args))
 
 (defun magent-store-search--stop ()
-  "Stop the search this buffer waits for, without drawing or saying anything.
-Forgotten first: deleting a process runs its sentinel at once, which
-would otherwise report the stopped search as failed."
-  (let ((process magent-store-search--process))
-    (setq magent-store-search--process nil)
-    (when (process-live-p process)
-      (delete-process process))))
+  "Stop the search this buffer waits for, without drawing or saying anything."
+  (magent-store-program-stop (prog1 magent-store-search--process
+                               (setq magent-store-search--process nil))))
 
 (defun magent-store-search--start ()
   "Start this buffer's search process; draw the results when it exits."

@@ -47,6 +47,32 @@
       (should (equal (magent-store-test--content (magent-store-load "s-up"))
                      "kept in Emacs")))))
 
+(ert-deftest magent-store-giving-up-says-how-often-the-backend-stopped ()
+  "Within the restart limit a killed backend is restarted; past it the
+shim gives up, counting every stop within the minute."
+  (magent-store-test--with-backend
+    (let ((magent-store-restart-limit 1)
+          (magent-store-recovering nil)
+          (magent-store-stops nil))
+      (magent-store-open "s-twice")
+      (let ((first magent-store-current-backend))
+        (signal-process (magent-store-backend-pid first) 'SIGKILL)
+        (with-timeout (60 (error "The backend was not restarted"))
+          (while (not (and magent-store-current-backend
+                           (not (eq magent-store-current-backend first))
+                           (magent-store-ready-p magent-store-current-backend)))
+            (sleep-for 0.05))))
+      (should-not magent-store-gave-up)
+      (should (= (car magent-store-stops) 1))
+      (signal-process (magent-store-backend-pid magent-store-current-backend) 'SIGKILL)
+      (with-timeout (60 (error "The shim never gave up"))
+        (while (not magent-store-gave-up)
+          (sleep-for 0.05)))
+      (should magent-store-gave-up)
+      (should (= (car magent-store-stops) 2))
+      (should (equal magent-store-last-error
+                     "the backend stopped 2 times within a minute")))))
+
 (ert-deftest magent-store-a-restart-keeps-queueing-and-says-so-once-saved ()
   "Chunks appended while the backend restarts are saved once, in order."
   (magent-store-test--with-backend
@@ -77,6 +103,48 @@
 ;; waiting calls run under the short timeout: starting the backend, and
 ;; every call before the stop and after it, may take as long as a busy
 ;; machine makes them.
+(ert-deftest magent-store-stop-keeps-a-backend-that-has-not-saved-everything ()
+  "Stopping while entries cannot be saved (the backend hung) stops nothing
+and says why; once the backend answers, stopping saves them."
+  (magent-store-test--with-backend
+    (let ((pid nil))
+      (magent-store-open "s-keep")
+      (magent-store-test--start-turn "s-keep")
+      (magent-store-flush "s-keep")
+      (setq pid (magent-store-backend-pid magent-store-current-backend))
+      (let ((backend magent-store-current-backend))
+        (unwind-protect
+            (progn
+              (signal-process pid 'SIGSTOP)
+              (magent-store-append-item-content "s-keep" "item-1" "not lost")
+              (let* ((magent-store-call-timeout 1)
+                     (err (should-error (magent-store-stop) :type 'user-error)))
+                (should (string-match-p
+                         "\\`1 entries are not saved yet (the backend (pid [0-9]+) did not answer.*); not stopped: C-u M-x magent-store-stop drops them\\'"
+                         (cadr err))))
+              (should (eq magent-store-current-backend backend))
+              (should-not (magent-store-backend-stopping backend)))
+          (signal-process pid 'SIGCONT))
+        ;; It answers again: the stop saves what waited, then stops.
+        (with-timeout (30 (error "The backend never answered again"))
+          (while (magent-store-backend-unresponsive backend)
+            (accept-process-output nil 0.05)))
+        (magent-store-stop)
+        (should-not magent-store-current-backend)
+        (should (equal (magent-store-test--content (magent-store-load "s-keep"))
+                       "not lost"))))))
+
+(ert-deftest magent-store-restart-replaces-a-running-backend ()
+  "Restarting a running backend stops it first, then starts a new one."
+  (magent-store-test--with-backend
+    (let* ((old (magent-store-ready-backend))
+           (process (magent-store-backend-process old)))
+      (magent-store-restart)
+      (should-not (process-live-p process))
+      (let ((new (magent-store-ready-backend)))
+        (should-not (eq new old))
+        (should (stringp (magent-store-call "status" nil)))))))
+
 (ert-deftest magent-store-a-hung-backend-costs-one-timeout ()
   "A stopped backend blocks Emacs for one timeout, not one per waiting call.
 Waiting calls then fail at once, saying what to do; streaming goes on

@@ -19,6 +19,154 @@
 
 ;;;; Tests
 
+(ert-deftest magent-store-a-reply-forgets-its-handlers ()
+  "A call's reply, or its error, is handled once and then forgotten:
+nothing is kept of a call that was answered."
+  (magent-store-test-with-backend ()
+    (magent-store-ensure-backend)
+    (let ((replies (magent-store-backend-replies magent-store-current-backend)))
+      (dotimes (_ 3)
+        (should (stringp (magent-store-call "status" nil))))
+      (should (string-match-p "no-such-method"
+                              (cadr (should-error (magent-store-call "no-such-method" nil)))))
+      (should (= (hash-table-count replies) 0)))))
+
+(ert-deftest magent-store-tokens-come-from-randomness-read-once ()
+  "A backend's token is derived from 64 random bytes the system gives,
+read once: each later token differs, and costs no subprocess."
+  (let ((magent-store--token-key nil)
+        (magent-store--token-count 0)
+        (reads 0))
+    (advice-add 'call-process :before
+                (lambda (program &rest _)
+                  (when (equal program "head") (cl-incf reads)))
+                '((name . magent-store-token-test)))
+    (unwind-protect
+        (let ((first (magent-store--token))
+              (key magent-store--token-key)
+              (second (magent-store--token)))
+          (should (string-match-p "\\`[0-9a-f]\\{128\\}\\'" key))
+          (should (= reads 1))
+          (should (equal key magent-store--token-key))
+          (dolist (token (list first second))
+            (should (string-match-p "\\`[0-9a-f]\\{64\\}\\'" token)))
+          (should-not (equal first second)))
+      (advice-remove 'call-process 'magent-store-token-test))))
+
+(ert-deftest magent-store-a-backend-printing-no-port-is-stopped-and-said ()
+  "A backend command that prints pages but no port (a traceback, say) is
+stopped once it has printed 4 kB, and the error says what it printed."
+  (magent-store-test-with-backend
+      ((magent-store-python
+        (list (executable-find "sh") "-c"
+              "head -c 5000 /dev/zero | tr '\\0' x; echo; exec sleep 600" "sh"))
+       ;; Only a bound: the failure comes as soon as the text does.
+       (magent-store-call-timeout 20))
+    (unwind-protect
+        (let ((message (condition-case err
+                           (progn (magent-store-ready-backend) "started")
+                         (error (error-message-string err)))))
+          (should (string-match-p "the backend printed no port: x\\{200\\} " message))
+          (should-not (process-live-p
+                       (magent-store-backend-process magent-store-current-backend))))
+      ;; The stopped command's sentinel restarts it: not in the tests after
+      ;; this one.  Stopping, the backend's later sentinel does nothing.
+      (when magent-store-current-backend
+        (magent-store--kill-backend magent-store-current-backend))
+      (cancel-function-timers #'magent-store--recover))))
+
+(ert-deftest magent-store-a-backend-may-print-a-line-before-its-port ()
+  "A line the backend command prints before its port (a warning, say) is
+no failure: the backend starts once the port comes."
+  (magent-store-test-with-backend
+      ((go (expand-file-name "go" tmp))
+       (magent-store-python
+        (list (executable-find "sh") "-c"
+              (concat "echo 'a warning first'; "
+                      "while [ ! -e \"$GO\" ]; do sleep 0.05; done; exec \"$0\" \"$@\"")
+              magent-store-python))
+       (process-environment (cons (concat "GO=" go) process-environment)))
+    (let ((backend (magent-store-ensure-backend)))
+      ;; The line has reached Emacs before the port is printed.
+      (with-timeout (30 (error "The first line never came"))
+        (while (not (string-match-p "a warning first"
+                                    (or (magent-store-backend-output backend) "")))
+          (accept-process-output (magent-store-backend-process backend) 0.05)))
+      (write-region "" nil go nil 'silent)
+      (should (eq (magent-store-ready-backend) backend))
+      (should (stringp (magent-store-call "status" nil))))))
+
+(ert-deftest magent-store-a-killed-backend-leaves-nothing-behind ()
+  "A backend killed (hung, or replaced) is forgotten, its process and
+connection are gone, and so is the connection's buffer."
+  (magent-store-test-with-backend ()
+    (let* ((backend (magent-store-ready-backend))
+           (connection (magent-store-backend-connection backend))
+           (buffer (process-buffer connection))
+           (process (magent-store-backend-process backend)))
+      (should (process-live-p process))
+      (should (buffer-live-p buffer))
+      (magent-store--kill-backend backend)
+      (should-not magent-store-current-backend)
+      (should (magent-store-backend-stopping backend))
+      (should-not (process-live-p connection))
+      (should-not (buffer-live-p buffer))
+      (should-not (process-live-p process))
+      ;; No backend: nothing to do, and no error.
+      (magent-store--kill-backend nil))))
+
+(ert-deftest magent-store-start-as-a-command-says-where-the-backend-runs ()
+  "Typed, `magent-store-start' starts the installed backend and says its
+pid and port; from Lisp it says nothing."
+  (magent-store-test-with-backend ()
+    (let ((messages nil))
+      (cl-letf (((symbol-function 'y-or-n-p)
+                 (lambda (&rest _) (error "Asked to install an installed backend"))))
+        (advice-add 'message :before
+                    (lambda (format &rest args)
+                      (when format (push (apply #'format-message format args) messages)))
+                    '((name . magent-store-start-test)))
+        (unwind-protect
+            (let ((backend (call-interactively #'magent-store-start)))
+              (should (magent-store-ready-p backend))
+              (should (equal messages
+                             (list (format "magent-store: backend pid %s on port %s"
+                                           (magent-store-backend-pid backend)
+                                           (magent-store-backend-port backend)))))
+              (setq messages nil)
+              (should (eq (magent-store-start) backend))
+              (should-not messages))
+          (advice-remove 'message 'magent-store-start-test))))))
+
+(ert-deftest magent-store-a-backend-of-another-version-is-named ()
+  "A backend of this package's version starts with nothing to say; one of
+another version is named, with how to install the matching one."
+  (magent-store-test-with-backend ()
+    (magent-store-ready-backend)
+    (should-not magent-store-last-error)
+    (magent-store-stop)
+    (let ((magent-store-version "0.0.0-other"))
+      (magent-store-ready-backend)
+      (should (string-match-p
+               "\\`the backend (.+) is version .+, this package is version 0\\.0\\.0-other: \
+M-x magent-store-install-backend installs the matching backend\\'"
+               magent-store-last-error)))))
+
+(ert-deftest magent-store-waiting-for-a-backend-that-exited-waits-no-more ()
+  "Waiting for a backend to exit returns at once when it has exited."
+  (magent-store-test-with-backend ()
+    (let* ((backend (magent-store-ready-backend))
+           (process (magent-store-backend-process backend))
+           (waits 0))
+      (magent-store-stop)
+      (should-not (process-live-p process))
+      (advice-add 'accept-process-output :before (lambda (&rest _) (cl-incf waits))
+                  '((name . magent-store-exit-test)))
+      (unwind-protect
+          (magent-store--await-exit backend)
+        (advice-remove 'accept-process-output 'magent-store-exit-test))
+      (should (= waits 0)))))
+
 (ert-deftest magent-store-stream-stop-start-load-is-identical ()
   "Chunks streamed with real timers survive a backend stop and start."
   (magent-store-test--with-backend

@@ -292,5 +292,180 @@ printing 200 records %d" sink record printing)
         (should (< record 400))
         (should (< printing (* 200 64)))))))
 
+(defmacro magent-store-timing-test--alone (&rest body)
+  "Run BODY with fresh timing state, no backend and no timer started."
+  (declare (indent 0) (debug t))
+  `(let ((magent-store-current-backend nil)
+         (magent-store-timing-enabled t)
+         (magent-store-timing--queue nil)
+         (magent-store-timing--timer 'pending) ; no timer: nothing is sent
+         (magent-store-timing--turn nil)
+         (magent-store-timing--turn-start 0.0)
+         (magent-store-timing--last-turn nil)
+         (magent-store-timing--ordinals (make-hash-table :test #'equal))
+         (magent-store-timing--next-ordinal 0))
+     ,@body))
+
+(ert-deftest magent-store-timing-a-record-is-in-the-turn-in-progress ()
+  "A record without :turn-id belongs to the turn in progress; one with it, to that turn."
+  (magent-store-timing-test--alone
+    (setq magent-store-timing--turn "turn-now")
+    (should (magent-store-record-timing 'acp-update :count 1))
+    (setq magent-store-timing--turn nil)
+    (should (magent-store-record-timing 'acp-update :turn-id "turn-given" :count 2))
+    (should (equal (mapcar #'cadr (reverse magent-store-timing--queue))
+                   '("turn-now" "turn-given")))))
+
+(ert-deftest magent-store-timing-without-a-backend-keeps-the-newest-records ()
+  "With no backend to send to, the queue keeps only the newest records, as many as allowed."
+  (magent-store-timing-test--alone
+    (let ((magent-store-timing-max-queued 2))
+      (dotimes (i 5)
+        (magent-store-record-timing 'acp-update :count i :time (+ 100.0 i)))
+      (magent-store-timing--send)
+      (should-not magent-store-timing--timer)
+      (should (equal (mapcar (lambda (r) (plist-get (nthcdr 3 r) :count))
+                             magent-store-timing--queue)
+                     '(4 3)))
+      ;; Fewer than allowed: all kept.
+      (setq magent-store-timing--queue (last magent-store-timing--queue))
+      (magent-store-timing--send)
+      (should (equal (mapcar (lambda (r) (plist-get (nthcdr 3 r) :count))
+                             magent-store-timing--queue)
+                     '(3))))))
+
+(ert-deftest magent-store-timing-a-save-at-a-turns-edges-is-that-turns ()
+  "A save sent at the very start of a turn, of the turn before, or two
+seconds after that turn ended, belongs to that turn; a moment later, to none."
+  (magent-store-timing-test--alone
+    (setq magent-store-timing--turn "t2"
+          magent-store-timing--turn-start 200.0
+          magent-store-timing--last-turn '("t1" 100.0 150.0))
+    (should (equal (magent-store-timing--turn-at 200.0) "t2"))
+    (should (equal (magent-store-timing--turn-at 199.0) nil))
+    (setq magent-store-timing--turn nil)
+    (should (equal (magent-store-timing--turn-at 100.0) "t1"))
+    (should (equal (magent-store-timing--turn-at 152.0) "t1"))
+    (should (equal (magent-store-timing--turn-at 152.5) nil))
+    (should (equal (magent-store-timing--turn-at 99.5) nil))))
+
+(ert-deftest magent-store-timing-turns-calls-and-agents-end-and-are-forgotten ()
+  "A turn's end ends it; an ended tool call and a stopped subagent give
+up their ordinals, so the same id later gets a new one."
+  (magent-store-timing-test--alone
+    (let ((ctx (magent-lifecycle-events-context-create :turn-id "t1"))
+          (sub (magent-lifecycle-events-context-create
+                :turn-id "t1" :subagent-id "sub-a"))
+          (magent-lifecycle-events--sinks (list #'magent-store-timing--sink)))
+      (magent-store-test-timing-standin-emit 'turn-start 10.0 ctx)
+      (should (equal magent-store-timing--turn "t1"))
+      (magent-store-test-timing-standin-emit 'tool-call-start 10.5 ctx :call-id "c1")
+      (magent-store-test-timing-standin-emit 'tool-call-end 11.0 ctx :call-id "c1"
+                                             :status 'completed)
+      (should-not (gethash "c1" magent-store-timing--ordinals))
+      (magent-store-test-timing-standin-emit 'tool-call-start 11.2 ctx :call-id "c1")
+      (magent-store-test-timing-standin-emit 'subagent-start 11.3 sub)
+      (magent-store-test-timing-standin-emit 'subagent-stop 11.4 sub)
+      (should-not (gethash "sub-a" magent-store-timing--ordinals))
+      (magent-store-test-timing-standin-emit 'subagent-start 11.5 sub)
+      (magent-store-test-timing-standin-emit 'turn-end 12.0 ctx :status 'completed)
+      (should-not magent-store-timing--turn)
+      (should (equal magent-store-timing--last-turn '("t1" 10.0 12.0)))
+      (should (equal (mapcar (lambda (r) (list (car r) (nthcdr 3 r)))
+                             (reverse magent-store-timing--queue))
+                     '((turn-start nil)
+                       (tool-call-start (:call 1))
+                       (tool-call-end (:call 1 :status completed))
+                       (tool-call-start (:call 2))
+                       (subagent-start (:agent 3))
+                       (subagent-stop (:agent 3))
+                       (subagent-start (:agent 4))
+                       (turn-end (:status completed))))))))
+
+(ert-deftest magent-store-timing-follows-magents-sources-loaded-after-the-mode ()
+  "With magent's provider-event loop not loaded yet, the mode waits for it
+to load, then advises it and stops waiting; with both sources loaded it
+does not wait."
+  (let ((magent-lifecycle-events--sinks nil)
+        (loop-function (symbol-function 'magent-agent-loop-apply-event))
+        (after-load-functions after-load-functions))
+    (unwind-protect
+        (progn
+          (fset 'magent-agent-loop-apply-event nil)
+          (magent-store-mode 1)
+          (should (memq #'magent-store-timing--sink magent-lifecycle-events--sinks))
+          (should (memq #'magent-store-timing--after-load after-load-functions))
+          ;; Another file loads: still waiting.
+          ;; `features' is not special under lexical binding: `dlet'.
+          (dlet ((features (remq 'magent-agent-loop
+                                (remq 'magent-lifecycle-events features))))
+            (run-hook-with-args 'after-load-functions "/elsewhere/other.el"))
+          (should (memq #'magent-store-timing--after-load after-load-functions))
+          ;; magent's loop loads.
+          (fset 'magent-agent-loop-apply-event loop-function)
+          (dlet ((features (cons 'magent-agent-loop
+                                (remq 'magent-lifecycle-events features))))
+            (run-hook-with-args 'after-load-functions "/magent/magent-agent-loop.el"))
+          (should (advice-member-p #'magent-store-timing--before-apply-event
+                                   'magent-agent-loop-apply-event))
+          (should-not (memq #'magent-store-timing--after-load after-load-functions))
+          ;; Both loaded from the start: no waiting.
+          (magent-store-mode -1)
+          (magent-store-mode 1)
+          (should-not (memq #'magent-store-timing--after-load after-load-functions)))
+      (magent-store-mode -1)
+      (unless (symbol-function 'magent-agent-loop-apply-event)
+        (fset 'magent-agent-loop-apply-event loop-function)))))
+
+(ert-deftest magent-store-timing-flush-cancels-the-pending-send ()
+  "Flushing cancels the timer that would send the queue later."
+  (magent-store-timing-test--alone
+    (let ((magent-store-timing-send-delay 3600)
+          timer)
+      (setq magent-store-timing--timer nil)
+      (unwind-protect
+          (progn
+            (magent-store-record-timing 'acp-update :count 1)
+            (setq timer magent-store-timing--timer)
+            (should (memq timer timer-list))
+            (magent-store-timing-flush)
+            (should-not magent-store-timing--timer)
+            (should-not (memq timer timer-list)))
+        (when (timerp timer) (cancel-timer timer))))))
+
+(ert-deftest magent-store-timing-report-asks-from-when-only-with-a-prefix ()
+  "The report command asks from when only with a prefix argument, passes it
+on as --since, and shows its buffer only when typed."
+  (magent-store-timing-test--with-backend
+    (magent-store-mode 1)
+    (let ((asked 0)
+          (commands nil))
+      (cl-letf (((symbol-function 'read-string)
+                 (lambda (&rest _) (cl-incf asked) "7d")))
+        (advice-add 'call-process :before
+                    (lambda (&rest args) (push args commands))
+                    '((name . magent-store-timing-report-test)))
+        (unwind-protect
+            (progn
+              (let ((buffer (magent-store-timing-report)))
+                (should-not (get-buffer-window buffer))
+                (kill-buffer buffer))
+              (let* ((noninteractive nil)
+                     (current-prefix-arg nil)
+                     (buffer (call-interactively #'magent-store-timing-report)))
+                (should (= asked 0))
+                (should (get-buffer-window buffer))
+                (should (equal (last (car commands)) '("report")))
+                (kill-buffer buffer))
+              (let* ((noninteractive nil)
+                     (current-prefix-arg '(4))
+                     (buffer (call-interactively #'magent-store-timing-report)))
+                (should (= asked 1))
+                (should (equal (last (car commands) 3) '("report" "--since" "7d")))
+                (with-current-buffer buffer
+                  (should (> (buffer-size) 0)))
+                (kill-buffer buffer)))
+          (advice-remove 'call-process 'magent-store-timing-report-test))))))
+
 (provide 'magent-store-timing-tests)
 ;;; magent-store-timing-tests.el ends here

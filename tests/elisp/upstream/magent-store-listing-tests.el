@@ -21,6 +21,7 @@
 (defvar magent-session-directory)
 (defvar magent-session--metadata-cache)
 (defvar magent-store-magent--listing-times)
+(defvar magent-store-magent--header-timer)
 
 (defun magent-store-listing-test--counting (thunk)
   "Call THUNK; return (VALUE CALLS READS STATS).
@@ -58,7 +59,9 @@ attributes were read."
   (magent-store-resume-test--with-magent
     (let* ((project (file-truename (file-name-directory magent-session-directory)))
            (specs `(("20261130-090000-a") ("20261130-090000-b") ("torn")
-                    ("20261130-090000-p" . ,project)))
+                    ("20261130-090000-p" . ,project)
+                    ;; No title: magent names it by its conversation.
+                    ("20261130-090000-u")))
            (own (mapcar (lambda (spec)
                           (let ((session (magent-store-resume-test--new-session
                                           (car spec) (cdr spec))))
@@ -66,6 +69,9 @@ attributes were read."
                               (magent-session-set-metadata-value
                                session 'title "  A title\n on two lines, long enough \
 to be cut by magent's own rule  ")
+                              (magent-session-save-for-session session 'global))
+                            (when (equal (car spec) "20261130-090000-u")
+                              (magent-session-set-metadata-value session 'title nil)
                               (magent-session-save-for-session session 'global))
                             (cons (car spec)
                                   (magent-store-resume-test--own-save
@@ -89,6 +95,13 @@ to be cut by magent's own rule  ")
         ;; Its sort looks every file's metadata and time up at each
         ;; comparison: from the listing, not the disk.
         (should (= stats 0)))
+      ;; Again, nothing changed since: the same, from what magent keeps.
+      (pcase-let ((`(,listed ,calls ,reads ,stats)
+                   (magent-store-listing-test--counting #'magent-session-list-files)))
+        (should (= (length listed) (length files)))
+        (should (equal calls '("listing")))
+        (should (= reads 0))
+        (should (= stats 0)))
       (pcase-dolist (`(,id . ,file) files)
         (ert-info ((format "session %s" id))
           (pcase-let ((`(,meta ,calls ,reads)
@@ -100,6 +113,9 @@ to be cut by magent's own rule  ")
             ;; As magent's reader reads the session rendered for it...
             (should (equal meta (magent-store-listing-test--rendered-metadata file)))
             ;; ...and as magent reads its own file of the same session.
+            (when (equal id "20261130-090000-u")
+              (should-not (plist-get meta :title))
+              (should (string-prefix-p "chunk 0" (plist-get meta :summary-title))))
             (if (equal id "torn")
                 (should (equal (plist-get meta :summary-title)
                                "[damaged: torn log] Résumé test"))
@@ -139,6 +155,45 @@ to be cut by magent's own rule  ")
       (should (equal (plist-get
                       (gethash file magent-session--metadata-cache) :metadata)
                      (magent-store-listing-test--rendered-metadata file))))))
+
+(ert-deftest magent-store-listing-shows-a-title-saved-a-moment-ago ()
+  "A header magent asked to save later is saved before magent lists sessions."
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let* ((session (magent-store-resume-test--new-session "20261130-103000-a"))
+           (file (magent-store-listing-test--file "20261130-103000-a")))
+      (magent-session-list-files)
+      (let ((magent-store-flush-interval 3600))
+        (magent-session-set-metadata-value session 'title "Renamed")
+        (magent-session-save-deferred-for-session session 'global)
+        (should magent-store-magent--header-timer))
+      (magent-session-list-files)
+      (should-not magent-store-magent--header-timer)
+      (should (equal (plist-get (magent-session--read-file-metadata-cached file)
+                                :title)
+                     "Renamed")))))
+
+(ert-deftest magent-store-listing-looks-each-files-time-up-once ()
+  "magent's sort asks a file's time at every comparison: the time of a
+session magent saved itself, and of the store's log beside it, is looked
+up once per listing."
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let ((ids '("20261130-104000-a" "20261130-104000-b" "20261130-104000-c"
+                 "20261130-104000-d" "20261130-104000-e"))
+          (logs (make-hash-table :test #'equal)))
+      (magent-store-mode -1)
+      (mapc #'magent-store-resume-test--new-session ids)
+      (magent-store-mode 1)
+      (cl-letf* ((attributes (symbol-function 'file-attributes))
+                 ((symbol-function 'file-attributes)
+                  (lambda (file &rest args)
+                    (when (string-suffix-p ".jsonl" file)
+                      (cl-incf (gethash file logs 0)))
+                    (apply attributes file args))))
+        (should (= (length (magent-session-list-files)) (length ids))))
+      (should (= (hash-table-count logs) (length ids)))
+      (maphash (lambda (file n) (ert-info (file) (should (= n 1)))) logs))))
 
 (ert-deftest magent-store-listing-a-backend-without-it-lists-each-session ()
   "A backend that does not know the listing (an older one still running) is no error.

@@ -312,7 +312,14 @@ session's own scope and every other field."
                 (advice-add 'magent-store-magent--call-rendered :before count)
                 (unwind-protect
                     (progn
-                      (should (equal (magent-session-list-files) (list file)))
+                      (let ((calls nil))
+                        (cl-letf* ((call (symbol-function 'magent-store-call))
+                                   ((symbol-function 'magent-store-call)
+                                    (lambda (method args) (push method calls)
+                                      (funcall call method args))))
+                          (should (equal (magent-session-list-files) (list file))))
+                        ;; Nor listed for it: it reads the headers itself.
+                        (should-not (member "listing" calls)))
                       (let ((meta (magent-session--read-file-metadata-cached file)))
                         (should (plist-get meta :valid))
                         (should (equal (plist-get meta :summary-title)
@@ -447,6 +454,17 @@ session's own scope and every other field."
 
 ;;;; Damaged sessions
 
+(defvar magent-store-magent--damage-told)
+
+(defvar magent-store-resume-test--messages nil
+  "Messages shown while a test runs.")
+
+(defun magent-store-resume-test--record-message (format-string &rest args)
+  "Record the message of FORMAT-STRING and ARGS."
+  (when format-string
+    (push (apply #'format-message format-string args)
+          magent-store-resume-test--messages)))
+
 (defun magent-store-resume-test--file-lines (file)
   "Return FILE's lines, each with its newline."
   (with-temp-buffer
@@ -486,9 +504,28 @@ session's own scope and every other field."
         (ert-info ((format "session %s" id))
           (let* ((file (cdr (assoc id files)))
                  (meta (magent-session--read-file-metadata-cached file))
-                 (loaded (magent-session-read-file file)))
+                 (magent-store-magent--damage-told nil)
+                 (magent-store-resume-test--messages nil)
+                 (loaded (progn
+                           (advice-add 'message :before
+                                       #'magent-store-resume-test--record-message)
+                           (unwind-protect
+                               (progn (magent-session-read-file file)
+                                      (magent-session-read-file file))
+                             (advice-remove 'message
+                                            #'magent-store-resume-test--record-message)))))
             (should (plist-get meta :valid))
             (should (equal (plist-get meta :summary-title) label))
+            ;; Its title says so too.
+            (should (equal (plist-get meta :title) label))
+            ;; Read twice, a damaged session is said to be once.
+            (should (equal (cl-remove-if-not
+                            (lambda (m) (string-match-p "is damaged" m))
+                            magent-store-resume-test--messages)
+                           (and (not (equal id "fine"))
+                                (list (format-message "magent-store: session %s is damaged (%s); \
+showing what could be read.  `magent-store fsck --repair' repairs what it can"
+                                              id (substring label 10 (string-search "]" label)))))))
             (should (equal (plist-get meta :status)
                            (and (not (equal id "fine")) "damaged")))
             (should (equal (plist-get loaded :id) id))
@@ -497,15 +534,6 @@ session's own scope and every other field."
                                        (plist-get loaded :session))))))))))))
 
 ;;;; Leaving: sessions written back for magent's release
-
-(defvar magent-store-resume-test--messages nil
-  "Messages shown while a test runs.")
-
-(defun magent-store-resume-test--record-message (format-string &rest args)
-  "Record the message of FORMAT-STRING and ARGS."
-  (when format-string
-    (push (apply #'format-message format-string args)
-          magent-store-resume-test--messages)))
 
 (ert-deftest magent-store-resume-leaving-writes-sessions-back-for-magent ()
   "Turning the mode off says so once; the export gives magent its own files back."
@@ -589,6 +617,9 @@ asks before taking the sessions over again."
       (should (string-match-p
                "1 written back.*; magent-store-mode is off: magent saves its own files again"
                (car magent-store-resume-test--messages)))
+      ;; Its progress was shown, and ended.
+      (should (member "magent-store: writing sessions back...done"
+                      magent-store-resume-test--messages))
       ;; M-x magent-store-mode, meant to turn it off: asked, and it stays off.
       (cl-letf (((symbol-function 'y-or-n-p)
                  (lambda (prompt) (setq asked prompt) nil)))
@@ -602,6 +633,28 @@ asks before taking the sessions over again."
       (magent-store-mode 1)
       (should magent-store-mode)
       (should-not asked))))
+
+(ert-deftest magent-store-resume-leaving-with-nothing-to-write-back-says-nothing ()
+  "Turning the mode off when no session needs writing back offers nothing."
+  (skip-unless (magent-store-test-upstream-available-p))
+  (magent-store-resume-test--with-magent
+    (let ((magent-store-resume-test--messages nil))
+      (advice-add 'message :before #'magent-store-resume-test--record-message)
+      (unwind-protect
+          (progn
+            (magent-store-mode -1)
+            ;; A session magent saves itself, with the mode off.
+            (magent-store-resume-test--new-session "20261130-160000-o")
+            (magent-store-mode 1)
+            (magent-store-mode -1))
+        (advice-remove 'message #'magent-store-resume-test--record-message))
+      (should (eql (magent-store-magent--file-schema
+                    (expand-file-name "global/20261130-160000-o.json"
+                                      magent-session-directory))
+                   6))
+      (should-not (cl-find-if (lambda (m) (string-match-p "cannot read" m))
+                              magent-store-resume-test--messages))
+      (should-not magent-store-magent--export-offered))))
 
 ;;;; Continuing a session magent wrote before the mode was on
 
