@@ -545,8 +545,12 @@ saved, in order; chunks keep queueing meanwhile."
     (if (or magent-store-gave-up
             (>= (length recent) magent-store-restart-limit))
         (magent-store-give-up
-         (format "the backend stopped %d times within a minute"
-                 (1+ (length recent))))
+         (cond ((< magent-store-restart-limit 1)
+                "the backend stopped, and automatic restarts are off \
+(`magent-store-restart-limit' is 0)")
+               (recent (format "the backend stopped %d times within a minute"
+                               (1+ (length recent))))
+               (t "the backend stopped")))
       (push (float-time) magent-store--restarts)
       (setq magent-store-recovering (float-time))
       (condition-case err

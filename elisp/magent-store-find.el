@@ -80,7 +80,7 @@ A search still running then fills in its sessions for the next key."
   root             ; the session root, a directory name
   candidates       ; the titles, newest session first
   rows             ; title -> [relative id title scope bytes updated schema]
-  titles           ; every title, downcased, one per line
+  titles           ; every title, downcased, one per line, made when first needed
   by-path          ; header path under the root -> title, made when first needed
   searching        ; the search process running, or nil
   (searches (make-hash-table :test #'equal)))  ; input -> titles or `pending'
@@ -205,9 +205,9 @@ A title two sessions share is followed by each one's id."
              (push candidate candidates))
     (setf (magent-store-find--state-candidates state) (nreverse candidates)
           (magent-store-find--state-rows state) table
-          (magent-store-find--state-titles state)
-          (downcase (mapconcat #'identity (magent-store-find--state-candidates state) "\n")))
-    (setf (magent-store-find--state-by-path state) nil)
+          ;; Both made when first needed: the first list waits for neither.
+          (magent-store-find--state-titles state) nil
+          (magent-store-find--state-by-path state) nil)
     (clrhash (magent-store-find--state-searches state))
     state))
 
@@ -254,7 +254,11 @@ after it turns on (see `magent-store-find-prepare-delay')."
 (defun magent-store-find--unmatched-p (state input)
   "Return non-nil when INPUT has a word of 3 letters or more not in a title.
 The titles are STATE's."
-  (let ((titles (magent-store-find--state-titles state)))
+  (let ((titles (or (magent-store-find--state-titles state)
+                    (setf (magent-store-find--state-titles state)
+                          (downcase (mapconcat #'identity
+                                               (magent-store-find--state-candidates state)
+                                               "\n"))))))
     (cl-some (lambda (word)
                (and (>= (length word) 3)
                     (not (string-search (downcase word) titles))))

@@ -77,22 +77,27 @@ defaults to the session root magent-store uses."
     (and (file-directory-p projects)
          (cl-remove-if-not #'file-directory-p (directory-files projects t "\\`[^.]")))))
 
+(defconst magent-store--session-suffixes
+  '((header . ".json") (log . ".jsonl") (snapshot . ".snapshot"))
+  "Each kind of a session's files, with the suffix its name adds to the id.")
+
 (defun magent-store-session-headers (directory)
   "Return the session headers in DIRECTORY, a scope's directory, by name.
 A header is a session's `<id>.json', the file magent lists."
-  (directory-files directory t "\\.json\\'"))
+  (directory-files directory t
+                   (concat (regexp-quote
+                            (alist-get 'header magent-store--session-suffixes))
+                           "\\'")))
 
 (defun magent-store-session-file (kind id directory)
   "Return the file of KIND of the session ID in DIRECTORY, a scope's directory.
 KIND is `header' (`<id>.json', the file magent lists), `log'
 \(`<id>.jsonl', the events) or `snapshot' (`<id>.snapshot', the thread
 as of its last compaction)."
-  (expand-file-name (concat id (pcase kind
-                                 ('header ".json")
-                                 ('log ".jsonl")
-                                 ('snapshot ".snapshot")
-                                 (_ (error "Invalid session file kind: %S" kind))))
-                    directory))
+  (let ((suffix (alist-get kind magent-store--session-suffixes)))
+    (unless suffix
+      (error "Invalid session file kind: %S" kind))
+    (expand-file-name (concat id suffix) directory)))
 
 (provide 'magent-store-layout)
 ;;; magent-store-layout.el ends here

@@ -112,7 +112,7 @@ def _scope(scope_json: Any) -> Scope:
 
 
 # Longer than a room should be, and for one reason: it has a method for each
-# of the wire's nineteen calls, each reading its arguments and handing the
+# of the wire's calls (the table in `methods`), each reading its arguments and handing the
 # work on (to the registry, the spool, a session, export or the listing), and
 # their docstrings are the wire's reference.  The work itself lives elsewhere.
 class Service:

@@ -169,6 +169,20 @@ also in an interactive Emacs, where the wait gives way only to input."
            (noninteractive nil))
       (should (equal (funcall table "zyx" nil t) '("Short words"))))))
 
+(ert-deftest magent-store-find-a-new-list-is-what-words-are-looked-up-in ()
+  "Whether a word is in a title is judged against the list shown now:
+after the list is filled again, a word only the new list holds is in a
+title, and a word only the old one held is not."
+  (let ((state (magent-store-find--make-state :root "/r/")))
+    (magent-store-find--fill state (list ["global/a.json" "a" "Fix the Parser" nil 1 1 7]))
+    (should-not (magent-store-find--unmatched-p state "parser"))
+    (should (magent-store-find--unmatched-p state "lexer"))
+    (magent-store-find--fill state (list ["global/b.json" "b" "Tune the Lexer" nil 1 1 7]))
+    (should-not (magent-store-find--unmatched-p state "LEXER"))
+    (should (magent-store-find--unmatched-p state "parser"))
+    (magent-store-find--fill state nil)
+    (should (magent-store-find--unmatched-p state "lexer"))))
+
 (ert-deftest magent-store-find-ages-turn-over-at-each-unit ()
   "An age is said in the next unit from the moment it reaches it: a minute
 old is 1m, an hour 1h, a day 1d, sixty days 2mo, two years 2y."

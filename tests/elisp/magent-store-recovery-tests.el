@@ -37,6 +37,9 @@
          (lambda () magent-store-gave-up))
         (magent-store-append-item-content "s-up" "item-1" "kept in Emacs"))
       (should magent-store-gave-up)
+      (should (equal magent-store-last-error
+                     "the backend stopped, and automatic restarts are off \
+(`magent-store-restart-limit' is 0)"))
       (should (cl-some (lambda (m) (string-match-p "magent-store-restart retries" m))
                        messages))
       (should-not (cl-some (lambda (m) (string-match-p "\\\\\\[" m)) messages))
