@@ -66,6 +66,23 @@
 (defvar magent-store-install--process nil
   "The installation step running now, or nil.")
 
+(defvar-local magent-store-install--killed nil
+  "Non-nil in the output buffer once it is being killed.")
+
+(defun magent-store-install--stopped-p (buffer)
+  "Return non-nil when BUFFER, the output buffer, was killed or is being killed."
+  (or (not (buffer-live-p buffer))
+      (buffer-local-value 'magent-store-install--killed buffer)))
+
+(defun magent-store-install--kill-step ()
+  "Stop the installation step running, its output buffer being killed.
+Killing a buffer only sends its process a hangup, which a process may
+ignore (one started from an Emacs run under nohup does): it is killed."
+  (setq magent-store-install--killed t)
+  (when (and (process-live-p magent-store-install--process)
+             (eq (process-buffer magent-store-install--process) (current-buffer)))
+    (delete-process magent-store-install--process)))
+
 (defun magent-store-install--source ()
   "Return the directory holding the backend's source (pyproject.toml).
 A package from an archive has it next to the Lisp files; a checkout,
@@ -143,7 +160,7 @@ COMMANDS are (WHAT-FAILED . COMMAND).  DONE gets nil on success,
 else the WHAT-FAILED of the command that failed."
   (cond
    ((null commands) (funcall done nil))
-   ((not (buffer-live-p buffer)) (funcall done magent-store-install--stopped))
+   ((magent-store-install--stopped-p buffer) (funcall done magent-store-install--stopped))
    (t
     (let ((command (cdar commands))
           (what-failed (caar commands)))
@@ -164,7 +181,7 @@ else the WHAT-FAILED of the command that failed."
                  (setq magent-store-install--process nil)
                  (cond
                   ;; Killing the buffer killed its process too.
-                  ((not (buffer-live-p buffer))
+                  ((magent-store-install--stopped-p buffer)
                    (funcall done magent-store-install--stopped))
                   ((and (eq (process-status process) 'exit)
                         (zerop (process-exit-status process)))
@@ -196,7 +213,9 @@ later: no %s on `exec-path' (see `magent-store-install-python')"
         (erase-buffer)
         (insert (format "Installing the magent-store backend %s from %s\n\
 into %s\n\n" magent-store-version source venv)))
-      (special-mode))
+      (special-mode)
+      ;; After the mode, which clears local hooks.
+      (add-hook 'kill-buffer-hook #'magent-store-install--kill-step nil t))
     (when (called-interactively-p 'interactive)
       (display-buffer buffer))
     (magent-store-install--run
@@ -204,7 +223,7 @@ into %s\n\n" magent-store-version source venv)))
      (lambda (failure)
        (ignore-errors (delete-directory stage t))
        (let ((text (cond
-                    ((not (buffer-live-p buffer))
+                    ((magent-store-install--stopped-p buffer)
                      (format "magent-store: installing the backend failed: %s"
                              failure))
                     (failure
@@ -212,7 +231,7 @@ into %s\n\n" magent-store-version source venv)))
 %s; see %s" failure magent-store-install--buffer))
                     (t (format "magent-store: the backend is installed in %s"
                                venv)))))
-         (when (buffer-live-p buffer)
+         (unless (magent-store-install--stopped-p buffer)
            (with-current-buffer buffer
              (let ((inhibit-read-only t))
                (goto-char (point-max))

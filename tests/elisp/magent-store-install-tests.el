@@ -256,13 +256,16 @@ installation can start."
     (advice-add 'message :before record)
     (unwind-protect
         (progn
-          ;; A "Python" that waits for its input: still running when the
-          ;; buffer goes.
-          (with-temp-file python (insert "#!/bin/sh\nread line\nexit 0\n"))
+          ;; A "Python" that waits for its input, deaf to the hangup
+          ;; killing a buffer sends (as in an Emacs started under nohup):
+          ;; still running when the buffer goes.
+          (with-temp-file python (insert "#!/bin/sh\ntrap '' HUP\nread line\nexit 0\n"))
           (set-file-modes python #o700)
-          (let ((buffer (magent-store-install-backend (lambda (why) (setq failure why)))))
-            (should (process-live-p magent-store-install--process))
-            (kill-buffer buffer))
+          (let* ((buffer (magent-store-install-backend (lambda (why) (setq failure why))))
+                 (step magent-store-install--process))
+            (should (process-live-p step))
+            (kill-buffer buffer)
+            (should-not (process-live-p step)))
           (with-timeout (30 (error "The stopped installation was never reported"))
             (while (eq failure :not-yet)
               (accept-process-output nil 0.05)))
