@@ -40,5 +40,45 @@
                       (mapcar #'caar magent-store-magent--adapter-failures)))
       (should-not (gethash "s-scope-42" magent-store--sessions)))))
 
+;; The same failure again is counted, not said again: the status gives
+;; how many times each kind failed.
+(ert-deftest magent-store-magent-a-repeated-failure-is-counted-and-said-once ()
+  "Every event of a session the adapter cannot place fails to open it: the
+status counts each one, the user is told once."
+  (magent-store-magent-test--use-magent 6)
+  (magent-store-magent-test--with-store
+    (let* ((messages-before (with-current-buffer (messages-buffer)
+                              (buffer-string)))
+           (session (magent-store-magent-test--session "s-scope-43" 43))
+           (thread (magent-session-thread-ledger session))
+           (turn-id (magent-thread-turn-id
+                     (magent-thread-create-turn thread "hello")))
+           (item (magent-thread-start-item thread turn-id 'message
+                                           :id "reply-1" :role 'assistant)))
+      (magent-thread-append-item-content thread item "a chunk")
+      (magent-thread-complete-item thread item)
+      (let ((events (length (magent-thread-journal thread)))
+            (said (with-current-buffer (messages-buffer)
+                    (substring (buffer-string) (length messages-before)))))
+        (should (> events 1))
+        (should (equal (cadr (assoc '("opening a session" . error)
+                                    magent-store-magent--adapter-failures))
+                       events))
+        (should (equal (cadr (assoc '("forwarding a chunk" . error)
+                                    magent-store-magent--adapter-failures))
+                       1))
+        (should (= (cl-count-if (lambda (line)
+                                  (string-match-p "opening a session failed" line))
+                                (split-string said "\n"))
+                   1))
+        (let ((status (magent-store-magent--adapter-status)))
+          (should (string-match-p
+                   (format "^Adapter: +opening a session, %d times: Unknown magent scope 43$"
+                           events)
+                   status))
+          (should (string-match-p
+                   "^Adapter: +forwarding a chunk, 1 time: Unknown magent scope 43$"
+                   status)))))))
+
 (provide 'magent-store-guard-tests)
 ;;; magent-store-guard-tests.el ends here

@@ -818,6 +818,77 @@ is put on a function magent lacks, and the mode says so once."
       (magent-store-mode -1)
       (delete-directory tmp t))))
 
+;; What the mode only calls is never advised by it: turning it off must
+;; leave whatever else advises those functions in place.
+(ert-deftest magent-store-magent-mode-off-keeps-others-advice ()
+  "Advice put by someone else on magent functions, those the mode advises
+and those it only calls, is still there once the mode is turned off."
+  (magent-store-magent-test--use-magent 6)
+  (let ((advice (lambda (orig &rest args) (apply orig args)))
+        (functions '(magent-thread-session-id magent-session-metadata
+                     magent-thread-append-event)))
+    (unwind-protect
+        (progn
+          (dolist (function functions)
+            (advice-add function :around advice))
+          (magent-store-mode 1)
+          (magent-store-mode -1)
+          (dolist (function functions)
+            (ert-info ((format "%s" function))
+              (should (advice-member-p advice function)))))
+      (magent-store-mode -1)
+      (dolist (function functions)
+        (advice-remove function advice)))))
+
+(ert-deftest magent-store-magent-what-the-mode-needs-is-said-once-per-set-of-gaps ()
+  "A magent lacking what the mode needs: the mode says so once, and again
+only when what is lacking changes; a magent with all of it says nothing."
+  (magent-store-magent-test--use-magent 6)
+  (let* ((messages nil)
+         (magent-store-magent--reported 'never)
+         (magent-store-magent--missing nil)
+         (lacking '(magent-session-agent-jobs magent-session-approval-overrides))
+         (definitions (mapcar (lambda (name) (cons name (symbol-function name)))
+                              lacking))
+         (toggle (lambda ()
+                   (magent-store-mode 1)
+                   (magent-store-mode -1)))
+         (said (lambda ()
+                 (prog1 (cl-remove-if-not
+                         (lambda (text)
+                           (string-match-p "missing what the mode needs" text))
+                         messages)
+                   (setq messages nil)))))
+    (cl-letf (((symbol-function 'message)
+               (lambda (format &rest args)
+                 (when format (push (apply #'format-message format args) messages)))))
+      (unwind-protect
+          (progn
+            (fmakunbound 'magent-session-approval-overrides)
+            (dotimes (_ 2) (funcall toggle))
+            (let ((once (funcall said)))
+              (should (= (length once) 1))
+              (should (string-match-p
+                       "needs for: the header's approval-overrides; that is left"
+                       (car once))))
+            (fmakunbound 'magent-session-agent-jobs)
+            (dotimes (_ 2) (funcall toggle))
+            (let ((once (funcall said)))
+              (should (= (length once) 1))
+              (should (string-match-p
+                       "needs for: the header's agent-jobs; the header's approval-overrides; that"
+                       (car once))))
+            (pcase-dolist (`(,name . ,definition) definitions)
+              (fset name definition))
+            (dotimes (_ 2) (funcall toggle))
+            (should-not (funcall said))
+            (fmakunbound 'magent-session-approval-overrides)
+            (funcall toggle)
+            (should (= (length (funcall said)) 1)))
+        (pcase-dolist (`(,name . ,definition) definitions)
+          (fset name definition))
+        (magent-store-mode -1)))))
+
 (ert-deftest magent-store-magent-mode-on-before-magent-routes-once-magent-loads ()
   "Turned on before magent is loaded, the mode waits: other files loading
 change nothing; once magent's session module loads, its functions are
