@@ -119,9 +119,24 @@ and says why; once the backend answers, stopping saves them."
         (unwind-protect
             (progn
               (signal-process pid 'SIGSTOP)
+              ;; Paused for sure: Emacs has seen it stop.
+              (with-timeout (30 (error "The backend never stopped"))
+                (while (not (eq (process-status (magent-store-backend-process backend))
+                                'stop))
+                  (accept-process-output nil 0.05)))
               (magent-store-append-item-content "s-keep" "item-1" "not lost")
               (let* ((magent-store-call-timeout 1)
-                     (err (should-error (magent-store-stop) :type 'user-error)))
+                     (err (condition-case err
+                              (list 'stopped-anyway
+                                    :paused pid
+                                    :current (magent-store-backend-pid
+                                              magent-store-current-backend)
+                                    :said (magent-store-stop)
+                                    :status (process-status
+                                             (magent-store-backend-process backend)))
+                            (user-error err))))
+                ;; Should it stop all the same, say what the backend was doing.
+                (should (eq (car err) 'user-error))
                 (should (string-match-p
                          "\\`1 entries are not saved yet (the backend (pid [0-9]+) did not answer.*); not stopped: C-u M-x magent-store-stop drops them\\'"
                          (cadr err))))
