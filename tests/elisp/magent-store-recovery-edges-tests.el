@@ -247,5 +247,37 @@ nothing, and the backend does not open it again."
         ;; Answered in order: whatever the retry sent came before this.
         (should-not (member "s-dropped" (magent-store-recovery-edges-test--open-sessions)))))))
 
+(ert-deftest magent-store-a-call-right-after-the-backend-died-starts-the-only-next-one ()
+  "A call made once the backend died, before its recovery ran, starts the
+next backend itself: the sessions are opened on it, a flush saves, and
+the recovery then starts no other backend."
+  (magent-store-test--with-backend
+    (let ((magent-store-recovering nil))
+      (magent-store-open "s-race")
+      (magent-store-test--start-turn "s-race")
+      (magent-store-flush "s-race")
+      (let ((dead magent-store-current-backend)
+            next)
+        (signal-process (magent-store-backend-pid dead) 'SIGKILL)
+        ;; Its connection closes: the shim knows it stopped.  No timer
+        ;; runs meanwhile, so its recovery has not run yet.
+        (with-timeout (30 (ert-fail "the backend's stop was never noticed"))
+          (while (not (magent-store-backend-stopping dead))
+            (accept-process-output (magent-store-backend-connection dead) 0.05 nil 1)))
+        (should (eq magent-store-current-backend dead))
+        (magent-store-append-item-content "s-race" "item-1" "after the kill")
+        (should (= (magent-store-flush "s-race") 4))
+        (setq next magent-store-current-backend)
+        (should-not (eq next dead))
+        ;; Now the recovery runs: it starts no other backend.
+        (should (magent-store-recovery-edges-test--wait
+                 (lambda () (not (cl-find 'magent-store--recover timer-list
+                                          :key #'timer--function)))
+                 30))
+        (should (eq magent-store-current-backend next))
+        (should (equal (magent-store-recovery-edges-test--open-sessions) '("s-race")))
+        (should (equal (magent-store-recovery-edges-test--on-disk "s-race")
+                       "after the kill"))))))
+
 (provide 'magent-store-recovery-edges-tests)
 ;;; magent-store-recovery-edges-tests.el ends here
