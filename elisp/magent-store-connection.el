@@ -470,10 +470,13 @@ just before it exits: killed earlier, it leaves the spool behind."
       (delete-process (magent-store-backend-process backend)))))
 
 (defun magent-store-ensure-backend ()
-  "Return the backend, starting it (without waiting) when there is none."
+  "Return the backend, starting it (without waiting) when there is none.
+One that stopped is replaced at once, before its recovery has run: its
+sessions are then open on no backend, and the new one reopens them."
   (let ((backend magent-store-current-backend))
     (if (and backend (not (magent-store-backend-stopping backend)))
         backend
+      (when backend (funcall magent-store-detach-function))
       (magent-store--start-backend))))
 
 (defun magent-store-ready-backend ()
@@ -535,9 +538,16 @@ stay in Emacs until \\[magent-store-restart]."
   "Start a new backend after BACKEND died; reopen and resend asynchronously.
 Every timer of every session is cancelled first: nothing is sent until
 the new backend has reopened the session and taken what it had not
-saved, in order; chunks keep queueing meanwhile."
+saved, in order; chunks keep queueing meanwhile.  When a call already
+started the next backend (`magent-store-ensure-backend'), that one
+reopens the sessions: no other is started."
   (magent-store--note-stop backend)
   (magent-store--kill-backend backend)
+  (unless magent-store-current-backend
+    (magent-store--restart-after-stop)))
+
+(defun magent-store--restart-after-stop ()
+  "Start a new backend after the running one stopped, within the restart limit."
   (funcall magent-store-detach-function)
   (let ((recent (cl-remove-if (lambda (time) (< time (- (float-time) 60)))
                               magent-store--restarts)))

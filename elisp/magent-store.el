@@ -223,9 +223,14 @@ changed); a session waiting for a retry sends at its retry."
                (when-let ((header (magent-store--session-header session)))
                  (magent-store-send "put-header" (list (magent-store-session-wire-id session) header)
                                     nil #'ignore))
-               (when (and (not (magent-store--session-inflight session))
-                          (> (magent-store--session-fill session) 0))
-                 (magent-store--flush-now session t))))
+               (when (> (magent-store--session-fill session) 0)
+                 (if (magent-store--session-inflight session)
+                     ;; The reply to the batch in flight sends the queue
+                     ;; (`magent-store--after-reply'), if a flush is due:
+                     ;; the one that came meanwhile could not send it.
+                     (unless (magent-store--session-deadline session)
+                       (setf (magent-store--session-deadline session) (float-time)))
+                   (magent-store--flush-now session t)))))
            magent-store--sessions))
 
 (setq magent-store-ready-function #'magent-store--reopen-all
@@ -294,9 +299,12 @@ a refusal do batches go again."
   "The backend refused a batch or the opening of SESSION because of WHY.
 Nothing is dropped: everything stays in Emacs and is sent again after
 `magent-store-retry-interval' seconds, until the backend has it."
-  (unless (string-match-p "came before batch" why)
-    ;; That one only follows another refusal: the first says why.
-    (setq magent-store-last-error why))
+  ;; "Came before batch" only follows another refusal: the first says
+  ;; why (the connection made the last error whatever the backend said).
+  (setq magent-store-last-error
+        (or (and (string-match-p "came before batch" why)
+                 (magent-store--session-refusal session))
+            why))
   (unless (or (string-match-p "came before batch" why)
               ;; The same refusal with other numbers (bytes needed) is news
               ;; to nobody: say it once.
