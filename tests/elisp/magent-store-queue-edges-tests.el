@@ -106,7 +106,7 @@ one character more goes through a spool file."
         (magent-store-flush "s-big")
         (should (memq batch magent-store--batch-pool)))
       ;; 1100 entries: 8192 slots.
-      (dotimes (i 1100)
+      (dotimes (_ 1100)
         (magent-store-append-item-content "s-big" "item-1" "."))
       (let ((batch (magent-store--session-batch session)))
         (should (= (length batch) 8192))
@@ -120,7 +120,8 @@ one character more goes through a spool file."
 (ert-deftest magent-store-the-batch-pool-holds-at-most-its-maximum ()
   "An acknowledged batch vector joins the pool only while it has room."
   (magent-store-test--with-backend
-    (let* ((session (magent-store-queue-test--session "s-pool"))
+    (let* ((magent-store--batch-pool nil)
+           (session (magent-store-queue-test--session "s-pool"))
            (spare (lambda (n) (cl-loop repeat n collect (make-vector 256 nil)))))
       (magent-store-append-item-content "s-pool" "item-1" "one")
       ;; The flush hands one of them to the session: one slot is left.
@@ -178,6 +179,54 @@ one character more goes through a spool file."
       (magent-store-request-flush "s-b")
       (should (magent-store--session-deadline b))
       (should-not (magent-store--session-deadline a)))))
+
+;;;; Batches held back by redaction
+
+(defun magent-store-queue-test--token ()
+  "Return a fake GitHub token, random each time."
+  (let ((alnum "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"))
+    (concat "gh" "p_" (apply #'string (cl-loop repeat 36 collect
+                                               (aref alnum (random (length alnum))))))))
+
+(defun magent-store-queue-test--tick (session)
+  "Send SESSION's queue as a tick; wait (3 s at most) for its reply.
+Return the batch sent, (NUMBER BATCH FILL LARGE)."
+  (let ((deadline (+ (float-time) 3)))
+    (magent-store--tick session)
+    (prog1 (car (last (magent-store--session-inflight session)))
+      (while (and (magent-store--session-inflight session) (< (float-time) deadline))
+        (accept-process-output nil 0.05))
+      (should-not (magent-store--session-inflight session)))))
+
+(ert-deftest magent-store-held-batches-are-kept-until-all-their-text-is-written ()
+  "Batches part of whose text the backend holds back stay in Emacs, in
+order; once it has written all of it, they are forgotten and their
+vectors reused."
+  (magent-store-test--with-backend
+    (let ((magent-store-redact '(credentials))
+          (magent-store--batch-pool nil)
+          (one (magent-store-queue-test--token))
+          (two (magent-store-queue-test--token)))
+      (let ((session (magent-store-queue-test--session "s-held")))
+        (magent-store-append-item-content "s-held" "item-1" (concat "a " (substring one 0 12)))
+        (let ((first (magent-store-queue-test--tick session)))
+          (should (equal (magent-store--session-held session) (list first)))
+          ;; The first token ends; the second starts, in the item's output.
+          (magent-store-append-item-content "s-held" "item-1" (concat (substring one 12) " b\n"))
+          (magent-store-append-item-content "s-held" "item-1" (concat "c " (substring two 0 12)) t)
+          (let ((second (magent-store-queue-test--tick session)))
+            (should (equal (magent-store--session-held session) (list first second)))
+            (should-not (memq (nth 1 first) magent-store--batch-pool))
+            (should-not (memq (nth 1 second) magent-store--batch-pool))
+            (magent-store-append-item-content "s-held" "item-1" (concat (substring two 12) " d\n") t)
+            (magent-store-flush "s-held")
+            (should-not (magent-store--session-held session))
+            (should (memq (nth 1 first) magent-store--batch-pool))
+            (should (memq (nth 1 second) magent-store--batch-pool)))))
+      (let* ((snapshot (plist-get (magent-store-load "s-held") :snapshot))
+             (item (aref (alist-get 'items (aref (alist-get 'turns snapshot) 0)) 0)))
+        (should (equal (alist-get 'content item) "a [redacted:github-pat] b\n"))
+        (should (equal (alist-get 'output item) "c [redacted:github-pat] d\n"))))))
 
 ;;;; A refused session saved again
 
