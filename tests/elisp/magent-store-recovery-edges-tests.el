@@ -26,7 +26,7 @@
 
 (defun magent-store-recovery-edges-test--hang (pid)
   "Stop the backend of PID and have the shim take it as not answering."
-  (signal-process pid 'SIGSTOP)
+  (magent-store-test--pause pid)
   (let ((magent-store-call-timeout 1))
     (should-error (magent-store-call "status" nil) :type 'magent-store-error))
   (should (magent-store-backend-unresponsive magent-store-current-backend)))
@@ -126,7 +126,7 @@ another chunk or flush to send them."
           (pid (magent-store-backend-pid magent-store-current-backend)))
       (unwind-protect
           (progn
-            (signal-process pid 'SIGSTOP)
+            (magent-store-test--pause pid)
             (magent-store-append-item-content "s-behind" "item-1" "<in flight>")
             (magent-store--tick session)
             (should (= (length (magent-store--session-inflight session)) 1))

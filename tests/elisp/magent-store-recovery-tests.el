@@ -118,12 +118,7 @@ and says why; once the backend answers, stopping saves them."
       (let ((backend magent-store-current-backend))
         (unwind-protect
             (progn
-              (signal-process pid 'SIGSTOP)
-              ;; Paused for sure: Emacs has seen it stop.
-              (with-timeout (30 (error "The backend never stopped"))
-                (while (not (eq (process-status (magent-store-backend-process backend))
-                                'stop))
-                  (accept-process-output nil 0.05)))
+              (magent-store-test--pause pid)
               (magent-store-append-item-content "s-keep" "item-1" "not lost")
               (let* ((magent-store-call-timeout 1)
                      (err (condition-case err
@@ -187,7 +182,7 @@ queueing; once the backend answers again, what queued is saved, once."
                    (push (apply #'format-message format args) messages))))
         (unwind-protect
             (progn
-              (signal-process pid 'SIGSTOP)
+              (magent-store-test--pause pid)
               (magent-store-append-item-content "s-hung" "item-1" "<before>")
               (advice-add 'magent-store-send :before count-sends)
               (let ((start (float-time))

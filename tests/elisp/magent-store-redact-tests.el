@@ -208,7 +208,7 @@ twice, the secret split across them still redacted."
              (pid (magent-store-backend-pid killed)))
         (should (= (length (magent-store--session-held session)) 1))
         ;; Stopped, it reads the next batch never: that one stays in flight.
-        (signal-process pid 'SIGSTOP)
+        (magent-store-test--pause pid)
         (magent-store-append-item-content "s-order" "item-1"
                                           (concat (substring token 20) " deux "))
         (magent-store--tick session)

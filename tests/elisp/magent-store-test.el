@@ -24,6 +24,36 @@ See `magent-store-test-with-backend'."
   (declare (indent 0) (debug t))
   `(magent-store-test-with-backend () ,@body))
 
+;;;; A backend that does not answer
+
+(defun magent-store-test--stopped-p (pid)
+  "Return non-nil when every thread of process PID is stopped."
+  (let ((tasks (directory-files (format "/proc/%d/task" pid) t "\\`[0-9]+\\'")))
+    (and tasks
+         (cl-every (lambda (task)
+                     (with-temp-buffer
+                       (ignore-errors
+                         (insert-file-contents (expand-file-name "status" task)))
+                       (re-search-forward "^State:[ \t]+[tT]" nil t)))
+                   tasks))))
+
+(defun magent-store-test--pause (pid)
+  "Stop the backend of PID (SIGSTOP); return once every thread of it stopped.
+A thread inside a call the kernel does not interrupt (an fsync, say)
+stops only when that call returns, and the others answer meanwhile:
+the backend does not answer only from then on.  Nothing of the code
+under test runs while this waits (no timer, no other process's output)."
+  (signal-process pid 'SIGSTOP)
+  (let ((deadline (+ (float-time) 30))
+        (connection (and magent-store-current-backend
+                         (magent-store-backend-connection magent-store-current-backend))))
+    (while (not (magent-store-test--stopped-p pid))
+      (when (> (float-time) deadline)
+        (error "The backend (pid %s) did not stop within 30 s" pid))
+      (if (process-live-p connection)
+          (accept-process-output connection 0.02 nil 1)
+        (sleep-for 0.02)))))
+
 ;;;; Events in magent's shape
 
 (defun magent-store-test--event (type &rest fields)
