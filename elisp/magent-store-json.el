@@ -135,5 +135,14 @@ JSON text may come from `json-serialize' (unibyte since Emacs 30) or
 `json-encode' (multibyte)."
   (if (stringp value) (magent-store-json-text value) (magent-store-json-encode value)))
 
+(defun magent-store-scope-json (scope)
+  "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
+  (magent-store-json-encode
+   (pcase scope
+     ((or 'nil 'global "global") "global")
+     ((pred stringp) (expand-file-name (magent-store-json-text scope)))
+     (`(action . ,name) `((action . ,(format "%s" name))))
+     (_ (user-error "Invalid magent-store scope: %S" scope)))))
+
 (provide 'magent-store-json)
 ;;; magent-store-json.el ends here

@@ -346,15 +346,6 @@ entries stay in Emacs and are sent again every %ss"
 
 ;;;; Sessions and batches
 
-(defun magent-store-scope-json (scope)
-  "Return SCOPE (`global', a project root, or (action . NAME)) as JSON text."
-  (magent-store-json-encode
-   (pcase scope
-     ((or 'nil 'global "global") "global")
-     ((pred stringp) (expand-file-name (magent-store-json-text scope)))
-     (`(action . ,name) `((action . ,(format "%s" name))))
-     (_ (user-error "Invalid magent-store scope: %S" scope)))))
-
 (defun magent-store--store-options-json ()
   "Return the options that choose a root's store, as JSON text."
   (magent-store-json-encode
