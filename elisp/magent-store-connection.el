@@ -556,8 +556,9 @@ reopens the sessions: no other is started."
             (>= (length recent) magent-store-restart-limit))
         (magent-store-give-up
          (cond ((< magent-store-restart-limit 1)
-                "the backend stopped, and automatic restarts are off \
-(`magent-store-restart-limit' is 0)")
+                ;; Quoted as the echo area and the status buffer show it.
+                (format-message "the backend stopped, and automatic \
+restarts are off (`magent-store-restart-limit' is 0)"))
                (recent (format "the backend stopped %d times within a minute"
                                (1+ (length recent))))
                (t "the backend stopped")))

@@ -77,7 +77,7 @@
 (defun magent-store-install--kill-step ()
   "Stop the installation step running, its output buffer being killed.
 Killing a buffer only sends its process a hangup, which a process may
-ignore (one started from an Emacs run under nohup does): it is killed."
+ignore (one started from a batch Emacs run under nohup does): it is killed."
   (setq magent-store-install--killed t)
   (when (and (process-live-p magent-store-install--process)
              (eq (process-buffer magent-store-install--process) (current-buffer)))

@@ -28,9 +28,7 @@ That is its time (one float) and its share of the ticks and replies:
 the list a chunk used to be queued as was 80 bytes by itself."
   (magent-store-test--with-backend
     (magent-store-test-alloc--compile)
-    (magent-store-open "s-alloc")
-    (magent-store-test--start-turn "s-alloc")
-    (magent-store-flush "s-alloc")
+    (magent-store-test--session "s-alloc")
     (let* ((n 396)
            (session (gethash "s-alloc" magent-store--sessions))
            (magent-store-flush-interval 3600)
@@ -65,10 +63,7 @@ the list a chunk used to be queued as was 80 bytes by itself."
 Emacs copies and decodes every pending timer each time it wakes up;
 the reply, delayed a second at most, sends what queued meanwhile."
   (magent-store-test--with-backend
-    (magent-store-open "s-timer")
-    (magent-store-test--start-turn "s-timer")
-    (magent-store-flush "s-timer")
-    (let ((session (gethash "s-timer" magent-store--sessions))
+    (let ((session (magent-store-test--session "s-timer"))
           (magent-store-flush-interval 0.05))
       (magent-store-append-item-content "s-timer" "item-1" "first ")
       ;; The first chunk after a quiet spell needs the timer.

@@ -15,20 +15,13 @@
 (require 'ert)
 (require 'magent-store-test)
 
-(defun magent-store-core-test--session (session-id)
-  "Open SESSION-ID, journal a turn in it and flush; return the session."
-  (magent-store-open session-id)
-  (magent-store-test--start-turn session-id)
-  (magent-store-flush session-id)
-  (gethash session-id magent-store--sessions))
-
 ;;;; Flush requests
 
 (ert-deftest magent-store-a-flush-request-sends-a-flush-within-the-interval ()
   "A request on a session with no flush due has one sent, by its timer;
 a second request while it is due neither postpones it nor adds one."
   (magent-store-test--with-backend
-    (let* ((session (magent-store-core-test--session "s-asked"))
+    (let* ((session (magent-store-test--session "s-asked"))
            (flushes (magent-store--session-flushes session))
            (deadline (+ (float-time) 10)))
       (should-not (magent-store--session-deadline session))
@@ -50,7 +43,7 @@ a second request while it is due neither postpones it nor adds one."
 (ert-deftest magent-store-a-load-returns-what-emacs-still-held-unsent ()
   "Loading a session whose entries are still queued in Emacs returns them."
   (magent-store-test--with-backend
-    (let ((session (magent-store-core-test--session "s-load")))
+    (let ((session (magent-store-test--session "s-load")))
       (magent-store-append-item-content "s-load" "item-1" "saved ")
       (magent-store-flush "s-load")
       (magent-store-append-item-content "s-load" "item-1" "still in Emacs")
@@ -67,7 +60,7 @@ a second request while it is due neither postpones it nor adds one."
 returns how many it closed."
   (magent-store-test--with-backend
     (dolist (id '("s-one" "s-two" "s-three"))
-      (magent-store-core-test--session id)
+      (magent-store-test--session id)
       (magent-store-append-item-content id "item-1" (concat "unsent of " id)))
     (should (= (magent-store-close-all) 3))
     (should (= (hash-table-count magent-store--sessions) 0))
@@ -81,8 +74,8 @@ returns how many it closed."
 (ert-deftest magent-store-flushing-the-unsent-leaves-saved-sessions-alone ()
   "With no session named, only the sessions with something unsaved are flushed."
   (magent-store-test--with-backend
-    (let* ((dirty (magent-store-core-test--session "s-dirty"))
-           (clean (magent-store-core-test--session "s-clean"))
+    (let* ((dirty (magent-store-test--session "s-dirty"))
+           (clean (magent-store-test--session "s-clean"))
            (dirty-flushes (magent-store--session-flushes dirty))
            (clean-flushes (magent-store--session-flushes clean)))
       (magent-store-append-item-content "s-dirty" "item-1" "unsent")
@@ -99,8 +92,8 @@ returns how many it closed."
 (ert-deftest magent-store-flushing-the-unsent-of-one-session-flushes-it-only ()
   "With a session named, only that session is flushed, though others are unsent."
   (magent-store-test--with-backend
-    (let* ((named (magent-store-core-test--session "s-named"))
-           (other (magent-store-core-test--session "s-other"))
+    (let* ((named (magent-store-test--session "s-named"))
+           (other (magent-store-test--session "s-other"))
            (other-flushes (magent-store--session-flushes other)))
       (magent-store-append-item-content "s-named" "item-1" "named")
       (magent-store-append-item-content "s-other" "item-1" "other")

@@ -16,19 +16,12 @@
 (require 'ert)
 (require 'magent-store-test)
 
-(defun magent-store-queue-test--session (session-id)
-  "Open SESSION-ID, journal a turn in it and flush; return the session."
-  (magent-store-open session-id)
-  (magent-store-test--start-turn session-id)
-  (magent-store-flush session-id)
-  (gethash session-id magent-store--sessions))
-
 ;;;; Which chunks are queued
 
 (ert-deftest magent-store-an-empty-or-non-string-chunk-is-not-queued ()
   "An empty chunk, or one that is not a string, queues nothing."
   (magent-store-test--with-backend
-    (let ((session (magent-store-queue-test--session "s-empty")))
+    (let ((session (magent-store-test--session "s-empty")))
       (magent-store-append-item-content "s-empty" "item-1" "")
       (magent-store-append-item-content "s-empty" "item-1" nil)
       (magent-store-append-item-content "s-empty" "item-1" 'chunk)
@@ -42,7 +35,7 @@
 (ert-deftest magent-store-with-persistence-off-no-chunk-is-queued ()
   "With `magent-store-persistence-enabled' nil a chunk is not queued."
   (magent-store-test--with-backend
-    (let ((session (magent-store-queue-test--session "s-off")))
+    (let ((session (magent-store-test--session "s-off")))
       (let ((magent-store-persistence-enabled nil))
         (magent-store-append-item-content "s-off" "item-1" "not kept"))
       (should (= (magent-store--unsaved session) 0))
@@ -59,7 +52,7 @@ one character more goes through a spool file."
     (let ((magent-store-redact nil)
           (magent-store-file-threshold 1000)
           (spooled 0))
-      (magent-store-queue-test--session "s-edge")
+      (magent-store-test--session "s-edge")
       (advice-add 'magent-store-spool-file :filter-return
                   (lambda (file) (cl-incf spooled) file)
                   '((name . magent-store-queue-test)))
@@ -84,7 +77,7 @@ one character more goes through a spool file."
            (second (make-vector 256 nil))
            (magent-store--batch-pool (list first second)))
       ;; The turn fills FIRST; its flush hands SECOND to the session.
-      (let ((session (magent-store-queue-test--session "s-none")))
+      (let ((session (magent-store-test--session "s-none")))
         (should (eq (magent-store--session-batch session) second))
         (should (equal magent-store--batch-pool (list first)))
         (should (= (magent-store--session-fill session) 0))
@@ -97,7 +90,7 @@ one character more goes through a spool file."
   "An acknowledged batch vector of 4096 slots is kept for reuse; a larger one is not."
   (magent-store-test--with-backend
     (let ((magent-store--batch-pool nil)
-          (session (magent-store-queue-test--session "s-big")))
+          (session (magent-store-test--session "s-big")))
       ;; 600 entries of 4 slots: the vector doubles from 256 to 4096.
       (dotimes (i 600)
         (magent-store-append-item-content "s-big" "item-1" (format "<%d>" i)))
@@ -121,7 +114,7 @@ one character more goes through a spool file."
   "An acknowledged batch vector joins the pool only while it has room."
   (magent-store-test--with-backend
     (let* ((magent-store--batch-pool nil)
-           (session (magent-store-queue-test--session "s-pool"))
+           (session (magent-store-test--session "s-pool"))
            (spare (lambda (n) (cl-loop repeat n collect (make-vector 256 nil)))))
       (magent-store-append-item-content "s-pool" "item-1" "one")
       ;; The flush hands one of them to the session: one slot is left.
@@ -146,7 +139,7 @@ one character more goes through a spool file."
   "Past 256 flush times the list keeps the newest 128."
   (magent-store-test--with-backend
     (let ((magent-store-flush-ms (make-list 256 -1.0)))
-      (magent-store-queue-test--session "s-ms")
+      (magent-store-test--session "s-ms")
       (should (= (length magent-store-flush-ms) 128))
       (should (>= (car magent-store-flush-ms) 0))
       (should (= (cl-count -1.0 magent-store-flush-ms) 127)))))
@@ -169,8 +162,8 @@ one character more goes through a spool file."
 (ert-deftest magent-store-a-flush-request-schedules-the-session-asked-for ()
   "A flush request names its session, whichever session was used last."
   (magent-store-test--with-backend
-    (let ((a (magent-store-queue-test--session "s-a"))
-          (b (magent-store-queue-test--session "s-b")))
+    (let ((a (magent-store-test--session "s-a"))
+          (b (magent-store-test--session "s-b")))
       (should-not (magent-store--session-deadline a))
       (should-not (magent-store--session-deadline b))
       (magent-store-append-event "s-a" (magent-store-test--event "thread-started"))
@@ -207,7 +200,7 @@ vectors reused."
           (magent-store--batch-pool nil)
           (one (magent-store-queue-test--token))
           (two (magent-store-queue-test--token)))
-      (let ((session (magent-store-queue-test--session "s-held")))
+      (let ((session (magent-store-test--session "s-held")))
         (magent-store-append-item-content "s-held" "item-1" (concat "a " (substring one 0 12)))
         (let ((first (magent-store-queue-test--tick session)))
           (should (equal (magent-store--session-held session) (list first)))
@@ -235,7 +228,7 @@ vectors reused."
   (magent-store-test--with-backend
     (let ((magent-store-retry-interval 0.05)
           (messages nil)
-          (session (magent-store-queue-test--session "s-back")))
+          (session (magent-store-test--session "s-back")))
       ;; Closed in the backend, behind the shim's back: its next batch is refused.
       (magent-store-call "close" (list "s-back"))
       (cl-letf (((symbol-function 'message)

@@ -55,10 +55,7 @@ of the old backend is left to fire later."
   (magent-store-test--with-backend
     (let ((magent-store-flush-interval 3600.0)
           (magent-store-recovering nil))
-      (magent-store-open "s-timer")
-      (magent-store-test--start-turn "s-timer")
-      (magent-store-flush "s-timer")
-      (let* ((session (gethash "s-timer" magent-store--sessions))
+      (let* ((session (magent-store-test--session "s-timer"))
              (killed magent-store-current-backend)
              timer)
         (magent-store-append-item-content "s-timer" "item-1" "queued")
@@ -119,10 +116,7 @@ session with nothing queued sends nothing."
 while it did not answer: once it answers, they are saved, without
 another chunk or flush to send them."
   (magent-store-test--with-backend
-    (magent-store-open "s-behind")
-    (magent-store-test--start-turn "s-behind")
-    (magent-store-flush "s-behind")
-    (let ((session (gethash "s-behind" magent-store--sessions))
+    (let ((session (magent-store-test--session "s-behind"))
           (pid (magent-store-backend-pid magent-store-current-backend)))
       (unwind-protect
           (progn
@@ -152,9 +146,7 @@ first one is; a session with nothing unsaved is reopened and sent no batch."
           (magent-store-flush-interval 3600.0)
           (said nil))
       (magent-store-open "s-saved")
-      (magent-store-open "s-late")
-      (magent-store-test--start-turn "s-late")
-      (magent-store-flush "s-late")
+      (magent-store-test--session "s-late")
       (magent-store-flush "s-saved")
       (let* ((saved (gethash "s-saved" magent-store--sessions))
              (late (gethash "s-late" magent-store--sessions))
@@ -202,10 +194,7 @@ is told once, of the first refusal, and the last error names it too."
        (magent-store-test-stop-argument '(4))
        (magent-store-retry-interval 3600)
        (messages nil))
-    (magent-store-open "s-full")
-    (magent-store-test--start-turn "s-full")
-    (magent-store-flush "s-full")
-    (let ((session (gethash "s-full" magent-store--sessions)))
+    (let ((session (magent-store-test--session "s-full")))
       (cl-letf (((symbol-function 'message)
                  (lambda (format &rest args)
                    (push (apply #'format-message format args) messages))))
@@ -229,9 +218,7 @@ is told once, of the first refusal, and the last error names it too."
 nothing, and the backend does not open it again."
   (magent-store-test--with-backend
     (let ((magent-store-retry-interval 0.5))
-      (magent-store-open "s-dropped")
-      (magent-store-test--start-turn "s-dropped")
-      (magent-store-flush "s-dropped")
+      (magent-store-test--session "s-dropped")
       ;; Closed in the backend, behind the shim's back: the next batch is refused.
       (magent-store-call "close" (list "s-dropped"))
       (let ((session (gethash "s-dropped" magent-store--sessions))
@@ -253,9 +240,7 @@ next backend itself: the sessions are opened on it, a flush saves, and
 the recovery then starts no other backend."
   (magent-store-test--with-backend
     (let ((magent-store-recovering nil))
-      (magent-store-open "s-race")
-      (magent-store-test--start-turn "s-race")
-      (magent-store-flush "s-race")
+      (magent-store-test--session "s-race")
       (let ((dead magent-store-current-backend)
             next)
         (signal-process (magent-store-backend-pid dead) 'SIGKILL)

@@ -13,6 +13,7 @@
 (require 'cl-lib)
 (require 'ert)
 (require 'magent-store-test)
+(require 'magent-store-status)
 
 (defun magent-store-recovery-test--kill-and-wait (predicate)
   "SIGKILL the backend, then run timers until PREDICATE holds (5 s at most)."
@@ -27,9 +28,7 @@
     (let ((magent-store-restart-limit 0)
           (magent-store-recovering nil)
           (messages nil))
-      (magent-store-open "s-up")
-      (magent-store-test--start-turn "s-up")
-      (magent-store-flush "s-up")
+      (magent-store-test--session "s-up")
       (cl-letf (((symbol-function 'message)
                  (lambda (format &rest args)
                    (push (apply #'format-message format args) messages))))
@@ -38,8 +37,18 @@
         (magent-store-append-item-content "s-up" "item-1" "kept in Emacs"))
       (should magent-store-gave-up)
       (should (equal magent-store-last-error
-                     "the backend stopped, and automatic restarts are off \
-(`magent-store-restart-limit' is 0)"))
+                     (format-message "the backend stopped, and automatic \
+restarts are off (`magent-store-restart-limit' is 0)")))
+      ;; The status buffer names it as the echo area did, quotes included.
+      (let ((said (cl-some (lambda (m)
+                             (and (string-match "\\`magent-store: \\(.*?\\); unsaved" m)
+                                  (match-string 1 m)))
+                           messages)))
+        (should said)
+        (magent-store-status)
+        (with-current-buffer "*magent-store-status*"
+          (should (string-search (concat "Last error:         " said)
+                                 (buffer-string)))))
       (should (cl-some (lambda (m) (string-match-p "magent-store-restart retries" m))
                        messages))
       (should-not (cl-some (lambda (m) (string-match-p "\\\\\\[" m)) messages))
@@ -81,9 +90,7 @@ shim gives up, counting every stop within the minute."
   (magent-store-test--with-backend
     (let ((magent-store-recovering nil)
           (messages nil))
-      (magent-store-open "s-again")
-      (magent-store-test--start-turn "s-again")
-      (magent-store-flush "s-again")
+      (magent-store-test--session "s-again")
       (cl-letf (((symbol-function 'message)
                  (lambda (format &rest args)
                    (push (apply #'format-message format args) messages))))
@@ -111,9 +118,7 @@ shim gives up, counting every stop within the minute."
 and says why; once the backend answers, stopping saves them."
   (magent-store-test--with-backend
     (let ((pid nil))
-      (magent-store-open "s-keep")
-      (magent-store-test--start-turn "s-keep")
-      (magent-store-flush "s-keep")
+      (magent-store-test--session "s-keep")
       (setq pid (magent-store-backend-pid magent-store-current-backend))
       (let ((backend magent-store-current-backend))
         (unwind-protect

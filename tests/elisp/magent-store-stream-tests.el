@@ -26,10 +26,7 @@
 (ert-deftest magent-store-replies-arriving-mid-stream-lose-no-chunk ()
   "Replies that arrive while chunks are queued: every chunk once, in order."
   (magent-store-test--with-backend
-    (magent-store-open "s-long")
-    (magent-store-test--start-turn "s-long")
-    (magent-store-flush "s-long")
-    (let* ((session (gethash "s-long" magent-store--sessions))
+    (let* ((session (magent-store-test--session "s-long"))
            (connection (magent-store-backend-connection magent-store-current-backend))
            (crossed 0)
            (replies 0)
@@ -80,10 +77,7 @@
 (ert-deftest magent-store-reply-sends-nothing-from-the-process-filter ()
   "A reply to a batch sends the entries queued meanwhile, but not from the filter."
   (magent-store-test--with-backend
-    (magent-store-open "s-filter")
-    (magent-store-test--start-turn "s-filter")
-    (magent-store-flush "s-filter")
-    (let* ((session (gethash "s-filter" magent-store--sessions))
+    (let* ((session (magent-store-test--session "s-filter"))
            (connection (magent-store-backend-connection magent-store-current-backend))
            (sent-in-filter 0)
            (replies 0)

@@ -91,6 +91,13 @@ under test runs while this waits (no timer, no other process's output)."
                "item-started" :turn-id "turn-1" :item-id "item-1"
                :payload `((item . ,(magent-store-test--item "item-1" "turn-1"))))))
 
+(defun magent-store-test--session (session-id)
+  "Open SESSION-ID, journal a turn in it and flush; return the session."
+  (magent-store-open session-id)
+  (magent-store-test--start-turn session-id)
+  (magent-store-flush session-id)
+  (gethash session-id magent-store--sessions))
+
 (defconst magent-store-test--chunks
   (let (chunks)
     (dotimes (i 40)

@@ -280,10 +280,7 @@ first; the timers are made but never started.  Other timers start."
 (ert-deftest magent-store-flush-timer-coalesces-without-postponing ()
   "Requests join the scheduled flush, which the timer then sends on time."
   (magent-store-test--with-backend
-    (magent-store-open "s-timer")
-    (magent-store-test--start-turn "s-timer")
-    (magent-store-flush "s-timer")
-    (let* ((session (gethash "s-timer" magent-store--sessions))
+    (let* ((session (magent-store-test--session "s-timer"))
            ;; No deadline passes by itself while the test runs: only the
            ;; timer it fires, and the clock it gives, move time on.
            (magent-store-flush-interval 3600.0)
@@ -481,9 +478,7 @@ first; the timers are made but never started.  Other timers start."
 (ert-deftest magent-store-header-put-before-a-backend-crash-is-kept ()
   "A header put but not yet flushed when the backend dies is on disk after."
   (magent-store-test--with-backend
-    (magent-store-open "s-header")
-    (magent-store-test--start-turn "s-header")
-    (magent-store-flush "s-header")
+    (magent-store-test--session "s-header")
     (let ((first-pid (magent-store-backend-pid magent-store-current-backend)))
       (magent-store-put-header "s-header" '((title . "Kept across a crash")))
       (signal-process first-pid 'SIGKILL)

@@ -20,12 +20,9 @@
   "A session under a scope the adapter cannot place: magent's calls all return."
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
-    (let* ((session (magent-store-magent-test--session "s-scope-42" 42))
-           (thread (magent-session-thread-ledger session))
-           (turn-id (magent-thread-turn-id
-                     (magent-thread-create-turn thread "hello")))
-           (item (magent-thread-start-item thread turn-id 'message
-                                           :id "reply-1" :role 'assistant)))
+    (pcase-let* ((session (magent-store-magent-test--session "s-scope-42" 42))
+                 (`(,thread ,turn-id ,item)
+                  (magent-store-magent-test--reply session)))
       (magent-thread-append-item-content thread item "a chunk")
       (magent-session-save-deferred-for-session session 42)
       (magent-thread-complete-item thread item)
@@ -47,14 +44,11 @@
 status counts each one, the user is told once."
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
-    (let* ((messages-before (with-current-buffer (messages-buffer)
-                              (buffer-string)))
-           (session (magent-store-magent-test--session "s-scope-43" 43))
-           (thread (magent-session-thread-ledger session))
-           (turn-id (magent-thread-turn-id
-                     (magent-thread-create-turn thread "hello")))
-           (item (magent-thread-start-item thread turn-id 'message
-                                           :id "reply-1" :role 'assistant)))
+    (pcase-let* ((messages-before (with-current-buffer (messages-buffer)
+                                    (buffer-string)))
+                 (session (magent-store-magent-test--session "s-scope-43" 43))
+                 (`(,thread ,turn-id ,item)
+                  (magent-store-magent-test--reply session)))
       (magent-thread-append-item-content thread item "a chunk")
       (magent-thread-complete-item thread item)
       (let ((events (length (magent-thread-journal thread)))

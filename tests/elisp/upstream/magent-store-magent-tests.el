@@ -117,6 +117,16 @@ nil when MAGENT_SESSION7 does not name a schema-7 magent-session.el."
     (magent-session-thread-ledger session)
     session))
 
+(defun magent-store-magent-test--reply (session)
+  "Start a turn in SESSION and an assistant reply in it, through magent.
+Return (THREAD TURN-ID ITEM): the reply is streaming, nothing appended yet."
+  (let* ((thread (magent-session-thread-ledger session))
+         (turn-id (magent-thread-turn-id
+                   (magent-thread-create-turn thread "hello"))))
+    (list thread turn-id
+          (magent-thread-start-item thread turn-id 'message
+                                    :id "reply-1" :role 'assistant))))
+
 (defun magent-store-magent-test--action (id name origin &optional parent)
   "Return a magent action session ID for action NAME from ORIGIN, and its scope.
 Set up as magent's `magent-action-session-initialize' sets one up."

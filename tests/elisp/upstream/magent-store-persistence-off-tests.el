@@ -18,13 +18,10 @@
   "A turn streamed and saved through magent with persistence off stores nothing."
   (magent-store-magent-test--use-magent 6)
   (magent-store-magent-test--with-store
-    (let* ((magent-store-persistence-enabled nil)
-           (session (magent-store-magent-test--session "s-off" 'global))
-           (thread (magent-session-thread-ledger session))
-           (turn-id (magent-thread-turn-id
-                     (magent-thread-create-turn thread "hello")))
-           (item (magent-thread-start-item thread turn-id 'message
-                                           :id "reply-1" :role 'assistant)))
+    (pcase-let* ((magent-store-persistence-enabled nil)
+                 (session (magent-store-magent-test--session "s-off" 'global))
+                 (`(,thread ,turn-id ,item)
+                  (magent-store-magent-test--reply session)))
       (magent-thread-append-item-content thread item "a chunk")
       (magent-thread-complete-item thread item)
       (magent-thread-complete-turn thread turn-id nil)
