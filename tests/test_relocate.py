@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pathlib
 import random
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ import pytest
 import schema6
 from clitools import cli, tree
 from conftest import Events
-from magent_store import fsck, layout, ledger, relocate
+from crash import fs
+from magent_store import fileio, fsck, idle, layout, ledger, logfile, parts, relocate, store, writers
 from magent_store.batches import Batches
 from magent_store.errors import SimulatedCrash
 from magent_store.layout import Scope, SessionFiles
@@ -624,3 +627,172 @@ def test_a_log_whose_copy_reads_back_torn_is_not_moved(
         relocate.CHANGED, f"log: {events} events, {events} read back; the session stays where it was")
     assert values(pdir(root, old) / "a.json") == before["a"]
     assert not [p for p in pdir(root, new).iterdir() if p.name.startswith("a.")]
+
+
+def test_a_header_naming_an_action_is_that_actions_session_and_stays_where_it_is(
+    root: Path, old: str, new: str
+) -> None:
+    """An action's session keeps the project it was started in as its origin, but it is not the project's.
+
+    Its header names the action, and the store files it under that action;
+    one found in the project's directory is not moved into the new one.
+    """
+    make7(root, old, "a")
+    make7(root, old, "act")
+    header = pdir(root, old) / "act.json"
+    header.write_bytes(orjson.dumps({**orjson.loads(header.read_bytes()), "action": "review it"}))
+    assert orjson.loads(header.read_bytes())["project-root"] == old
+    kept = {k: v for k, v in tree(root).items() if "/act." in k}
+    result = Relocator(root, old, new).run()
+    assert result.ok and [(m.id, m.outcome) for m in result.reports] == [("a", relocate.MOVED)]
+    assert {k: v for k, v in tree(root).items() if "/act." in k} == kept
+    assert not [p for p in pdir(root, new).iterdir() if p.name.startswith("act.")]
+
+
+def test_what_an_interrupted_move_left_at_the_new_place_goes_before_the_session_moves_again(
+    root: Path, old: str, new: str
+) -> None:
+    """A move cut short after copying the log; then the session was compacted where it was (its log went).
+
+    The next move copies the session as it is now: the stale log copy does
+    not stay beside it at the new place.
+    """
+    make7(root, old, "a")
+
+    def crash(point: str) -> None:
+        if point == "jsonl-renamed":
+            raise SimulatedCrash(point)
+
+    with pytest.raises(SimulatedCrash):
+        Relocator(root, old, new, crash=crash, backup=False).run()
+    assert sorted(p.name for p in pdir(root, new).iterdir() if p.name.startswith("a.")) == ["a.jsonl"]
+    compacted = idle.compact_idle(root, 30, now=lambda: time.time() + 100 * 86400)
+    assert [r.outcome for r in compacted.reports] == ["compacted"]
+    before = values(pdir(root, old) / "a.json")
+    names = sorted(p.name for p in pdir(root, old).iterdir() if p.name.startswith("a."))
+    assert "a.jsonl" not in names
+    result = Relocator(root, old, new).run()
+    assert result.ok and [(m.id, m.outcome) for m in result.reports] == [("a", relocate.MOVED)]
+    assert sorted(p.name for p in pdir(root, new).iterdir() if p.name.startswith("a.")) == names
+    assert values(pdir(root, new) / "a.json") == moved(before, old, new)
+    assert not pdir(root, old).exists()
+
+
+def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
+    root: Path, old: str, new: str
+) -> None:
+    """A move cut short after the old header went; magent then wrote more of the session at the new place.
+
+    The files left at the old place are an earlier part of that session:
+    the rerun removes them, and the session keeps what was written since.
+    """
+    make7(root, old, "a")
+    (pdir(root, old) / "a.writers").unlink()  # saved before machines were recorded: no record of writers
+
+    def crash(point: str) -> None:
+        if point == "removed-json":
+            raise SimulatedCrash(point)
+
+    with pytest.raises(SimulatedCrash):
+        Relocator(root, old, new, crash=crash).run()
+    left = sorted(p.name for p in pdir(root, old).iterdir() if p.name.startswith("a."))
+    assert left == ["a.jsonl", "a.snapshot"]
+    with Store(root).open("a", Scope.project(new)) as s:
+        s.append_event(Events("thread-a", start=1_800_000_000.0).turn("turn-queued", "t9"))
+        s.flush()
+    grown = values(pdir(root, new) / "a.json")
+    assert grown[1]["turns"][-1]["id"] == "t9"
+    result = Relocator(root, old, new).run()
+    assert result.ok, [m.line() for m in result.reports]
+    assert [(m.id, m.outcome, m.files) for m in result.reports] == [("a", relocate.FINISHED, left)]
+    assert not pdir(root, old).exists()
+    assert values(pdir(root, new) / "a.json") == grown
+
+
+# Where a move touches the disk: the recorder of power-loss tests stands in for their `os`
+# (pathlib's too: the move removes files with `Path.unlink`).
+MOVE_MODULES = (store, fileio, logfile, parts, writers, relocate, pathlib)
+
+
+def settle(recorder: fs.Recorder, base: Path) -> None:
+    """Everything written under BASE so far reaches the disk, as the kernel writes it back in time."""
+    for path in [*base.rglob("*"), base]:
+        fd = recorder.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+        try:
+            recorder.fsync(fd)
+        finally:
+            recorder.close(fd)
+
+
+def test_a_power_loss_at_any_point_leaves_the_session_whole_and_a_rerun_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a disk may hold after a power loss at any point of a move (see crash/fs.py) reads back right.
+
+    The session reads back whole at the old place or the new one, and
+    the next run finishes the move.  The old header goes first, and its
+    removal reaches the disk before any other file of the session is
+    removed: a power loss never leaves the old header with part of its
+    session, which would read back with turns missing and keep the next
+    run from finishing the move.
+    """
+    # In memory where there is a tmpfs: a loaded disk's syncs would take most of the time.
+    shm = Path("/dev/shm")
+    scratch = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    try:
+        check_power_loss_during_a_move(scratch, monkeypatch)
+    finally:
+        if scratch != tmp_path:
+            shutil.rmtree(scratch)
+
+
+def check_power_loss_during_a_move(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = scratch / "run"
+    base.mkdir()
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))  # this machine's files are recorded too
+    recorder = fs.Recorder(base)
+    for module in MOVE_MODULES:
+        monkeypatch.setattr(module, "os", recorder)
+    root = base / "sessions"
+    old, new = "/home/user/src/proj-old", "/home/user/src/proj-new"
+    make7(root, old, "a")
+    settle(recorder, base)
+    before = values(pdir(root, old) / "a.json")
+    start = len(recorder.ops)
+    assert Relocator(root, old, new, backup=False).run().ok
+    for module in MOVE_MODULES:
+        monkeypatch.setattr(module, "os", recorder._os)
+    ops = recorder.ops
+    gone = pdir(root, old).relative_to(base).as_posix()  # its removals are recorded too
+    assert {op.path for op in ops[start:] if op.kind == "unlink"} >= {f"{gone}/a.jsonl", f"{gone}/a.snapshot"}
+    # Every prefix with its unsynced changes kept or lost, and random mixes of them just before
+    # each sync, where the most is unsynced: more before a directory's, where names are unsynced.
+    chosen = [(p, how, 0) for p in range(start, len(ops) + 1) for how in ("kept", "lost")]
+    seeds = {"fsync": 2, "dsync": 8}
+    chosen += [(p, "random", n) for p in range(start, len(ops)) for n in range(seeds.get(ops[p].kind, 0))]
+    tried: set[tuple[Any, ...]] = set()
+    for number, (prefix, how, seed) in enumerate(chosen):
+        state = fs.crash_state(ops, prefix, how, random.Random(seed))
+        disk = (*sorted(state.dirs), *sorted(state.files.items()))
+        if disk in tried:
+            continue  # the same disk as another crash's
+        tried.add(disk)
+        where = scratch / f"state-{number}"
+        fs.materialise(state, where)
+        label = f"prefix {prefix} ({ops[prefix - 1].kind} {ops[prefix - 1].path}) {how} {seed}"
+        # This machine's files, found for the root where the state is as they were for the run's.
+        monkeypatch.setenv("XDG_STATE_HOME", str(where / "state"))
+        written = where / "state" / "magent-store" / layout.ROOTS_DIRECTORY / layout.root_key(root)
+        if written.exists():
+            written.rename(layout.machine_root(where / "sessions"))
+        there = where / "sessions"
+        places = [p for p in (old, new) if (pdir(there, p) / "a.json").exists()]
+        assert places, (label, "lost")
+        for project in places:
+            assert values(pdir(there, project) / "a.json") == moved(before, old, project), (label, project)
+        rerun = Relocator(there, old, new, backup=False, sync=False).run()
+        assert rerun.ok, (label, [m.line() for m in rerun.reports])
+        assert values(pdir(there, new) / "a.json") == moved(before, old, new), label
+        assert not list(pdir(there, old).glob("a.*")), (label, sorted(os.listdir(pdir(there, old))))
+        shutil.rmtree(where)
+    print(f"relocate: {len(ops) - start} operations recorded, {len(tried)} crash states tried")
