@@ -687,7 +687,6 @@ def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
     the rerun removes them, and the session keeps what was written since.
     """
     make7(root, old, "a")
-    (pdir(root, old) / "a.writers").unlink()  # saved before machines were recorded: no record of writers
 
     def crash(point: str) -> None:
         if point == "removed-json":
@@ -696,17 +695,37 @@ def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
     with pytest.raises(SimulatedCrash):
         Relocator(root, old, new, crash=crash).run()
     left = sorted(p.name for p in pdir(root, old).iterdir() if p.name.startswith("a."))
-    assert left == ["a.jsonl", "a.snapshot"]
+    assert left == ["a.jsonl", "a.snapshot", "a.writers"]
     with Store(root).open("a", Scope.project(new)) as s:
         s.append_event(Events("thread-a", start=1_800_000_000.0).turn("turn-queued", "t9"))
         s.flush()
     grown = values(pdir(root, new) / "a.json")
     assert grown[1]["turns"][-1]["id"] == "t9"
+    # The record of writers grew there too (another machine's first write would add a line).
+    writers_file = pdir(root, new) / "a.writers"
+    writers_file.write_bytes(writers_file.read_bytes() + b'{"machine": "m-other", "name": "laptop", "from": 99, "event": null}\n')
     result = Relocator(root, old, new).run()
     assert result.ok, [m.line() for m in result.reports]
     assert [(m.id, m.outcome, m.files) for m in result.reports] == [("a", relocate.FINISHED, left)]
     assert not pdir(root, old).exists()
     assert values(pdir(root, new) / "a.json") == grown
+
+
+def test_a_leftover_record_of_writers_the_new_place_lacks_is_kept(root: Path, old: str, new: str) -> None:
+    """The old place's record of writers names a writer the new place's does not: it is left where it is."""
+    make7(root, old, "a")
+
+    def crash(point: str) -> None:
+        if point == "removed-json":
+            raise SimulatedCrash(point)
+
+    with pytest.raises(SimulatedCrash):
+        Relocator(root, old, new, crash=crash).run()
+    (pdir(root, new) / "a.writers").write_bytes(b'{"machine": "m-other", "name": "laptop", "from": 1, "event": null}\n')
+    kept = (pdir(root, old) / "a.writers").read_bytes()
+    result = Relocator(root, old, new).run()
+    assert [m.line() for m in result.reports] == ["failed: a: a.writers differs from the moved session's; left where it is"]
+    assert (pdir(root, old) / "a.writers").read_bytes() == kept
 
 
 # Where a move touches the disk: the recorder of power-loss tests stands in for their `os`

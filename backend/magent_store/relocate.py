@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from magent_store import layout, ledger, schema6
+from magent_store import layout, ledger, schema6, writers
 from magent_store.errors import SessionLockedError, StoreError
 from magent_store.fileio import (
     FileChanged,
@@ -615,7 +615,8 @@ class Relocator:
             atomic_write(new.sums, sum_line(os.stat(new.log).st_ino, 0, read_file(new.log)), sync=self.sync)
 
     def _check_leftovers(self, plan: _Plan) -> None:
-        """Leftovers (no header) go only when the new place holds the same bytes (or more of the log)."""
+        """Leftovers (no header) go only when the new place holds the same bytes, or more of the log or of
+        the record of writers."""
         old, new = plan.old, plan.new
         for path in plan.paths:
             twin = new.directory / path.name
@@ -627,6 +628,9 @@ class Relocator:
                 same = _rooted_snapshot(loads(data), self.old, self.new) == loads(there)
             elif path == old.log and there is not None:
                 same = there.startswith(data)
+            elif path == old.writers and there is not None:
+                # Records are only added (and a sync engine's copies joined): every old one still there.
+                same = set(writers.parse(data)[0]) <= set(writers.parse(there)[0])
             else:
                 same = there == data
             if not same:
