@@ -140,8 +140,11 @@ def assert_moved(root: Path, old: str, new: str, before: dict[str, Any]) -> None
     mine = layout.machine_directory(target)
     for name in ("a.producer", "b.producer"):
         assert (mine / name).read_bytes() == before["mine"][f"{pdir(root, old).relative_to(root)}/{name}"]
-    assert not layout.machine_directory(pdir(root, old)).exists() or not [
-        p for p in layout.machine_directory(pdir(root, old)).iterdir() if not p.name.endswith(".lock")]
+    # Nothing of them is left in this machine's directory for the old place, not even a lock, and
+    # the new place's locks went too: no backend holds them.
+    old_mine = layout.machine_directory(pdir(root, old))
+    assert not old_mine.exists() or not list(old_mine.iterdir())
+    assert not [p.name for p in mine.iterdir() if p.name.endswith(".lock")]
     for p in [*target.iterdir(), *mine.iterdir()]:
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
     # The log's checksums name the moved log (its inode), so they still guard it.
@@ -328,7 +331,7 @@ def test_a_session_open_in_a_running_backend_refuses_the_whole_move(root: Path, 
     finally:
         lock.release()
     assert out.returncode == 1
-    assert "locked: b" in out.stdout and "open in a running backend" in out.stdout
+    assert "locked: b: open in a running backend; close it there first" in out.stdout.splitlines()
     assert "nothing moved" in out.stderr
     assert {k: v for k, v in tree(root).items() if not k.endswith(".lock")} == before["tree"]
 
