@@ -181,6 +181,60 @@ def test_limit_and_text_output(tree: Path) -> None:
     assert bad.returncode == 2 and "--limit" in bad.stderr
 
 
+def test_the_tables_name_their_columns_and_count_each_directorys_sessions(tree: Path) -> None:
+    out = run(str(tree), "--limit", "0")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    columns = "".join(f"{c:>9}" for c in ("SIZE", "LOG", "SNAPSHOT", "HEADER", "SIDE", "SCHEMA6", "INDEX"))
+    for table in ("by project:", "by session:"):
+        assert lines[lines.index(table) + 1] == columns + "  NAME"
+    projects = lines[lines.index("by project:") + 2 : lines.index("by session:") - 1]
+    assert any(row.endswith(f"  {PROJECT} (2 sessions)") for row in projects), projects
+    assert any(row.endswith("  action:review (1 session)") for row in projects), projects
+    assert any(row.endswith("  global (2 sessions)") for row in projects), projects
+
+
+def test_what_an_interrupted_write_left_is_its_sessions_side_bytes(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "s1", Scope.global_(), created=NOW - DAY)
+    before = du_json(root)["sessions"][0]
+    (root / "global" / ".s1.jsonl.tmp-4242").write_bytes(b"t" * 500)
+    (root / "global" / ".s1.json.tmp-77").write_bytes(b"h" * 40)
+    got = du_json(root)
+    (session,) = got["sessions"]
+    assert session["id"] == "s1" and got["other"] == 0
+    assert session["side"] == before["side"] + 540
+    assert {k: v for k, v in session.items() if k not in ("side", "bytes", "index")} == {
+        k: v for k, v in before.items() if k not in ("side", "bytes", "index")}
+
+
+def test_files_beside_the_scope_directories_are_other_files(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    seven(root, "p1", Scope.project(PROJECT), created=NOW - DAY)
+    seven(root, "a1", Scope.action("review"), created=NOW - DAY)
+    (root / "projects" / "notes.txt").write_bytes(b"p" * 321)
+    (root / "actions" / "README").write_bytes(b"a" * 99)
+    got = du_json(root)
+    assert got["other"] == 321 + 99
+    assert got["bytes"] == sum(files_of(root).values())
+
+
+def test_a_title_that_cannot_be_read_does_not_hide_the_one_after_it(tmp_path: Path) -> None:
+    """A header edited by hand, its title no longer valid JSON: the summary title after it names the session."""
+    root = tmp_path / "sessions"
+    seven(root, "s1", Scope.global_(), created=NOW - DAY)
+    header = root / "global" / "s1.json"
+    fields = json.loads(header.read_text())
+    fields.pop("summary-title", None)
+    fields.pop("title", None)
+    # A backslash before "q" is no JSON escape: the title cannot be decoded; the summary title after it can.
+    header.write_text('{"title": "broken \\q title", "summary-title": "Readable", ' + json.dumps(fields)[1:])
+    with pytest.raises(ValueError):
+        json.loads(header.read_text())
+    rows = run(str(root), "--by", "session").stdout.split("by session:\n", 1)[1].splitlines()[1:]
+    assert len(rows) == 1 and rows[0].endswith("  Readable (global, s1)"), rows
+
+
 def test_reads_only(tree: Path) -> None:
     before = state(tree)
     assert run(str(tree)).returncode == 0
