@@ -13,7 +13,7 @@ import pytest
 
 from magent_store.redaction import matcher, streams
 from magent_store.redaction import rules as redaction_rules
-from planted import LITERALS, PATTERNS, Plant, plants
+from planted import ALNUM, LITERALS, PATTERNS, Plant, plants
 
 REPO = Path(__file__).resolve().parent.parent
 UPSTREAM = REPO.parent / "shared" / "upstream"
@@ -433,3 +433,98 @@ def test_a_saved_session_s_findings_are_named_by_their_field() -> None:
     thread.preview = secret.text
     value, found = saved.redact_thread(r, thread)
     assert [(f.kind, f.field) for f in found] == [(secret.kind, "thread/preview")]
+
+
+def test_a_secret_holding_a_lone_surrogate_is_redacted_and_fingerprinted() -> None:
+    """A literal secret holding half a surrogate pair (JSON can carry one) is redacted and fingerprinted."""
+    lone, other = "pass-" + "\ud83d" + "-word", "pass-" + "\udc00" + "-word"
+    r = matcher.Redactor(literals=[lone, other], key=b"test key")
+    out, found = r.redact(f"a {lone} b {other} c")
+    assert out == "a [redacted:auth-source] b [redacted:auth-source] c"
+    assert [(f.offset, f.length) for f in found] == [(2, len(lone)), (5 + len(lone), len(other))]
+    assert all(re.fullmatch(r"[0-9a-f]{8}", f.fingerprint) for f in found)
+    assert found[0].fingerprint != found[1].fingerprint
+
+
+def test_a_user_pattern_whose_groups_match_nothing_redacts_its_whole_match() -> None:
+    """A user's pattern whose one group takes no part in a match redacts that whole match.
+
+    When a group does match, what it matched is the secret.
+    """
+    r = matcher.Redactor(patterns={"ticket": r"TICKET-(?:(X)-)?[0-9]{6}"}, key=b"test key")
+    out, found = r.redact("see TICKET-123456 and TICKET-X-654321")
+    assert out == "see [redacted:ticket] and TICKET-[redacted:ticket]-654321"
+    assert [(f.kind, f.offset, f.length) for f in found] == [("ticket", 4, 13), ("ticket", 29, 1)]
+
+
+def test_a_token_is_found_in_a_text_holding_a_letter_that_lowers_to_two() -> None:
+    """A text holding a letter that lowers to two characters (the dotted capital I) still has its tokens found."""
+    (aws,) = [p for p in PLANTS if p.kind == "aws-access-token"]
+    text = "İstanbul: " + aws.text
+    assert len(text.lower()) != len(text)
+    out, found = matcher.Redactor(key=b"test key").redact(text)
+    assert aws.secret not in out
+    assert [(f.kind, f.offset, f.length) for f in found] == [
+        ("aws-access-token", 10 + aws.text.index(aws.secret), len(aws.secret))]
+
+
+def test_three_keys_redacted_alike_are_numbered_from_the_second() -> None:
+    """Keys that redact to the same text are kept apart as the first, #2, #3, each value's field named by its key."""
+    r = redactor()
+    one, two, three = (plants(n)[1].secret for n in (1, 2, 3))  # three github-pat secrets
+    assert len({one, two, three}) == 3
+    out, found = r.redact_json({one: "x", two: [PLANTS[1].text], three: "y"}, "input")
+    assert out == {"[redacted:github-pat]": "x", "[redacted:github-pat]#2": [r.redact(PLANTS[1].text)[0]],
+                   "[redacted:github-pat]#3": "y"}
+    assert [f.field for f in found] == ["input (a key)", "input (a key)", "input/[redacted:github-pat]#2/0",
+                                        "input (a key)"]
+
+
+def test_find_json_without_a_field_names_findings_as_redact_json_does() -> None:
+    """Findings of a value given no field name are named from its root, as `redact_json` names them."""
+    r = redactor()
+    value = {"a": PLANTS[0].text, "b": [PLANTS[1].text]}
+    found = r.find_json(value)
+    assert [f.field for f in found] == ["/a", "/b/0"]
+    assert found == r.redact_json(value)[1]
+
+
+def test_an_authorization_value_s_secret_has_the_fingerprint_it_has_elsewhere() -> None:
+    """The secret in an Authorization key's value is fingerprinted as the same secret in a header line is."""
+    r = matcher.Redactor(key=b"test key")
+    basic = "Basic dXNlcjpwYXNzd29yZDEyMzQ1Njc4"
+    (line,) = r.find(f"Authorization: {basic}")
+    (redacted,) = r.redact_json({"Authorization": basic}, "input")[1]
+    (scanned,) = r.find_json({"Authorization": basic}, "input")
+    assert redacted.fingerprint == scanned.fingerprint == line.fingerprint == r.fingerprint(basic[6:])
+
+
+def test_a_token_whose_anchor_is_run_cap_characters_back_is_held_back() -> None:
+    """A chunk ending in a run of token characters holds back a token starting RUN_CAP characters from its end."""
+    r = matcher.Redactor(key=b"test key")
+    rng = random.Random(7)
+
+    def part(n: int) -> str:
+        return "".join(rng.choice(ALNUM) for _ in range(n))
+
+    first = "token " + "e" + "y" + part(matcher.RUN_CAP - 2)  # a JWT's first part, still growing
+    rest = ".e" + "y" + part(40) + "." + part(43) + " and more"
+    stream = streams.StreamRedactor(r)
+    out = stream.feed(first) + stream.feed(rest) + stream.finish()
+    assert out == "token [redacted:jwt] and more"
+    assert stream.findings == r.redact(first + rest)[1]
+    assert r.hold_from(first) == len(first) - matcher.RUN_CAP == len("token ")
+
+
+def test_a_private_key_opened_twice_more_after_a_closed_one_is_held_from_the_second() -> None:
+    """After a closed private key, a block opened and then opened again is held back from its first opening."""
+    (plant,) = [p for p in PLANTS if p.kind == "private-key"]
+    begin, *body, end = plant.secret.split("\n")
+    body_text = "\n".join(body)
+    first = f"{plant.secret}\n{begin}\nshort\n{begin}\n{body_text[:100]}"
+    rest = f"{body_text[100:]}\n{end}\nthe end"
+    r = matcher.Redactor(key=b"test key")
+    stream = streams.StreamRedactor(r)
+    out = stream.feed(first) + stream.feed(rest) + stream.finish()
+    assert out == r.redact(first + rest)[0] == "[redacted:private-key]\n[redacted:private-key]\nthe end"
+    assert r.hold_from(first) == len(plant.secret) + 1  # from the second opening
