@@ -681,14 +681,8 @@ def test_what_an_interrupted_move_left_at_the_new_place_goes_before_the_session_
     assert not pdir(root, old).exists()
 
 
-def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
-    root: Path, old: str, new: str
-) -> None:
-    """A move cut short after the old header went; magent then wrote more of the session at the new place.
-
-    The files left at the old place are an earlier part of that session:
-    the rerun removes them, and the session keeps what was written since.
-    """
+def moved_but_for_the_old_files(root: Path, old: str, new: str) -> None:
+    """Session "a" of OLD moved to NEW, the move cut short once the old header went."""
     make7(root, old, "a")
 
     def crash(point: str) -> None:
@@ -697,6 +691,17 @@ def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
 
     with pytest.raises(SimulatedCrash):
         Relocator(root, old, new, crash=crash).run()
+
+
+def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
+    root: Path, old: str, new: str
+) -> None:
+    """A move cut short after the old header went; magent then wrote more of the session at the new place.
+
+    The files left at the old place are an earlier part of that session:
+    the rerun removes them, and the session keeps what was written since.
+    """
+    moved_but_for_the_old_files(root, old, new)
     left = sorted(p.name for p in pdir(root, old).iterdir() if p.name.startswith("a."))
     assert left == ["a.jsonl", "a.snapshot", "a.writers"]
     with Store(root).open("a", Scope.project(new)) as s:
@@ -716,14 +721,7 @@ def test_a_rerun_finishes_a_move_whose_session_grew_at_the_new_place_meanwhile(
 
 def test_a_leftover_record_of_writers_the_new_place_lacks_is_kept(root: Path, old: str, new: str) -> None:
     """The old place's record of writers names a writer the new place's does not: it is left where it is."""
-    make7(root, old, "a")
-
-    def crash(point: str) -> None:
-        if point == "removed-json":
-            raise SimulatedCrash(point)
-
-    with pytest.raises(SimulatedCrash):
-        Relocator(root, old, new, crash=crash).run()
+    moved_but_for_the_old_files(root, old, new)
     (pdir(root, new) / "a.writers").write_bytes(b'{"machine": "m-other", "name": "laptop", "from": 1, "event": null}\n')
     kept = (pdir(root, old) / "a.writers").read_bytes()
     result = Relocator(root, old, new).run()
